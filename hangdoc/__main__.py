@@ -1,0 +1,6 @@
+"""``python -m hangdoc``."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

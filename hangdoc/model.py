@@ -1,0 +1,302 @@
+"""The one data model: what discovery finds, what capture records, what analysis concludes.
+
+Every step of the pipeline (discover -> capture -> merge -> analyse -> report) takes and
+returns these frozen, hashable values; the gRPC messages in ``proto/`` mirror them and the
+bundle format (``hangdoc.bundle``) serialises them. Stacks are stored *outermost frame
+first* (the opposite of py-spy's output order) so that a stack is a path from the root of
+the merged call tree.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One frame of a thread's stack. ``line`` is None for native frames without line info."""
+
+    function: str
+    filename: str
+    line: int | None = None
+    native: bool = False
+    code: str | None = None  # the source line, read on the node at capture time
+
+    @property
+    def short_filename(self) -> str:
+        """The path from the package root (``torch/distributed/x.py``) or the basename."""
+        for marker in ("site-packages/", "dist-packages/", "/lib/python3"):
+            idx = self.filename.rfind(marker)
+            if idx >= 0:
+                tail = self.filename[idx + len(marker) :]
+                if marker == "/lib/python3":
+                    tail = tail.split("/", 1)[-1]
+                return tail
+        return self.filename.rsplit("/", 1)[-1]
+
+    @property
+    def location(self) -> str:
+        """``file.py:88`` as quoted in evidence lines."""
+        return f"{self.short_filename}:{self.line}" if self.line else self.short_filename
+
+    def __str__(self) -> str:
+        return f"{self.function} ({self.location})"
+
+
+Stack = tuple[Frame, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadStack:
+    """One thread as py-spy saw it in one sample."""
+
+    thread_id: int
+    name: str | None
+    frames: Stack  # outermost first
+    native_id: int | None = None
+    active: bool = False  # running (on CPU) rather than idle/waiting
+    owns_gil: bool = False
+
+    @property
+    def is_main(self) -> bool:
+        return self.name == "MainThread"
+
+    @property
+    def innermost(self) -> Frame | None:
+        return self.frames[-1] if self.frames else None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessState:
+    """Kernel-side counters of one process at one instant, used to decide progress."""
+
+    status: str  # psutil status: running, sleeping, disk-sleep, stopped, zombie, ...
+    cpu_seconds: float  # user + system, all threads
+    num_threads: int
+    read_chars: int | None = None  # /proc/PID/io rchar (includes socket reads)
+    write_chars: int | None = None  # /proc/PID/io wchar
+    ctx_switches: int | None = None  # voluntary + involuntary
+    rss_bytes: int | None = None
+
+
+class CaptureErrorKind(enum.Enum):
+    """Why a sample of a process has no stacks."""
+
+    PROCESS_GONE = "process_gone"
+    """The process exited between discovery and sampling."""
+    PTRACE_DENIED = "ptrace_denied"
+    """The kernel refused to let py-spy read the process (ptrace_scope, missing CAP_SYS_PTRACE)."""
+    NOT_PYTHON = "not_python"
+    """The process has no Python interpreter py-spy can find."""
+    TIMEOUT = "timeout"
+    """py-spy did not answer within the sample deadline."""
+    PYSPY_MISSING = "pyspy_missing"
+    """No py-spy executable was found."""
+    PYSPY_FAILED = "pyspy_failed"
+    """py-spy failed for another reason; ``message`` has its words."""
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureError:
+    kind: CaptureErrorKind
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One look at one process: its threads' stacks and its counters."""
+
+    t: float  # seconds since the capture started
+    threads: tuple[ThreadStack, ...] = ()
+    state: ProcessState | None = None
+    error: CaptureError | None = None
+
+    @property
+    def main_thread(self) -> ThreadStack | None:
+        for th in self.threads:
+            if th.is_main:
+                return th
+        return self.threads[0] if self.threads else None
+
+
+class RankSource(enum.Enum):
+    """Where a rank's number came from."""
+
+    ENV = "env"  # RANK / SLURM_PROCID / OMPI_COMM_WORLD_RANK / PMI_RANK in its environment
+    INFERRED = "inferred"  # not in its start-up environment; derived from other evidence
+
+
+@dataclass(frozen=True, slots=True)
+class RankProcess:
+    """A rank process found by discovery."""
+
+    pid: int
+    host: str
+    rank: int | None
+    rank_source: RankSource | None = None
+    rank_evidence: str = ""  # e.g. "RANK=3" or "spawn index 2 among the launcher's children"
+    world_size: int | None = None
+    local_rank: int | None = None
+    cmdline: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # selected variables, secrets redacted
+    launcher_pid: int | None = None
+
+    def env_get(self, key: str) -> str | None:
+        for k, v in self.env:
+            if k == key:
+                return v
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class RankSnapshot:
+    """Everything captured about one rank over the sampling window."""
+
+    process: RankProcess
+    samples: tuple[Sample, ...]
+
+    @property
+    def rank(self) -> int | None:
+        return self.process.rank
+
+    @property
+    def good_samples(self) -> tuple[Sample, ...]:
+        return tuple(s for s in self.samples if s.error is None and s.threads)
+
+
+@dataclass(frozen=True, slots=True)
+class Unreachable:
+    """A node or agent that did not answer; its ranks are unknown, not missing."""
+
+    target: str
+    reason: str
+    ranks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class JobSnapshot:
+    """The merged capture of one job: the input of every analysis function."""
+
+    spec: str
+    ranks: tuple[RankSnapshot, ...]
+    world_size: int | None = None
+    unreachable: tuple[Unreachable, ...] = ()
+    window_seconds: float = 0.0
+    captured_at: str = ""  # UTC ISO-8601
+    hangdoc_version: str = ""
+    notes: tuple[str, ...] = ()  # how capture went: window extended, samples failed, ...
+
+    def by_rank(self) -> dict[int, RankSnapshot]:
+        return {r.rank: r for r in self.ranks if r.rank is not None}
+
+
+# ---------------------------------------------------------------- analysis results
+
+
+class OpKind(enum.Enum):
+    """What kind of distributed operation a rank is in."""
+
+    COLLECTIVE = "collective"
+    P2P = "p2p"
+    INIT = "init"
+    CLEANUP = "cleanup"
+    NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class DistOp:
+    """The distributed operation a rank's thread is in, and who issued it."""
+
+    kind: OpKind
+    name: str  # all_reduce, send, barrier, init_process_group, destroy_process_group, ...
+    call_site: Frame | None = None  # the innermost frame outside torch that issued it
+    via: str = ""  # how it was recognised: "c10d call", "Work.wait", "funcol wait", "native", ...
+    peer: int | None = None  # p2p: the other side's global rank, when known
+    in_cleanup: bool = False  # the op runs inside a cleanup path (finally/__exit__/atexit)
+    cleanup_frame: Frame | None = None  # the frame that makes it cleanup
+
+    @property
+    def key(self) -> tuple[str, str | None]:
+        """What must be equal across ranks for them to be in the same collective."""
+        return (self.name, self.call_site.location if self.call_site else None)
+
+    def describe(self) -> str:
+        where = f" ({self.call_site.location})" if self.call_site else ""
+        return f"{self.name}{where}"
+
+
+class RankState(enum.Enum):
+    """What a rank was doing over the window."""
+
+    WAITING = "waiting"  # blocked in a distributed op, nothing moving
+    COMMUNICATING = "communicating"  # in a distributed op, bytes/CPU moving
+    BUSY = "busy"  # on CPU outside any distributed op
+    BLOCKED = "blocked"  # off CPU outside any distributed op: lock, I/O, sleep
+    STOPPED = "stopped"  # SIGSTOP / traced
+    PROGRESSING = "progressing"  # its stack changed between samples
+    EXITED = "exited"  # gone during capture
+    UNREADABLE = "unreadable"  # no stacks (ptrace refused, not Python, ...)
+    MISSING = "missing"  # expected from the world size, no process
+    UNKNOWN = "unknown"  # on an unreachable node
+
+
+class Verdict(enum.Enum):
+    """The hang kinds of DESIGN.md; each member's docstring is its meaning."""
+
+    NOT_HUNG = "not_hung"
+    """The job is making progress."""
+    CLEANUP_DEADLOCK = "cleanup_deadlock"
+    """Some ranks wait in cleanup code while the others wait in the training loop (Pattern A)."""
+    COLLECTIVE_MISMATCH = "collective_mismatch"
+    """Ranks wait in different collectives / call sites / groups, or p2p peers do not pair (B)."""
+    NCCL_TIMEOUT = "nccl_timeout"
+    """Every rank waits in the same collective and nothing moves: transport problem (C)."""
+    STRAGGLER = "straggler"
+    """Most ranks wait in a collective; some are elsewhere: computing, locked, in I/O."""
+    RANK_MISSING = "rank_missing"
+    """Ranks wait for a peer that has no process."""
+    INIT_DEADLOCK = "init_deadlock"
+    """Ranks are stuck in rendezvous / process-group creation with all processes present."""
+    UNKNOWN = "unknown"
+    """Not enough evidence; the report says what is missing."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankAnalysis:
+    """Per-rank conclusions the report prints."""
+
+    rank: int | None
+    pid: int | None
+    host: str
+    state: RankState
+    op: DistOp | None
+    thread: str | None  # the thread the op/state was found in
+    group_id: int | None  # index into Diagnosis.groups
+    detail: str = ""  # e.g. "in lock.acquire (train.py:40), thread 'MainThread'"
+
+
+@dataclass(frozen=True, slots=True)
+class StackGroup:
+    """An equivalence class: ranks whose (main/relevant) stacks are identical."""
+
+    group_id: int
+    ranks: tuple[int, ...]
+    stack: Stack
+    op: DistOp | None
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The result of analysis: a verdict, its culprits and the evidence."""
+
+    verdict: Verdict
+    culprit_ranks: tuple[int, ...]
+    summary: str
+    evidence: tuple[str, ...]
+    next_steps: tuple[str, ...]
+    ranks: tuple[RankAnalysis, ...]
+    groups: tuple[StackGroup, ...]
+    observed_seconds: float = 0.0
+    partial: bool = False  # some evidence is missing (unreachable nodes, unreadable ranks)
+    extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
