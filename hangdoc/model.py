@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .merge import CallTree
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,4 +303,5 @@ class Diagnosis:
     groups: tuple[StackGroup, ...]
     observed_seconds: float = 0.0
     partial: bool = False  # some evidence is missing (unreachable nodes, unreadable ranks)
+    tree: CallTree | None = field(default=None, compare=False, hash=False)  # built once, read by every reporter
     extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
