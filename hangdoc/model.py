@@ -170,6 +170,24 @@ class RankSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class SourceFile:
+    """Lines of a source file as they were on the node at capture time.
+
+    Only the lines around user frames are kept (each frame's function up to its current
+    line), so that analysis can see ``finally:``/``except``/``async_op=True`` offline.
+    """
+
+    filename: str
+    lines: tuple[tuple[int, str], ...]  # (line number, text), ascending
+
+    def line(self, lineno: int) -> str | None:
+        for n, text in self.lines:
+            if n == lineno:
+                return text
+        return None
+
+
+@dataclass(frozen=True, slots=True)
 class Unreachable:
     """A node or agent that did not answer; its ranks are unknown, not missing."""
 
@@ -190,6 +208,13 @@ class JobSnapshot:
     captured_at: str = ""  # UTC ISO-8601
     hangdoc_version: str = ""
     notes: tuple[str, ...] = ()  # how capture went: window extended, samples failed, ...
+    sources: tuple[SourceFile, ...] = ()
+
+    def source(self, filename: str) -> SourceFile | None:
+        for src in self.sources:
+            if src.filename == filename:
+                return src
+        return None
 
     def by_rank(self) -> dict[int, RankSnapshot]:
         return {r.rank: r for r in self.ranks if r.rank is not None}
