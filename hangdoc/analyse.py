@@ -1,0 +1,138 @@
+"""Analysis entry point: a ``JobSnapshot`` in, a ``Diagnosis`` out. Pure: no I/O.
+
+Per rank it recognises the distributed op of the relevant thread (``ops``), judges
+movement over the window (``progress``), and assigns a ``RankState``; it merges the
+ranks' stacks into one ``CallTree`` (``merge``), then ``classify`` names the verdict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import classify
+from .merge import CallTree
+from .model import (
+    Diagnosis,
+    DistOp,
+    JobSnapshot,
+    RankAnalysis,
+    RankSnapshot,
+    RankState,
+    Stack,
+    StackGroup,
+    ThreadStack,
+)
+from .progress import Movement, movement, relevant_thread
+
+_STOPPED = ("stopped", "tracing-stop")
+
+
+@dataclass(frozen=True, slots=True)
+class RankView:
+    """Everything analysis derived for one present rank (input to ``classify``)."""
+
+    rank: int
+    snap: RankSnapshot
+    state: RankState
+    op: DistOp | None
+    thread: ThreadStack | None
+    move: Movement | None
+
+
+def rank_state(snap: RankSnapshot, op: DistOp | None, move: Movement | None) -> RankState:
+    if not snap.good_samples:
+        errors = [s.error for s in snap.samples if s.error is not None]
+        if errors and errors[-1].kind.value == "process_gone":
+            return RankState.EXITED
+        return RankState.UNREADABLE
+    assert move is not None
+    if move.status in _STOPPED:
+        return RankState.STOPPED
+    if op is not None:
+        if move.op_changed or move.left_op:
+            return RankState.PROGRESSING
+        return RankState.COMMUNICATING if move.moving else RankState.WAITING
+    return RankState.BUSY if move.busy else RankState.BLOCKED
+
+
+def view_rank(snap: RankSnapshot, snapshot: JobSnapshot) -> RankView:
+    good = snap.good_samples
+    thread, op = relevant_thread(good[-1], snapshot) if good else (None, None)
+    move = movement(snap, snapshot)
+    state = rank_state(snap, op, move)
+    return RankView(snap.rank if snap.rank is not None else -1, snap, state, op, thread, move)
+
+
+def expected_ranks(snapshot: JobSnapshot) -> set[int]:
+    world = snapshot.world_size
+    if world is None:
+        sizes = {r.process.world_size for r in snapshot.ranks if r.process.world_size}
+        world = max(sizes) if sizes else None
+    return set(range(world)) if world else set()
+
+
+def analyse(snapshot: JobSnapshot) -> Diagnosis:
+    """Diagnose a snapshot. Deterministic for a given snapshot."""
+    views = [view_rank(r, snapshot) for r in snapshot.ranks if r.rank is not None]
+    present = {v.rank for v in views}
+    unknown: set[int] = set()
+    for u in snapshot.unreachable:
+        unknown.update(u.ranks)
+    absent = expected_ranks(snapshot) - present
+    if any(not u.ranks for u in snapshot.unreachable):
+        unknown |= absent  # an unreachable node could hold any absent rank
+    missing = absent - unknown
+
+    stacks: dict[int, Stack] = {v.rank: v.thread.frames for v in views if v.thread is not None}
+    tree = CallTree(stacks)
+    groups, group_of = _groups(tree, {v.rank: v.op for v in views})
+
+    result = classify.classify(views, sorted(missing), sorted(unknown), snapshot)
+    ranks = [
+        RankAnalysis(
+            rank=v.rank,
+            pid=v.snap.process.pid,
+            host=v.snap.process.host,
+            state=v.state,
+            op=v.op,
+            thread=v.thread.name if v.thread else None,
+            group_id=group_of.get(v.rank),
+            detail=classify.describe_rank(v),
+        )
+        for v in views
+    ]
+    ranks += [
+        RankAnalysis(r, None, "", RankState.MISSING, None, None, None, "no process has this rank")
+        for r in sorted(missing)
+    ]
+    ranks += [
+        RankAnalysis(r, None, "", RankState.UNKNOWN, None, None, None, "its node did not answer")
+        for r in sorted(unknown - present)
+    ]
+    ranks.sort(key=lambda r: (r.rank is None, r.rank))
+    observed = max((v.move.seconds for v in views if v.move), default=0.0)
+    return Diagnosis(
+        verdict=result.verdict,
+        culprit_ranks=tuple(sorted(result.culprits)),
+        summary=result.summary,
+        evidence=tuple(result.evidence),
+        next_steps=tuple(result.next_steps),
+        ranks=tuple(ranks),
+        groups=tuple(groups),
+        observed_seconds=round(max(observed, snapshot.window_seconds), 2),
+        partial=bool(unknown) or any(v.state is RankState.UNREADABLE for v in views),
+        tree=tree,
+        extra={"ambiguous": result.ambiguous},
+    )
+
+
+def _groups(
+    tree: CallTree, ops: dict[int, DistOp | None]
+) -> tuple[list[StackGroup], dict[int, int]]:
+    groups: list[StackGroup] = []
+    group_of: dict[int, int] = {}
+    for gid, (ranks, stack) in enumerate(tree.classes()):
+        groups.append(StackGroup(gid, ranks, stack, ops.get(ranks[0])))
+        for r in ranks:
+            group_of[r] = gid
+    return groups, group_of

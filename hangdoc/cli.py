@@ -1,0 +1,131 @@
+"""The command line: parse, call the pipeline, print. The only place that prints and exits."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from . import __version__
+from .errors import HangdocError
+
+EXIT_OK = 0
+EXIT_INTERRUPTED = 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hangdoc",
+        description="Diagnose a hung distributed PyTorch job: which ranks, which collective, why.",
+    )
+    parser.add_argument("--version", action="version", version=f"hangdoc {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    output = argparse.ArgumentParser(add_help=False)
+    output.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    output.add_argument("--width", type=int, default=None, help="terminal width for the report")
+
+    diag = sub.add_parser(
+        "diagnose",
+        parents=[output],
+        help="capture a running job and diagnose it",
+        description="Find the job's rank processes, sample their stacks, and name the hang.",
+    )
+    diag.add_argument(
+        "job",
+        metavar="JOB",
+        help="HOST:PORT (the ranks' MASTER_ADDR:MASTER_PORT), pid:PID (launcher or rank), "
+        "slurm:JOBID[.STEP]",
+    )
+    diag.add_argument("--save", metavar="FILE", help="also save the raw snapshot (replay with analyze)")
+    diag.add_argument("--window", type=float, default=2.0, help="seconds to sample before a first verdict (default 2)")
+    diag.add_argument("--interval", type=float, default=0.5, help="seconds between samples (default 0.5)")
+    diag.add_argument(
+        "--max-window", type=float, default=12.0,
+        help="longest observation when the evidence is ambiguous (default 12)",
+    )
+    diag.add_argument("--native", action="store_true", help="include native (C/C++) frames in every sample")
+    diag.add_argument("--timeout", type=float, default=5.0, help="seconds allowed per py-spy dump (default 5)")
+    diag.add_argument("-q", "--quiet", action="store_true", help="no progress messages on stderr")
+    diag.set_defaults(func=_cmd_diagnose)
+
+    ana = sub.add_parser(
+        "analyze",
+        aliases=["analyse"],
+        parents=[output],
+        help="diagnose a snapshot saved with --save, offline",
+    )
+    ana.add_argument("bundle", metavar="FILE", help="a snapshot written by `hangdoc diagnose --save`")
+    ana.set_defaults(func=_cmd_analyze)
+    return parser
+
+
+def _stderr(msg: str) -> None:
+    print(f"hangdoc: {msg}", file=sys.stderr, flush=True)
+
+
+def _emit(args: argparse.Namespace, snapshot, diagnosis) -> None:
+    from .report.json_report import render_json
+
+    if args.json:
+        sys.stdout.write(render_json(diagnosis, snapshot) + "\n")
+        sys.stdout.flush()
+        return
+    from rich.console import Console
+
+    from .report.terminal import render
+
+    render(diagnosis, snapshot, Console(width=args.width, highlight=False))
+
+
+def _cmd_diagnose(args: argparse.Namespace) -> int:
+    from .bundle import save_snapshot
+    from .diagnose import CaptureOptions, diagnose
+
+    if args.window < 0 or args.interval <= 0 or args.max_window < args.window:
+        raise _usage("need --window >= 0, --interval > 0 and --max-window >= --window")
+    options = CaptureOptions(args.window, args.interval, args.max_window, args.native, args.timeout)
+    progress = None if args.quiet else _stderr
+    snapshot, diagnosis = diagnose(args.job, options, progress)
+    if args.save:
+        save_snapshot(snapshot, args.save)
+        if progress:
+            progress(f"snapshot saved to {args.save}; replay with `hangdoc analyze {args.save}`")
+    _emit(args, snapshot, diagnosis)
+    return EXIT_OK
+
+
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    from .analyse import analyse
+    from .bundle import load_snapshot
+
+    snapshot = load_snapshot(args.bundle)
+    _emit(args, snapshot, analyse(snapshot))
+    return EXIT_OK
+
+
+def _usage(message: str) -> HangdocError:
+    from .errors import UsageError
+
+    return UsageError(message)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.func(args))
+    except HangdocError as err:
+        _stderr(f"error: {err}")
+        if err.help and not os.environ.get("HANGDOC_NO_HELP"):
+            print(f"  help: {err.help}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        _stderr("interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return EXIT_OK

@@ -1,0 +1,221 @@
+"""Recognise the distributed operation a thread is in, wherever its Python stack ends.
+
+A thread can be blocked in a ``torch.distributed`` call (the innermost c10d frame names
+it), in ``Work.wait()`` on a handle issued lines earlier (the innermost *user* frame's line
+waits; the source tells which call issued it), in a functional-collective wait (DTensor,
+compiled code), in C++ under the autograd engine where DDP's reducer all-reduces (native
+frames tell), in rendezvous / process-group creation, or in ``destroy_process_group``.
+Recognition reads module paths and torch's own function names, never a training
+script's names, and also decides whether the op runs on a cleanup path.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .model import DistOp, Frame, JobSnapshot, OpKind, ThreadStack
+from .source import enclosing_block, issuing_call, waited_name
+
+COLLECTIVES = frozenset(
+    {
+        "all_reduce", "all_reduce_coalesced", "all_reduce_multigpu",
+        "all_gather", "all_gather_into_tensor", "_all_gather_base", "all_gather_object",
+        "all_gather_coalesced", "all_gather_multigpu",
+        "gather", "gather_object", "scatter", "scatter_object_list",
+        "broadcast", "broadcast_object_list", "broadcast_multigpu", "_broadcast_coalesced",
+        "reduce", "reduce_multigpu", "reduce_scatter", "reduce_scatter_tensor",
+        "_reduce_scatter_base", "reduce_scatter_multigpu",
+        "all_to_all", "all_to_all_single", "barrier", "monitored_barrier",
+    }
+)  # fmt: skip
+P2P = frozenset(
+    {"send", "recv", "isend", "irecv", "send_object_list", "recv_object_list",
+     "batch_isend_irecv", "_send", "_recv", "send_tensor", "recv_tensor"}
+)  # fmt: skip
+INIT = frozenset(
+    {
+        "init_process_group", "new_group", "_new_group_with_tag", "new_subgroups",
+        "new_subgroups_by_enumeration", "_new_process_group_helper", "_store_based_barrier",
+        "rendezvous", "_create_c10d_store", "_env_rendezvous_handler",
+        "_tcp_rendezvous_handler", "_file_rendezvous_handler", "init_device_mesh",
+        "split_group", "_init_process_groups",
+    }
+)  # fmt: skip
+CLEANUP_OPS = frozenset({"destroy_process_group", "_shutdown_backend", "shutdown", "abort"})
+FUNCOL_WAITS = frozenset({"wait_tensor", "wait", "trigger_wait", "_wait_tensor"})
+CLEANUP_FUNCTIONS = frozenset(
+    {"__exit__", "__aexit__", "__del__", "close", "shutdown", "cleanup", "teardown",
+     "finalize", "_exit_function", "_run_finalizers", "destroy", "_shutdown", "_atexit"}
+)  # fmt: skip
+# c10d reducer / autograd native frames that mean "DDP is all-reducing gradients"
+_NATIVE_COLLECTIVE = re.compile(
+    r"(c10d::Reducer|c10d::ProcessGroup\w*::(allreduce|broadcast|allgather|reduce_scatter|barrier)"
+    r"|gloo::(allreduce|broadcast|allgather|barrier)|ncclAllReduce|ncclBroadcast)",
+    re.IGNORECASE,
+)
+_NATIVE_NAMES = {
+    "allreduce": "all_reduce", "broadcast": "broadcast", "allgather": "all_gather",
+    "reduce_scatter": "reduce_scatter", "barrier": "barrier",
+}  # fmt: skip
+_TORCH_DIST = "torch/distributed/"
+_FUNCOL = "torch/distributed/_functional_collectives"
+_AUTOGRAD = ("torch/autograd/", "torch/_tensor.py")
+_DDP = "torch/nn/parallel/distributed.py"
+_NOT_WORK = frozenset({"os", "proc", "process", "popen", "subprocess", "p"})
+_PEER = re.compile(r"\b(dst|src|group_dst|group_src|peer)\s*=\s*(\d+)")
+
+
+def _in_torch(frame: Frame) -> bool:
+    return "torch/" in frame.filename.replace("\\", "/") and not frame.native
+
+
+def user_call_site(frames: tuple[Frame, ...], below: int) -> Frame | None:
+    """The innermost Python frame outside torch at or above index ``below``."""
+    for frame in reversed(frames[: below + 1]):
+        if not frame.native and not _in_torch(frame):
+            return frame
+    return None
+
+
+def _python_frames(thread: ThreadStack) -> list[tuple[int, Frame]]:
+    return [(i, f) for i, f in enumerate(thread.frames) if not f.native]
+
+
+def _native_op(thread: ThreadStack) -> str | None:
+    for frame in reversed(thread.frames):
+        if frame.native:
+            m = _NATIVE_COLLECTIVE.search(frame.function)
+            if m:
+                low = m.group(0).lower()
+                for key, name in _NATIVE_NAMES.items():
+                    if key in low:
+                        return name
+                return "all_reduce"  # the reducer's bucket all-reduce
+    return None
+
+
+def _peer(call_site: Frame | None) -> int | None:
+    if call_site is None or not call_site.code:
+        return None
+    m = _PEER.search(call_site.code)
+    return int(m.group(2)) if m else None
+
+
+def recognise(thread: ThreadStack, snapshot: JobSnapshot | None = None) -> DistOp | None:
+    """The distributed op this thread is blocked in, or None if it is in none."""
+    op = _recognise_call(thread, snapshot)
+    if op is None:
+        return None
+    return _with_cleanup(op, thread, snapshot)
+
+
+def _recognise_call(thread: ThreadStack, snapshot: JobSnapshot | None) -> DistOp | None:
+    frames = thread.frames
+    pyframes = _python_frames(thread)
+    if not pyframes:
+        return None
+    # 1. the innermost torch.distributed frame whose function is a known op
+    for idx, frame in reversed(pyframes):
+        path = frame.filename.replace("\\", "/")
+        if _TORCH_DIST not in path:
+            continue
+        name = frame.function.rsplit(".", 1)[-1]
+        kind = _kind_of(name, path)
+        if kind is None:
+            continue
+        site = user_call_site(frames, idx)
+        if path.find(_FUNCOL) >= 0 and name in FUNCOL_WAITS:
+            return DistOp(kind, _funcol_name(frames, idx), site, "functional collective wait")
+        return DistOp(kind, name, site, "c10d call", peer=_peer(site) if kind is OpKind.P2P else None)
+    # 2. a user line that waits on an async handle (Work.wait / Future.wait are C++: no
+    #    Python frame of their own, so the innermost frame is the user's ``.wait()`` line)
+    inner_idx, inner = pyframes[-1]
+    waited = waited_name(inner.code)
+    if not _in_torch(inner) and waited and waited not in _NOT_WORK and not thread.active:
+        src = snapshot.source(inner.filename) if snapshot else None
+        issued = issuing_call(src, inner)
+        if issued is not None:
+            name, line = issued
+            kind = OpKind.P2P if name in P2P else OpKind.COLLECTIVE
+            return DistOp(kind, name, inner, f"Work.wait on the {name} issued at line {line}")
+        native = _native_op(thread)
+        return DistOp(OpKind.COLLECTIVE, native or "wait", inner,
+                      "Work.wait (issuing call not in the captured source)")
+    # 3. native frames: DDP reducer / autograd engine all-reducing in C++
+    native = _native_op(thread)
+    if native is not None:
+        site = user_call_site(frames, len(frames) - 1)
+        return DistOp(OpKind.COLLECTIVE, native, site, "native frames")
+    # 4. no native frames: blocked inside backward() of a DDP model, or DDP forward sync
+    for idx, frame in reversed(pyframes):
+        path = frame.filename.replace("\\", "/")
+        if path.endswith(_DDP) and not thread.active:
+            return DistOp(OpKind.COLLECTIVE, "all_reduce", user_call_site(frames, idx),
+                          "DDP forward/backward sync (no native frames)")
+    return None
+
+
+def _kind_of(name: str, path: str) -> OpKind | None:
+    if name in CLEANUP_OPS and "distributed_c10d" in path:
+        return OpKind.CLEANUP
+    if name in INIT:
+        return OpKind.INIT
+    if name in P2P:
+        return OpKind.P2P
+    if name in COLLECTIVES:
+        return OpKind.COLLECTIVE
+    if _FUNCOL in path and (name in FUNCOL_WAITS or name in COLLECTIVES):
+        return OpKind.COLLECTIVE
+    return None
+
+
+def _funcol_name(frames: tuple[Frame, ...], idx: int) -> str:
+    """For a functional-collective wait, the collective that produced the tensor if visible."""
+    for frame in reversed(frames[:idx]):
+        if _FUNCOL in frame.filename and frame.function in COLLECTIVES:
+            return frame.function
+    return "wait_tensor"
+
+
+def _with_cleanup(op: DistOp, thread: ThreadStack, snapshot: JobSnapshot | None) -> DistOp:
+    marker = cleanup_marker(thread, snapshot)
+    if op.kind is OpKind.CLEANUP and marker is None:
+        marker = op.call_site
+    if marker is None:
+        return op
+    return DistOp(op.kind, op.name, op.call_site, op.via, op.peer, True, marker)
+
+
+def cleanup_marker(thread: ThreadStack, snapshot: JobSnapshot | None) -> Frame | None:
+    """The frame that puts this thread on a cleanup path, or None.
+
+    Cleanup is: a user frame in ``__exit__``/``close``/``shutdown``/...; a user frame whose
+    current line is inside a ``finally:`` or ``except`` block; exit handlers, recognisable
+    because the main script's ``<module>`` frame is no longer at the bottom of the main
+    thread's stack.
+    """
+    for frame in reversed(thread.frames):
+        if frame.native or _in_torch(frame):
+            continue
+        if frame.function.rsplit(".", 1)[-1] in CLEANUP_FUNCTIONS:
+            return frame
+        src = snapshot.source(frame.filename) if snapshot else None
+        if frame.line and enclosing_block(src, frame.line) in ("finally", "except"):
+            return frame
+    if thread.is_main and _is_exit_handler(thread):
+        return next((f for f in thread.frames if not f.native), None)
+    return None
+
+
+def _is_exit_handler(thread: ThreadStack) -> bool:
+    pyframes = [f for f in thread.frames if not f.native]
+    if not pyframes:
+        return False
+    outer = pyframes[0]
+    if outer.function == "<module>":
+        return False
+    # multiprocessing / runpy bootstraps start with their own frames, not the script's
+    bootstrap = ("runpy.py", "multiprocessing/", "threading.py", "<string>")
+    if any(b in outer.filename for b in bootstrap):
+        return any(f.function == "_exit_function" for f in pyframes)
+    return True

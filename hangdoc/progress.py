@@ -1,0 +1,102 @@
+"""Decide, per rank and for the job, whether anything moved during the sampling window.
+
+Stacks alone lie both ways: a healthy rank can sit in one long collective while megabytes
+move, and a rank spinning in a tight loop changes line numbers without progressing. So a
+rank's movement is judged from its CPU time, its read/write byte counters (socket traffic
+included) and whether its *distributed* op changed between samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .model import DistOp, JobSnapshot, RankSnapshot, Sample, ThreadStack
+from .ops import recognise
+
+# A rank using less than this share of one core is idle (a gloo/NCCL wait uses ~0).
+CPU_BUSY_FRACTION = 0.20
+CPU_MOVING_FRACTION = 0.05
+# Bytes read+written per second that count as data moving (socket traffic included).
+BYTES_MOVING_PER_SECOND = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Movement:
+    """What changed for one rank between its first and last good sample."""
+
+    seconds: float
+    cpu_fraction: float | None  # CPU seconds per wall second, all threads
+    bytes_per_second: float | None
+    op_changed: bool  # the distributed op (name/call site) differed between samples
+    left_op: bool  # some sample had the relevant thread outside any distributed op
+    stack_changed: bool  # the relevant thread's stack differed between samples
+    status: str | None  # last seen process status
+
+    @property
+    def busy(self) -> bool:
+        return self.cpu_fraction is not None and self.cpu_fraction >= CPU_BUSY_FRACTION
+
+    @property
+    def moving(self) -> bool:
+        cpu = self.cpu_fraction is not None and self.cpu_fraction >= CPU_MOVING_FRACTION
+        io = self.bytes_per_second is not None and self.bytes_per_second >= BYTES_MOVING_PER_SECOND
+        return cpu or io
+
+
+def relevant_thread(sample: Sample, snapshot: JobSnapshot | None = None) -> tuple[ThreadStack | None, DistOp | None]:
+    """The thread that matters for a rank: the one in a distributed op (main first), else main."""
+    main = sample.main_thread
+    ordered = ([main] if main else []) + [t for t in sample.threads if t is not main]
+    for thread in ordered:
+        op = recognise(thread, snapshot)
+        if op is not None:
+            return thread, op
+    return main, None
+
+
+def _python_only(sample: Sample) -> Sample:
+    if not any(f.native for th in sample.threads for f in th.frames):
+        return sample
+    threads = tuple(
+        replace(th, frames=tuple(f for f in th.frames if not f.native)) for th in sample.threads
+    )
+    return replace(sample, threads=threads)
+
+
+def movement(rank: RankSnapshot, snapshot: JobSnapshot | None = None) -> Movement | None:
+    """None when the rank has fewer than one good sample."""
+    good = rank.good_samples
+    if not good:
+        return None
+    first, last = good[0], good[-1]
+    with_state = [s for s in rank.samples if s.state is not None]
+    seconds = last.t - first.t
+    cpu = io = None
+    if len(with_state) >= 2:
+        a, b = with_state[0], with_state[-1]
+        dt = max(b.t - a.t, 1e-6)
+        seconds = max(seconds, b.t - a.t)
+        assert a.state is not None and b.state is not None
+        cpu = (b.state.cpu_seconds - a.state.cpu_seconds) / dt
+        if a.state.read_chars is not None and b.state.read_chars is not None:
+            moved = (b.state.read_chars - a.state.read_chars) + (
+                (b.state.write_chars or 0) - (a.state.write_chars or 0)
+            )
+            io = moved / dt
+    ops = []
+    stacks = []
+    for sample in good:
+        # compare Python frames only: a native sample taken on demand must not look like motion
+        thread, op = relevant_thread(_python_only(sample), snapshot)
+        ops.append(op.key if op else None)
+        stacks.append(thread.frames if thread else ())
+    status = with_state[-1].state.status if with_state and with_state[-1].state else None
+    return Movement(
+        seconds=seconds,
+        cpu_fraction=cpu,
+        bytes_per_second=io,
+        op_changed=len(set(ops)) > 1,
+        left_op=any(o is None for o in ops) and any(o is not None for o in ops),
+        stack_changed=len(set(stacks)) > 1,
+        status=status,
+    )
