@@ -1,0 +1,41 @@
+# hangdoc — `make help` lists the targets.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)  ## create .venv with hangdoc, torch==2.13.0 (CPU) and the test tools
+
+demo: $(STAMP)  ## start a real 4-rank hung torch.distributed job, diagnose it, clean up
+	$(BIN)/python examples/run_demo.py $(ARGS)
+
+test: $(STAMP)  ## run the whole test suite (real jobs, real py-spy)
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+test-fast: $(STAMP)  ## analysis-only tests on recorded snapshots (no live jobs)
+	$(BIN)/python -m pytest -q -m "not live and not netns" $(PYTEST_ARGS)
+
+bench: $(STAMP)  ## time to verdict vs. py-spy loops; writes docs/benchmarks.md
+	$(BIN)/python bench/bench_diagnose.py --write docs/benchmarks.md
+
+lint: $(STAMP)  ## ruff + mypy on the package
+	$(BIN)/ruff check hangdoc tests bench examples
+	$(BIN)/mypy hangdoc
+
+clean:  ## remove the virtualenv and caches
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+.PHONY: help install demo test test-fast bench lint clean
