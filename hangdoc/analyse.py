@@ -64,11 +64,10 @@ def view_rank(snap: RankSnapshot, snapshot: JobSnapshot) -> RankView:
 
 
 def expected_ranks(snapshot: JobSnapshot) -> set[int]:
-    world = snapshot.world_size
-    if world is None:
-        sizes = {r.process.world_size for r in snapshot.ranks if r.process.world_size}
-        world = max(sizes) if sizes else None
-    return set(range(world)) if world else set()
+    sizes = {r.process.world_size for r in snapshot.ranks if r.process.world_size}
+    if snapshot.world_size:
+        sizes.add(snapshot.world_size)
+    return set(range(max(sizes))) if sizes else set()
 
 
 def analyse(snapshot: JobSnapshot) -> Diagnosis:
