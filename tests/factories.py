@@ -37,6 +37,7 @@ from hangdoc.model import (
     RankSource,
     RankState,
     Sample,
+    SourceFile,
     Stack,
     StackGroup,
     ThreadStack,
@@ -232,6 +233,7 @@ def make_snapshot(
     captured_at: str = "2025-01-01T12:00:00Z",
     hangdoc_version: str = __version__,
     notes: Iterable[str] = (),
+    sources: Iterable[SourceFile] = (),
     **rank_kwargs: object,
 ) -> JobSnapshot:
     """A job snapshot from ``{rank: stack}`` (each built by ``make_rank(**rank_kwargs)``)
@@ -255,6 +257,7 @@ def make_snapshot(
         captured_at=captured_at,
         hangdoc_version=hangdoc_version,
         notes=tuple(notes),
+        sources=tuple(sources),
     )
 
 

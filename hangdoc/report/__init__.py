@@ -1,0 +1,6 @@
+"""Reporters: each turns one ``Diagnosis`` (and the snapshot it came from) into an output.
+
+``json_report`` is the machine-readable report of ``--json`` (schema in
+``docs/json-schema.md``); ``terminal`` prints the human report with rich. Reporters read
+``Diagnosis.tree``; none of them rebuilds the merged tree.
+"""
