@@ -33,6 +33,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 STATE_DIR = Path("/run/hangdoc-netns")
 HOSTS_DIR = Path("/etc/netns")
@@ -46,7 +47,8 @@ _NAME_RE = re.compile(r"^(?P<inst>.+?)(?P<kind>br|n|v)(?P<index>\d*)$")
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(["ip", *args], check=False, capture_output=True, text=True,
+                          timeout=30)
     if check and proc.returncode != 0:
         raise RuntimeError(f"ip {' '.join(args)} failed: {proc.stderr.strip()}")
     return proc
@@ -54,7 +56,7 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 def _bridge_port_state(link: str, state: str) -> None:
     proc = subprocess.run(["bridge", "link", "set", "dev", link, "state", _PORT_STATES[state]],
-                          capture_output=True, text=True, timeout=30)
+                          check=False, capture_output=True, text=True, timeout=30)
     if proc.returncode != 0:
         raise RuntimeError(f"cannot set bridge port {link} {state}: {proc.stderr.strip()}")
 
@@ -192,9 +194,10 @@ class NetnsNodes:
         """Start ``argv`` inside node i (kwargs go to ``subprocess.Popen``)."""
         return subprocess.Popen([*self.exec_prefix(i), *argv], env=env, **kwargs)
 
-    def run(self, i: int, argv: Sequence[str], **kwargs) -> subprocess.CompletedProcess:
+    def run(self, i: int, argv: Sequence[str], check: bool = False,
+            **kwargs) -> subprocess.CompletedProcess:
         """Run ``argv`` inside node i to completion (kwargs go to ``subprocess.run``)."""
-        return subprocess.run([*self.exec_prefix(i), *argv], **kwargs)
+        return subprocess.run([*self.exec_prefix(i), *argv], check=check, **kwargs)
 
     def pids(self) -> list[int]:
         """Processes currently running inside any of the nodes."""
@@ -213,7 +216,7 @@ class NetnsNodes:
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    def __enter__(self) -> NetnsNodes:
+    def __enter__(self) -> Self:
         self._register()
         try:
             self._create()

@@ -14,7 +14,6 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-
 from netns import HOSTS_DIR, STATE_DIR, NetnsNodes, cleanup_stale
 
 pytestmark = [
@@ -75,8 +74,10 @@ def prefix() -> Iterator[str]:
 
 def _leftovers(prefix: str) -> list[str]:
     """Every namespace, link, hosts dir and state record whose name starts with prefix."""
-    ns_out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    link_out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    ns_out = subprocess.run(["ip", "netns", "list"], check=False, capture_output=True,
+                            text=True).stdout
+    link_out = subprocess.run(["ip", "-o", "link"], check=False, capture_output=True,
+                              text=True).stdout
     names = [line.split()[0] for line in ns_out.splitlines() if line.strip()]
     names += [line.split(":")[1].strip().split("@")[0] for line in link_out.splitlines()]
     names += [p.name for p in HOSTS_DIR.glob("*")] if HOSTS_DIR.is_dir() else []
@@ -93,7 +94,8 @@ def _ask(client: subprocess.Popen, command: str) -> str:
 def _alive(pid: int) -> bool:
     """True while pid runs (a killed orphan may stay a zombie until init reaps it)."""
     try:
-        stat = open(f"/proc/{pid}/stat").read()
+        with open(f"/proc/{pid}/stat") as stat_file:
+            stat = stat_file.read()
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
@@ -132,11 +134,10 @@ def test_hostname_resolves_to_the_node_address(prefix: str) -> None:
 
 
 def test_everything_is_removed_after_an_exception(prefix: str) -> None:
-    with pytest.raises(RuntimeError, match="boom"):
-        with NetnsNodes(3, prefix) as nodes:
-            sleeper = nodes.popen(2, ["sleep", "600"])
-            assert len(_leftovers(prefix)) == 3 + 3 + 1 + 3 + 1  # ns, veth, br, hosts, record
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), NetnsNodes(3, prefix) as nodes:
+        sleeper = nodes.popen(2, ["sleep", "600"])
+        assert len(_leftovers(prefix)) == 3 + 3 + 1 + 3 + 1  # ns, veth, br, hosts, record
+        raise RuntimeError("boom")
     assert sleeper.wait(timeout=5) == -signal.SIGKILL
     assert _leftovers(prefix) == []
 
@@ -144,9 +145,8 @@ def test_everything_is_removed_after_an_exception(prefix: str) -> None:
 def test_parallel_instances_get_different_subnets(prefix: str) -> None:
     with NetnsNodes(1, prefix + "a") as first, NetnsNodes(1, prefix + "b") as second:
         assert first.octet != second.octet
-    with pytest.raises(RuntimeError, match="in use"):
-        with NetnsNodes(1, prefix), NetnsNodes(1, prefix):
-            pass
+    with pytest.raises(RuntimeError, match="in use"), NetnsNodes(1, prefix), NetnsNodes(1, prefix):
+        pass
     assert _leftovers(prefix) == []
 
 
@@ -179,7 +179,8 @@ def test_cleanup_stale_removes_a_crashed_run_but_not_a_live_one(prefix: str) -> 
 
 
 def _ns_pids(ns: str) -> list[int]:
-    out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout
+    out = subprocess.run(["ip", "netns", "pids", ns], check=False, capture_output=True,
+                         text=True).stdout
     return [int(tok) for tok in out.split()]
 
 
