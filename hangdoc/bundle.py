@@ -311,9 +311,19 @@ def _load_tables(data: dict[str, Any], tables: _Tables) -> None:
     for i, raw in enumerate(data["stacks"]):
         try:
             _expect_list(raw)
-            tables.stacks.append(tuple(tables.frame_at(idx) for idx in raw))
+            tables.stacks.append(tuple(_frames_of(raw, tables)))
         except _Invalid as err:
             raise err.under(f"stacks[{i}]") from None
+
+
+def _frames_of(indices: list[Any], tables: _Tables) -> list[Frame]:
+    frames = []
+    for j, idx in enumerate(indices):
+        try:
+            frames.append(tables.frame_at(idx))
+        except _Invalid as err:
+            raise err.under(f"[{j}]") from None
+    return frames
 
 
 def save_snapshot(snapshot: JobSnapshot, path: str | Path) -> None:
