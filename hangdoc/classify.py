@@ -90,6 +90,10 @@ def _r(ranks: Sequence[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {compress_ranks(ranks)[1:-1]}"
 
 
+def _v(ranks: Sequence[int], singular: str, plural: str) -> str:
+    return singular if len(ranks) == 1 else plural
+
+
 def _op_where(op: DistOp) -> str:
     return op.describe()
 
@@ -205,15 +209,16 @@ def classify(
     # -- rank_missing
     gone = sorted(set(missing) | set(exited))
     if gone:
-        evidence = [f"{_r(gone)} of world size {len(views) + len(gone) + len(unknown)} have no process"]
+        world = len(views) + len(gone) + len(unknown)
+        evidence = [f"{_r(gone)} of world size {world} {_v(gone, 'has', 'have')} no process"]
         if exited:
             evidence.append(f"{_r(exited)} exited during the capture")
         evidence += _op_lines(in_op)
         waiting_on = _op_summary(in_op) or "their last operation"
         return done(Classification(
             Verdict.RANK_MISSING, gone,
-            f"rank missing: {_r(gone)} have no process while {_r([v.rank for v in in_op])} "
-            f"wait in {waiting_on}",
+            f"rank missing: {_r(gone)} {_v(gone, 'has', 'have')} no process while "
+            f"{_r([v.rank for v in in_op])} {_v(in_op, 'waits', 'wait')} in {waiting_on}",
             evidence + [quiet],
         ))
 
@@ -235,8 +240,9 @@ def classify(
         evidence += _op_lines(training)
         return done(Classification(
             Verdict.CLEANUP_DEADLOCK, culprits,
-            f"cleanup deadlock: {_r(culprits)} left the training loop and wait in cleanup "
-            f"({_op_summary(cleanup)}) while {_r([v.rank for v in training])} wait in "
+            f"cleanup deadlock: {_r(culprits)} left the training loop and "
+            f"{_v(culprits, 'waits', 'wait')} in cleanup ({_op_summary(cleanup)}) while "
+            f"{_r([v.rank for v in training])} {_v(training, 'waits', 'wait')} in "
             f"{_op_summary(training)}",
             evidence + [quiet],
         ))
@@ -249,8 +255,8 @@ def classify(
         activity = sorted({_activity(v) for v in outside})
         return done(Classification(
             Verdict.STRAGGLER, culprits,
-            f"straggler: {_r(culprits)} {'/'.join(activity)} while "
-            f"{_r([v.rank for v in in_op])} wait in {_op_summary(in_op)}",
+            f"straggler: {_r(culprits)} {_v(culprits, 'is', 'are')} {'/'.join(activity)} while "
+            f"{_r([v.rank for v in in_op])} {_v(in_op, 'waits', 'wait')} in {_op_summary(in_op)}",
             evidence + [quiet],
             ambiguous=True,  # a slow rank may still finish: observe longer
         ))
@@ -318,7 +324,7 @@ def _init_deadlock(views, init, in_op, outside, quiet) -> Classification:
         other_ranks = [v.rank for v in others]
         culprits = other_ranks if len(other_ranks) <= len(init_ranks) else init_ranks
         summary = (
-            f"init deadlock: {_r(init_ranks)} wait in {_op_summary(init)} while "
+            f"init deadlock: {_r(init_ranks)} {_v(init_ranks, 'waits', 'wait')} in {_op_summary(init)} while "
             f"{_r(other_ranks)} {'never reached it' if culprits == other_ranks else 'went past it'}"
         )
         ambiguous = any(v.state is RankState.BUSY for v in others)
@@ -368,7 +374,7 @@ def _mismatch(classes, p2p_problem: tuple[list[int], list[str]] | None, quiet: s
     culprits = _minority([[v.rank for v in vs] for vs in groups])
     evidence = []
     for vs in groups:
-        evidence.append(f"{_r([v.rank for v in vs])} wait in {_op_where(vs[0].op)}"
+        evidence.append(f"{_r([v.rank for v in vs])} {_v(vs, 'waits', 'wait')} in {_op_where(vs[0].op)}"
                         + _frame_tail(vs[0]))
     if p2p_problem is not None:
         p2p_culprits, lines = p2p_problem
@@ -437,7 +443,9 @@ def _frame_tail(v: RankView) -> str:
     if v.thread is None:
         return ""
     inner = _innermost_python(v.thread)
-    return f" [innermost: {inner}]" if inner and v.op and inner != v.op.call_site else ""
+    if inner is None or v.op is None or inner == v.op.call_site or inner.function == v.op.name:
+        return ""
+    return f" [innermost: {inner}]"
 
 
 def _op_summary(views: Sequence[RankView]) -> str:
@@ -454,7 +462,7 @@ def _op_lines(views: Sequence[RankView]) -> list[str]:
         key = _op_where(v.op) + (f" via {v.op.via}" if v.op.via != "c10d call" else "")
         classes[key].append(v.rank)
         tails.setdefault(key, _frame_tail(v))
-    return [f"{_r(r)} wait in {k}{tails[k]}" for k, r in classes.items()]
+    return [f"{_r(r)} {_v(r, 'waits', 'wait')} in {k}{tails[k]}" for k, r in classes.items()]
 
 
 def _move_line(v: RankView) -> str:
