@@ -323,9 +323,10 @@ def _init_deadlock(views, init, in_op, outside, quiet) -> Classification:
     if others:
         other_ranks = [v.rank for v in others]
         culprits = other_ranks if len(other_ranks) <= len(init_ranks) else init_ranks
+        went_past = any(v.op is not None and v.op.kind is not OpKind.INIT for v in others)
         summary = (
             f"init deadlock: {_r(init_ranks)} {_v(init_ranks, 'waits', 'wait')} in {_op_summary(init)} while "
-            f"{_r(other_ranks)} {'never reached it' if culprits == other_ranks else 'went past it'}"
+            f"{_r(other_ranks)} {'went past it' if went_past else 'never reached it'}"
         )
         ambiguous = any(v.state is RankState.BUSY for v in others)
         return Classification(
