@@ -129,7 +129,7 @@ def _codec(tp: Any, interned: bool = True) -> tuple[Encoder, Decoder]:
         return _tuple_codec(args, interned)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return _enum_codec(tp)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _dataclass_codec(tp, interned)
     if tp in (str, int, float, bool):
         return _scalar_codec(tp)

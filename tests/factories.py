@@ -313,8 +313,7 @@ def make_diagnosis(
     if ranks is None:
         group_of = {r: g.group_id for g in groups for r in g.ranks}
         ranks = [
-            _rank_analysis(rs, ops, states or {}, details or {}, group_of)
-            for rs in snapshot.ranks
+            _rank_analysis(rs, ops, states or {}, details or {}, group_of) for rs in snapshot.ranks
         ]
     if observed_seconds is None:
         observed_seconds = snapshot.window_seconds

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
@@ -136,14 +136,17 @@ def _call_tree(tree: CallTree, culprits: frozenset[int], max_frames: int) -> Tre
 def _group_tree(diagnosis: Diagnosis, culprits: frozenset[int], max_frames: int) -> Tree:
     top = Tree(Text("Stack groups", "bold"), guide_style="dim")
     for group in diagnosis.groups:
-        label = _stretch_label(
-            list(group.stack),
-            group.ranks,
-            outlier=False,
-            culprit=bool(group.ranks) and culprits.issuperset(group.ranks),
-            max_frames=max_frames,
+        culprit = bool(group.ranks) and culprits.issuperset(group.ranks)
+        label = Text.assemble(
+            (_ranks_label(group.ranks), _CULPRIT_STYLE if culprit else "bold"),
+            f" group {group.group_id}: ",
+            group.op.describe() if group.op else "no distributed op",
         )
-        top.add(label)
+        if culprit:
+            label.append("  ◀ culprit", _CULPRIT_STYLE)
+        rows = _stretch_label(group.stack, None, outlier=False, culprit=False,
+                              max_frames=max_frames)  # fmt: skip
+        top.add(Group(label, rows))
     return top
 
 
@@ -154,22 +157,22 @@ def _stretch_label(
     outlier: bool,
     culprit: bool,
     max_frames: int,
-) -> Text:
-    """The lines of one unbranched stretch, the first prefixed with its ranks."""
-    rows = _elide(_fold(frames), max_frames)
-    prefix = f"{_ranks_label(ranks)} " if ranks is not None else ""
-    indent = " " * len(prefix)
-    label = Text(style=_OUTLIER_STYLE if outlier else "")
-    label.append(prefix, _CULPRIT_STYLE if culprit else "bold")
-    for i, row in enumerate(rows or [Text("(no frames)", "dim")]):
-        if i:
-            label.append("\n" + indent)
-        label.append_text(row)
-        if i == 0:
-            marks = [m for m, on in (("outlier", outlier), ("culprit", culprit)) if on]
-            if marks:
-                label.append("  ◀ " + ", ".join(marks), _CULPRIT_STYLE if culprit else "")
-    return label
+) -> RenderableType:
+    """One unbranched stretch: its lines beside its ranks (when given), marks on line one."""
+    lines = _elide(_fold(frames), max_frames) or [Text("(no frames)", "dim")]
+    marks = [m for m, on in (("outlier", outlier), ("culprit", culprit)) if on]
+    if marks:
+        lines[0] = lines[0] + Text("  ◀ " + ", ".join(marks), _CULPRIT_STYLE if culprit else "")
+    body = Text("\n").join(lines)
+    if outlier:
+        body.stylize_before(_OUTLIER_STYLE)
+    if ranks is None:
+        return body
+    grid = Table.grid(padding=(0, 1, 0, 0))
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    grid.add_row(Text(_ranks_label(ranks), _CULPRIT_STYLE if culprit else "bold"), body)
+    return grid
 
 
 def _ranks_label(ranks: Sequence[int]) -> str:
@@ -247,9 +250,7 @@ def _elide(rows: list[tuple[Text, int]], max_frames: int) -> list[Text]:
 # ---------------------------------------------------------------------- rank table
 
 
-def _rank_table(
-    ranks: Sequence[RankAnalysis], culprits: frozenset[int], max_rows: int
-) -> Table:
+def _rank_table(ranks: Sequence[RankAnalysis], culprits: frozenset[int], max_rows: int) -> Table:
     with_detail = any(ra.detail for ra in ranks)
     table = Table(title=None, show_edge=False, header_style="bold", pad_edge=False)
     for name in ("rank", "host", "pid", "state", "op", "call site"):
