@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+from pathlib import Path
 
 import pytest
 from factories import make_diagnosis, make_frame, make_op, make_rank, make_snapshot
@@ -178,3 +180,33 @@ def test_p2p_peer() -> None:
     assert data["ranks"][0]["op"]["kind"] == OpKind.P2P.value
     assert data["ranks"][0]["op"]["peer"] == 1
     assert data["ranks"][1]["op"] is None
+
+
+SCHEMA_DOC = Path(__file__).parent.parent / "docs" / "json-schema.md"
+
+
+def _keys(value: object) -> set[str]:
+    if isinstance(value, dict):
+        return set(value).union(*(_keys(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(_keys(v) for v in value))
+    return set()
+
+
+def test_every_key_is_documented() -> None:
+    doc = SCHEMA_DOC.read_text(encoding="utf-8")
+    documented = set(re.findall(r"^\| `(\w+)` \|", doc, flags=re.MULTILINE))
+    diagnosis, snap = scenario()
+    send = make_op("send", "train.py:pipe:12", peer=1)
+    diagnosis = make_diagnosis(snap, ops={0: send}, details={0: "x"})
+    assert _keys(to_json_dict(diagnosis, snap)) - documented == set()
+
+
+def test_documented_example_matches_the_report_shape() -> None:
+    doc = SCHEMA_DOC.read_text(encoding="utf-8")
+    example = json.loads(doc.split("```json\n", 1)[1].split("```", 1)[0])
+    report = to_json_dict(*scenario())
+    assert list(example) == list(report)
+    assert set(example["ranks"][0]) == set(report["ranks"][0])
+    assert set(example["groups"][0]) == set(report["groups"][0])
+    assert example["schema_version"] == SCHEMA_VERSION
