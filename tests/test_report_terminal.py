@@ -18,7 +18,15 @@ from rich.console import Console
 
 from hangdoc import merge
 from hangdoc.merge import CallTree
-from hangdoc.model import Diagnosis, JobSnapshot, RankAnalysis, RankState, Unreachable, Verdict
+from hangdoc.model import (
+    CaptureErrorKind,
+    Diagnosis,
+    JobSnapshot,
+    RankAnalysis,
+    RankState,
+    Unreachable,
+    Verdict,
+)
 from hangdoc.report.terminal import render
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -247,3 +255,22 @@ def test_colour_by_severity_and_no_color(monkeypatch: pytest.MonkeyPatch) -> Non
     plain = coloured(diagnosis, snap)
     assert COLOR.search(hung) and not COLOR.search(plain)
     assert "collective_mismatch" in plain
+
+
+def test_nothing_captured_still_renders() -> None:
+    snap = make_snapshot([], world_size=4, notes=["no rank could be read"])
+    diagnosis = make_diagnosis(snap, verdict=Verdict.UNKNOWN, summary="No rank could be read.")
+    out = rendered(diagnosis, snap)
+    assert out.splitlines()[0] == "verdict: unknown   no culprit ranks"
+    assert "0 of 4 rank processes found" in out
+    assert "• observed for 0.0 s over 0 samples" in out
+    assert "• no rank could be read" in out
+
+
+def test_unnumbered_and_unreadable_ranks_in_table() -> None:
+    snap = make_snapshot(
+        [make_rank(0, AR), make_rank(None, (), pid=4242, error=CaptureErrorKind.PTRACE_DENIED)]
+    )
+    out = rendered(make_diagnosis(snap), snap)
+    row = _line_with(out, "4242")
+    assert row.startswith("?") and "unreadable" in row
