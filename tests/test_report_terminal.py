@@ -274,3 +274,11 @@ def test_unnumbered_and_unreadable_ranks_in_table() -> None:
     out = rendered(make_diagnosis(snap), snap)
     row = _line_with(out, "4242")
     assert row.startswith("?") and "unreadable" in row
+
+
+def test_folded_runs_shorten_qualified_names() -> None:
+    logger = "torch/distributed/c10d_logger.py:_exception_logger.<locals>.wrapper:81"
+    stack = ["train.py:main:5", logger, "torch/distributed/distributed_c10d.py:barrier:5356"]
+    snap = make_snapshot({0: stack})
+    out = rendered(make_diagnosis(snap), snap)
+    assert "torch: wrapper › barrier (torch/distributed/distributed_c10d.py:5356)" in out

@@ -229,7 +229,8 @@ def _frame_row(frame: Frame) -> Text:
 
 
 def _library_row(pkg: str | None, run: Sequence[Frame]) -> Text:
-    names = [f.function for f in run[:-1]]
+    # "_exception_logger.<locals>.wrapper" -> "wrapper": the run is context, not the point
+    names = [f.function.rsplit(".", 1)[-1] for f in run[:-1]]
     if len(names) > 3:
         names = [names[0], f"…{len(names) - 2} more…", names[-1]]
     return Text(f"{pkg}: " + " › ".join([*names, str(run[-1])]), "dim")
