@@ -90,7 +90,7 @@ def _r(ranks: Sequence[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {compress_ranks(ranks)[1:-1]}"
 
 
-def _v(ranks: Sequence[int], singular: str, plural: str) -> str:
+def _v(ranks: Sequence[object], singular: str, plural: str) -> str:
     return singular if len(ranks) == 1 else plural
 
 

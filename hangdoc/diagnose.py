@@ -146,7 +146,7 @@ def _deepen(
             continue
         main = good[-1].main_thread
         inner = next((f for f in reversed(main.frames) if not f.native), None) if main else None
-        if inner is not None and any(inner.filename.endswith(e) for e in _ENGINE) and not main.active:
+        if main and inner and any(inner.filename.endswith(e) for e in _ENGINE) and not main.active:
             want.append(proc)
     if not want:
         return []

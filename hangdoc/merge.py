@@ -61,8 +61,8 @@ class CallTree:
                 ranks_at[child].extend(ranks)
                 node = child
             self._leaf_of[stack] = node
-        for node_id, ranks in ranks_at.items():
-            self.graph.nodes[node_id]["ranks"] = tuple(sorted(ranks))
+        for node_id, through in ranks_at.items():
+            self.graph.nodes[node_id]["ranks"] = tuple(sorted(through))
 
     # ------------------------------------------------------------------ reading
 
