@@ -1,0 +1,352 @@
+"""Run ``py-spy dump --json`` on a process and turn its answer into model ThreadStacks.
+
+py-spy prints one JSON list of threads, each with frames *innermost first*; the model
+stores them outermost first. Failures become a ``CaptureError`` with a kind a caller can
+act on (process gone, ptrace refused, not Python, timeout, py-spy missing) instead of
+py-spy's words. ``start_dump`` starts py-spy and returns at once, so a sampling round
+starts one py-spy per process and then collects them all.
+
+py-spy runs in its default blocking mode: it pauses the target for the few milliseconds
+the dump takes, so that every thread's stack is read at the same instant and is not torn.
+``nonblocking=True`` is available for targets that must not be paused (or that are
+already stopped, where blocking mode cannot attach).
+"""
+
+from __future__ import annotations
+
+import json
+import linecache
+import os
+import re
+import select
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Any, NamedTuple
+
+import psutil
+
+from .errors import PySpyMissing
+from .model import CaptureError, CaptureErrorKind, Frame, ThreadStack
+
+# Locals worth keeping (with --locals): what a p2p or collective call was asked to do.
+LOCAL_NAMES = frozenset((
+    "dst", "src", "group_dst", "group_src", "global_dst", "global_src", "peer", "tag", "op",
+    "async_op", "timeout", "group_name", "rank", "world_size",
+))
+_MAX_REPR = 80
+
+_DENIED = ("permission denied", "operation not permitted", "elevated permissions",
+           "(os error 1)", "(os error 13)", "ptrace_scope")
+_NOT_PYTHON = ("failed to find python version", "failed to find a python interpreter",
+               "failed to find python interpreter", "not a python", "couldn't find python")
+_PYTHON_EXE = re.compile(r"^(python|pypy)(\d+(\.\d+)*)?[dmu]*$")
+
+Locals = dict[tuple[int, int], dict[str, str]]
+"""(thread_id, frame index in the outermost-first stack) -> {argument name: short repr}."""
+
+
+class DumpResult(NamedTuple):
+    """One py-spy dump: the threads, or why there are none, and selected locals."""
+
+    threads: tuple[ThreadStack, ...]
+    error: CaptureError | None
+    locals: Locals
+
+
+# ------------------------------------------------------------------ finding py-spy
+
+
+def pyspy_candidates() -> list[Path]:
+    """Where hangdoc looks for py-spy before PATH, in order."""
+    names = [Path(sys.executable).parent, Path(sys.prefix) / "bin"]
+    for scheme in (None, f"{os.name}_user"):
+        try:
+            scripts = sysconfig.get_path("scripts", scheme) if scheme else \
+                sysconfig.get_path("scripts")
+        except KeyError:
+            continue
+        names.append(Path(scripts))
+    return list(dict.fromkeys(d / "py-spy" for d in names))
+
+
+def find_pyspy() -> str:
+    """py-spy next to this interpreter, in its environment's scripts, or on PATH."""
+    for candidate in pyspy_candidates():
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    on_path = shutil.which("py-spy")
+    if on_path:
+        return on_path
+    where = ", ".join(str(c.parent) for c in pyspy_candidates())
+    raise PySpyMissing(f"py-spy not found in {where} or on PATH")
+
+
+# ------------------------------------------------------------------ parsing py-spy's JSON
+
+
+def _fs_prefix(pid: int | None) -> str:
+    """Where the target's files are seen from here: "" or /proc/PID/root in a container."""
+    if pid is None:
+        return ""
+    try:
+        if os.stat(f"/proc/{pid}/ns/mnt").st_ino == os.stat("/proc/self/ns/mnt").st_ino:
+            return ""
+    except OSError:
+        return ""
+    return f"/proc/{pid}/root"
+
+
+def source_line(filename: str, line: int | None, prefix: str = "") -> str | None:
+    """The stripped source line as it is on this node now, or None when unreadable."""
+    if not line or not filename.startswith("/"):
+        return None
+    text = linecache.getline(prefix + filename, line).strip()
+    return text or None
+
+
+def _short_repr(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= _MAX_REPR else text[: _MAX_REPR - 3] + "..."
+
+
+def _frame(raw: dict[str, Any], prefix: str) -> Frame:
+    native = raw.get("module") is not None
+    line = raw.get("line") or None
+    filename = raw.get("filename") or "?"
+    code = None if native else source_line(filename, line, prefix)
+    return Frame(function=raw.get("name") or "?", filename=filename, line=line, native=native,
+                 code=code)
+
+
+def _frame_locals(raw: dict[str, Any]) -> dict[str, str]:
+    return {var["name"]: _short_repr(var.get("repr"))
+            for var in raw.get("locals") or () if var.get("name") in LOCAL_NAMES}
+
+
+def parse_dump(text: str | bytes, pid: int | None = None) -> tuple[tuple[ThreadStack, ...],
+                                                                    Locals]:
+    """Parse ``py-spy dump --json`` output; ``pid`` locates source files for ``Frame.code``.
+
+    Raises ValueError when the text is not py-spy's JSON.
+    """
+    data = json.loads(text)
+    if not isinstance(data, list):
+        raise ValueError("py-spy JSON is not a list of threads")  # noqa: TRY004
+    prefix = _fs_prefix(pid)
+    for name in {f.get("filename") for th in data for f in th.get("frames") or ()}:
+        if isinstance(name, str) and name.startswith("/"):
+            linecache.checkcache(prefix + name)
+    threads = []
+    found_locals: Locals = {}
+    for raw in data:
+        frames_raw = list(reversed(raw.get("frames") or ()))
+        tid = int(raw["thread_id"])
+        native_id = raw.get("os_thread_id")
+        name = raw.get("thread_name")
+        if name is None and native_id is not None and native_id == (pid or raw.get("pid")):
+            name = "MainThread"  # threading was never imported; the main thread's tid is the pid
+        threads.append(ThreadStack(
+            thread_id=tid,
+            name=name,
+            frames=tuple(_frame(f, prefix) for f in frames_raw),
+            native_id=native_id,
+            active=bool(raw.get("active")),
+            owns_gil=bool(raw.get("owns_gil")),
+        ))
+        for index, frame in enumerate(frames_raw):
+            if kept := _frame_locals(frame):
+                found_locals[(tid, index)] = kept
+    return tuple(threads), found_locals
+
+
+# ------------------------------------------------------------------ failures
+
+
+def process_gone(pid: int) -> bool:
+    """The pid no longer names a live process (exited, or a zombie awaiting its parent)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
+
+
+def _looks_python(pid: int) -> bool | None:
+    """Whether the process runs a Python interpreter; None when that cannot be read."""
+    try:
+        exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+        if _PYTHON_EXE.match(exe):
+            return True
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
+            return "libpython" in maps.read()
+    except OSError:
+        return None
+
+
+def clean_message(stderr: str) -> str:
+    """py-spy's error without the Rust backtrace, on one line."""
+    lines = []
+    for line in stderr.splitlines():
+        if line.startswith("Stack backtrace:"):
+            break
+        line = line.strip()
+        if line and line != "Caused by:":
+            lines.append(line.removeprefix("Error: "))
+    return "; ".join(dict.fromkeys(lines))[:400] or "py-spy failed without a message"
+
+
+def classify_failure(pid: int, returncode: int, stderr: str) -> CaptureError:
+    """Map a failed py-spy run to a structured error kind."""
+    message = clean_message(stderr)
+    lowered = stderr.lower()
+    if process_gone(pid):
+        return CaptureError(CaptureErrorKind.PROCESS_GONE, f"pid {pid} exited")
+    if any(p in lowered for p in _DENIED):
+        return CaptureError(CaptureErrorKind.PTRACE_DENIED, message)
+    if any(p in lowered for p in _NOT_PYTHON) or _looks_python(pid) is False:
+        return CaptureError(CaptureErrorKind.NOT_PYTHON, message)
+    return CaptureError(CaptureErrorKind.PYSPY_FAILED, f"exit code {returncode}: {message}")
+
+
+# ------------------------------------------------------------------ running py-spy
+
+
+def pyspy_argv(pyspy: str, pid: int, *, native: bool = False, locals_: bool = False,
+               nonblocking: bool = False) -> list[str]:
+    argv = [pyspy, "dump", "--pid", str(pid), "--json"]
+    if native:
+        argv.append("--native")
+    if locals_:
+        argv.append("--locals")
+    if nonblocking:
+        argv.append("--nonblocking")
+    return argv
+
+
+class DumpHandle:
+    """A py-spy dump under way; ``result()`` waits for it (until its deadline) and parses."""
+
+    def __init__(self, pid: int, argv: list[str], timeout: float) -> None:
+        self.pid = pid
+        self.argv = argv
+        self.timeout = timeout
+        self.started = time.monotonic()
+        self._result: DumpResult | None = None
+        self._retried = False
+        self._launch(argv)
+
+    def _launch(self, argv: list[str]) -> None:
+        # Files, not pipes: py-spy never blocks on a full pipe while we wait on another dump.
+        self._out: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (closed in _close)
+        self._err: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115
+        self._pidfd: int | None = None
+        try:
+            self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=self._out, stderr=self._err,
+                env={**os.environ, "RUST_BACKTRACE": "0"},
+            )
+        except OSError as exc:
+            self._proc = None
+            self._finish(CaptureError(CaptureErrorKind.PYSPY_MISSING,
+                                      f"cannot run {argv[0]}: {exc.strerror or exc}"))
+            return
+        try:
+            self._pidfd = os.pidfd_open(self._proc.pid)
+        except (OSError, AttributeError):
+            self._pidfd = None  # old kernel: fall back to Popen.wait's polling
+
+    def _finish(self, error: CaptureError | None, threads: tuple[ThreadStack, ...] = (),
+                found_locals: Locals | None = None) -> DumpResult:
+        self._result = DumpResult(threads, error, found_locals or {})
+        self._close()
+        return self._result
+
+    def _close(self) -> None:
+        self._out.close()
+        self._err.close()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    def _read(self, handle: IO[bytes]) -> bytes:
+        handle.seek(0)
+        return handle.read()
+
+    def _wait(self) -> int | None:
+        """py-spy's exit code, or None at the deadline."""
+        assert self._proc is not None
+        remaining = max(0.0, self.started + self.timeout - time.monotonic())
+        if self._pidfd is not None:
+            # Popen.wait(timeout) polls with sleeps of up to 50 ms; a pidfd wakes us at exit.
+            readable, _, _ = select.select([self._pidfd], [], [], remaining)
+            return self._proc.wait() if readable else None
+        try:
+            return self._proc.wait(timeout=remaining)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def result(self) -> DumpResult:
+        if self._result is not None:
+            return self._result
+        returncode = self._wait()
+        if returncode is None:
+            self.cancel()
+            if process_gone(self.pid):
+                return self._finish(CaptureError(CaptureErrorKind.PROCESS_GONE,
+                                                 f"pid {self.pid} exited"))
+            return self._finish(CaptureError(
+                CaptureErrorKind.TIMEOUT, f"py-spy did not answer within {self.timeout:g}s"))
+        if returncode != 0:
+            stderr = self._read(self._err).decode(errors="replace")
+            if self._should_retry_nonblocking(stderr):
+                return self.result()
+            return self._finish(classify_failure(self.pid, returncode, stderr))
+        try:
+            threads, found_locals = parse_dump(self._read(self._out), self.pid)
+        except (ValueError, KeyError, TypeError) as exc:
+            return self._finish(CaptureError(CaptureErrorKind.PYSPY_FAILED,
+                                             f"unreadable py-spy output: {exc}"))
+        return self._finish(None, threads, found_locals)
+
+    def _should_retry_nonblocking(self, stderr: str) -> bool:
+        """py-spy read the process but could not pause it: another tracer (a debugger, a
+        concurrent py-spy) holds it. Read it once more without pausing."""
+        if self._retried or "--nonblocking" in self.argv or \
+                "failed to suspend process" not in stderr.lower():
+            return False
+        self._retried = True
+        self._close()
+        self.argv = [*self.argv, "--nonblocking"]
+        self._launch(self.argv)
+        return self._result is None
+
+    def cancel(self) -> None:
+        """Kill py-spy (the kernel detaches it from the target) and reap it."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
+
+def start_dump(pid: int, *, native: bool = False, locals_: bool = False,
+               nonblocking: bool = False, timeout: float = 5.0,
+               pyspy: str | None = None) -> DumpHandle:
+    """Start ``py-spy dump`` on ``pid`` and return at once; ``.result()`` collects it.
+
+    Raises ``PySpyMissing`` when ``pyspy`` is not given and none is found.
+    """
+    argv = pyspy_argv(pyspy or find_pyspy(), pid, native=native, locals_=locals_,
+                      nonblocking=nonblocking)
+    return DumpHandle(pid, argv, timeout)
+
+
+def dump(pid: int, *, native: bool = False, locals_: bool = False, nonblocking: bool = False,
+         timeout: float = 5.0, pyspy: str | None = None) -> DumpResult:
+    """Dump every thread of ``pid``: ``(threads, error, locals)``; failures are in ``error``."""
+    return start_dump(pid, native=native, locals_=locals_, nonblocking=nonblocking,
+                      timeout=timeout, pyspy=pyspy).result()
