@@ -2,10 +2,10 @@
 
 One round (``sample_round``) reads every process's counters, then starts one py-spy per
 process at once and collects them, so a round costs about as long as the slowest single
-dump, not their sum. ``capture`` runs several rounds ``interval`` seconds apart (start to
-start). Nothing here raises for one process's trouble: a process that exited, refused
-ptrace, is not Python or did not answer in time gets a ``Sample`` whose ``error`` says so,
-and a process that exited is not sampled again.
+dump, not their sum. ``capture`` runs several rounds at least ``interval`` seconds apart
+(start to start). Nothing here raises for one process's trouble: a process that exited,
+refused ptrace, is not Python or did not answer in time gets a ``Sample`` whose ``error``
+says so, and a process that exited is not sampled again.
 
 Counters are read once per sample, just *before* its py-spy starts: while py-spy holds a
 process (blocking mode) the kernel reports it as ``tracing-stop``, which analysis would
@@ -69,17 +69,20 @@ def sample_round(procs: Sequence[RankProcess], t: float, *, native: bool = False
 def capture(procs: Sequence[RankProcess], *, samples: int = 3, interval: float = 0.5,
             native: bool = False, timeout: float = 5.0,
             on_progress: ProgressCallback | None = None) -> tuple[RankSnapshot, ...]:
-    """``samples`` rounds ``interval`` s apart; one RankSnapshot per process, in order."""
+    """``samples`` rounds at least ``interval`` s apart (start to start); one RankSnapshot
+    per process, in ``procs`` order."""
     history: list[list[Sample]] = [[] for _ in procs]
-    start = time.monotonic()
+    start = next_at = time.monotonic()
     for index in range(samples):
-        delay = start + index * interval - time.monotonic()
+        delay = next_at - time.monotonic()
         if delay > 0:
             time.sleep(delay)
         live = [i for i, taken in enumerate(history) if not _gone(taken)]
         if not live:
             break
-        taken = sample_round([procs[i] for i in live], time.monotonic() - start,
+        began = time.monotonic()
+        next_at = began + interval  # a slow round delays the next one, never squeezes it
+        taken = sample_round([procs[i] for i in live], began - start,
                              native=native, timeout=timeout)
         for i, sample in zip(live, taken):
             history[i].append(sample)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from harness import RunningJob, free_port, launch, load_meta
+
 from hangdoc.discover import (
     ProcessTable,
     ProcInfo,
@@ -35,8 +35,8 @@ from hangdoc.model import RankSource
 
 JOB = Path(__file__).resolve().parent / "data" / "gloo_hang.py"
 PY = "/usr/bin/python3"
-SPAWN = (PY, "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=4, "
-         "pipe_handle=6)", "--multiprocessing-fork")
+SPAWN = (PY, "-c", ("from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=4, "
+                    "pipe_handle=6)"), "--multiprocessing-fork")
 TRACKER = (PY, "-c", "from multiprocessing.resource_tracker import main;main(3)")
 TORCHRUN = (PY, "/venv/bin/torchrun", "--nproc-per-node", "2", "train.py")
 

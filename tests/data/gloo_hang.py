@@ -22,11 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
-
-from _ready import mark_ready  # noqa: E402
+import torch
+import torch.distributed as dist
+from _ready import mark_ready
+from torch.utils.data import DataLoader, TensorDataset
 
 CHILDREN = os.environ.get("GLOO_HANG_CHILDREN", "1") == "1"
 

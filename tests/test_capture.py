@@ -1,0 +1,425 @@
+"""Capture: py-spy JSON parsing (recorded fixtures), failure kinds, process state, and
+sampling real processes: a gloo job blocked in a collective, ``sleep``, a process that
+exits mid-capture, a stopped process, py-spy without ptrace rights.
+
+Fixtures in ``tests/data/`` were recorded with ``py-spy dump --json`` from
+``tests/data/gloo_hang.py`` (rank 0 in all_reduce with a DataLoader feeder thread; rank 1
+in barrier, ``--native``) and from a rank blocked in ``dist.recv(src=1, tag=7)``
+(``--locals``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psutil
+import pytest
+from harness import RunningJob
+from test_discover import job_meta, ready_pids, running
+
+from hangdoc import pyspy
+from hangdoc.capture import capture, sample_round
+from hangdoc.discover import discover
+from hangdoc.errors import PySpyMissing
+from hangdoc.jobspec import parse_job_spec
+from hangdoc.model import CaptureErrorKind, Frame, ProcessState, RankProcess, ThreadStack
+from hangdoc.procstate import parse_ss, read_state, socket_bytes, socket_bytes_many
+from hangdoc.pyspy import clean_message, dump, find_pyspy, parse_dump, source_line
+
+DATA = Path(__file__).resolve().parent / "data"
+C10D = "torch/distributed/distributed_c10d.py"
+
+
+def fixture(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+def main_thread(threads: tuple[ThreadStack, ...]) -> ThreadStack:
+    (main,) = [t for t in threads if t.is_main]
+    return main
+
+
+def innermost_python(thread: ThreadStack) -> Frame:
+    return [f for f in thread.frames if not f.native][-1]
+
+
+# ------------------------------------------------------------------ parsing recorded dumps
+
+
+def test_parse_dump_orders_frames_outermost_first() -> None:
+    threads, found_locals = parse_dump(fixture("pyspy_rank0_allreduce.json"))
+    assert [t.name for t in threads] == ["QueueFeederThread", "MainThread"]
+    main = main_thread(threads)
+    assert (main.thread_id, main.native_id, main.active, main.owns_gil) == \
+        (140138407709568, 10805, False, False)
+    assert [f.function for f in main.frames] == [
+        "<module>", "main", "run", "_exception_logger.<locals>.wrapper", "all_reduce"]
+    assert main.innermost == main.frames[-1]
+    assert main.innermost.short_filename == C10D
+    assert main.innermost.line == 3252
+    assert not any(f.native for f in main.frames)
+    feeder = threads[0]
+    assert (feeder.frames[0].function, feeder.innermost.function) == \
+        ("Thread._bootstrap", "Condition.wait")
+    assert found_locals == {}
+
+
+def test_parse_dump_marks_native_frames() -> None:
+    (main,) = parse_dump(fixture("pyspy_rank1_barrier_native.json"))[0]
+    functions = [f.function for f in main.frames]
+    assert functions[0] == "0x7fbf65a4524a"  # libc's start, outermost
+    assert functions[-2:] == ["pthread_cond_wait", "0x7fbf65aa3f16"]
+    assert "c10d::Work::wait" in functions
+    native = [f for f in main.frames if f.native]
+    assert len(native) == 7
+    assert all(f.line is None and f.code is None for f in native)
+    assert {f.short_filename for f in native} >= {"libc.so.6", "torch/lib/libtorch_cpu.so"}
+    python = [f for f in main.frames if not f.native]
+    assert [f.function for f in python][-1] == "barrier"
+    assert all(f.line for f in python)
+    # the Python frames sit between libc's entry and the native wait, in call order
+    assert functions.index("barrier") < functions.index("c10d::Work::wait")
+
+
+def test_parse_dump_keeps_selected_locals_by_frame_index() -> None:
+    threads, found_locals = parse_dump(fixture("pyspy_recv_locals.json"))
+    main = main_thread(threads)
+    assert main.innermost.function == "recv"
+    recv_index = len(main.frames) - 1
+    assert found_locals == {(main.thread_id, recv_index):
+                            {"src": "1", "tag": "7", "group_src": "None"}}
+
+
+def test_parse_dump_names_the_main_thread_when_threading_was_never_imported() -> None:
+    raw = [{"pid": 77, "thread_id": 1, "thread_name": None, "os_thread_id": 77,
+            "active": True, "owns_gil": True,
+            "frames": [{"name": "f", "filename": "/nonexistent/x.py", "module": None,
+                        "line": 3, "locals": None}]},
+           {"pid": 77, "thread_id": 2, "thread_name": None, "os_thread_id": 78,
+            "active": False, "owns_gil": False, "frames": []}]
+    threads, _ = parse_dump(json.dumps(raw))
+    assert [t.name for t in threads] == ["MainThread", None]
+    assert threads[0].frames == (Frame("f", "/nonexistent/x.py", 3, False, None),)
+    assert (threads[0].active, threads[0].owns_gil) == (True, True)
+
+
+@pytest.mark.parametrize("text", ["", "not json", "{}", '{"threads": []}'])
+def test_parse_dump_rejects_other_text(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_dump(text)
+
+
+def test_source_lines_follow_file_changes(tmp_path: Path) -> None:
+    src = tmp_path / "train.py"
+    src.write_text("import os\n    loss = step()  \n")
+    raw = json.dumps([{"thread_id": 1, "thread_name": "MainThread", "os_thread_id": 1,
+                       "frames": [{"name": "f", "filename": str(src), "module": None,
+                                   "line": 2, "locals": None}]}])
+    assert parse_dump(raw)[0][0].frames[0].code == "loss = step()"
+    src.write_text("import os\n    dist.barrier()  # changed, longer\n")
+    assert parse_dump(raw)[0][0].frames[0].code == "dist.barrier()  # changed, longer"
+    assert source_line(str(src), 99) is None
+    assert source_line("relative.py", 1) is None
+    assert source_line(str(src), None) is None
+
+
+def test_clean_message_drops_the_backtrace() -> None:
+    stderr = ("Error: Failed to get process executable name. Check that the process is "
+              "running.\n\nCaused by:\n    0: No such file or directory (os error 2)\n"
+              "    1: No such file or directory (os error 2)\n\nStack backtrace:\n"
+              "   0: anyhow::error\n   1: py_spy::main\n")
+    assert clean_message(stderr) == ("Failed to get process executable name. Check that the "
+                                     "process is running.; 0: No such file or directory "
+                                     "(os error 2); 1: No such file or directory (os error 2)")
+
+
+# ------------------------------------------------------------------ finding py-spy
+
+
+def test_find_pyspy_prefers_the_one_next_to_the_interpreter() -> None:
+    assert find_pyspy() == str(Path(sys.executable).parent / "py-spy")
+
+
+@pytest.mark.timeout(60)
+def test_find_pyspy_from_a_venv_that_is_not_activated(tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c",
+                          "from hangdoc.pyspy import find_pyspy; print(find_pyspy())"],
+                         env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(Path(sys.executable).parent / "py-spy")
+
+
+def test_find_pyspy_missing_raises_with_the_places_searched(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "prefix"))
+    monkeypatch.setattr(pyspy.sysconfig, "get_path", lambda *a: str(tmp_path / "scripts"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(PySpyMissing) as info:
+        find_pyspy()
+    assert str(info.value) == (f"py-spy not found in {tmp_path}/bin, {tmp_path}/prefix/bin, "
+                               f"{tmp_path}/scripts or on PATH")
+    procs = [RankProcess(pid=os.getpid(), host="h", rank=0)]
+    (sample,) = sample_round(procs, 0.0)
+    assert sample.error is not None and sample.error.kind is CaptureErrorKind.PYSPY_MISSING
+    assert sample.state is not None  # the counters are still read
+
+
+# ------------------------------------------------------------------ real processes
+
+
+@contextmanager
+def python_sleeper(seconds: float = 60) -> Iterator[subprocess.Popen[str]]:
+    """A Python process that has finished starting (it said so) and then sleeps."""
+    code = f"import time; print('ready', flush=True); time.sleep({seconds})"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def as_rank(pid: int, rank: int | None = None) -> RankProcess:
+    return RankProcess(pid=pid, host="localhost", rank=rank)
+
+
+@pytest.mark.timeout(60)
+def test_non_python_process_is_not_python() -> None:
+    sleeper = subprocess.Popen(["sleep", "100"])
+    try:
+        result = dump(sleeper.pid)
+        (sample,) = sample_round([as_rank(sleeper.pid)], 1.5)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert result.threads == ()
+    assert result.error is not None and result.error.kind is CaptureErrorKind.NOT_PYTHON
+    assert "python" in result.error.message.lower()
+    assert sample.t == 1.5
+    assert sample.error is not None and sample.error.kind is CaptureErrorKind.NOT_PYTHON
+    assert isinstance(sample.state, ProcessState) and sample.state.status == "sleeping"
+
+
+@pytest.mark.timeout(60)
+def test_pid_that_exited_is_process_gone() -> None:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    result = dump(child.pid)
+    assert result.error is not None and result.error.kind is CaptureErrorKind.PROCESS_GONE
+    state = read_state(child.pid)
+    assert not isinstance(state, ProcessState) and state.kind is CaptureErrorKind.PROCESS_GONE
+
+
+@pytest.mark.timeout(60)
+def test_process_exiting_mid_capture_is_sampled_until_gone() -> None:
+    code = "import time; print('ready', flush=True); time.sleep(0.6)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        progress: list[tuple[int, int]] = []
+        (snap,) = capture([as_rank(proc.pid, 0)], samples=6, interval=0.5,
+                          on_progress=lambda done, total: progress.append((done, total)))
+    finally:
+        proc.kill()
+        proc.wait()
+    first, *rest = snap.samples
+    assert first.error is None and main_thread(first.threads).innermost is not None
+    assert main_thread(first.threads).innermost.function == "<module>"
+    assert rest, "the process should have been sampled until it was gone"
+    last = rest[-1]
+    assert last.error is not None and last.error.kind is CaptureErrorKind.PROCESS_GONE
+    assert all(s.error is None for s in snap.samples[:-1])
+    assert len(snap.samples) < 6  # not sampled again once gone
+    assert progress[:2] == [(1, 6), (2, 6)]
+
+
+@pytest.mark.timeout(60)
+def test_stopped_process_is_read_without_pausing_it() -> None:
+    with python_sleeper() as proc:
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 10
+            while psutil.Process(proc.pid).status() != "stopped" and time.monotonic() < deadline:
+                time.sleep(0.01)
+            (sample,) = sample_round([as_rank(proc.pid)], 0.0)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+    assert sample.state is not None and sample.state.status == "stopped"
+    assert sample.error is None
+    assert main_thread(sample.threads).innermost is not None
+
+
+@pytest.mark.timeout(60)
+def test_pyspy_without_ptrace_rights_is_ptrace_denied(tmp_path: Path) -> None:
+    if os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists():
+        pytest.skip("needs root and setpriv to run py-spy as another user")
+    wrapper = tmp_path / "py-spy-as-nobody"
+    wrapper.write_text("#!/bin/sh\nexec /usr/bin/setpriv --reuid=65534 --regid=65534 "
+                       f"--clear-groups {find_pyspy()} \"$@\"\n")
+    wrapper.chmod(0o755)
+    with python_sleeper() as proc:
+        result = dump(proc.pid, pyspy=str(wrapper))
+    assert result.error is not None and result.error.kind is CaptureErrorKind.PTRACE_DENIED
+    assert "Permission Denied" in result.error.message
+
+
+def test_parse_ss_sums_received_and_acked_bytes_per_owner() -> None:
+    text = (
+        'ESTAB 0 0 127.0.0.1:40830 127.0.0.1:42517 users:(("python",pid=41,fd=20),'
+        '("python",pid=42,fd=20))\n'
+        "\t bbr wscale:10,10 bytes_sent:1000 bytes_retrans:4 bytes_acked:900 "
+        "bytes_received:300 segs_out:2\n"
+        'ESTAB 0 0 [::ffff:127.0.0.1]:39028 [::ffff:127.0.0.1]:29612 '
+        'users:(("python",pid=41,fd=13))\n'
+        "\t cubic bytes_acked:5 bytes_received:7\n"
+        'LISTEN 0 0 0.0.0.0:29612 0.0.0.0:* users:(("python",pid=43,fd=3))\n'
+        "\t cubic rto:200\n"
+    )
+    assert parse_ss(text) == {41: 1212, 42: 1200, 43: 0}
+
+
+@pytest.mark.timeout(60)
+def test_socket_bytes_of_a_process_without_sockets_is_zero() -> None:
+    with python_sleeper() as proc:
+        assert socket_bytes(proc.pid) == 0
+    assert socket_bytes_many([proc.pid]) == {proc.pid: None}  # gone: namespace unreadable
+
+
+# ------------------------------------------------------------------ a real hung gloo job
+
+
+@pytest.fixture(scope="module")
+def hung_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningJob]:
+    with running("direct", tmp_path_factory.mktemp("direct")) as job:
+        yield job
+
+
+@pytest.fixture(scope="module")
+def hung_ranks(hung_job: RunningJob) -> tuple[RankProcess, ...]:
+    ranks = discover(parse_job_spec(f"127.0.0.1:{hung_job.port}")).ranks
+    assert [r.pid for r in ranks] == [ready_pids(hung_job)[0], ready_pids(hung_job)[1]]
+    return ranks
+
+
+@pytest.mark.live
+@pytest.mark.timeout(120)
+def test_capture_of_a_job_hung_in_collectives(hung_ranks: tuple[RankProcess, ...]) -> None:
+    progress: list[tuple[int, int]] = []
+    snaps = capture(hung_ranks, samples=3, interval=0.3,
+                    on_progress=lambda done, total: progress.append((done, total)))
+    assert progress == [(1, 3), (2, 3), (3, 3)]
+    assert [s.process for s in snaps] == list(hung_ranks)
+    expected = {0: "all_reduce", 1: "barrier"}
+    for snap in snaps:
+        assert len(snap.good_samples) == 3
+        times = [s.t for s in snap.samples]
+        assert times[0] < 0.2 and all(0.3 <= b - a < 1.5 for a, b in itertools.pairwise(times))
+        for sample in snap.samples:
+            main = main_thread(sample.threads)
+            assert main.frames[0].function == "<module>"
+            assert main.frames[0].filename.endswith("gloo_hang.py")
+            inner = innermost_python(main)
+            assert (inner.function, inner.short_filename) == (expected[snap.rank], C10D)
+            assert inner.code == "work.wait()"
+            assert sample.state is not None
+            assert sample.state.status == "sleeping"
+            assert sample.state.num_threads > 1
+            assert sample.state.read_chars is not None and sample.state.write_chars is not None
+        # rank 0's DataLoader keeps a feeder thread; its stack is captured too
+        if snap.rank == 0:
+            assert "QueueFeederThread" in {t.name for t in snap.samples[0].threads}
+
+
+@pytest.mark.live
+@pytest.mark.timeout(120)
+def test_native_frames_of_a_hung_rank(hung_ranks: tuple[RankProcess, ...]) -> None:
+    samples = sample_round(hung_ranks, 0.0, native=True, timeout=60)
+    for sample in samples:
+        assert sample.error is None
+        main = main_thread(sample.threads)
+        natives = [f.function for f in main.frames if f.native]
+        assert "c10d::Work::wait" in natives
+        assert innermost_python(main).short_filename == C10D
+
+
+@pytest.mark.live
+@pytest.mark.timeout(120)
+def test_slow_dump_times_out_and_leaves_the_rank_running(
+        hung_ranks: tuple[RankProcess, ...]) -> None:
+    rank = hung_ranks[0]
+    before = {p.pid for p in psutil.Process().children()}
+    started = time.monotonic()
+    result = dump(rank.pid, native=True, timeout=0.05)  # symbolising libtorch takes ~1 s
+    elapsed = time.monotonic() - started
+    assert result.error is not None and result.error.kind is CaptureErrorKind.TIMEOUT
+    assert "0.05s" in result.error.message
+    assert elapsed < 1.0
+    assert {p.pid for p in psutil.Process().children()} <= before  # py-spy was killed
+    assert psutil.Process(rank.pid).status() == "sleeping"  # not left stopped
+    assert dump(rank.pid).error is None
+
+
+@pytest.mark.live
+@pytest.mark.timeout(120)
+def test_process_state_and_sockets_of_a_rank(hung_ranks: tuple[RankProcess, ...]) -> None:
+    pid = hung_ranks[1].pid
+    state = read_state(pid)
+    assert isinstance(state, ProcessState)
+    assert state.status == "sleeping" and state.cpu_seconds > 0 and state.num_threads > 1
+    assert state.rss_bytes is not None and state.rss_bytes > 10_000_000
+    assert state.ctx_switches is not None and state.ctx_switches > 0
+    moved = socket_bytes(pid)
+    assert moved is not None and moved > 0  # the store and the peer connections
+    assert socket_bytes_many([r.pid for r in hung_ranks])[pid] == moved  # nothing moves
+
+
+# ------------------------------------------------------------------ benchmark (opt-in)
+
+
+def _raw_parallel_dumps(exe: str, pids: list[int]) -> float:
+    started = time.perf_counter()
+    procs = [subprocess.Popen([exe, "dump", "--pid", str(p), "--json"],
+                              stdout=subprocess.PIPE) for p in pids]
+    for proc in procs:
+        proc.communicate()
+    return time.perf_counter() - started
+
+
+@pytest.mark.live
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not os.environ.get("HANGDOC_BENCH"), reason="set HANGDOC_BENCH=1")
+@pytest.mark.parametrize("nproc", [4, 8])
+def test_sample_round_costs_at_most_1_3x_raw_parallel_pyspy(
+        nproc: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness import launch
+
+    monkeypatch.setenv("GLOO_HANG_CHILDREN", "0")
+    with launch(job_meta("direct", nproc), tmp_path) as job:
+        job.wait_ready(300)
+        ranks = discover(parse_job_spec(f"127.0.0.1:{job.port}")).ranks
+        pids = [r.pid for r in ranks]
+        exe = find_pyspy()
+        sample_round(ranks, 0.0)  # warm the source-line cache
+        raw, ours = [], []
+        for _ in range(15):
+            raw.append(_raw_parallel_dumps(exe, pids))
+            started = time.perf_counter()
+            samples = sample_round(ranks, 0.0)
+            ours.append(time.perf_counter() - started)
+            assert all(s.error is None for s in samples)
+    ratio = statistics.median(ours) / statistics.median(raw)
+    print(f"\n{nproc} ranks: sample_round {statistics.median(ours) * 1000:.1f} ms, raw "
+          f"{statistics.median(raw) * 1000:.1f} ms, ratio {ratio:.2f}")
+    assert ratio <= 1.3
