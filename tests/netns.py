@@ -271,6 +271,8 @@ class NetnsNodes:
     def _write_hosts(self, i: int) -> None:
         lines = ["127.0.0.1 localhost", f"{self.ip(i)} {socket.gethostname()}"]
         lines += [f"{self.ip(j)} {self.ns(j)}" for j in range(self.n)]
+        # Dual-stack servers (the TCPStore) see peers as v4-mapped addresses.
+        lines += [f"::ffff:{self.ip(j)} {self.ns(j)}" for j in range(self.n)]
         hosts_dir = HOSTS_DIR / self.ns(i)
         hosts_dir.mkdir(parents=True, exist_ok=True)
         (hosts_dir / "hosts").write_text("\n".join(lines) + "\n")
