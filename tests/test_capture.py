@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -259,6 +260,33 @@ def test_stopped_process_is_read_without_pausing_it() -> None:
     assert sample.state is not None and sample.state.status == "stopped"
     assert sample.error is None
     assert main_thread(sample.threads).innermost is not None
+
+
+def tracer_of(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("TracerPid:"):
+            return int(line.split()[1])
+    return 0
+
+
+@pytest.mark.timeout(60)
+def test_process_held_by_another_tracer_is_read_without_pausing_it() -> None:
+    if shutil.which("strace") is None:
+        pytest.skip("needs strace to hold the process")
+    with python_sleeper() as proc:
+        tracer = subprocess.Popen(["strace", "-p", str(proc.pid), "-o", "/dev/null"],
+                                  stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 10
+            while tracer_of(proc.pid) != tracer.pid and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert tracer_of(proc.pid) == tracer.pid
+            result = dump(proc.pid)  # blocking mode cannot attach; retried non-blocking
+        finally:
+            tracer.kill()
+            tracer.wait()
+    assert result.error is None
+    assert main_thread(result.threads).innermost is not None
 
 
 @pytest.mark.timeout(60)
