@@ -13,10 +13,9 @@ import os
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
-from torch.utils.data import DataLoader, TensorDataset
-
 from _ready import mark_ready
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 
 class Regressor(nn.Module):

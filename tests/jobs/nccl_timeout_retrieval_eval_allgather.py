@@ -13,10 +13,9 @@ import os
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
-
 from _ready import mark_ready
+from torch import nn
 
 
 class QueryEncoder(nn.Module):

@@ -14,9 +14,8 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
-
 from _ready import mark_ready
+from torch import nn
 
 ITEMS = 3_000_000
 DIM = 64

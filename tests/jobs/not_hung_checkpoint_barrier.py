@@ -17,9 +17,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
-
 from _ready import mark_ready
+from torch import nn
 
 SAVE_EVERY = 4
 MAX_STEPS = 800  # about 15 minutes, most of it spent checkpointing

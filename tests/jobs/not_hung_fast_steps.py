@@ -13,10 +13,9 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
-from torch.utils.data import DataLoader, IterableDataset
-
 from _ready import mark_ready
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset
 
 MAX_STEPS = 40_000  # about 15 minutes at ~45 steps/s
 WARMUP_STEPS = 3

@@ -13,9 +13,8 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
-
 from _ready import mark_ready
+from torch import nn
 
 WIDTH = 1024
 MICRO_BATCH = 384

@@ -15,9 +15,8 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn as nn
-
 from _ready import mark_ready
+from torch import nn
 
 MAX_STEPS = 300  # about 15 minutes at ~3 s per step
 WARMUP_STEPS = 2

@@ -15,10 +15,9 @@ import os
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
-from torch.utils.data import DataLoader, Dataset
-
 from _ready import mark_ready
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
 
 BATCH = 8
 WARMUP_STEPS = 3
@@ -55,8 +54,8 @@ def random_resized_crop(image: torch.Tensor, size: int,
     while True:
         target_area = area * torch.empty(1).uniform_(*scale).item()
         aspect = math.exp(torch.empty(1).uniform_(*log_ratio).item())
-        w = int(round(math.sqrt(target_area * aspect)))
-        h = int(round(math.sqrt(target_area / aspect)))
+        w = round(math.sqrt(target_area * aspect))
+        h = round(math.sqrt(target_area / aspect))
         if size <= w <= width and size <= h <= height:
             top = torch.randint(0, height - h + 1, (1,)).item()
             left = torch.randint(0, width - w + 1, (1,)).item()

@@ -20,9 +20,8 @@ import tempfile
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn as nn
-
 from _ready import mark_ready
+from torch import nn
 
 EPOCHS = 50
 RECORDS_PER_SHARD = 256

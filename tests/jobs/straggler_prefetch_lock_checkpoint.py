@@ -17,9 +17,8 @@ import threading
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
-
 from _ready import mark_ready
+from torch import nn
 
 CHECKPOINT_EVERY = 5
 

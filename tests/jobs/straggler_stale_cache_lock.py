@@ -17,9 +17,8 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
-
 from _ready import mark_ready
+from torch import nn
 
 VOCAB = 512
 SEQ = 16
