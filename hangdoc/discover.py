@@ -363,7 +363,8 @@ def _slurm_scope(spec: JobSpec, table: ProcessTable) -> tuple[list[int], str, st
     name = str(spec)[len("slurm:"):]
     listed = _scontrol_pids(name)
     if listed is not None:
-        return [p for p in listed if p in table.procs], f"no process in `scontrol listpids {name}`", ""
+        scope = [p for p in listed if p in table.procs]
+        return scope, f"no process in `scontrol listpids {name}`", ""
     scope = [p.pid for p in table.procs.values()
              if p.env and _slurm_env_matches(p.env, spec.slurm_job, spec.slurm_step)]
     step = f" SLURM_STEP_ID={spec.slurm_step}" if spec.slurm_step is not None else ""
@@ -374,7 +375,9 @@ def _slurm_scope(spec: JobSpec, table: ProcessTable) -> tuple[list[int], str, st
 
 
 @dataclass(frozen=True)
-class _Rank:
+class FoundRank:
+    """A process chosen as a rank, before it becomes a RankProcess."""
+
     proc: ProcInfo
     rank: int | None
     source: RankSource | None
@@ -388,7 +391,7 @@ def _is_spawn_worker(proc: ProcInfo) -> bool:
     return any(marker in line for marker in _SPAWN_MARKERS) or _FORKSERVER in line
 
 
-def infer_spawn_ranks(table: ProcessTable, unranked: Iterable[int]) -> dict[int, _Rank]:
+def infer_spawn_ranks(table: ProcessTable, unranked: Iterable[int]) -> dict[int, FoundRank]:
     """Number spawn-style siblings that have no rank in their start-up environment.
 
     Siblings under the same Python parent that look like spawn workers (multiprocessing
@@ -400,7 +403,7 @@ def infer_spawn_ranks(table: ProcessTable, unranked: Iterable[int]) -> dict[int,
     for pid in unranked:
         proc = table.procs[pid]
         groups.setdefault(proc.ppid, []).append(proc)
-    found: dict[int, _Rank] = {}
+    found: dict[int, FoundRank] = {}
     for ppid, members in groups.items():
         parent = table.procs.get(ppid)
         if parent is None or not is_python(parent):
@@ -415,29 +418,31 @@ def infer_spawn_ranks(table: ProcessTable, unranked: Iterable[int]) -> dict[int,
         members.sort(key=lambda p: (p.create_time, p.pid))
         for index, proc in enumerate(members):
             evidence = (f"inferred: spawn child #{index} of pid {ppid}, ordered by start time")
-            found[proc.pid] = _Rank(proc, index, RankSource.INFERRED, evidence, len(members),
+            found[proc.pid] = FoundRank(proc, index, RankSource.INFERRED, evidence, len(members),
                                     index)
     return found
 
 
-def _env_rank_of(proc: ProcInfo) -> _Rank:
+def _env_rank_of(proc: ProcInfo) -> FoundRank:
     key = env_rank(proc)
     assert key is not None
     world = _env_int(proc.env, WORLD_SIZE_VARS)
     local = _env_int(proc.env, LOCAL_RANK_VARS)
-    return _Rank(proc, key[1], RankSource.ENV, f"{key[0]}={key[1]}",
+    return FoundRank(proc, key[1], RankSource.ENV, f"{key[0]}={key[1]}",
                  world[1] if world else None, local[1] if local else None)
 
 
 @dataclass
-class _Selection:
-    ranks: list[_Rank]
+class Selection:
+    """What ``select_ranks`` made of the processes in scope."""
+
+    ranks: list[FoundRank]
     launchers: set[int]
     notes: list[str]
     rejected: dict[int, str]  # pid -> why it is not a rank
 
 
-def select_ranks(table: ProcessTable, scope: Iterable[int]) -> _Selection:
+def select_ranks(table: ProcessTable, scope: Iterable[int]) -> Selection:
     """Split the processes in scope into ranks, launchers, children and the rest."""
     scope = list(dict.fromkeys(scope))
     rejected: dict[int, str] = {}
@@ -472,7 +477,7 @@ def select_ranks(table: ProcessTable, scope: Iterable[int]) -> _Selection:
                   if env_rank(p) is not None and p.pid not in launchers
                   and p.pid not in children}
 
-    def below_rank(pid: int, ranked: Mapping[int, _Rank]) -> ProcInfo | None:
+    def below_rank(pid: int, ranked: Mapping[int, FoundRank]) -> ProcInfo | None:
         return next((a for a in table.ancestors(pid) if a.pid in ranked), None)
 
     unranked = [p.pid for p in candidates if p.pid not in env_ranked and p.pid not in launchers
@@ -481,7 +486,7 @@ def select_ranks(table: ProcessTable, scope: Iterable[int]) -> _Selection:
     # Inferred groups nested under other inferred ranks are those ranks' workers.
     inferred = {pid: r for pid, r in inferred.items() if below_rank(pid, inferred) is None}
     launchers |= {r.proc.ppid for r in inferred.values()}
-    ranked: dict[int, _Rank] = {**env_ranked, **inferred}
+    ranked: dict[int, FoundRank] = {**env_ranked, **inferred}
 
     notes: list[str] = []
     for proc in candidates:
@@ -496,7 +501,7 @@ def select_ranks(table: ProcessTable, scope: Iterable[int]) -> _Selection:
         elif any(r.pid in ranked for r in table.descendants(proc.pid)):
             launchers.add(proc.pid)
         else:
-            ranked[proc.pid] = _Rank(proc, None, None, "no rank in its start-up environment",
+            ranked[proc.pid] = FoundRank(proc, None, None, "no rank in its start-up environment",
                                      None, None)
             notes.append(f"pid {proc.pid} has no rank in its start-up environment; "
                          "its rank is unknown")
@@ -511,10 +516,10 @@ def select_ranks(table: ProcessTable, scope: Iterable[int]) -> _Selection:
         notes.append(f"ranks of {len(inferred)} spawn children were inferred from their start "
                      "order (they have no RANK in their start-up environment); on several "
                      "nodes these are local indices")
-    return _Selection(sorted(ranked.values(), key=_rank_order), launchers, notes, rejected)
+    return Selection(sorted(ranked.values(), key=_rank_order), launchers, notes, rejected)
 
 
-def _rank_order(rank: _Rank) -> tuple[bool, int, int]:
+def _rank_order(rank: FoundRank) -> tuple[bool, int, int]:
     return (rank.rank is None, rank.rank or 0, rank.proc.pid)
 
 
@@ -537,7 +542,7 @@ def select_env(env: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
     return redact_env(chosen)
 
 
-def _to_rank_process(found: _Rank, host: str, launcher: int | None) -> RankProcess:
+def _to_rank_process(found: FoundRank, host: str, launcher: int | None) -> RankProcess:
     return RankProcess(
         pid=found.proc.pid,
         host=host,
@@ -552,14 +557,14 @@ def _to_rank_process(found: _Rank, host: str, launcher: int | None) -> RankProce
     )
 
 
-def _world_size(ranks: list[_Rank], notes: list[str]) -> int | None:
+def _world_size(ranks: list[FoundRank], notes: list[str]) -> int | None:
     sizes = sorted({r.world_size for r in ranks if r.world_size is not None})
     if len(sizes) > 1:
         notes.append(f"ranks disagree on the world size: {', '.join(map(str, sizes))}")
     return sizes[-1] if sizes else None
 
 
-def _duplicate_notes(ranks: list[_Rank]) -> list[str]:
+def _duplicate_notes(ranks: list[FoundRank]) -> list[str]:
     by_rank: dict[int, list[int]] = {}
     for r in ranks:
         if r.rank is not None:
@@ -569,7 +574,7 @@ def _duplicate_notes(ranks: list[_Rank]) -> list[str]:
             for rank, pids in sorted(by_rank.items()) if len(pids) > 1]
 
 
-def _not_ranks_message(what: str, selection: _Selection, table: ProcessTable) -> str:
+def _not_ranks_message(what: str, selection: Selection, table: ProcessTable) -> str:
     parts = [f"{_describe(table.procs[pid])}: {why}"
              for pid, why in list(selection.rejected.items())[:4]]
     more = len(selection.rejected) - len(parts)
