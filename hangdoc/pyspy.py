@@ -209,8 +209,16 @@ def classify_failure(pid: int, returncode: int, stderr: str) -> CaptureError:
         return CaptureError(CaptureErrorKind.PROCESS_GONE, f"pid {pid} exited")
     if any(p in lowered for p in _DENIED):
         return CaptureError(CaptureErrorKind.PTRACE_DENIED, message)
-    if any(p in lowered for p in _NOT_PYTHON) or _looks_python(pid) is False:
+    looks_python = _looks_python(pid)
+    no_interpreter = any(p in lowered for p in _NOT_PYTHON)
+    if looks_python is False or (no_interpreter and looks_python is None):
         return CaptureError(CaptureErrorKind.NOT_PYTHON, message)
+    if no_interpreter:
+        # A Python binary whose interpreter py-spy cannot find: still starting up, or a
+        # Python version this py-spy does not support.
+        return CaptureError(CaptureErrorKind.PYSPY_FAILED,
+                            f"{message} (the process runs Python: is it still starting, or "
+                            "is its Python version newer than this py-spy?)")
     return CaptureError(CaptureErrorKind.PYSPY_FAILED, f"exit code {returncode}: {message}")
 
 

@@ -144,6 +144,36 @@ def test_clean_message_drops_the_backtrace() -> None:
                                      "(os error 2); 1: No such file or directory (os error 2)")
 
 
+@pytest.mark.timeout(60)
+def test_classify_failure_by_process_and_message() -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    sleeper = subprocess.Popen(["sleep", "100"])
+    me = os.getpid()  # a Python process
+    no_version = "Error: Failed to find python version from target process\n"
+    try:
+        cases = [
+            (gone.pid, "Error: Permission denied (os error 13)", CaptureErrorKind.PROCESS_GONE),
+            (me, "Permission Denied: Try running again with elevated permissions",
+             CaptureErrorKind.PTRACE_DENIED),
+            (me, ("Error: Failed to get stack traces\n\nCaused by:\n    0: Operation not "
+                 "permitted (os error 1)"), CaptureErrorKind.PTRACE_DENIED),
+            (sleeper.pid, no_version, CaptureErrorKind.NOT_PYTHON),
+            (sleeper.pid, "Error: Bad address (os error 14)", CaptureErrorKind.NOT_PYTHON),
+            (me, no_version, CaptureErrorKind.PYSPY_FAILED),  # Python, interpreter not found
+            (me, "Error: something new", CaptureErrorKind.PYSPY_FAILED),
+        ]
+        kinds = [pyspy.classify_failure(pid, 1, stderr).kind for pid, stderr, _ in cases]
+        hint = pyspy.classify_failure(me, 1, no_version).message
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert kinds == [kind for _, _, kind in cases]
+    assert "still starting" in hint
+    assert pyspy.classify_failure(me, 3, "Error: something new").message == \
+        "exit code 3: something new"
+
+
 # ------------------------------------------------------------------ finding py-spy
 
 
