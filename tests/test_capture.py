@@ -355,6 +355,53 @@ def test_socket_bytes_of_a_process_without_sockets_is_zero() -> None:
     assert socket_bytes_many([proc.pid]) == {proc.pid: None}  # gone: namespace unreadable
 
 
+SERVER = """
+import socket, sys, time
+srv = socket.create_server(("0.0.0.0", 29999))
+print("listening", flush=True)
+conn, _ = srv.accept()
+got = 0
+while got < 300000:
+    got += len(conn.recv(65536))
+print("received", got, flush=True)
+time.sleep(120)
+"""
+CLIENT = """
+import socket, sys, time
+sock = socket.create_connection((sys.argv[1], 29999))
+sock.sendall(b"x" * 300000)
+print("sent", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.netns
+@pytest.mark.timeout(120)
+def test_socket_bytes_of_processes_in_other_network_namespaces() -> None:
+    from netns import NetnsNodes
+
+    with NetnsNodes(2, "hdcs") as nodes:
+        server = nodes.popen(0, [sys.executable, "-c", SERVER], stdout=subprocess.PIPE,
+                             text=True)
+        client = None
+        try:
+            assert server.stdout is not None and server.stdout.readline() == "listening\n"
+            client = nodes.popen(1, [sys.executable, "-c", CLIENT, nodes.ip(0)],
+                                 stdout=subprocess.PIPE, text=True)
+            assert client.stdout is not None and client.stdout.readline() == "sent\n"
+            assert server.stdout.readline() == "received 300000\n"
+            moved = socket_bytes_many([server.pid, client.pid, os.getpid()])
+        finally:
+            for proc in (server, client):
+                if proc is not None:
+                    proc.kill()
+                    proc.wait()
+    # `ip netns exec` execs the command, so the Popen pid is the Python process itself
+    assert moved[server.pid] is not None and moved[server.pid] >= 300000  # received
+    assert moved[client.pid] is not None and moved[client.pid] >= 300000  # acked
+    assert moved[os.getpid()] is not None  # this namespace: plain ss
+
+
 # ------------------------------------------------------------------ a real hung gloo job
 
 
