@@ -49,7 +49,7 @@ def rank_state(snap: RankSnapshot, op: DistOp | None, move: Movement | None) -> 
     if move.status in _STOPPED:
         return RankState.STOPPED
     if op is not None:
-        if move.op_changed or move.left_op:
+        if move.op_changed or move.left_op or move.woke:
             return RankState.PROGRESSING
         return RankState.COMMUNICATING if move.moving else RankState.WAITING
     return RankState.BUSY if move.busy else RankState.BLOCKED

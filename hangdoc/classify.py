@@ -292,8 +292,7 @@ def _not_hung(views, progressing, in_op, outside, waiting) -> Classification | N
         return Classification(
             Verdict.NOT_HUNG, [],
             f"not hung: {_r(moved)} completed distributed operations during the window",
-            [f"rank {v.rank} went through different operations between samples "
-             f"(last: {describe_rank(v)})" for v in progressing[:4]],
+            [_progress_line(v) for v in progressing[:4]],
         )
     communicating = [v for v in in_op if v.state is RankState.COMMUNICATING]
     if communicating and not waiting:
@@ -313,6 +312,17 @@ def _not_hung(views, progressing, in_op, outside, waiting) -> Classification | N
             [f"rank {v.rank} is {describe_rank(v)}" for v in busy[:4]],
         )
     return None
+
+
+def _progress_line(v: RankView) -> str:
+    m = v.move
+    if m is not None and not (m.op_changed or m.left_op) and m.wakeups is not None:
+        return (
+            f"rank {v.rank} was seen only in {describe_rank(v)}, but its main thread woke "
+            f"{m.wakeups} times on its own over {m.seconds:.1f} s: the call keeps completing "
+            "and being issued again"
+        )
+    return f"rank {v.rank} went through different operations between samples (last: {describe_rank(v)})"
 
 
 def _init_deadlock(views, init, in_op, outside, quiet) -> Classification:

@@ -18,6 +18,11 @@ CPU_BUSY_FRACTION = 0.20
 CPU_MOVING_FRACTION = 0.05
 # Bytes read+written per second that count as data moving (socket traffic included).
 BYTES_MOVING_PER_SECOND = 64 * 1024
+# Each blocking py-spy dump stops and resumes the process: the main thread of a rank that
+# sleeps in a wait is context-switched about twice per dump (measured on gloo waits). More
+# switches than that mean the thread woke up by itself: a wait completed and began again.
+SWITCHES_PER_DUMP = 2
+WAKEUPS_MOVING = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +32,7 @@ class Movement:
     seconds: float
     cpu_fraction: float | None  # CPU seconds per wall second, all threads
     bytes_per_second: float | None
+    wakeups: int | None  # main-thread context switches beyond those hangdoc's pauses cause
     op_changed: bool  # the distributed op (name/call site) differed between samples
     left_op: bool  # some sample had the relevant thread outside any distributed op
     stack_changed: bool  # the relevant thread's stack differed between samples
@@ -35,6 +41,11 @@ class Movement:
     @property
     def busy(self) -> bool:
         return self.cpu_fraction is not None and self.cpu_fraction >= CPU_BUSY_FRACTION
+
+    @property
+    def woke(self) -> bool:
+        """The main thread woke up by itself: a blocking call returned during the window."""
+        return self.wakeups is not None and self.wakeups >= WAKEUPS_MOVING
 
     @property
     def moving(self) -> bool:
@@ -72,6 +83,7 @@ def movement(rank: RankSnapshot, snapshot: JobSnapshot | None = None) -> Movemen
     with_state = [s for s in rank.samples if s.state is not None]
     seconds = last.t - first.t
     cpu = io = None
+    wakeups = None
     if len(with_state) >= 2:
         a, b = with_state[0], with_state[-1]
         dt = max(b.t - a.t, 1e-6)
@@ -83,6 +95,9 @@ def movement(rank: RankSnapshot, snapshot: JobSnapshot | None = None) -> Movemen
                 (b.state.write_chars or 0) - (a.state.write_chars or 0)
             )
             io = moved / dt
+        if a.state.ctx_switches is not None and b.state.ctx_switches is not None:
+            pauses = SWITCHES_PER_DUMP * (len(with_state) - 1)
+            wakeups = b.state.ctx_switches - a.state.ctx_switches - pauses
     ops = []
     stacks = []
     for sample in good:
@@ -95,6 +110,7 @@ def movement(rank: RankSnapshot, snapshot: JobSnapshot | None = None) -> Movemen
         seconds=seconds,
         cpu_fraction=cpu,
         bytes_per_second=io,
+        wakeups=wakeups,
         op_changed=len(set(ops)) > 1,
         left_op=any(o is None for o in ops) and any(o is not None for o in ops),
         stack_changed=len(set(stacks)) > 1,

@@ -227,3 +227,22 @@ def test_every_verdict_has_next_steps(verdict: Verdict) -> None:
     from hangdoc.classify import NEXT_STEPS
 
     assert NEXT_STEPS[verdict]
+
+
+def test_waiter_whose_thread_keeps_waking_is_progressing() -> None:
+    # a slow-but-healthy job: the waiters are always caught in the same all_reduce, but each
+    # step their main thread wakes (the collective completes) and waits again
+    site = in_c10d("all_reduce", "train.py:step:40")
+    sleeping = ["train.py:<module>:200", "train.py:main:150", "reader.py:read_batch:33"]
+    snap = make_snapshot(
+        [make_rank(r, site, ctx_per_sample=6) for r in (0, 1)] + [make_rank(2, sleeping, ctx_per_sample=4)]
+    )
+    d = analyse(snap)
+    assert d.verdict is Verdict.NOT_HUNG
+    assert any("woke" in e for e in d.evidence)
+
+
+def test_switches_from_hangdocs_own_pauses_are_not_progress() -> None:
+    site = in_c10d("all_reduce", "train.py:step:40")
+    snap = make_snapshot([make_rank(r, site, ctx_per_sample=2, samples=9) for r in range(3)])
+    assert analyse(snap).verdict is Verdict.NCCL_TIMEOUT
