@@ -70,6 +70,47 @@ def expected_ranks(snapshot: JobSnapshot) -> set[int]:
     return set(range(max(sizes))) if sizes else set()
 
 
+def _env_int(snap: RankSnapshot, *keys: str) -> int | None:
+    for key in keys:
+        value = snap.process.env_get(key)
+        if value is not None and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def off_node_ranks(snapshot: JobSnapshot, absent: set[int]) -> tuple[set[int], str]:
+    """Absent ranks that belong to nodes this snapshot did not look at.
+
+    A multi-node job seen from one node (LOCAL_WORLD_SIZE / SLURM_NTASKS_PER_NODE smaller
+    than the world) has most of its ranks elsewhere: those are unknown, not missing. Ranks
+    are placed on nodes in contiguous blocks of the local world size (torchrun, Slurm's
+    block distribution), or by GROUP_RANK when the ranks say it.
+    """
+    local_sizes = {
+        n for r in snapshot.ranks
+        if (n := _env_int(r, "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE")) is not None
+    }
+    if not absent or len(local_sizes) != 1:
+        return set(), ""
+    per_node = local_sizes.pop()
+    seen_blocks = set()
+    for r in snapshot.ranks:
+        group = _env_int(r, "GROUP_RANK", "NODE_RANK", "SLURM_NODEID")
+        if group is None and r.rank is not None:
+            group = r.rank // per_node
+        seen_blocks.add(group)
+    elsewhere = {rank for rank in absent if rank // per_node not in seen_blocks}
+    if not elsewhere:
+        return set(), ""
+    from .merge import compress_ranks
+
+    note = (
+        f"ranks {compress_ranks(elsewhere)[1:-1]} run on other nodes ({per_node} ranks per node): "
+        "their state is unknown; diagnose with an agent on every node to see them"
+    )
+    return elsewhere, note
+
+
 def analyse(snapshot: JobSnapshot) -> Diagnosis:
     """Diagnose a snapshot. Deterministic for a given snapshot."""
     views = [view_rank(r, snapshot) for r in snapshot.ranks if r.rank is not None]
@@ -80,6 +121,8 @@ def analyse(snapshot: JobSnapshot) -> Diagnosis:
     absent = expected_ranks(snapshot) - present
     if any(not u.ranks for u in snapshot.unreachable):
         unknown |= absent  # an unreachable node could hold any absent rank
+    elsewhere, elsewhere_note = off_node_ranks(snapshot, absent - unknown)
+    unknown |= elsewhere
     missing = absent - unknown
 
     stacks: dict[int, Stack] = {v.rank: v.thread.frames for v in views if v.thread is not None}
@@ -87,6 +130,8 @@ def analyse(snapshot: JobSnapshot) -> Diagnosis:
     groups, group_of = _groups(tree, {v.rank: v.op for v in views})
 
     result = classify.classify(views, sorted(missing), sorted(unknown), snapshot)
+    if elsewhere_note:
+        result.evidence.append(elsewhere_note)
     ranks = [
         RankAnalysis(
             rank=v.rank,

@@ -246,3 +246,23 @@ def test_switches_from_hangdocs_own_pauses_are_not_progress() -> None:
     site = in_c10d("all_reduce", "train.py:step:40")
     snap = make_snapshot([make_rank(r, site, ctx_per_sample=2, samples=9) for r in range(3)])
     assert analyse(snap).verdict is Verdict.NCCL_TIMEOUT
+
+
+def test_ranks_on_other_nodes_are_unknown_not_missing() -> None:
+    # node 0 of a 2-node torchrun job: ranks 4-7 live on node 1, which nobody asked
+    site = in_c10d("all_reduce", "train.py:step:40")
+    env = {"LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "8", "GROUP_RANK": "0"}
+    snap = make_snapshot([make_rank(r, site, world_size=8, env=env) for r in range(4)])
+    d = analyse(snap)
+    assert d.verdict is not Verdict.RANK_MISSING
+    assert d.partial
+    assert any("other nodes" in e for e in d.evidence)
+
+
+def test_missing_local_rank_of_multi_node_job_is_still_missing() -> None:
+    site = in_c10d("all_reduce", "train.py:step:40")
+    env = {"LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "8", "GROUP_RANK": "0"}
+    snap = make_snapshot([make_rank(r, site, world_size=8, env=env) for r in (0, 1, 3)])
+    d = analyse(snap)
+    assert d.verdict is Verdict.RANK_MISSING
+    assert d.culprit_ranks == (2,)
