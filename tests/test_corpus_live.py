@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from harness import JobMeta, RunningJob, corpus, launch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,7 +37,7 @@ def _params() -> list:
 def _diagnose(job: RunningJob, snapshot: Path) -> subprocess.CompletedProcess:
     argv = [sys.executable, "-m", "hangdoc", "diagnose", job.job_spec(), "--json",
             "--save", str(snapshot)]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=DIAGNOSE_TIMEOUT,
+    return subprocess.run(argv, check=False, capture_output=True, text=True, timeout=DIAGNOSE_TIMEOUT,
                           cwd=REPO, stdin=subprocess.DEVNULL)
 
 

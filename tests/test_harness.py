@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from harness import JOBS_DIR, _tagged_pids, corpus, launch, load_meta
 
 TINY_JOB = textwrap.dedent('''\
@@ -119,9 +118,9 @@ def test_slurm_tasks_see_only_slurm_variables(tmp_path: Path) -> None:
 def test_wait_ready_reports_a_job_that_died(tmp_path: Path) -> None:
     script = write_job(tmp_path, "mode=direct nproc=2")
     script.write_text(script.read_text().replace("mark_ready(rank)", "raise SystemExit(3)"))
-    with launch(load_meta(script), tmp_path / "run") as job:
-        with pytest.raises(AssertionError, match="exited with code 3"):
-            job.wait_ready(timeout=30)
+    with launch(load_meta(script), tmp_path / "run") as job, \
+            pytest.raises(AssertionError, match="exited with code 3"):
+        job.wait_ready(timeout=30)
 
 
 def test_kill_is_idempotent_and_finds_orphans(tmp_path: Path) -> None:
@@ -143,19 +142,21 @@ def test_kill_is_idempotent_and_finds_orphans(tmp_path: Path) -> None:
 @pytest.mark.timeout(90)
 def test_netns_job_gets_namespaces_and_cleans_them_up(tmp_path: Path) -> None:
     meta = load_meta(write_job(tmp_path, "mode=netns nproc=2"))
-    before = _namespaces()
     with launch(meta, tmp_path / "run") as job:
         job.wait_ready(timeout=45)
-        assert len(_namespaces() - before) == 2
+        prefix = job.nodes.prefix
+        assert _namespaces(prefix) == {job.nodes.ns(0), job.nodes.ns(1)}
         assert job.master_addr == job.nodes.ip(0) != "127.0.0.1"
         assert f"master={job.master_addr}:{job.port}" in job.output()
     assert _tagged_pids(job.tag) == set()
-    assert _namespaces() == before
+    assert _namespaces(prefix) == set()
 
 
-def _namespaces() -> set[str]:
+def _namespaces(prefix: str) -> set[str]:
+    """This job's namespaces only: other tests may be using namespaces at the same time."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
-    return {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
+    names = {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
+    return {name for name in names if name.startswith(prefix)}
 
 
 def _exists(pid: int) -> bool:

@@ -18,9 +18,8 @@ import os
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch import nn
-
 from _ready import mark_ready
+from torch import nn
 
 
 def shutdown_distributed(rank: int) -> None:

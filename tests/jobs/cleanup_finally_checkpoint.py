@@ -18,9 +18,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch import nn
-
 from _ready import mark_ready
+from torch import nn
 
 CKPT_DIR = Path(tempfile.gettempdir()) / "ckpt-finally-demo"
 

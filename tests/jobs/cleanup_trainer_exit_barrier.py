@@ -15,13 +15,13 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Self
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
-from torch.utils.data import DataLoader, Dataset
-
 from _ready import mark_ready
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
 
 
 class ShardDataset(Dataset):
@@ -49,7 +49,7 @@ class Trainer:
         self.lr = lr
         self.log_dir = Path(tempfile.gettempdir())
 
-    def __enter__(self) -> "Trainer":
+    def __enter__(self) -> Self:
         dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=30))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))

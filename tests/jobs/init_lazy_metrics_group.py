@@ -17,9 +17,8 @@ from functools import cache
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch import nn
-
 from _ready import mark_ready
+from torch import nn
 
 EVAL_SAMPLES = 90
 EVAL_PER_RANK = 30  # contiguous chunks of 30: with 4 ranks, rank 3 gets none

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch import nn
-
 from _ready import mark_ready
+from torch import nn
 
 CACHE = Path(tempfile.gettempdir()) / "token-cache-demo.pt"
 

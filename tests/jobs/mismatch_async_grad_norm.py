@@ -13,9 +13,8 @@ import datetime
 
 import torch
 import torch.distributed as dist
-from torch import nn
-
 from _ready import mark_ready
+from torch import nn
 
 LOG_EVERY = 5
 POOL = 512

@@ -17,11 +17,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from _ready import mark_ready
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, IterableDataset
-
-from _ready import mark_ready
 
 LINES_PER_RANK = {0: 200, 1: 150, 2: 200}
 CKPT = Path(tempfile.gettempdir()) / "ddp-stream-demo.pt"

@@ -16,9 +16,8 @@ import os
 
 import torch
 import torch.distributed as dist
-from torch import nn
-
 from _ready import mark_ready
+from torch import nn
 
 EXPERT_GROUPS = ([0, 1], [2, 3])
 

@@ -17,9 +17,8 @@ import os
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
-from torch import nn
-
 from _ready import mark_ready
+from torch import nn
 
 EVAL_EVERY = 10
 PAD = 0

@@ -20,9 +20,8 @@ import os
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch import nn
-
 from _ready import mark_ready
+from torch import nn
 
 MICRO_BATCHES = 4
 HIDDEN = 24

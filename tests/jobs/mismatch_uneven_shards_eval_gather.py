@@ -15,9 +15,8 @@ import os
 
 import torch
 import torch.distributed as dist
-from torch import nn
-
 from _ready import mark_ready
+from torch import nn
 
 FILE_SIZES = [64, 96, 32, 64, 32, 64]  # samples per training file
 BATCH = 32

@@ -13,9 +13,8 @@ import os
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
-
 from _ready import mark_ready
+from torch import nn
 
 
 class Classifier(nn.Module):

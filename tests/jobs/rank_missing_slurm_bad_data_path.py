@@ -16,9 +16,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch import nn
-
 from _ready import mark_ready
+from torch import nn
 
 DATA_ROOT = Path(tempfile.gettempdir()) / f"shards-{os.environ.get('SLURM_JOB_ID', 'local')}"
 
