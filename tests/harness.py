@@ -14,6 +14,7 @@ live in their own sessions and orphans reparented away from the launcher.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import socket
@@ -40,6 +41,7 @@ _EXPECT = "# hangdoc-expect:"
 _LAUNCH = "# hangdoc-launch:"
 _HEADER_LINES = 5  # the header must be within the first lines of the script
 _TAG_VAR = "HANGDOC_TEST_TAG"
+_SRUN_TASK_EXIT = re.compile(r"srun: error: task (\d+): Exited with exit code -?\d+")
 # Variables of an enclosing launcher that must not leak into a job's ranks.
 _SCRUB = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
           "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", _TAG_VAR,
@@ -258,6 +260,10 @@ class RunningJob:
             return None
         if self.procs and self.launcher.poll() is not None:
             return f"the launcher exited with code {self.launcher.returncode}"
+        if self.meta.mode == "slurm":
+            for match in _SRUN_TASK_EXIT.finditer(self.output()):
+                if int(match[1]) in self.missing_ready():
+                    return match[0]
         return None
 
     def _tail(self, chars: int = 6000) -> str:

@@ -123,6 +123,17 @@ def test_wait_ready_reports_a_job_that_died(tmp_path: Path) -> None:
         job.wait_ready(timeout=30)
 
 
+def test_wait_ready_reports_a_slurm_task_that_died(tmp_path: Path) -> None:
+    script = write_job(tmp_path, "mode=slurm nproc=3")
+    script.write_text(script.read_text().replace(
+        "mark_ready(rank)", "if rank == 1:\n        raise SystemExit(3)\n    mark_ready(rank)"))
+    started = time.monotonic()
+    with launch(load_meta(script), tmp_path / "run") as job, \
+            pytest.raises(AssertionError, match="task 1: Exited with exit code 3"):
+        job.wait_ready(timeout=60)
+    assert time.monotonic() - started < 30  # noticed at once, not at the timeout
+
+
 def test_kill_is_idempotent_and_finds_orphans(tmp_path: Path) -> None:
     meta = load_meta(write_job(tmp_path, "mode=direct nproc=1"))
     with launch(meta, tmp_path / "run") as job:
