@@ -378,6 +378,8 @@ def launch(meta: JobMeta, workdir: Path) -> Iterator[RunningJob]:
             else:
                 if meta.mode == "spawn":
                     base["HANGDOC_TEST_NPROC"] = str(meta.nproc)
+                if meta.mode == "torchrun":  # torchrun gets them as flags, sets them for workers
+                    del base["MASTER_ADDR"], base["MASTER_PORT"]
                 argv = _launcher_argv(meta, port)
                 log.write(f"$ {shlex.join(argv)}\n".encode())
                 procs.append(_start(argv, base, log))

@@ -176,3 +176,15 @@ def _exists(pid: int) -> bool:
             return handle.read().split(") ")[1][0] != "Z"
     except OSError:
         return False
+
+
+@pytest.mark.live
+@pytest.mark.timeout(60)
+def test_torchrun_sets_master_for_workers_only(tmp_path: Path) -> None:
+    meta = load_meta(write_job(tmp_path, "mode=torchrun nproc=2"))
+    with launch(meta, tmp_path / "run") as job:
+        job.wait_ready(timeout=45)
+        launcher_env = Path(f"/proc/{job.launcher.pid}/environ").read_bytes()
+        output = job.output()
+    assert b"MASTER_PORT=" not in launcher_env
+    assert f"master=127.0.0.1:{job.port}" in output
