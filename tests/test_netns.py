@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -215,3 +216,21 @@ def test_cut_leaves_other_nodes_connected(prefix: str) -> None:
         started = time.monotonic()
         assert probe(2) == "timeout"
         assert time.monotonic() - started < 10
+
+
+def test_host_ip_lets_the_root_namespace_reach_nodes(prefix: str) -> None:
+    with NetnsNodes(2, prefix, host_ip=True) as nodes:
+        server = nodes.popen(0, [sys.executable, "-c", SERVER])
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection((nodes.ip(0), PORT), timeout=2) as conn:
+                    conn.sendall(b"hi")
+                    assert conn.recv(2) == b"hi"
+                break
+            except ConnectionRefusedError:
+                assert time.monotonic() < deadline, "server in node 0 never listened"
+                time.sleep(0.1)
+        assert nodes.host_address().startswith(f"10.231.{nodes.octet}.")
+    assert server.wait(timeout=5) == -signal.SIGKILL
+    assert _leftovers(prefix) == []
