@@ -15,6 +15,7 @@ from .model import (
     Diagnosis,
     DistOp,
     JobSnapshot,
+    OpKind,
     RankAnalysis,
     RankSnapshot,
     RankState,
@@ -49,7 +50,8 @@ def rank_state(snap: RankSnapshot, op: DistOp | None, move: Movement | None) -> 
     if move.status in _STOPPED:
         return RankState.STOPPED
     if op is not None:
-        if move.op_changed or move.left_op or move.woke:
+        woke = move.woke and op.kind in (OpKind.COLLECTIVE, OpKind.P2P)
+        if move.op_changed or move.left_op or woke:
             return RankState.PROGRESSING
         return RankState.COMMUNICATING if move.moving else RankState.WAITING
     return RankState.BUSY if move.busy else RankState.BLOCKED

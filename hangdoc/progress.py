@@ -23,6 +23,10 @@ BYTES_MOVING_PER_SECOND = 64 * 1024
 # switches than that mean the thread woke up by itself: a wait completed and began again.
 SWITCHES_PER_DUMP = 2
 WAKEUPS_MOVING = 4
+# Waits that poll (the TCPStore server during rendezvous, monitored_barrier, spinning
+# GPU syncs) wake hundreds of times a second whether or not anything completes: a rate
+# above this says nothing about progress.
+WAKEUPS_POLLING_PER_SECOND = 50.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +49,9 @@ class Movement:
     @property
     def woke(self) -> bool:
         """The main thread woke up by itself: a blocking call returned during the window."""
-        return self.wakeups is not None and self.wakeups >= WAKEUPS_MOVING
+        if self.wakeups is None or self.wakeups < WAKEUPS_MOVING:
+            return False
+        return self.wakeups / max(self.seconds, 1e-3) <= WAKEUPS_POLLING_PER_SECOND
 
     @property
     def moving(self) -> bool:

@@ -266,3 +266,13 @@ def test_missing_local_rank_of_multi_node_job_is_still_missing() -> None:
     d = analyse(snap)
     assert d.verdict is Verdict.RANK_MISSING
     assert d.culprit_ranks == (2,)
+
+
+def test_polling_wait_is_not_progress() -> None:
+    # the TCPStore server polls hundreds of times a second while waiting for a peer
+    init = ["train.py:<module>:10", f"{C10D}:init_process_group:1500", f"{C10D}:_create_c10d_store:300"]
+    snap = make_snapshot([make_rank(0, init, world_size=3, ctx_per_sample=300),
+                          make_rank(1, init, world_size=3)])
+    d = analyse(snap)
+    assert d.verdict is Verdict.RANK_MISSING
+    assert d.culprit_ranks == (2,)
