@@ -14,6 +14,7 @@ from .merge import CallTree
 from .model import (
     Diagnosis,
     DistOp,
+    Frame,
     JobSnapshot,
     OpKind,
     RankAnalysis,
@@ -23,6 +24,7 @@ from .model import (
     StackGroup,
     ThreadStack,
 )
+from .ops import cleanup_marker
 from .progress import Movement, movement, relevant_thread
 
 _STOPPED = ("stopped", "tracing-stop")
@@ -38,6 +40,7 @@ class RankView:
     op: DistOp | None
     thread: ThreadStack | None
     move: Movement | None
+    cleanup: Frame | None = None  # outside any op, but on a cleanup path (joins, waits in __exit__)
 
 
 def rank_state(snap: RankSnapshot, op: DistOp | None, move: Movement | None) -> RankState:
@@ -62,7 +65,8 @@ def view_rank(snap: RankSnapshot, snapshot: JobSnapshot) -> RankView:
     thread, op = relevant_thread(good[-1], snapshot) if good else (None, None)
     move = movement(snap, snapshot)
     state = rank_state(snap, op, move)
-    return RankView(snap.rank if snap.rank is not None else -1, snap, state, op, thread, move)
+    cleanup = cleanup_marker(thread, snapshot) if thread is not None and op is None else None
+    return RankView(snap.rank if snap.rank is not None else -1, snap, state, op, thread, move, cleanup)
 
 
 def expected_ranks(snapshot: JobSnapshot) -> set[int]:

@@ -227,22 +227,20 @@ def classify(
     if init:
         return done(_init_deadlock(views, init, in_op, outside, quiet))
 
-    # -- cleanup_deadlock
+    # -- cleanup_deadlock: in a collective on a cleanup path, or idle in cleanup code (joining
+    #    a thread, waiting on a queue in __exit__) while the others wait in the training loop
     cleanup = [v for v in in_op if v.op and (v.op.in_cleanup or v.op.kind is OpKind.CLEANUP)]
+    cleanup += [v for v in outside if v.state is RankState.BLOCKED and v.cleanup is not None]
     training = [v for v in in_op if v not in cleanup]
     if cleanup and training:
         culprits = [v.rank for v in cleanup]
-        evidence = [
-            f"rank {v.rank} is on a cleanup path: {v.op.cleanup_frame or v.op.call_site} "  # type: ignore[union-attr]
-            f"-> {_op_where(v.op)}"  # type: ignore[arg-type]
-            for v in cleanup
-        ]
+        evidence = [f"rank {v.rank} is on a cleanup path: {_cleanup_where(v)}" for v in cleanup]
         evidence += _op_lines(training)
         return done(Classification(
             Verdict.CLEANUP_DEADLOCK, culprits,
             f"cleanup deadlock: {_r(culprits)} left the training loop and "
-            f"{_v(culprits, 'waits', 'wait')} in cleanup ({_op_summary(cleanup)}) while "
-            f"{_r([v.rank for v in training])} {_v(training, 'waits', 'wait')} in "
+            f"{_v(culprits, 'waits', 'wait')} in cleanup ({' / '.join(sorted({_cleanup_short(v) for v in cleanup}))}) "
+            f"while {_r([v.rank for v in training])} {_v(training, 'waits', 'wait')} in "
             f"{_op_summary(training)}",
             evidence + [quiet],
         ))
@@ -283,6 +281,21 @@ def classify(
         "No rank is in a distributed operation and nothing moves; hangdoc cannot tell why.",
         [f"rank {v.rank}: {describe_rank(v)}" for v in views],
     ))
+
+
+def _cleanup_where(v: RankView) -> str:
+    if v.op is not None:
+        return f"{v.op.cleanup_frame or v.op.call_site} -> {_op_where(v.op)}"
+    return f"{v.cleanup}; {_what_outside(v)}"
+
+
+def _cleanup_short(v: RankView) -> str:
+    if v.op is not None:
+        return _op_where(v.op)
+    inner = _innermost_python(v.thread)
+    return f"{_activity(v)} in {v.cleanup.location if v.cleanup else '?'}" + (
+        f" at {inner.function}" if inner else ""
+    )
 
 
 def _not_hung(views, progressing, in_op, outside, waiting) -> Classification | None:

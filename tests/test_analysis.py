@@ -276,3 +276,16 @@ def test_polling_wait_is_not_progress() -> None:
     d = analyse(snap)
     assert d.verdict is Verdict.RANK_MISSING
     assert d.culprit_ranks == (2,)
+
+
+def test_rank_joining_a_thread_in_exit_is_cleanup() -> None:
+    joining = ["train.py:<module>:200", "train.py:main:150", "trainer.py:__exit__:60",
+               "threading.py:join:1100", "threading.py:_wait_for_tstate_lock:1140"]
+    snap = make_snapshot(
+        [make_rank(r, in_c10d("all_reduce", "train.py:step:40")) for r in (0, 1)]
+        + [make_rank(2, joining)]
+    )
+    d = analyse(snap)
+    assert d.verdict is Verdict.CLEANUP_DEADLOCK
+    assert d.culprit_ranks == (2,)
+    assert any("trainer.py:60" in e for e in d.evidence)
