@@ -126,6 +126,7 @@ def _recognise_call(thread: ThreadStack, snapshot: JobSnapshot | None) -> DistOp
         site = user_call_site(frames, idx)
         if path.find(_FUNCOL) >= 0 and name in FUNCOL_WAITS:
             return DistOp(kind, _funcol_name(frames, idx), site, "functional collective wait")
+        kind, name = _public_op(frames, site, idx, kind, name)
         return DistOp(kind, name, site, "c10d call", peer=_peer(site) if kind is OpKind.P2P else None)
     # 2. a user line that waits on an async handle (Work.wait / Future.wait are C++: no
     #    Python frame of their own, so the innermost frame is the user's ``.wait()`` line)
@@ -153,6 +154,25 @@ def _recognise_call(thread: ThreadStack, snapshot: JobSnapshot | None) -> DistOp
             return DistOp(OpKind.COLLECTIVE, "all_reduce", user_call_site(frames, idx),
                           "DDP forward/backward sync (no native frames)")
     return None
+
+
+def _public_op(
+    frames: tuple[Frame, ...], site: Frame | None, idx: int, kind: OpKind, name: str
+) -> tuple[OpKind, str]:
+    """The outermost known op between the user's call site and ``idx``: the API the user
+    called (``recv_object_list``, ``init_process_group``), not the helper that blocks."""
+    start = 0
+    if site is not None:
+        start = max(i for i in range(idx + 1) if frames[i] is site) + 1
+    for frame in frames[start:idx]:
+        path = frame.filename.replace("\\", "/")
+        if frame.native or _TORCH_DIST not in path:
+            continue
+        outer = frame.function.rsplit(".", 1)[-1]
+        outer_kind = _kind_of(outer, path)
+        if outer_kind is not None:
+            return outer_kind, outer
+    return kind, name
 
 
 def _kind_of(name: str, path: str) -> OpKind | None:

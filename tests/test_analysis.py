@@ -289,3 +289,12 @@ def test_rank_joining_a_thread_in_exit_is_cleanup() -> None:
     assert d.verdict is Verdict.CLEANUP_DEADLOCK
     assert d.culprit_ranks == (2,)
     assert any("trainer.py:60" in e for e in d.evidence)
+
+
+def test_op_is_named_by_the_api_the_user_called() -> None:
+    stack = ["pipe.py:<module>:9", "pipe.py:run_stage:30",
+             "torch/distributed/pipelining/stage.py:_shape_inference:500",
+             f"{C10D}:recv_object_list:3300", f"{C10D}:recv:2400"]
+    op = recognise(ThreadStack(1, "MainThread", tuple(make_frame(f) for f in stack)))
+    assert op is not None and op.name == "recv_object_list" and op.kind is OpKind.P2P
+    assert op.call_site is not None and op.call_site.location == "pipe.py:30"
