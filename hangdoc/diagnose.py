@@ -18,6 +18,8 @@ from .analyse import analyse
 from .capture import sample_round
 from .discover import Discovery, discover
 from .jobspec import parse_job_spec
+from .errors import PermissionDenied
+from .pyspy import find_pyspy
 from .model import Diagnosis, JobSnapshot, RankProcess, RankSnapshot, Sample, SourceFile
 from .source import collect_sources
 
@@ -40,7 +42,9 @@ def diagnose(
 ) -> tuple[JobSnapshot, Diagnosis]:
     """Find the job's ranks on this node, watch them, and diagnose."""
     say = progress or (lambda _msg: None)
-    found = discover(parse_job_spec(spec))
+    job = parse_job_spec(spec)
+    find_pyspy()  # fail fast, with install help, before looking at any process
+    found = discover(job)
     say(f"found {len(found.ranks)} rank process(es) for {spec}" + _world(found))
     return watch(spec, found, options, say)
 
@@ -66,6 +70,7 @@ def watch(
             samples[proc.pid].append(sample)
             _merge_sources(sources, collect_sources(sample.threads))
         elapsed = time.monotonic() - t0
+        _check_readable(samples)
         snapshot = _snapshot(spec, found, procs, samples, sources, elapsed, notes)
         if elapsed < options.window:
             time.sleep(options.interval)
@@ -89,6 +94,15 @@ def watch(
             )
             say("evidence ambiguous (a rank is busy while others wait): observing longer")
         time.sleep(options.interval)
+
+
+def _check_readable(samples: dict[int, list[Sample]]) -> None:
+    """Every rank refused to ptrace: nothing to diagnose, and the fix is the same for all."""
+    last = [s[-1] for s in samples.values() if s]
+    if last and all(x.error is not None and x.error.kind.value == "ptrace_denied" for x in last):
+        raise PermissionDenied(
+            f"ptrace was refused for all {len(last)} rank process(es): {last[0].error.message}"  # type: ignore[union-attr]
+        )
 
 
 def _gone(samples: Sequence[Sample]) -> bool:
