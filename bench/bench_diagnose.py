@@ -28,13 +28,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT))
 
-from run_demo import free_port, kill_all, tagged  # noqa: E402
+from run_demo import free_port, kill_all, tagged
 
-from hangdoc.capture import sample_round  # noqa: E402
-from hangdoc.diagnose import CaptureOptions, diagnose  # noqa: E402
-from hangdoc.discover import discover  # noqa: E402
-from hangdoc.jobspec import parse_job_spec  # noqa: E402
-from hangdoc.pyspy import find_pyspy  # noqa: E402
+from hangdoc.capture import sample_round
+from hangdoc.diagnose import CaptureOptions, diagnose
+from hangdoc.discover import discover
+from hangdoc.jobspec import parse_job_spec
+from hangdoc.pyspy import find_pyspy
 
 
 def start_job(n: int, tag: str, ready: Path) -> subprocess.Popen:
@@ -42,7 +42,7 @@ def start_job(n: int, tag: str, ready: Path) -> subprocess.Popen:
     torchrun = Path(sys.executable).with_name("torchrun")
     cmd = [str(torchrun), "--nproc-per-node", str(n), "--master-addr", "127.0.0.1",
            "--master-port", str(free_port()), str(ROOT / "examples" / "demo_train.py")]
-    log = open(ready / "job.log", "w")
+    log = open(ready / "job.log", "w")  # noqa: SIM115 - the child writes to it for its whole life
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60 + 10 * n
     while len(list(ready.glob("ready.*"))) < n:
@@ -106,13 +106,13 @@ def render(rows: list[dict[str, object]], options: CaptureOptions, repeat: int, 
         "",
         "## Time to verdict on real hung ranks (issue 3)",
         "",
-        f"Produced by `{cmd}` on {platform.node()} ({os.cpu_count()} cores), "
+        (f"Produced by `{cmd}` on {platform.node()} ({os.cpu_count()} cores), "
         f"{time.strftime('%Y-%m-%d')}. Job: `examples/demo_train.py` under torchrun, gloo on "
-        f"CPU, N ranks hung in a collective mismatch. Median of {repeat} interleaved runs.",
+        f"CPU, N ranks hung in a collective mismatch. Median of {repeat} interleaved runs."),
         f"hangdoc window {options.window:.1f} s, interval {options.interval:.1f} s.",
         "",
-        "| ranks | manual py-spy loop (s) | raw parallel py-spy --json (s) | hangdoc capture round (s) "
-        "| round / raw | hangdoc diagnose, to verdict (s) | beyond the window (s) | verdict (culprits, observed s) |",
+        ("| ranks | manual py-spy loop (s) | raw parallel py-spy --json (s) | hangdoc capture round (s) "
+        "| round / raw | hangdoc diagnose, to verdict (s) | beyond the window (s) | verdict (culprits, observed s) |"),
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

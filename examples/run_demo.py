@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
     cmd = [str(torchrun), "--nproc-per-node", str(NPROC), "--master-addr", "127.0.0.1",
            "--master-port", str(free_port()), str(HERE / "demo_train.py")]
     print(f"$ {' '.join(cmd)}", file=sys.stderr)
-    log = open(ready / "job.log", "w")
+    log = open(ready / "job.log", "w")  # noqa: SIM115 - the child writes to it for its whole life
     launcher = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120

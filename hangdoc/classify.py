@@ -25,49 +25,49 @@ OUTSIDE = (RankState.BUSY, RankState.BLOCKED, RankState.STOPPED)
 
 NEXT_STEPS: dict[Verdict, tuple[str, ...]] = {
     Verdict.NOT_HUNG: (
-        "The job is moving; if it is slower than expected, profile a step (py-spy record) "
-        "rather than looking for a hang.",
+        ("The job is moving; if it is slower than expected, profile a step (py-spy record) "
+        "rather than looking for a hang."),
     ),
     Verdict.CLEANUP_DEADLOCK: (
-        "Find the exception on the culprit ranks: it was raised in the training loop and is now "
-        "being handled by cleanup code; look at their logs for a traceback.",
-        "Do not synchronise (barrier, destroy_process_group, collective checkpointing) in "
-        "__exit__/finally/atexit paths that only some ranks reach; let the launcher tear the job down.",
+        ("Find the exception on the culprit ranks: it was raised in the training loop and is now "
+        "being handled by cleanup code; look at their logs for a traceback."),
+        ("Do not synchronise (barrier, destroy_process_group, collective checkpointing) in "
+        "__exit__/finally/atexit paths that only some ranks reach; let the launcher tear the job down."),
         "Relaunch with TORCH_DISTRIBUTED_DEBUG=DETAIL to log every collective with ranks and shapes.",
     ),
     Verdict.COLLECTIVE_MISMATCH: (
-        "Make every rank of the group issue the same collectives in the same order: look for "
+        ("Make every rank of the group issue the same collectives in the same order: look for "
         "rank-dependent branches, uneven batches per rank and early exits around the call sites "
-        "quoted above.",
-        "Relaunch with TORCH_DISTRIBUTED_DEBUG=DETAIL (checks that collectives match across ranks) "
-        "and NCCL_DEBUG=INFO.",
-        "For uneven data with DDP, use the Join context manager or drop_last=True in the "
-        "DistributedSampler.",
+        "quoted above."),
+        ("Relaunch with TORCH_DISTRIBUTED_DEBUG=DETAIL (checks that collectives match across ranks) "
+        "and NCCL_DEBUG=INFO."),
+        ("For uneven data with DDP, use the Join context manager or drop_last=True in the "
+        "DistributedSampler."),
     ),
     Verdict.NCCL_TIMEOUT: (
-        "Every rank is in the same collective: suspect the transport, not the code. Check the "
+        ("Every rank is in the same collective: suspect the transport, not the code. Check the "
         "network between the nodes (NCCL_DEBUG=INFO, NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME, "
-        "firewalls, link state) and GPU health.",
-        "Lower the collective timeout so the job fails fast instead of hanging "
-        "(init_process_group(timeout=...), NCCL_TIMEOUT=300).",
+        "firewalls, link state) and GPU health."),
+        ("Lower the collective timeout so the job fails fast instead of hanging "
+        "(init_process_group(timeout=...), NCCL_TIMEOUT=300)."),
     ),
     Verdict.STRAGGLER: (
-        "Look at what the culprit ranks are doing (quoted above): an endless loop, a lock held "
-        "by another thread, I/O that never returns.",
-        "Attach to a culprit with `py-spy dump --pid PID --locals` (add --native for C "
-        "extensions) to see the values involved.",
+        ("Look at what the culprit ranks are doing (quoted above): an endless loop, a lock held "
+        "by another thread, I/O that never returns."),
+        ("Attach to a culprit with `py-spy dump --pid PID --locals` (add --native for C "
+        "extensions) to see the values involved."),
     ),
     Verdict.RANK_MISSING: (
-        "Find out why the missing ranks have no process: their launcher's log, `dmesg` (OOM "
-        "killer), the scheduler's record of the node.",
-        "Lower the collective timeout so the job fails fast when a rank dies "
-        "(init_process_group(timeout=...), NCCL_TIMEOUT=300), and let the launcher restart it.",
+        ("Find out why the missing ranks have no process: their launcher's log, `dmesg` (OOM "
+        "killer), the scheduler's record of the node."),
+        ("Lower the collective timeout so the job fails fast when a rank dies "
+        "(init_process_group(timeout=...), NCCL_TIMEOUT=300), and let the launcher restart it."),
     ),
     Verdict.INIT_DEADLOCK: (
-        "Check that every rank calls init_process_group/new_group with the same arguments, in "
-        "the same order, and that MASTER_ADDR, MASTER_PORT and WORLD_SIZE agree.",
-        "Relaunch with TORCH_DISTRIBUTED_DEBUG=DETAIL and TORCH_CPP_LOG_LEVEL=INFO to log "
-        "rendezvous.",
+        ("Check that every rank calls init_process_group/new_group with the same arguments, in "
+        "the same order, and that MASTER_ADDR, MASTER_PORT and WORLD_SIZE agree."),
+        ("Relaunch with TORCH_DISTRIBUTED_DEBUG=DETAIL and TORCH_CPP_LOG_LEVEL=INFO to log "
+        "rendezvous."),
     ),
     Verdict.UNKNOWN: (
         "Run again with a longer window (--window) and native frames (--native).",

@@ -17,10 +17,10 @@ from . import __version__
 from .analyse import analyse
 from .capture import sample_round
 from .discover import Discovery, discover
-from .jobspec import parse_job_spec
 from .errors import PermissionDenied
-from .pyspy import find_pyspy
+from .jobspec import parse_job_spec
 from .model import Diagnosis, JobSnapshot, RankProcess, RankSnapshot, Sample, SourceFile
+from .pyspy import find_pyspy
 from .source import collect_sources
 
 Progress = Callable[[str], None]
@@ -128,7 +128,7 @@ def _snapshot(
         ranks=tuple(RankSnapshot(p, tuple(samples[p.pid])) for p in procs),
         world_size=found.world_size,
         window_seconds=round(elapsed, 3),
-        captured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        captured_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         hangdoc_version=__version__,
         notes=tuple(notes),
         sources=tuple(SourceFile(f, tuple(sorted(lines.items()))) for f, lines in sorted(sources.items())),

@@ -130,7 +130,7 @@ def _recognise_call(thread: ThreadStack, snapshot: JobSnapshot | None) -> DistOp
         return DistOp(kind, name, site, "c10d call", peer=_peer(site) if kind is OpKind.P2P else None)
     # 2. a user line that waits on an async handle (Work.wait / Future.wait are C++: no
     #    Python frame of their own, so the innermost frame is the user's ``.wait()`` line)
-    inner_idx, inner = pyframes[-1]
+    _, inner = pyframes[-1]
     waited = waited_name(inner.code)
     if not _in_torch(inner) and waited and waited not in _NOT_WORK and not thread.active:
         src = snapshot.source(inner.filename) if snapshot else None

@@ -5,10 +5,18 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-
 from factories import make_frame, make_rank, make_snapshot
+
 from hangdoc.analyse import analyse
-from hangdoc.model import CaptureErrorKind, Frame, OpKind, SourceFile, ThreadStack, Unreachable, Verdict
+from hangdoc.model import (
+    CaptureErrorKind,
+    Frame,
+    OpKind,
+    SourceFile,
+    ThreadStack,
+    Unreachable,
+    Verdict,
+)
 from hangdoc.ops import recognise
 
 C10D = "torch/distributed/distributed_c10d.py"
@@ -213,7 +221,7 @@ def test_functional_collective_wait() -> None:
 
 
 def test_both_ranks_receiving_is_p2p_mismatch() -> None:
-    recv = lambda r, peer: make_rank(  # noqa: E731
+    recv = lambda r, peer: make_rank(
         r, ["pipe.py:<module>:50", make_frame(f"/job/pipe.py:stage:{20 + r}", code=f"dist.recv(buf, src={peer})"),
             f"{C10D}:recv:2400"])
     d = analyse(make_snapshot([recv(0, 1), recv(1, 0)]))

@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_generated_docs_are_current() -> None:
     out = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_docs.py"), "--check"],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
 
 

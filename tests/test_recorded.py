@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from harness import JOBS_DIR, load_meta
+
 from hangdoc.analyse import analyse
 from hangdoc.bundle import load_snapshot
 from hangdoc.report.json_report import to_json_dict

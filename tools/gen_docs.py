@@ -12,9 +12,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hangdoc import errors  # noqa: E402
-from hangdoc.cli import build_parser  # noqa: E402
-from hangdoc.model import CaptureErrorKind  # noqa: E402
+from hangdoc import errors
+from hangdoc.cli import build_parser
+from hangdoc.model import CaptureErrorKind
 
 
 def cli_reference() -> str:
@@ -34,16 +34,16 @@ def cli_reference() -> str:
 
 def troubleshooting() -> str:
     parts = ["# Troubleshooting", "",
-             "Every error hangdoc can stop with, its exit code, and the help it prints. "
-             "Generated from `hangdoc/errors.py` by `python tools/gen_docs.py`.", "",
+             ("Every error hangdoc can stop with, its exit code, and the help it prints. "
+             "Generated from `hangdoc/errors.py` by `python tools/gen_docs.py`."), "",
              "| error | exit code | help printed |", "|---|---|---|"]
     classes = [errors.HangdocError, *sorted(_subclasses(errors.HangdocError), key=lambda c: c.exit_code)]
     for cls in classes:
         doc = (cls.__doc__ or "").strip().splitlines()[0]
         parts.append(f"| `{cls.__name__}`: {doc} | {cls.exit_code} | {cls.help or '-'} |")
     parts += ["", "## Per-rank problems (reported, not fatal)", "",
-              "A rank that cannot be read does not stop the diagnosis: it is listed with its reason "
-              "and the verdict says when it rests on partial evidence.", "",
+              ("A rank that cannot be read does not stop the diagnosis: it is listed with its reason "
+              "and the verdict says when it rests on partial evidence."), "",
               "| reason | meaning |", "|---|---|"]
     for kind in CaptureErrorKind:
         doc = _member_doc(kind)
