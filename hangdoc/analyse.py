@@ -69,6 +69,12 @@ def view_rank(snap: RankSnapshot, snapshot: JobSnapshot) -> RankView:
     return RankView(snap.rank if snap.rank is not None else -1, snap, state, op, thread, move, cleanup)
 
 
+def tree_stack(thread: ThreadStack) -> Stack:
+    """The stack as merged across ranks: unsymbolised native frames (bare addresses, which
+    differ per process under ASLR) are left out so identical stacks stay identical."""
+    return tuple(f for f in thread.frames if not (f.native and f.function.startswith("0x")))
+
+
 def expected_ranks(snapshot: JobSnapshot) -> set[int]:
     sizes = {r.process.world_size for r in snapshot.ranks if r.process.world_size}
     if snapshot.world_size:
@@ -131,7 +137,7 @@ def analyse(snapshot: JobSnapshot) -> Diagnosis:
     unknown |= elsewhere
     missing = absent - unknown
 
-    stacks: dict[int, Stack] = {v.rank: v.thread.frames for v in views if v.thread is not None}
+    stacks: dict[int, Stack] = {v.rank: tree_stack(v.thread) for v in views if v.thread is not None}
     tree = CallTree(stacks)
     groups, group_of = _groups(tree, {v.rank: v.op for v in views})
 

@@ -102,6 +102,8 @@ def describe_rank(v: RankView) -> str:
     """One line on what a rank is doing, quoting its frames."""
     if v.op is not None:
         text = f"in {_op_where(v.op)}"
+        if v.op.via != "c10d call":
+            text += f", recognised by {v.op.via}"
         if v.op.in_cleanup and v.op.cleanup_frame is not None:
             text += f", on a cleanup path: {v.op.cleanup_frame}"
         return text

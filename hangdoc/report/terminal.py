@@ -13,6 +13,8 @@ first and last lines, which sit next to the divergence points and the leaves.
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Iterable, Sequence
 
 from rich.console import Console, Group, RenderableType
@@ -228,11 +230,23 @@ def _frame_row(frame: Frame) -> Text:
     return row
 
 
+_TELLING_NATIVE = re.compile(r"c10d::|gloo::|nccl|Reducer|Work::wait|ProcessGroup", re.IGNORECASE)
+
+
+def _short_name(frame: Frame) -> str:
+    if frame.native:
+        return frame.function.split("(", 1)[0].split("<", 1)[0]
+    return frame.function.rsplit(".", 1)[-1]
+
+
 def _library_row(pkg: str | None, run: Sequence[Frame]) -> Text:
     # "_exception_logger.<locals>.wrapper" -> "wrapper": the run is context, not the point
-    names = [f.function.rsplit(".", 1)[-1] for f in run[:-1]]
+    names = [_short_name(f) for f in run[:-1]]
     if len(names) > 3:
-        names = [names[0], f"…{len(names) - 2} more…", names[-1]]
+        # keep the frames that say which collective the C++ side waits in
+        keep = [n for n in names[1:-1] if _TELLING_NATIVE.search(n)][:3]
+        hidden = len(names) - 2 - len(keep)
+        names = [names[0], *keep, *([f"…{hidden} more…"] if hidden else []), names[-1]]
     return Text(f"{pkg}: " + " › ".join([*names, str(run[-1])]), "dim")
 
 
