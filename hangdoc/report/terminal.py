@@ -14,7 +14,6 @@ first and last lines, which sit next to the divergence points and the leaves.
 from __future__ import annotations
 
 import re
-
 from collections.abc import Iterable, Sequence
 
 from rich.console import Console, Group, RenderableType
