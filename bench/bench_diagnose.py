@@ -7,7 +7,8 @@ one run, interleaved, ``--repeat`` times each (median reported):
 - ``manual loop``: the seed guide's procedure, ``py-spy dump --pid PID`` per rank in sequence;
 - ``raw parallel``: ``py-spy dump --json --pid PID`` for every rank at once (the capture limit);
 - ``hangdoc round``: one hangdoc capture round (stacks + process counters + source lines);
-- ``hangdoc diagnose``: discovery + the whole sampling window + analysis, to the verdict.
+- ``hangdoc diagnose``: the CLI as a user runs it (interpreter start, discovery, the whole
+  sampling window, analysis, JSON out), to the verdict.
 
 Usage: ``python bench/bench_diagnose.py [--sizes 4,8,16,32] [--write docs/benchmarks.md]``.
 """
@@ -15,6 +16,7 @@ Usage: ``python bench/bench_diagnose.py [--sizes 4,8,16,32] [--write docs/benchm
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
@@ -90,9 +92,15 @@ def bench_size(n: int, repeat: int, options: CaptureOptions) -> dict[str, object
             times["raw"].append(timed(lambda: raw_parallel(pyspy, pids)))
             times["round"].append(timed(lambda: sample_round(procs, 0.0)))
             t0 = time.perf_counter()
-            _, diag = diagnose(spec, options)
+            out = subprocess.run(
+                [sys.executable, "-m", "hangdoc", "diagnose", spec, "--json", "-q",
+                 "--window", str(options.window), "--interval", str(options.interval)],
+                capture_output=True, text=True, check=True, cwd=ROOT,
+            )
             times["diagnose"].append(time.perf_counter() - t0)
-            verdicts.add((diag.verdict.value, diag.culprit_ranks, diag.observed_seconds))
+            report = json.loads(out.stdout)
+            verdicts.add((report["verdict"], tuple(report["culprit_ranks"]),
+                          report.get("observed_seconds")))
         med = {k: statistics.median(v) for k, v in times.items()}
         return {"n": n, **med, "verdicts": sorted(verdicts)}
     finally:
