@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from run_demo import free_port, kill_all, tagged
 
 from hangdoc.capture import sample_round
-from hangdoc.diagnose import CaptureOptions, diagnose
+from hangdoc.diagnose import CaptureOptions
 from hangdoc.discover import discover
 from hangdoc.jobspec import parse_job_spec
 from hangdoc.pyspy import find_pyspy
