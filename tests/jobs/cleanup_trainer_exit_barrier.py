@@ -12,7 +12,6 @@ noticed either, because no process exited."
 
 import datetime
 import json
-import os
 import tempfile
 from pathlib import Path
 from typing import Self
@@ -67,7 +66,7 @@ class Trainer:
         return False
 
     def flush_logs(self) -> None:
-        path = self.log_dir / f"trainer-{os.getpid()}.jsonl"
+        path = self.log_dir / f"trainer-history-rank{self.rank}.jsonl"
         path.write_text("".join(json.dumps(h) + "\n" for h in self.history))
 
     def sync_gradients(self) -> None:

@@ -19,14 +19,16 @@ import torch.distributed as dist
 from _ready import mark_ready
 from torch import nn
 
-DATA_ROOT = Path(tempfile.gettempdir()) / f"shards-{os.environ.get('SLURM_JOB_ID', 'local')}"
+DATA_ROOT = Path(tempfile.gettempdir()) / "hangdoc-demo-shards"
 
 
 def stage_shard(rank: int) -> None:
     """Stands in for the shared filesystem: every shard is there except shard 2."""
     DATA_ROOT.mkdir(exist_ok=True)
     if rank != 2:
-        torch.save(torch.randn(64, 12), DATA_ROOT / f"shard-{rank:05d}.pt")
+        staged = DATA_ROOT / f".shard-{rank:05d}.{os.getpid()}"
+        torch.save(torch.randn(64, 12), staged)
+        staged.rename(DATA_ROOT / f"shard-{rank:05d}.pt")
 
 
 def open_shard(rank: int) -> torch.Tensor:
