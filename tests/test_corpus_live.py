@@ -4,12 +4,13 @@ Each job really hangs (or, for healthy jobs, keeps running) under torch.distribu
 gloo. The test launches it through the harness, waits for its ready markers, runs
 ``python -m hangdoc diagnose JOB --json --save FILE`` against it as a user would, and
 compares the report's verdict and culprit ranks with the job's header. Set
-``HANGDOC_RECORD_DIR`` to keep each saved snapshot as ``<job name>.json`` for offline
+``HANGDOC_RECORD_DIR`` to keep each saved snapshot as ``<job name>.json.gz`` for offline
 analysis tests.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -45,7 +46,8 @@ def _record(meta: JobMeta, snapshot: Path) -> None:
     record_dir = os.environ.get("HANGDOC_RECORD_DIR")
     if record_dir and snapshot.exists():
         Path(record_dir).mkdir(parents=True, exist_ok=True)
-        shutil.copy(snapshot, Path(record_dir) / f"{meta.name}.json")
+        with snapshot.open("rb") as src, gzip.open(Path(record_dir) / f"{meta.name}.json.gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
 
 
 def _report(result: subprocess.CompletedProcess, job_output: str) -> dict:
