@@ -65,7 +65,9 @@ def view_rank(snap: RankSnapshot, snapshot: JobSnapshot) -> RankView:
     thread, op = relevant_thread(good[-1], snapshot) if good else (None, None)
     move = movement(snap, snapshot)
     state = rank_state(snap, op, move)
-    cleanup = cleanup_marker(thread, snapshot) if thread is not None and op is None else None
+    # outside any op, an ``except`` block is as often a retry loop as error handling: only
+    # __exit__/close-like functions, ``finally:`` and exit handlers count as cleanup there
+    cleanup = cleanup_marker(thread, snapshot, ("finally",)) if thread and op is None else None
     return RankView(snap.rank if snap.rank is not None else -1, snap, state, op, thread, move, cleanup)
 
 

@@ -206,7 +206,9 @@ def _with_cleanup(op: DistOp, thread: ThreadStack, snapshot: JobSnapshot | None)
     return DistOp(op.kind, op.name, op.call_site, op.via, op.peer, True, marker)
 
 
-def cleanup_marker(thread: ThreadStack, snapshot: JobSnapshot | None) -> Frame | None:
+def cleanup_marker(
+    thread: ThreadStack, snapshot: JobSnapshot | None, blocks: tuple[str, ...] = ("finally", "except")
+) -> Frame | None:
     """The frame that puts this thread on a cleanup path, or None.
 
     Cleanup is: a user frame in ``__exit__``/``close``/``shutdown``/...; a user frame whose
@@ -220,7 +222,7 @@ def cleanup_marker(thread: ThreadStack, snapshot: JobSnapshot | None) -> Frame |
         if frame.function.rsplit(".", 1)[-1] in CLEANUP_FUNCTIONS:
             return frame
         src = snapshot.source(frame.filename) if snapshot else None
-        if frame.line and enclosing_block(src, frame.line) in ("finally", "except"):
+        if frame.line and enclosing_block(src, frame.line) in blocks:
             return frame
     if thread.is_main and _is_exit_handler(thread):
         return next((f for f in thread.frames if not f.native), None)

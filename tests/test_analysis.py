@@ -306,3 +306,20 @@ def test_op_is_named_by_the_api_the_user_called() -> None:
     op = recognise(ThreadStack(1, "MainThread", tuple(make_frame(f) for f in stack)))
     assert op is not None and op.name == "recv_object_list" and op.kind is OpKind.P2P
     assert op.call_site is not None and op.call_site.location == "pipe.py:30"
+
+
+def test_retry_sleep_in_except_block_is_straggler_not_cleanup() -> None:
+    stack = ["/job/train.py:<module>:90", "/job/train.py:main:80", "/job/lock.py:acquire:39"]
+    src = SourceFile("/job/lock.py", (
+        (30, "    def acquire(self):"), (31, "        while True:"), (32, "            try:"),
+        (33, "                fd = os.open(self.path, os.O_CREAT | os.O_EXCL)"),
+        (34, "                return fd"), (35, "            except FileExistsError:"),
+        (36, "                if time.time() > self.deadline:"), (37, "                    raise"),
+        (38, "                # someone else holds it"), (39, "                time.sleep(self.poll)"),
+    ))
+    snap = make_snapshot(
+        [make_rank(r, in_c10d("all_reduce", "train.py:step:40")) for r in (0, 1)] + [make_rank(2, stack)]
+    )
+    d = analyse(replace(snap, sources=(src,)))
+    assert d.verdict is Verdict.STRAGGLER
+    assert d.culprit_ranks == (2,)
