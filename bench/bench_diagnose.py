@@ -135,6 +135,13 @@ def render(rows: list[dict[str, object]], options: CaptureOptions, repeat: int, 
         "The bar: one capture round costs at most 1.3x raw parallel py-spy of the same pids; time",
         "to verdict for 32 hung ranks is the sampling window plus at most 2 s.",
         "",
+        "Reading the table: the manual loop is only the dumps, in sequence, with nobody reading",
+        "them; hangdoc's round adds process counters and source lines to the same parallel dumps.",
+        "\"beyond the window\" is everything but the sampling window: interpreter start and",
+        "imports, discovery, the round still running when the window closes, analysis and output.",
+        "The window itself is a choice (`--window`, default 2 s): it is what tells a hang from a",
+        "slow step, which no single dump can.",
+        "",
     ]
     return "\n".join(lines)
 
