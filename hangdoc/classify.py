@@ -318,12 +318,13 @@ def _not_hung(views, progressing, in_op, outside, waiting) -> Classification | N
             [_move_line(v) for v in communicating[:4]],
             ambiguous=bool(outside),
         )
-    busy = [v for v in outside if v.state is RankState.BUSY]
+    busy = [v for v in outside if v.state is RankState.BUSY or (
+        v.move is not None and (v.move.moving or v.move.stack_changed or v.move.woke))]
     if not in_op and busy:
         return Classification(
             Verdict.NOT_HUNG, [],
             f"not hung: no rank waits in a distributed operation; {_r([v.rank for v in busy])} "
-            "are computing",
+            f"{_v(busy, 'is', 'are')} working (CPU, I/O or changing stacks)",
             [f"rank {v.rank} is {describe_rank(v)}" for v in busy[:4]],
         )
     return None

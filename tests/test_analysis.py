@@ -323,3 +323,16 @@ def test_retry_sleep_in_except_block_is_straggler_not_cleanup() -> None:
     d = analyse(replace(snap, sources=(src,)))
     assert d.verdict is Verdict.STRAGGLER
     assert d.culprit_ranks == (2,)
+
+
+def test_ranks_reading_data_outside_any_collective_are_not_hung() -> None:
+    reading = ["train.py:<module>:200", "train.py:main:150", "data.py:load_shard:20"]
+    snap = make_snapshot([make_rank(r, reading, io_per_sample=8_000_000) for r in range(3)])
+    assert analyse(snap).verdict is Verdict.NOT_HUNG
+
+
+def test_ranks_idle_outside_any_collective_is_unknown() -> None:
+    idle = ["train.py:<module>:200", "train.py:main:150", "queue.py:get:180"]
+    d = analyse(make_snapshot([make_rank(r, idle) for r in range(3)]))
+    assert d.verdict is Verdict.UNKNOWN
+    assert d.culprit_ranks == ()
