@@ -35,7 +35,17 @@ lint: $(STAMP)  ## ruff + mypy on the package
 	$(BIN)/ruff check hangdoc tests bench examples
 	$(BIN)/mypy hangdoc
 
+proto: PROTO_OUT ?= hangdoc/agentapi/v1
+proto: $(STAMP)  ## regenerate hangdoc/agentapi/v1 from proto/ (pinned grpcio-tools)
+	rm -rf $(PROTO_OUT)/.gen && mkdir -p $(PROTO_OUT)/.gen
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=$(PROTO_OUT)/.gen \
+		--pyi_out=$(PROTO_OUT)/.gen --grpc_python_out=$(PROTO_OUT)/.gen proto/hangdoc/v1/agent.proto
+	mv $(PROTO_OUT)/.gen/hangdoc/v1/agent_pb2.py $(PROTO_OUT)/.gen/hangdoc/v1/agent_pb2.pyi $(PROTO_OUT)/
+	sed 's/^from hangdoc\.v1 import agent_pb2 as /from . import agent_pb2 as /' \
+		$(PROTO_OUT)/.gen/hangdoc/v1/agent_pb2_grpc.py > $(PROTO_OUT)/agent_pb2_grpc.py
+	rm -rf $(PROTO_OUT)/.gen
+
 clean:  ## remove the virtualenv and caches
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help install demo test test-fast bench lint clean
+.PHONY: help install demo test test-fast bench lint proto clean

@@ -1,0 +1,252 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RankSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RANK_SOURCE_UNSPECIFIED: _ClassVar[RankSource]
+    RANK_SOURCE_ENV: _ClassVar[RankSource]
+    RANK_SOURCE_INFERRED: _ClassVar[RankSource]
+
+class CaptureErrorKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CAPTURE_ERROR_KIND_UNSPECIFIED: _ClassVar[CaptureErrorKind]
+    CAPTURE_ERROR_KIND_PROCESS_GONE: _ClassVar[CaptureErrorKind]
+    CAPTURE_ERROR_KIND_PTRACE_DENIED: _ClassVar[CaptureErrorKind]
+    CAPTURE_ERROR_KIND_NOT_PYTHON: _ClassVar[CaptureErrorKind]
+    CAPTURE_ERROR_KIND_TIMEOUT: _ClassVar[CaptureErrorKind]
+    CAPTURE_ERROR_KIND_PYSPY_MISSING: _ClassVar[CaptureErrorKind]
+    CAPTURE_ERROR_KIND_PYSPY_FAILED: _ClassVar[CaptureErrorKind]
+RANK_SOURCE_UNSPECIFIED: RankSource
+RANK_SOURCE_ENV: RankSource
+RANK_SOURCE_INFERRED: RankSource
+CAPTURE_ERROR_KIND_UNSPECIFIED: CaptureErrorKind
+CAPTURE_ERROR_KIND_PROCESS_GONE: CaptureErrorKind
+CAPTURE_ERROR_KIND_PTRACE_DENIED: CaptureErrorKind
+CAPTURE_ERROR_KIND_NOT_PYTHON: CaptureErrorKind
+CAPTURE_ERROR_KIND_TIMEOUT: CaptureErrorKind
+CAPTURE_ERROR_KIND_PYSPY_MISSING: CaptureErrorKind
+CAPTURE_ERROR_KIND_PYSPY_FAILED: CaptureErrorKind
+
+class GetInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class AgentInfo(_message.Message):
+    __slots__ = ("hangdoc_version", "schema_version", "api_version", "host", "pid", "pyspy_path", "native", "features", "python_version")
+    HANGDOC_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    API_VERSION_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    PYSPY_PATH_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    PYTHON_VERSION_FIELD_NUMBER: _ClassVar[int]
+    hangdoc_version: str
+    schema_version: int
+    api_version: str
+    host: str
+    pid: int
+    pyspy_path: str
+    native: bool
+    features: _containers.RepeatedScalarFieldContainer[str]
+    python_version: str
+    def __init__(self, hangdoc_version: _Optional[str] = ..., schema_version: _Optional[int] = ..., api_version: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., pyspy_path: _Optional[str] = ..., native: _Optional[bool] = ..., features: _Optional[_Iterable[str]] = ..., python_version: _Optional[str] = ...) -> None: ...
+
+class FindRanksRequest(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    def __init__(self, job: _Optional[str] = ...) -> None: ...
+
+class Discovery(_message.Message):
+    __slots__ = ("ranks", "world_size", "notes", "searched")
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
+    SEARCHED_FIELD_NUMBER: _ClassVar[int]
+    ranks: _containers.RepeatedCompositeFieldContainer[RankProcess]
+    world_size: int
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    searched: str
+    def __init__(self, ranks: _Optional[_Iterable[_Union[RankProcess, _Mapping]]] = ..., world_size: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., searched: _Optional[str] = ...) -> None: ...
+
+class EnvVar(_message.Message):
+    __slots__ = ("name", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: str
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+
+class RankProcess(_message.Message):
+    __slots__ = ("pid", "host", "rank", "rank_source", "rank_evidence", "world_size", "local_rank", "cmdline", "env", "launcher_pid")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    RANK_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    RANK_EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    CMDLINE_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHER_PID_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    host: str
+    rank: int
+    rank_source: RankSource
+    rank_evidence: str
+    world_size: int
+    local_rank: int
+    cmdline: _containers.RepeatedScalarFieldContainer[str]
+    env: _containers.RepeatedCompositeFieldContainer[EnvVar]
+    launcher_pid: int
+    def __init__(self, pid: _Optional[int] = ..., host: _Optional[str] = ..., rank: _Optional[int] = ..., rank_source: _Optional[_Union[RankSource, str]] = ..., rank_evidence: _Optional[str] = ..., world_size: _Optional[int] = ..., local_rank: _Optional[int] = ..., cmdline: _Optional[_Iterable[str]] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., launcher_pid: _Optional[int] = ...) -> None: ...
+
+class RankProcessList(_message.Message):
+    __slots__ = ("processes",)
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    processes: _containers.RepeatedCompositeFieldContainer[RankProcess]
+    def __init__(self, processes: _Optional[_Iterable[_Union[RankProcess, _Mapping]]] = ...) -> None: ...
+
+class SampleRequest(_message.Message):
+    __slots__ = ("job", "processes", "t", "native", "timeout_seconds")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    T_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    processes: RankProcessList
+    t: float
+    native: bool
+    timeout_seconds: float
+    def __init__(self, job: _Optional[str] = ..., processes: _Optional[_Union[RankProcessList, _Mapping]] = ..., t: _Optional[float] = ..., native: _Optional[bool] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class Frame(_message.Message):
+    __slots__ = ("function", "filename", "line", "native", "code")
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    FILENAME_FIELD_NUMBER: _ClassVar[int]
+    LINE_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    function: str
+    filename: str
+    line: int
+    native: bool
+    code: str
+    def __init__(self, function: _Optional[str] = ..., filename: _Optional[str] = ..., line: _Optional[int] = ..., native: _Optional[bool] = ..., code: _Optional[str] = ...) -> None: ...
+
+class Stack(_message.Message):
+    __slots__ = ("frames",)
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, frames: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ThreadStack(_message.Message):
+    __slots__ = ("thread_id", "name", "stack", "native_id", "active", "owns_gil")
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STACK_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    OWNS_GIL_FIELD_NUMBER: _ClassVar[int]
+    thread_id: int
+    name: str
+    stack: int
+    native_id: int
+    active: bool
+    owns_gil: bool
+    def __init__(self, thread_id: _Optional[int] = ..., name: _Optional[str] = ..., stack: _Optional[int] = ..., native_id: _Optional[int] = ..., active: _Optional[bool] = ..., owns_gil: _Optional[bool] = ...) -> None: ...
+
+class ProcessState(_message.Message):
+    __slots__ = ("status", "cpu_seconds", "num_threads", "read_chars", "write_chars", "ctx_switches", "rss_bytes")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_THREADS_FIELD_NUMBER: _ClassVar[int]
+    READ_CHARS_FIELD_NUMBER: _ClassVar[int]
+    WRITE_CHARS_FIELD_NUMBER: _ClassVar[int]
+    CTX_SWITCHES_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    cpu_seconds: float
+    num_threads: int
+    read_chars: int
+    write_chars: int
+    ctx_switches: int
+    rss_bytes: int
+    def __init__(self, status: _Optional[str] = ..., cpu_seconds: _Optional[float] = ..., num_threads: _Optional[int] = ..., read_chars: _Optional[int] = ..., write_chars: _Optional[int] = ..., ctx_switches: _Optional[int] = ..., rss_bytes: _Optional[int] = ...) -> None: ...
+
+class CaptureError(_message.Message):
+    __slots__ = ("kind", "message")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    kind: CaptureErrorKind
+    message: str
+    def __init__(self, kind: _Optional[_Union[CaptureErrorKind, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class Sample(_message.Message):
+    __slots__ = ("t", "threads", "state", "error")
+    T_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    t: float
+    threads: _containers.RepeatedCompositeFieldContainer[ThreadStack]
+    state: ProcessState
+    error: CaptureError
+    def __init__(self, t: _Optional[float] = ..., threads: _Optional[_Iterable[_Union[ThreadStack, _Mapping]]] = ..., state: _Optional[_Union[ProcessState, _Mapping]] = ..., error: _Optional[_Union[CaptureError, _Mapping]] = ...) -> None: ...
+
+class PidSample(_message.Message):
+    __slots__ = ("pid", "sample")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    sample: Sample
+    def __init__(self, pid: _Optional[int] = ..., sample: _Optional[_Union[Sample, _Mapping]] = ...) -> None: ...
+
+class SampleResponse(_message.Message):
+    __slots__ = ("frames", "stacks", "samples", "discovery")
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    STACKS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    DISCOVERY_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedCompositeFieldContainer[Frame]
+    stacks: _containers.RepeatedCompositeFieldContainer[Stack]
+    samples: _containers.RepeatedCompositeFieldContainer[PidSample]
+    discovery: Discovery
+    def __init__(self, frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[PidSample, _Mapping]]] = ..., discovery: _Optional[_Union[Discovery, _Mapping]] = ...) -> None: ...
+
+class SampleSourcesRequest(_message.Message):
+    __slots__ = ("frames",)
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedCompositeFieldContainer[Frame]
+    def __init__(self, frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ...) -> None: ...
+
+class SourceLine(_message.Message):
+    __slots__ = ("number", "text")
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    number: int
+    text: str
+    def __init__(self, number: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
+
+class SourceFile(_message.Message):
+    __slots__ = ("filename", "lines")
+    FILENAME_FIELD_NUMBER: _ClassVar[int]
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    filename: str
+    lines: _containers.RepeatedCompositeFieldContainer[SourceLine]
+    def __init__(self, filename: _Optional[str] = ..., lines: _Optional[_Iterable[_Union[SourceLine, _Mapping]]] = ...) -> None: ...
+
+class SampleSourcesResponse(_message.Message):
+    __slots__ = ("files",)
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    files: _containers.RepeatedCompositeFieldContainer[SourceFile]
+    def __init__(self, files: _Optional[_Iterable[_Union[SourceFile, _Mapping]]] = ...) -> None: ...
