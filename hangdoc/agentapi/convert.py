@@ -1,0 +1,301 @@
+"""Translate between the agent API's messages (``v1/agent_pb2``) and the data model.
+
+This module, the agent server and its client are the only code that imports ``*_pb2``;
+everything else sees ``RankProcess``, ``Sample``, ``Discovery`` and ``SourceFile``. Every
+conversion is exact: ``x_from_proto(x_to_proto(v)) == v`` for every model value ``v``.
+
+- ``X | None`` scalars are proto3 ``optional`` fields and message fields have presence,
+  so None and 0 / "" stay apart.
+- Enums are mapped member by member in tables below; a value the other side sent that this
+  side does not know raises ``AgentApiError`` naming it, instead of being guessed.
+- A ``SampleResponse`` interns frames and stacks, like the bundle: each distinct frame and
+  stack is sent once and threads refer to stacks by index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TypeVar
+
+from ..discover import Discovery
+from ..errors import HangdocError
+from ..model import (
+    CaptureError,
+    CaptureErrorKind,
+    Frame,
+    ProcessState,
+    RankProcess,
+    RankSource,
+    Sample,
+    SourceFile,
+    Stack,
+    ThreadStack,
+)
+from .v1 import agent_pb2 as pb
+
+
+class AgentApiError(HangdocError):
+    """A message from an agent (or coordinator) that this hangdoc cannot read."""
+
+    exit_code = 2
+    help = (
+        "The agent and this hangdoc disagree about the agent API: install the same hangdoc "
+        "version on every node (`hangdoc agent --version`)."
+    )
+
+
+# ------------------------------------------------------------------ enums
+
+_RANK_SOURCE_TO_PB = {
+    RankSource.ENV: pb.RANK_SOURCE_ENV,
+    RankSource.INFERRED: pb.RANK_SOURCE_INFERRED,
+}
+_RANK_SOURCE_FROM_PB = {v: k for k, v in _RANK_SOURCE_TO_PB.items()}
+
+_ERROR_KIND_TO_PB = {
+    CaptureErrorKind.PROCESS_GONE: pb.CAPTURE_ERROR_KIND_PROCESS_GONE,
+    CaptureErrorKind.PTRACE_DENIED: pb.CAPTURE_ERROR_KIND_PTRACE_DENIED,
+    CaptureErrorKind.NOT_PYTHON: pb.CAPTURE_ERROR_KIND_NOT_PYTHON,
+    CaptureErrorKind.TIMEOUT: pb.CAPTURE_ERROR_KIND_TIMEOUT,
+    CaptureErrorKind.PYSPY_MISSING: pb.CAPTURE_ERROR_KIND_PYSPY_MISSING,
+    CaptureErrorKind.PYSPY_FAILED: pb.CAPTURE_ERROR_KIND_PYSPY_FAILED,
+}
+_ERROR_KIND_FROM_PB = {v: k for k, v in _ERROR_KIND_TO_PB.items()}
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _lookup(table: Mapping[K, V], value: K, what: str) -> V:
+    try:
+        return table[value]
+    except KeyError:
+        raise AgentApiError(f"unknown {what} value {value!r} in an agent API message") from None
+
+
+# ------------------------------------------------------------------ optional scalars
+
+
+def _opt(msg: object, name: str) -> object:
+    """The value of optional field ``name``, or None when it is not set."""
+    return getattr(msg, name) if msg.HasField(name) else None  # type: ignore[attr-defined]
+
+
+def _opt_int(msg: object, name: str) -> int | None:
+    value = _opt(msg, name)
+    return None if value is None else int(value)  # type: ignore[call-overload]
+
+
+def _opt_str(msg: object, name: str) -> str | None:
+    value = _opt(msg, name)
+    return None if value is None else str(value)
+
+
+# ------------------------------------------------------------------ discovery
+
+
+def rank_process_to_proto(proc: RankProcess) -> pb.RankProcess:
+    msg = pb.RankProcess(
+        pid=proc.pid,
+        host=proc.host,
+        rank_evidence=proc.rank_evidence,
+        cmdline=proc.cmdline,
+        env=[pb.EnvVar(name=k, value=v) for k, v in proc.env],
+        rank=proc.rank,
+        world_size=proc.world_size,
+        local_rank=proc.local_rank,
+        launcher_pid=proc.launcher_pid,
+    )
+    if proc.rank_source is not None:
+        msg.rank_source = _lookup(_RANK_SOURCE_TO_PB, proc.rank_source, "RankSource")
+    return msg
+
+
+def rank_process_from_proto(msg: pb.RankProcess) -> RankProcess:
+    source = None
+    if msg.rank_source != pb.RANK_SOURCE_UNSPECIFIED:
+        source = _lookup(_RANK_SOURCE_FROM_PB, msg.rank_source, "RankSource")
+    return RankProcess(
+        pid=msg.pid,
+        host=msg.host,
+        rank=_opt_int(msg, "rank"),
+        rank_source=source,
+        rank_evidence=msg.rank_evidence,
+        world_size=_opt_int(msg, "world_size"),
+        local_rank=_opt_int(msg, "local_rank"),
+        cmdline=tuple(msg.cmdline),
+        env=tuple((e.name, e.value) for e in msg.env),
+        launcher_pid=_opt_int(msg, "launcher_pid"),
+    )
+
+
+def discovery_to_proto(found: Discovery) -> pb.Discovery:
+    return pb.Discovery(
+        ranks=[rank_process_to_proto(p) for p in found.ranks],
+        world_size=found.world_size,
+        notes=found.notes,
+        searched=found.searched,
+    )
+
+
+def discovery_from_proto(msg: pb.Discovery) -> Discovery:
+    return Discovery(
+        ranks=tuple(rank_process_from_proto(p) for p in msg.ranks),
+        world_size=_opt_int(msg, "world_size"),
+        notes=tuple(msg.notes),
+        searched=msg.searched,
+    )
+
+
+# ------------------------------------------------------------------ frames and sources
+
+
+def frame_to_proto(frame: Frame) -> pb.Frame:
+    return pb.Frame(function=frame.function, filename=frame.filename, line=frame.line,
+                    native=frame.native, code=frame.code)
+
+
+def frame_from_proto(msg: pb.Frame) -> Frame:
+    return Frame(function=msg.function, filename=msg.filename, line=_opt_int(msg, "line"),
+                 native=msg.native, code=_opt_str(msg, "code"))
+
+
+def source_file_to_proto(src: SourceFile) -> pb.SourceFile:
+    lines = [pb.SourceLine(number=n, text=text) for n, text in src.lines]
+    return pb.SourceFile(filename=src.filename, lines=lines)
+
+
+def source_file_from_proto(msg: pb.SourceFile) -> SourceFile:
+    return SourceFile(filename=msg.filename,
+                      lines=tuple((line.number, line.text) for line in msg.lines))
+
+
+# ------------------------------------------------------------------ samples
+
+
+class _Interner:
+    """The frame and stack tables of one ``SampleResponse`` being built."""
+
+    def __init__(self, response: pb.SampleResponse) -> None:
+        self._response = response
+        self._frames: dict[Frame, int] = {}
+        self._stacks: dict[Stack, int] = {}
+
+    def stack_id(self, stack: Stack) -> int:
+        idx = self._stacks.get(stack)
+        if idx is None:
+            idx = self._stacks[stack] = len(self._stacks)
+            self._response.stacks.add(frames=[self._frame_id(f) for f in stack])
+        return idx
+
+    def _frame_id(self, frame: Frame) -> int:
+        idx = self._frames.get(frame)
+        if idx is None:
+            idx = self._frames[frame] = len(self._frames)
+            self._response.frames.append(frame_to_proto(frame))
+        return idx
+
+
+def _state_to_proto(state: ProcessState) -> pb.ProcessState:
+    return pb.ProcessState(
+        status=state.status,
+        cpu_seconds=state.cpu_seconds,
+        num_threads=state.num_threads,
+        read_chars=state.read_chars,
+        write_chars=state.write_chars,
+        ctx_switches=state.ctx_switches,
+        rss_bytes=state.rss_bytes,
+    )
+
+
+def _state_from_proto(msg: pb.ProcessState) -> ProcessState:
+    return ProcessState(
+        status=msg.status,
+        cpu_seconds=msg.cpu_seconds,
+        num_threads=msg.num_threads,
+        read_chars=_opt_int(msg, "read_chars"),
+        write_chars=_opt_int(msg, "write_chars"),
+        ctx_switches=_opt_int(msg, "ctx_switches"),
+        rss_bytes=_opt_int(msg, "rss_bytes"),
+    )
+
+
+def _sample_to_proto(sample: Sample, out: pb.Sample, interner: _Interner) -> None:
+    out.t = sample.t
+    for th in sample.threads:
+        out.threads.add(thread_id=th.thread_id, name=th.name, stack=interner.stack_id(th.frames),
+                        native_id=th.native_id, active=th.active, owns_gil=th.owns_gil)
+    if sample.state is not None:
+        out.state.CopyFrom(_state_to_proto(sample.state))
+    if sample.error is not None:
+        out.error.kind = _lookup(_ERROR_KIND_TO_PB, sample.error.kind, "CaptureErrorKind")
+        out.error.message = sample.error.message
+
+
+def samples_to_proto(samples: Mapping[int, Sample] | Iterable[tuple[int, Sample]],
+                     discovery: Discovery | None = None) -> pb.SampleResponse:
+    """A ``SampleResponse`` with one sample per pid (in the given order), stacks interned.
+
+    ``discovery`` is included when the request named a job rather than processes.
+    """
+    items = samples.items() if isinstance(samples, Mapping) else samples
+    response = pb.SampleResponse()
+    interner = _Interner(response)
+    for pid, sample in items:
+        entry = response.samples.add(pid=pid)
+        _sample_to_proto(sample, entry.sample, interner)
+    if discovery is not None:
+        response.discovery.CopyFrom(discovery_to_proto(discovery))
+    return response
+
+
+def _stacks_from_proto(msg: pb.SampleResponse) -> list[Stack]:
+    frames = [frame_from_proto(f) for f in msg.frames]
+    stacks = []
+    for i, stack in enumerate(msg.stacks):
+        try:
+            stacks.append(tuple(frames[j] for j in stack.frames))
+        except IndexError:
+            raise AgentApiError(
+                f"stack {i} refers to a frame outside the frame table ({len(frames)} frames)"
+            ) from None
+    return stacks
+
+
+def _sample_from_proto(msg: pb.Sample, stacks: list[Stack]) -> Sample:
+    threads = []
+    for th in msg.threads:
+        if th.stack >= len(stacks):
+            raise AgentApiError(
+                f"a thread refers to stack {th.stack}, the table has {len(stacks)} stacks"
+            )
+        threads.append(ThreadStack(
+            thread_id=th.thread_id,
+            name=_opt_str(th, "name"),
+            frames=stacks[th.stack],
+            native_id=_opt_int(th, "native_id"),
+            active=th.active,
+            owns_gil=th.owns_gil,
+        ))
+    error = None
+    if msg.HasField("error"):
+        kind = _lookup(_ERROR_KIND_FROM_PB, msg.error.kind, "CaptureErrorKind")
+        error = CaptureError(kind=kind, message=msg.error.message)
+    state = _state_from_proto(msg.state) if msg.HasField("state") else None
+    return Sample(t=msg.t, threads=tuple(threads), state=state, error=error)
+
+
+def samples_from_proto(msg: pb.SampleResponse) -> dict[int, Sample]:
+    """The samples of a ``SampleResponse`` by pid, in the order the agent sent them."""
+    stacks = _stacks_from_proto(msg)
+    out: dict[int, Sample] = {}
+    for entry in msg.samples:
+        if entry.pid in out:
+            raise AgentApiError(f"the agent sent two samples for pid {entry.pid}")
+        out[entry.pid] = _sample_from_proto(entry.sample, stacks)
+    return out
+
+
+def response_discovery(msg: pb.SampleResponse) -> Discovery | None:
+    """The discovery a ``SampleResponse`` carries (requests naming a job), else None."""
+    return discovery_from_proto(msg.discovery) if msg.HasField("discovery") else None
