@@ -236,7 +236,7 @@ def test_thousand_identical_ranks_send_one_stack():
     one_stack = sum(convert.frame_to_proto(make_frame(f)).ByteSize() for f in stack)
     size = len(msg.SerializeToString())
     assert one_stack > 2_000
-    assert size < 150_000, size  # ~100 bytes per rank: pid, t, one thread, counters
+    assert size < 150_000, size  # ~70 bytes per rank: pid, t, one thread, counters
     assert size < one_stack * 1000 / 20  # the stacks themselves would be > 2 MB
     assert convert.samples_from_proto(wire(msg)) == by_pid
 
