@@ -1,9 +1,10 @@
-"""The pipeline: discover -> capture (adaptive window) -> analyse. Reporting is the CLI's.
+"""The pipeline: find the job's ranks on its nodes -> capture (adaptive window) -> analyse.
 
-Sampling goes on for ``window`` seconds; when the evidence is still ambiguous (one rank
-busy while the others wait: a straggler, or a slow rank that will finish) it goes on, up
-to ``max_window``, until the job either moves or stays put. The snapshot records how long
-it watched and why.
+Reporting is the CLI's. Sampling goes on for ``window`` seconds; when the evidence is still
+ambiguous (one rank busy while the others wait: a straggler, or a slow rank that will
+finish) it goes on, up to ``max_window``, until the job either moves or stays put. The
+snapshot records how long it watched and why. Nodes are reached through ``coordinator``:
+the embedded ``LocalNode`` by default.
 """
 
 from __future__ import annotations
@@ -11,17 +12,16 @@ from __future__ import annotations
 import datetime
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from . import __version__
 from .analyse import analyse
-from .capture import sample_round
-from .discover import Discovery, discover
+from .coordinator import Fleet, find_ranks, sample_all
 from .errors import PermissionDenied
 from .jobspec import parse_job_spec
-from .model import Diagnosis, JobSnapshot, RankProcess, RankSnapshot, Sample, SourceFile
+from .model import Diagnosis, JobSnapshot, RankSnapshot, Sample, SourceFile
+from .node import LocalNode, Node
 from .pyspy import find_pyspy
-from .source import collect_sources
 
 Progress = Callable[[str], None]
 
@@ -38,57 +38,91 @@ class CaptureOptions:
 
 
 def diagnose(
-    spec: str, options: CaptureOptions = CaptureOptions(), progress: Progress | None = None
+    spec: str,
+    options: CaptureOptions = CaptureOptions(),
+    progress: Progress | None = None,
+    nodes: Sequence[Node] | None = None,
 ) -> tuple[JobSnapshot, Diagnosis]:
-    """Find the job's ranks on this node, watch them, and diagnose."""
+    """Find the job's ranks (on this node unless ``nodes`` are given), watch them, diagnose."""
     say = progress or (lambda _msg: None)
     job = parse_job_spec(spec)
-    find_pyspy()  # fail fast, with install help, before looking at any process
-    found = discover(job)
-    say(f"found {len(found.ranks)} rank process(es) for {spec}" + _world(found))
-    return watch(spec, found, options, say)
+    if nodes is None:
+        find_pyspy()  # fail fast, with install help, before looking at any process
+        nodes = [LocalNode()]
+    fleet = find_ranks(nodes, job, deadline=options.timeout + 5.0)
+    world = f" (world size {fleet.world_size})" if fleet.world_size else ""
+    where = f" on {len({n.name for n, _ in fleet.placed})} node(s)" if len(nodes) > 1 else ""
+    say(f"found {len(fleet.placed)} rank process(es) for {spec}{where}{world}")
+    return watch(spec, fleet, options, say)
 
 
-def _world(found: Discovery) -> str:
-    return f" (world size {found.world_size})" if found.world_size else ""
+class _Capture:
+    """The samples and source lines gathered so far, and the snapshot they make."""
+
+    def __init__(self, spec: str, fleet: Fleet) -> None:
+        self.spec = spec
+        self.fleet = fleet
+        self.samples: list[list[Sample]] = [[] for _ in fleet.placed]
+        self.sources: dict[str, dict[int, str]] = {}
+        self.notes = list(fleet.notes)
+
+    def live(self) -> set[int]:
+        return {i for i, s in enumerate(self.samples) if not _gone(s)}
+
+    def add(self, taken: dict[int, Sample]) -> None:
+        per_node: dict[int, tuple[Node, list]] = {}
+        for i, sample in taken.items():
+            self.samples[i].append(sample)
+            node = self.fleet.placed[i][0]
+            per_node.setdefault(id(node), (node, []))[1].extend(sample.threads)
+        for node, threads in per_node.values():
+            for src in node.sources(threads):
+                self.sources.setdefault(src.filename, {}).update(src.lines)
+
+    def snapshot(self, elapsed: float) -> JobSnapshot:
+        return JobSnapshot(
+            spec=self.spec,
+            ranks=tuple(RankSnapshot(p, tuple(s)) for (_, p), s in zip(self.fleet.placed, self.samples)),
+            world_size=self.fleet.world_size,
+            unreachable=tuple(self.fleet.unreachable),
+            window_seconds=round(elapsed, 3),
+            captured_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            hangdoc_version=__version__,
+            notes=tuple(self.notes),
+            sources=tuple(
+                SourceFile(f, tuple(sorted(lines.items()))) for f, lines in sorted(self.sources.items())
+            ),
+        )
 
 
-def watch(
-    spec: str, found: Discovery, options: CaptureOptions, say: Progress
-) -> tuple[JobSnapshot, Diagnosis]:
-    """Sample ``found``'s ranks until the verdict is clear or ``max_window`` is reached."""
-    procs = list(found.ranks)
-    samples: dict[int, list[Sample]] = {p.pid: [] for p in procs}
-    sources: dict[str, dict[int, str]] = {}
+def watch(spec: str, fleet: Fleet, options: CaptureOptions, say: Progress) -> tuple[JobSnapshot, Diagnosis]:
+    """Sample the fleet's ranks until the verdict is clear or ``max_window`` is reached."""
+    cap = _Capture(spec, fleet)
     t0 = time.monotonic()
-    notes = list(found.notes)
     deepened: set[int] = set()
     while True:
-        t = time.monotonic() - t0
-        live = [p for p in procs if not _gone(samples[p.pid])]
-        for proc, sample in zip(live, sample_round(live, t, native=options.native, timeout=options.timeout)):
-            samples[proc.pid].append(sample)
-            _merge_sources(sources, collect_sources(sample.threads))
+        cap.add(sample_all(fleet, time.monotonic() - t0, native=options.native,
+                           timeout=options.timeout, only=cap.live()))
         elapsed = time.monotonic() - t0
-        _check_readable(samples)
-        snapshot = _snapshot(spec, found, procs, samples, sources, elapsed, notes)
+        _check_readable(cap.samples)
         if elapsed < options.window:
             time.sleep(options.interval)
             continue
-        deeper = _deepen(procs, samples, deepened, snapshot, options, t0)
+        deeper = _deepen(cap, deepened, options, t0)
         if deeper:
             say(f"took native frames of {len(deeper)} rank(s) whose Python stack ends in C++")
-            notes.append(f"native frames taken of pid(s) {', '.join(map(str, deeper))}")
-            snapshot = _snapshot(spec, found, procs, samples, sources, elapsed, notes)
+            pids = ", ".join(str(fleet.placed[i][1].pid) for i in sorted(deeper))
+            cap.notes.append(f"native frames taken of pid(s) {pids}")
+        snapshot = cap.snapshot(elapsed)
         diagnosis = analyse(snapshot)
         if not diagnosis.extra.get("ambiguous") or elapsed >= options.max_window:
             if diagnosis.extra.get("ambiguous"):
-                notes.append(f"evidence still ambiguous after {elapsed:.1f} s (max window)")
-                snapshot = _snapshot(spec, found, procs, samples, sources, elapsed, notes)
+                cap.notes.append(f"evidence still ambiguous after {elapsed:.1f} s (max window)")
+                snapshot = cap.snapshot(elapsed)
                 diagnosis = analyse(snapshot)
             return snapshot, diagnosis
-        if not any(n.startswith("window extended") for n in notes):
-            notes.append(
+        if not any(n.startswith("window extended") for n in cap.notes):
+            cap.notes.append(
                 f"window extended beyond {options.window:.1f} s: {diagnosis.summary.split(':')[0]} "
                 "is not yet certain"
             )
@@ -96,9 +130,9 @@ def watch(
         time.sleep(options.interval)
 
 
-def _check_readable(samples: dict[int, list[Sample]]) -> None:
+def _check_readable(samples: list[list[Sample]]) -> None:
     """Every rank refused to ptrace: nothing to diagnose, and the fix is the same for all."""
-    last = [s[-1] for s in samples.values() if s]
+    last = [s[-1] for s in samples if s]
     if last and all(x.error is not None and x.error.kind.value == "ptrace_denied" for x in last):
         raise PermissionDenied(
             f"ptrace was refused for all {len(last)} rank process(es): {last[0].error.message}"  # type: ignore[union-attr]
@@ -109,68 +143,30 @@ def _gone(samples: Sequence[Sample]) -> bool:
     return bool(samples) and samples[-1].error is not None and samples[-1].error.kind.value == "process_gone"
 
 
-def _merge_sources(into: dict[str, dict[int, str]], found: Sequence[SourceFile]) -> None:
-    for src in found:
-        into.setdefault(src.filename, {}).update(src.lines)
-
-
-def _snapshot(
-    spec: str,
-    found: Discovery,
-    procs: Sequence[RankProcess],
-    samples: dict[int, list[Sample]],
-    sources: dict[str, dict[int, str]],
-    elapsed: float,
-    notes: Sequence[str],
-) -> JobSnapshot:
-    return JobSnapshot(
-        spec=spec,
-        ranks=tuple(RankSnapshot(p, tuple(samples[p.pid])) for p in procs),
-        world_size=found.world_size,
-        window_seconds=round(elapsed, 3),
-        captured_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        hangdoc_version=__version__,
-        notes=tuple(notes),
-        sources=tuple(SourceFile(f, tuple(sorted(lines.items()))) for f, lines in sorted(sources.items())),
-    )
-
-
 _ENGINE = ("torch/autograd/graph.py", "torch/autograd/__init__.py", "torch/_tensor.py")
 
 
-def _deepen(
-    procs: Sequence[RankProcess],
-    samples: dict[int, list[Sample]],
-    done: set[int],
-    snapshot: JobSnapshot,
-    options: CaptureOptions,
-    t0: float,
-) -> list[int]:
+def _deepen(cap: _Capture, done: set[int], options: CaptureOptions, t0: float) -> set[int]:
     """Take one native sample of ranks idle inside the autograd engine (DDP's C++ reducer).
 
     Their Python stack ends in ``backward()``; only native frames show whether the engine
     waits in a gradient all-reduce. Done once per rank, and only when it matters.
     """
     if options.native:
-        return []
-    want = []
-    for proc in procs:
-        good = [s for s in samples[proc.pid] if s.error is None and s.threads]
-        if proc.pid in done or not good:
+        return set()
+    want = set()
+    for i, samples in enumerate(cap.samples):
+        good = [s for s in samples if s.error is None and s.threads]
+        if i in done or not good:
             continue
         main = good[-1].main_thread
         inner = next((f for f in reversed(main.frames) if not f.native), None) if main else None
         if main and inner and any(inner.filename.endswith(e) for e in _ENGINE) and not main.active:
-            want.append(proc)
+            want.add(i)
     if not want:
-        return []
-    t = time.monotonic() - t0
-    for proc, sample in zip(want, sample_round(want, t, native=True, timeout=max(options.timeout, 10.0))):
-        done.add(proc.pid)
-        if sample.error is None:
-            samples[proc.pid].append(sample)
-    return [p.pid for p in want]
-
-
-def with_notes(snapshot: JobSnapshot, *notes: str) -> JobSnapshot:
-    return replace(snapshot, notes=snapshot.notes + tuple(notes))
+        return set()
+    taken = sample_all(cap.fleet, time.monotonic() - t0, native=True,
+                       timeout=max(options.timeout, 10.0), only=want)
+    done |= want
+    cap.add({i: s for i, s in taken.items() if s.error is None})
+    return want

@@ -1,0 +1,129 @@
+"""Fan out to every node of a job: find its ranks, then sample them all in lock-step.
+
+Calls go to all nodes at once, with a bounded number in flight and a deadline each; a node
+that fails or does not answer in time is recorded as ``Unreachable`` with its reason, and
+the rest of the job is still diagnosed. With one ``LocalNode`` (the default) this is the
+single-machine path, and its errors pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from .discover import Discovery
+from .errors import HangdocError, JobNotFound
+from .jobspec import JobSpec
+from .model import RankProcess, Sample, Unreachable
+from .node import Node
+
+MAX_IN_FLIGHT = 64
+ROUND_SLACK = 1.0  # seconds a node may take beyond its dumps' own timeout (network, queueing)
+T = TypeVar("T")
+
+
+@dataclass
+class Fleet:
+    """The job as found across nodes: which node holds which rank process."""
+
+    placed: list[tuple[Node, RankProcess]]
+    world_size: int | None
+    notes: list[str] = field(default_factory=list)
+    unreachable: list[Unreachable] = field(default_factory=list)
+
+    @property
+    def procs(self) -> list[RankProcess]:
+        return [p for _, p in self.placed]
+
+
+def _fan_out(
+    nodes: Sequence[Node], call: Callable[[Node], T], deadline: float | None
+) -> list[tuple[Node, T | None, BaseException | None]]:
+    """``call(node)`` on every node at once; (node, result, None) or (node, None, error)."""
+    if len(nodes) == 1:  # no threads for the common single-node case; errors pass through
+        return [(nodes[0], call(nodes[0]), None)]
+    out: list[tuple[Node, T | None, BaseException | None]] = []
+    pool = cf.ThreadPoolExecutor(max_workers=min(MAX_IN_FLIGHT, len(nodes)))
+    try:
+        futures = {pool.submit(call, node): node for node in nodes}
+        _, pending = cf.wait(futures, timeout=deadline)
+        for future, node in futures.items():
+            if future in pending:
+                future.cancel()
+                out.append((node, None, TimeoutError(f"no answer within {deadline:.1f} s")))
+            elif (exc := future.exception()) is not None:
+                out.append((node, None, exc))
+            else:
+                out.append((node, future.result(), None))
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # a slow node must not hold the report
+    return out
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, HangdocError) else f"{type(exc).__name__}: {exc}"
+
+
+def find_ranks(nodes: Sequence[Node], spec: JobSpec, deadline: float | None = None) -> Fleet:
+    """Discover the job on every node; raise ``JobNotFound`` only if no node has a rank."""
+    results = _fan_out(nodes, lambda n: n.find_ranks(spec), deadline)
+    placed: list[tuple[Node, RankProcess]] = []
+    notes: list[str] = []
+    unreachable: list[Unreachable] = []
+    worlds: set[int] = set()
+    empty: list[str] = []
+    for node, found, exc in results:
+        if isinstance(found, Discovery):
+            placed += [(node, p) for p in found.ranks]
+            notes += [f"{node.name}: {n}" if len(nodes) > 1 else n for n in found.notes]
+            if found.world_size:
+                worlds.add(found.world_size)
+        elif isinstance(exc, JobNotFound):
+            empty.append(f"{node.name}: {exc}")  # the node answered: none of the job there
+        elif exc is not None:
+            unreachable.append(Unreachable(node.name, _reason(exc)))
+    if not placed:
+        detail = "; ".join(empty + [f"{u.target}: {u.reason}" for u in unreachable])
+        raise JobNotFound(f"no node has a rank of {spec}: {detail}")
+    notes += [f"{e} (no rank there)" for e in empty]
+    placed.sort(key=lambda np: (np[1].rank is None, np[1].rank if np[1].rank is not None else 0))
+    return Fleet(placed, max(worlds) if worlds else None, notes, unreachable)
+
+
+def sample_all(
+    fleet: Fleet, t: float, *, native: bool, timeout: float, only: set[int] | None = None
+) -> dict[int, Sample]:
+    """One lock-step round over every node; samples keyed by the index in ``fleet.placed``.
+
+    ``only`` restricts the round to those indices (ranks still alive, or ranks to deepen).
+    A node that fails this round gets no samples and is added to ``fleet.unreachable``.
+    """
+    by_node: dict[int, list[int]] = {}
+    nodes: list[Node] = []
+    for i, (node, _) in enumerate(fleet.placed):
+        if only is not None and i not in only:
+            continue
+        key = next((k for k, n in enumerate(nodes) if n is node), None)
+        if key is None:
+            nodes.append(node)
+            key = len(nodes) - 1
+        by_node.setdefault(key, []).append(i)
+
+    def call(node: Node) -> list[Sample]:
+        idx = by_node[nodes.index(node)]
+        return node.sample([fleet.placed[i][1] for i in idx], t, native=native, timeout=timeout)
+
+    out: dict[int, Sample] = {}
+    for node, samples, exc in _fan_out(nodes, call, timeout + ROUND_SLACK if len(nodes) > 1 else None):
+        idx = by_node[nodes.index(node)]
+        if samples is None:
+            known = {u.target for u in fleet.unreachable}
+            if node.name not in known:
+                ranks = tuple(r for i in idx if (r := fleet.placed[i][1].rank) is not None)
+                reason = _reason(exc) if exc is not None else "failed"
+                fleet.unreachable.append(Unreachable(node.name, reason, ranks))
+            continue
+        out.update(zip(idx, samples))
+    return out
