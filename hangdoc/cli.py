@@ -26,9 +26,16 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     output.add_argument("--width", type=int, default=None, help="terminal width for the report")
 
+    auth = argparse.ArgumentParser(add_help=False)
+    group = auth.add_argument_group("authentication")
+    group.add_argument("--token-file", metavar="FILE", help="shared secret token (at least 16 characters)")
+    group.add_argument("--tls-cert", metavar="FILE", help="this side's TLS certificate (PEM)")
+    group.add_argument("--tls-key", metavar="FILE", help="this side's TLS private key (PEM)")
+    group.add_argument("--tls-ca", metavar="FILE", help="CA certificate that signs the other side (PEM)")
+
     diag = sub.add_parser(
         "diagnose",
-        parents=[output],
+        parents=[output, auth],
         help="capture a running job and diagnose it",
         description="Find the job's rank processes, sample their stacks, and name the hang.",
     )
@@ -48,7 +55,23 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--native", action="store_true", help="include native (C/C++) frames in every sample")
     diag.add_argument("--timeout", type=float, default=5.0, help="seconds allowed per py-spy dump (default 5)")
     diag.add_argument("-q", "--quiet", action="store_true", help="no progress messages on stderr")
+    remote = diag.add_argument_group("agents (multi-node)")
+    remote.add_argument("--agents", metavar="HOST[:PORT],...", help="ask these `hangdoc agent`s instead of reading this node")
+    remote.add_argument("--hostfile", metavar="FILE", help="agent addresses, one per line")
     diag.set_defaults(func=_cmd_diagnose)
+
+    agent = sub.add_parser(
+        "agent",
+        parents=[auth],
+        help="serve this node's ranks to a coordinator over gRPC",
+        description="Per-node agent: finds and samples the job's ranks on this node. Read-only.",
+    )
+    agent.add_argument("--listen", default="127.0.0.1:7420", metavar="HOST:PORT",
+                       help="address to listen on (default 127.0.0.1:7420, loopback only)")
+    agent.add_argument("--insecure", action="store_true",
+                       help="allow a non-loopback address without token or TLS (trusted networks only)")
+    agent.add_argument("--node-name", metavar="NAME", help="host name to report for this node's ranks")
+    agent.set_defaults(func=_cmd_agent)
 
     ana = sub.add_parser(
         "analyze",
@@ -87,13 +110,37 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         raise _usage("need --window >= 0, --interval > 0 and --max-window >= --window")
     options = CaptureOptions(args.window, args.interval, args.max_window, args.native, args.timeout)
     progress = None if args.quiet else _stderr
-    snapshot, diagnosis = diagnose(args.job, options, progress)
+    nodes = _remote_nodes(args)
+    snapshot, diagnosis = diagnose(args.job, options, progress, nodes)
     if args.save:
         save_snapshot(snapshot, args.save)
         if progress:
             progress(f"snapshot saved to {args.save}; replay with `hangdoc analyze {args.save}`")
     _emit(args, snapshot, diagnosis)
     return EXIT_OK
+
+
+def _remote_nodes(args: argparse.Namespace):
+    if not (args.agents or args.hostfile):
+        return None
+    from .agent import read_token
+    from .remote import AgentAuth, RemoteNode, parse_agents
+
+    addresses = parse_agents(args.agents, args.hostfile)
+    if not addresses:
+        raise _usage("--agents/--hostfile named no agent")
+    token = read_token(args.token_file) if args.token_file else None
+    auth = AgentAuth(token, args.tls_cert, args.tls_key, args.tls_ca)
+    return [RemoteNode(a, auth) for a in addresses]
+
+
+def _cmd_agent(args: argparse.Namespace) -> int:
+    from .agent import AgentConfig, read_token, run_agent
+
+    token = read_token(args.token_file) if args.token_file else None
+    config = AgentConfig(args.listen, token, args.tls_cert, args.tls_key, args.tls_ca,
+                         args.insecure, host=args.node_name)
+    return run_agent(config)
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:

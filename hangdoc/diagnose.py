@@ -49,7 +49,7 @@ def diagnose(
     if nodes is None:
         find_pyspy()  # fail fast, with install help, before looking at any process
         nodes = [LocalNode()]
-    fleet = find_ranks(nodes, job, deadline=options.timeout + 5.0)
+    fleet = find_ranks(nodes, job, deadline=options.timeout + 10.0)
     world = f" (world size {fleet.world_size})" if fleet.world_size else ""
     where = f" on {len({n.name for n, _ in fleet.placed})} node(s)" if len(nodes) > 1 else ""
     say(f"found {len(fleet.placed)} rank process(es) for {spec}{where}{world}")

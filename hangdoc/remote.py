@@ -1,0 +1,164 @@
+"""A node reached through its ``hangdoc agent`` over gRPC: the remote ``Node``.
+
+Translates the coordinator's calls to RPCs and back to the data model, so a snapshot
+merged from agents is the same data as one captured locally. Errors become ``HangdocError``
+values with the agent's address in them: the coordinator lists such a node as unreachable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from . import SCHEMA_VERSION
+from .agentapi import convert
+from .agentapi.v1 import agent_pb2 as pb
+from .agentapi.v1 import agent_pb2_grpc as pb_grpc
+from .discover import Discovery
+from .errors import HangdocError, JobNotFound, UsageError
+from .jobspec import JobSpec
+from .model import RankProcess, Sample, SourceFile, ThreadStack
+from .source import is_user_file
+
+
+class AgentError(HangdocError):
+    """An agent could not be reached or refused the call."""
+
+    exit_code = 7
+    help = (
+        "Check that `hangdoc agent` runs on that node, that its port is reachable from here, "
+        "and that --token-file / --tls-* match the agent's."
+    )
+
+
+@dataclass(frozen=True)
+class AgentAuth:
+    """How to authenticate to agents: a shared token and/or mutual TLS files."""
+
+    token: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+
+    def channel(self, address: str) -> grpc.Channel:
+        options = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
+        if not self.tls_ca:
+            return grpc.insecure_channel(address, options=options)
+        try:
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=Path(self.tls_ca).read_bytes(),
+                private_key=Path(self.tls_key).read_bytes() if self.tls_key else None,
+                certificate_chain=Path(self.tls_cert).read_bytes() if self.tls_cert else None,
+            )
+        except OSError as exc:
+            raise UsageError(f"cannot read TLS file {exc.filename}: {exc.strerror}") from None
+        return grpc.secure_channel(address, creds, options=options)
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+
+class RemoteNode:
+    """The ``Node`` behind one agent address (``host:port``)."""
+
+    def __init__(self, address: str, auth: AgentAuth = AgentAuth(), connect_timeout: float = 5.0) -> None:
+        self.address = address
+        self.auth = auth
+        self.connect_timeout = connect_timeout
+        self._channel = auth.channel(address)
+        self._stub = pb_grpc.AgentStub(self._channel)
+        self._host: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.address
+
+    def info(self) -> pb.AgentInfo:
+        info = self._call(self._stub.GetInfo, pb.GetInfoRequest(), self.connect_timeout)
+        if info.schema_version != SCHEMA_VERSION:
+            raise AgentError(
+                f"agent {self.address} speaks schema {info.schema_version} (hangdoc "
+                f"{info.hangdoc_version}); this hangdoc speaks {SCHEMA_VERSION}: run the same "
+                "hangdoc version on every node"
+            )
+        self._host = info.host
+        return info
+
+    def find_ranks(self, spec: JobSpec) -> Discovery:
+        if self._host is None:
+            self.info()
+        msg = self._call(self._stub.FindRanks, pb.FindRanksRequest(job=spec.raw), self.connect_timeout + 10)
+        return convert.discovery_from_proto(msg)
+
+    def sample(
+        self, procs: Sequence[RankProcess], t: float, *, native: bool, timeout: float
+    ) -> list[Sample]:
+        request = pb.SampleRequest(
+            processes=pb.RankProcessList(processes=[convert.rank_process_to_proto(p) for p in procs]),
+            t=t, native=native, timeout_seconds=timeout,
+        )
+        response = self._call(self._stub.Sample, request, timeout + 2.0)
+        by_pid = convert.samples_from_proto(response)
+        return [by_pid[p.pid] for p in procs]
+
+    def sources(self, threads: Sequence[ThreadStack]) -> tuple[SourceFile, ...]:
+        frames = {f for th in threads for f in th.frames
+                  if not f.native and f.line and is_user_file(f.filename)}
+        if not frames:
+            return ()
+        request = pb.SampleSourcesRequest(frames=[convert.frame_to_proto(f) for f in frames])
+        try:
+            response = self._call(self._stub.SampleSources, request, self.connect_timeout)
+        except AgentError:
+            return ()  # source lines refine the analysis; their absence does not stop it
+        return tuple(convert.source_file_from_proto(f) for f in response.files)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _call(self, method, request, timeout: float):
+        try:
+            return method(request, timeout=timeout, metadata=self.auth.metadata)
+        except grpc.RpcError as err:
+            code = err.code() if hasattr(err, "code") else None
+            detail = err.details() if hasattr(err, "details") else str(err)
+            if code == grpc.StatusCode.NOT_FOUND:
+                raise JobNotFound(detail) from None
+            if code == grpc.StatusCode.UNAUTHENTICATED:
+                raise AgentError(f"agent {self.address} refused the call: {detail}") from None
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise AgentError(f"agent {self.address} did not answer within {timeout:.1f} s") from None
+            if code == grpc.StatusCode.UNAVAILABLE:
+                raise AgentError(f"agent {self.address} unavailable: {detail}") from None
+            name = code.name if code is not None else "error"
+            raise AgentError(f"agent {self.address}: {name}: {detail}") from None
+
+
+def parse_agents(agents: str | None, hostfile: str | None, default_port: int = 7420) -> list[str]:
+    """Agent addresses from ``--agents a:7420,b`` and/or a hostfile (one per line, # comments)."""
+    entries: list[str] = []
+    if agents:
+        entries += [a.strip() for a in agents.split(",") if a.strip()]
+    if hostfile:
+        try:
+            text = Path(hostfile).read_text()
+        except OSError as exc:
+            raise UsageError(f"cannot read hostfile {hostfile}: {exc.strerror}") from None
+        for line in text.splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                entries.append(line.split()[0])
+    out = []
+    for entry in entries:
+        host, sep, port = entry.rpartition(":")
+        if sep and port.isdigit() and host:
+            out.append(entry)
+        elif sep and not port.isdigit():
+            raise UsageError(f"agent address {entry!r} is not HOST[:PORT]")
+        else:
+            out.append(f"{entry}:{default_port}")
+    return list(dict.fromkeys(out))

@@ -1,0 +1,148 @@
+"""Real `hangdoc agent` processes on loopback, a real hung gloo job, diagnosed through gRPC."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from harness import JOBS_DIR, launch, load_meta
+
+REPO = Path(__file__).resolve().parent.parent
+TOKEN = "0123456789abcdef0123456789abcdef"
+JOB = JOBS_DIR / "mismatch_uneven_shards_eval_gather.py"
+
+pytestmark = [pytest.mark.live, pytest.mark.timeout(180)]
+
+
+class Agent:
+    def __init__(self, proc: subprocess.Popen, port: int) -> None:
+        self.proc, self.port = proc, port
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+def start_agent(tmp: Path, *args: str) -> Agent:
+    log = (tmp / f"agent-{time.monotonic_ns()}.log").open("w+")
+    proc = subprocess.Popen([sys.executable, "-m", "hangdoc", "agent", *args], stderr=log,
+                            stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, cwd=REPO)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        log.seek(0)
+        m = re.search(r"listening on port (\d+)", log.read())
+        if m:
+            return Agent(proc, int(m.group(1)))
+        if proc.poll() is not None:
+            log.seek(0)
+            raise AssertionError(f"agent exited {proc.returncode}: {log.read()}")
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("agent did not start")
+
+
+@pytest.fixture(scope="module")
+def token_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("auth") / "token"
+    path.write_text(TOKEN + "\n")
+    path.chmod(0o600)
+    return path
+
+
+SECRET = "s3cret-value-that-must-not-leave-the-node"
+
+
+@pytest.fixture(scope="module")
+def hung_job(tmp_path_factory) -> Iterator:
+    meta = load_meta(JOB)
+    os.environ["NCCL_IB_PASSWORD"] = SECRET  # inherited by the ranks; NCCL_* is captured
+    try:
+        with launch(meta, tmp_path_factory.mktemp("job")) as job:
+            job.wait_ready()
+            yield meta, job
+    finally:
+        del os.environ["NCCL_IB_PASSWORD"]
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory, token_file) -> Iterator[Agent]:
+    a = start_agent(tmp_path_factory.mktemp("agent"), "--listen", "127.0.0.1:0",
+                    "--token-file", str(token_file), "--node-name", "node-a")
+    yield a
+    a.proc.kill()
+    a.proc.wait()
+
+
+def diagnose(spec: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hangdoc", "diagnose", spec, "--json", "-q", *args],
+                          capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
+
+
+def test_diagnosis_through_an_agent_matches_local(hung_job, agent, token_file) -> None:
+    meta, job = hung_job
+    out = diagnose(job.job_spec(), "--agents", agent.address, "--token-file", str(token_file))
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["verdict"] == meta.verdict
+    assert report["culprit_ranks"] == sorted(meta.culprits)
+    assert {r["host"] for r in report["ranks"]} == {"node-a"}
+    assert report["unreachable"] == []
+
+
+def test_wrong_token_is_refused(hung_job, agent, tmp_path) -> None:
+    _, job = hung_job
+    wrong = tmp_path / "wrong"
+    wrong.write_text("f" * 32)
+    out = diagnose(job.job_spec(), "--agents", agent.address, "--token-file", str(wrong))
+    assert out.returncode == 7
+    assert "refused" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_no_token_is_refused(hung_job, agent) -> None:
+    _, job = hung_job
+    out = diagnose(job.job_spec(), "--agents", agent.address)
+    assert out.returncode == 7 and "token" in out.stderr
+
+
+def test_down_agent_is_named_and_the_rest_diagnosed(hung_job, agent, token_file) -> None:
+    meta, job = hung_job
+    dead = "127.0.0.1:9"  # discard port: nothing listens there
+    out = diagnose(job.job_spec(), "--agents", f"{agent.address},{dead}", "--token-file", str(token_file))
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["verdict"] == meta.verdict
+    assert report["culprit_ranks"] == sorted(meta.culprits)
+    assert [u["target"] for u in report["unreachable"]] == [dead]
+
+
+def test_non_loopback_without_auth_is_refused(tmp_path) -> None:
+    out = subprocess.run([sys.executable, "-m", "hangdoc", "agent", "--listen", "0.0.0.0:0"],
+                         capture_output=True, text=True, timeout=60, cwd=REPO, check=False)
+    assert out.returncode == 2
+    assert "refusing to listen" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_agent_exits_cleanly_on_sigterm(tmp_path, token_file) -> None:
+    a = start_agent(tmp_path, "--listen", "127.0.0.1:0", "--token-file", str(token_file))
+    a.proc.send_signal(signal.SIGTERM)
+    assert a.proc.wait(timeout=20) == 0
+
+
+def test_agent_never_returns_secrets(hung_job, agent, token_file, tmp_path) -> None:
+    _, job = hung_job
+    saved = tmp_path / "snap.json"
+    out = diagnose(job.job_spec(), "--agents", agent.address, "--token-file", str(token_file),
+                   "--save", str(saved))
+    assert out.returncode == 0, out.stderr
+    text = saved.read_text()
+    assert '"NCCL_IB_PASSWORD"' in text  # the variable was captured ...
+    assert SECRET not in text and SECRET not in out.stdout  # ... and redacted on the agent
+    assert TOKEN not in text and TOKEN not in out.stdout
