@@ -33,6 +33,10 @@ def cli_reference() -> str:
 
 
 def troubleshooting() -> str:
+    import importlib
+
+    for module in ("hangdoc.remote", "hangdoc.agentapi.convert"):  # they define error classes
+        importlib.import_module(module)
     parts = ["# Troubleshooting", "",
              ("Every error hangdoc can stop with, its exit code, and the help it prints. "
              "Generated from `hangdoc/errors.py` by `python tools/gen_docs.py`."), "",
