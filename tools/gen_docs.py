@@ -41,7 +41,7 @@ def troubleshooting() -> str:
              ("Every error hangdoc can stop with, its exit code, and the help it prints. "
              "Generated from `hangdoc/errors.py` by `python tools/gen_docs.py`."), "",
              "| error | exit code | help printed |", "|---|---|---|"]
-    classes = [errors.HangdocError, *sorted(_subclasses(errors.HangdocError), key=lambda c: c.exit_code)]
+    classes = [errors.HangdocError, *sorted(_subclasses(errors.HangdocError), key=lambda c: (c.exit_code, c.__name__))]
     for cls in classes:
         doc = (cls.__doc__ or "").strip().splitlines()[0]
         parts.append(f"| `{cls.__name__}`: {doc} | {cls.exit_code} | {cls.help or '-'} |")
