@@ -30,10 +30,11 @@ from . import SCHEMA_VERSION, __version__
 from .agentapi import convert
 from .agentapi.v1 import agent_pb2 as pb
 from .agentapi.v1 import agent_pb2_grpc as pb_grpc
+from .bundle import load_snapshot
 from .errors import HangdocError, JobNotFound, PySpyMissing, UsageError
 from .jobspec import parse_job_spec
 from .model import Frame, ThreadStack
-from .node import LocalNode
+from .node import LocalNode, ReplayNode
 from .pyspy import find_pyspy
 
 DEFAULT_LISTEN = "127.0.0.1:7420"
@@ -51,6 +52,9 @@ class AgentConfig:
     insecure: bool = False
     dump_timeout: float = 5.0
     host: str | None = None  # the node name reported for its ranks (default: the host name)
+    replay: str | None = None  # serve this saved snapshot instead of live processes (benchmarks)
+    replay_rank_offset: int = 0
+    replay_world_size: int | None = None
 
 
 def read_token(path: str) -> str:
@@ -123,7 +127,10 @@ class AgentService(pb_grpc.AgentServicer):
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
-        self.node = LocalNode(config.host)
+        self.node: LocalNode | ReplayNode = LocalNode(config.host)
+        if config.replay:
+            self.node = ReplayNode(load_snapshot(config.replay), config.host or socket.gethostname(),
+                                   config.replay_rank_offset, config.replay_world_size)
 
     async def GetInfo(self, request: pb.GetInfoRequest, context: grpc.aio.ServicerContext) -> pb.AgentInfo:
         info = pb.AgentInfo(

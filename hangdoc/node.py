@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from .capture import sample_round
 from .discover import Discovery, discover
 from .jobspec import JobSpec
-from .model import RankProcess, Sample, SourceFile, ThreadStack
+from .model import JobSnapshot, RankProcess, Sample, SourceFile, ThreadStack
 from .source import collect_sources
 
 
@@ -59,3 +60,50 @@ class LocalNode:
 
     def sources(self, threads: Sequence[ThreadStack]) -> tuple[SourceFile, ...]:
         return collect_sources(threads)
+
+
+class ReplayNode:
+    """A node that answers from a saved snapshot, for fan-out benchmarks and demos.
+
+    Rank ``r`` of the snapshot is served as rank ``r + rank_offset`` with world size
+    ``world_size`` (default: the snapshot's), so many replaying agents can stand for the
+    nodes of one large job. Round ``i`` returns each rank's ``i``-th recorded sample
+    (the last one once they run out).
+    """
+
+    def __init__(self, snapshot: JobSnapshot, host: str, rank_offset: int = 0,
+                 world_size: int | None = None) -> None:
+        self._host = host
+        self.snapshot = snapshot
+        self.offset = rank_offset
+        self.world = world_size or snapshot.world_size
+        self.by_pid = {r.process.pid: r for r in snapshot.ranks}
+        self.rounds: dict[int, int] = {}
+
+    @property
+    def name(self) -> str:
+        return self._host
+
+    def find_ranks(self, spec: JobSpec) -> Discovery:
+        procs = tuple(
+            replace(r.process, host=self._host, world_size=self.world,
+                    rank=None if r.process.rank is None else r.process.rank + self.offset)
+            for r in self.snapshot.ranks
+        )
+        return Discovery(procs, self.world, (f"replaying a snapshot of {self.snapshot.spec}",),
+                         "a saved snapshot")
+
+    def sample(
+        self, procs: Sequence[RankProcess], t: float, *, native: bool, timeout: float
+    ) -> list[Sample]:
+        out = []
+        for proc in procs:
+            recorded = self.by_pid[proc.pid].samples
+            i = self.rounds.get(proc.pid, 0)
+            self.rounds[proc.pid] = i + 1
+            out.append(replace(recorded[min(i, len(recorded) - 1)], t=t))
+        return out
+
+    def sources(self, threads: Sequence[ThreadStack]) -> tuple[SourceFile, ...]:
+        wanted = {f.filename for th in threads for f in th.frames}
+        return tuple(s for s in self.snapshot.sources if s.filename in wanted)
