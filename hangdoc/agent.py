@@ -97,6 +97,9 @@ def check_listen_policy(config: AgentConfig) -> None:
         )
 
 
+_HEALTH = "/grpc.health.v1.Health/"
+
+
 class TokenAuth(grpc.aio.ServerInterceptor):
     """Rejects every call whose ``authorization`` metadata does not carry the token."""
 
@@ -113,6 +116,8 @@ class TokenAuth(grpc.aio.ServerInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
+        if details.method.startswith(_HEALTH):  # probes (kubelet, load balancers) carry no token
+            return await continuation(details)
         for key, value in details.invocation_metadata or ():
             if key == "authorization":
                 given = value.encode() if isinstance(value, str) else value
@@ -127,6 +132,8 @@ class AgentService(pb_grpc.AgentServicer):
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
+        # files seen in stacks this agent captured: the only ones SampleSources will read
+        self.seen_files: set[str] = set()
         self.node: LocalNode | ReplayNode = LocalNode(config.host)
         if config.replay:
             self.node = ReplayNode(load_snapshot(config.replay), config.host or socket.gethostname(),
@@ -160,6 +167,7 @@ class AgentService(pb_grpc.AgentServicer):
             context, "Sample", f"{len(procs)} pid(s)",
             lambda: self.node.sample(procs, request.t, native=request.native, timeout=timeout),
         )
+        self.seen_files.update(f.filename for s in samples for th in s.threads for f in th.frames)
         response = convert.samples_to_proto([(p.pid, s) for p, s in zip(procs, samples)])
         if found is not None:
             response.discovery.CopyFrom(convert.discovery_to_proto(found))
@@ -168,7 +176,12 @@ class AgentService(pb_grpc.AgentServicer):
     async def SampleSources(
         self, request: pb.SampleSourcesRequest, context: grpc.aio.ServicerContext
     ) -> pb.SampleSourcesResponse:
-        frames = tuple(convert.frame_from_proto(f) for f in request.frames)
+        # only lines of files that appeared in this agent's own captures: a caller must not
+        # turn the agent into a reader of arbitrary files on the node
+        frames = tuple(
+            frame for f in request.frames
+            if (frame := convert.frame_from_proto(f)).filename in self.seen_files
+        )
         thread = ThreadStack(0, None, frames)
         sources = await self._run(context, "SampleSources", f"{len(frames)} frame(s)",
                                   self.node.sources, [thread])

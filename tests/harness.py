@@ -128,8 +128,10 @@ def _validate(meta: JobMeta) -> None:
         problems.append(f"unknown mode {meta.mode!r}")
     if len(meta.ranks) != meta.nproc:
         problems.append(f"ranks={meta.ranks} does not have nproc={meta.nproc} entries")
-    if meta.spec not in ("port", "pid"):
+    if meta.spec not in ("port", "pid", "slurm"):
         problems.append(f"unknown spec {meta.spec!r}")
+    if meta.spec == "slurm" and meta.mode != "slurm":
+        problems.append("spec=slurm needs mode=slurm")
     if meta.spec == "pid" and meta.mode in ("direct", "netns"):
         problems.append("spec=pid needs a launcher process (torchrun, spawn or slurm)")
     if meta.cut and meta.mode != "netns":
@@ -212,9 +214,11 @@ class RunningJob:
         return self.procs[0]
 
     def job_spec(self) -> str:
-        """``HOST:PORT`` or ``pid:<launcher pid>``, as the job's header asks."""
+        """``HOST:PORT``, ``pid:<launcher pid>`` or ``slurm:<job>.<step>``, as the header asks."""
         if self.meta.spec == "pid":
             return f"pid:{self.launcher.pid}"
+        if self.meta.spec == "slurm":  # fake_srun's job id: SLURM_JOB_ID or 100000 + its pid
+            return f"slurm:{os.environ.get('SLURM_JOB_ID', 100000 + self.launcher.pid)}.0"
         return f"{self.master_addr}:{self.port}"
 
     def pids(self) -> list[int]:

@@ -146,3 +146,23 @@ def test_agent_never_returns_secrets(hung_job, agent, token_file, tmp_path) -> N
     assert '"NCCL_IB_PASSWORD"' in text  # the variable was captured ...
     assert SECRET not in text and SECRET not in out.stdout  # ... and redacted on the agent
     assert TOKEN not in text and TOKEN not in out.stdout
+
+
+def test_health_answers_without_token_and_sources_only_for_captured_files(agent, tmp_path) -> None:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from hangdoc.agentapi.v1 import agent_pb2 as pb
+    from hangdoc.agentapi.v1 import agent_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(agent.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+        private = tmp_path / "private.txt"
+        private.write_text("not for callers\n")
+        stub = pb_grpc.AgentStub(channel)
+        reply = stub.SampleSources(
+            pb.SampleSourcesRequest(frames=[pb.Frame(function="f", filename=str(private), line=1)]),
+            timeout=10, metadata=(("authorization", f"Bearer {TOKEN}"),),
+        )
+        assert list(reply.files) == []

@@ -1,5 +1,5 @@
 # hangdoc-expect: verdict=rank_missing culprits=2
-# hangdoc-launch: mode=slurm nproc=4 ready=0,1,3
+# hangdoc-launch: mode=slurm nproc=4 ready=0,1,3 spec=slurm
 """One Slurm task dies at start-up on a bad data path; the other three wait for it.
 
 "The sbatch script exports MASTER_ADDR/MASTER_PORT and srun starts 4 tasks. Each task

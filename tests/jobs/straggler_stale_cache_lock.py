@@ -1,5 +1,5 @@
 # hangdoc-expect: verdict=straggler culprits=3
-# hangdoc-launch: mode=slurm nproc=4
+# hangdoc-launch: mode=slurm nproc=4 spec=slurm
 """Slurm job that never got past "building token caches" on one task.
 
 "Several jobs share the token cache directory, so building a cache takes a lock file.
