@@ -166,3 +166,52 @@ def test_health_answers_without_token_and_sources_only_for_captured_files(agent,
             timeout=10, metadata=(("authorization", f"Bearer {TOKEN}"),),
         )
         assert list(reply.files) == []
+
+
+def test_agent_survives_many_concurrent_and_abandoned_calls(hung_job, agent, token_file) -> None:
+    import concurrent.futures as cf
+
+    from hangdoc.jobspec import parse_job_spec
+    from hangdoc.remote import AgentAuth, AgentError, RemoteNode
+
+    _, job = hung_job
+    node = RemoteNode(agent.address, AgentAuth(TOKEN))
+    procs = list(node.find_ranks(parse_job_spec(job.job_spec())).ranks)
+
+    def sample(i: int) -> int:
+        # every third caller gives up almost at once: the agent sees it disconnect mid-call
+        timeout = 0.001 if i % 3 == 0 else 10.0
+        try:
+            return len(node.sample(procs, float(i), native=False, timeout=timeout))
+        except AgentError:
+            return -1
+
+    with cf.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(sample, range(48)))
+    assert results.count(len(procs)) >= 32  # every patient caller got every rank
+    assert node.info().host == "node-a"  # and the agent is still up
+    node.close()
+
+
+def test_schema_mismatch_is_a_clear_error() -> None:
+    from concurrent import futures
+
+    import grpc
+
+    from hangdoc.agentapi.v1 import agent_pb2 as pb
+    from hangdoc.agentapi.v1 import agent_pb2_grpc as pb_grpc
+    from hangdoc.remote import AgentError, RemoteNode
+
+    class FutureAgent(pb_grpc.AgentServicer):
+        def GetInfo(self, request, context):
+            return pb.AgentInfo(hangdoc_version="9.0.0", schema_version=99, host="future")
+
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    pb_grpc.add_AgentServicer_to_server(FutureAgent(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with pytest.raises(AgentError, match="schema 99.*same hangdoc version"):
+            RemoteNode(f"127.0.0.1:{port}").info()
+    finally:
+        server.stop(0)
