@@ -1,0 +1,178 @@
+"""Multi-node diagnosis for real: 3 nodes (network + PID namespaces), an agent per node.
+
+Each class shares one cluster (one hung gloo job spread over the nodes, see
+``multinode.py``) between its tests; the cluster is killed and its namespaces deleted when
+the class is done, and the teardown checks that nothing of it is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from harness import JOBS_DIR
+from multinode import TLS_AGENT_PORT, Cluster, ClusterJob, assert_clean, cluster
+
+pytestmark = [pytest.mark.live, pytest.mark.netns, pytest.mark.timeout(240)]
+
+MISMATCH = ClusterJob(JOBS_DIR / "mismatch_uneven_shards_eval_gather.py",
+                      placement=((0,), (1, 2), (3,)), verdict="collective_mismatch",
+                      culprits=(2,))
+STRAGGLER = ClusterJob(JOBS_DIR / "straggler_forked_worker_lock.py",
+                       placement=((0, 1), (2, 3), (4,)), verdict="straggler", culprits=(1,))
+TRANSPORT = ClusterJob(JOBS_DIR / "nccl_timeout_teacher_broadcast.py",
+                       placement=((0, 1), (2,), (3,)), verdict="nccl_timeout", culprits=(),
+                       cut=True, settle=3.0)
+
+# hangdoc/coordinator.py find_ranks: when every agent fails (wrong token, TLS handshake), the
+# AgentErrors are folded into JobNotFound ("no node has a rank of ..."), exit 3 and help
+# "Check the spec", instead of the agent error (exit 7). One agent alone gives exit 7.
+ALL_REFUSED_IS_JOB_NOT_FOUND = (
+    "every agent refusing ends in JobNotFound (exit 3, 'Check the spec') instead of "
+    "AgentError (exit 7): coordinator.find_ranks only re-raises for one node")
+
+
+@pytest.fixture(autouse=True)
+def _root_only() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root for network and PID namespaces")
+
+
+def _running(job: ClusterJob, tmp_path_factory, tls: bool = False) -> Iterator[Cluster]:
+    with cluster(job, tmp_path_factory.mktemp(job.script.stem), tls=tls) as running:
+        running.wait_ready()
+        yield running
+        tag, prefix = running.tag, running.nodes.prefix
+    assert_clean(tag, prefix)
+
+
+def report_of(out: subprocess.CompletedProcess) -> dict:
+    assert out.returncode == 0, f"exit {out.returncode}\n{out.stderr[-3000:]}"
+    return json.loads(out.stdout)
+
+
+def assert_diagnosis(report: dict, job: ClusterJob) -> None:
+    why = f"{report['summary']}\n" + "\n".join(report["evidence"])
+    assert report["verdict"] == job.verdict, why
+    assert report["culprit_ranks"] == sorted(job.culprits), why
+    hosts = {r["rank"]: r["host"] for r in report["ranks"]}
+    assert hosts == {rank: f"node{job.node_of(rank)}" for rank in range(job.world)}, why
+    assert report["unreachable"] == []
+
+
+def _wrong_token(tmp_path) -> Path:
+    wrong = tmp_path / "wrong"
+    wrong.write_text("f" * 40)
+    return wrong
+
+
+def _assert_refused(out: subprocess.CompletedProcess, word: str = "refused") -> None:
+    assert out.returncode == 7, f"exit {out.returncode}: {out.stderr}"
+    assert word in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert out.stdout.strip() == ""
+
+
+def with_token(c: Cluster) -> tuple[str, ...]:
+    return ("--agents", c.agents(), "--token-file", str(c.token_file))
+
+
+class TestCollectiveMismatch:
+    @pytest.fixture(scope="class")
+    @classmethod
+    def mc(cls, tmp_path_factory) -> Iterator[Cluster]:
+        yield from _running(MISMATCH, tmp_path_factory, tls=True)
+
+    def test_verdict_culprit_and_host_of_every_rank(self, mc: Cluster) -> None:
+        out, _ = mc.diagnose(*with_token(mc))
+        assert_diagnosis(report_of(out), MISMATCH)
+
+    def test_an_agent_sees_only_its_own_node(self, mc: Cluster) -> None:
+        out, _ = mc.diagnose("--agents", mc.agent_address(1), "--token-file",
+                             str(mc.token_file))
+        report = report_of(out)
+        found = {r["rank"]: r["host"] for r in report["ranks"] if r["pid"] is not None}
+        assert found == {1: "node1", 2: "node1"}, report["ranks"]
+
+    def test_wrong_token_is_refused_by_one_agent(self, mc: Cluster, tmp_path) -> None:
+        out, _ = mc.diagnose("--agents", mc.agent_address(0), "--token-file",
+                             str(_wrong_token(tmp_path)))
+        _assert_refused(out)
+
+    @pytest.mark.xfail(strict=True, reason=ALL_REFUSED_IS_JOB_NOT_FOUND)
+    def test_wrong_token_is_refused_by_every_agent(self, mc: Cluster, tmp_path) -> None:
+        out, _ = mc.diagnose("--agents", mc.agents(), "--token-file",
+                             str(_wrong_token(tmp_path)))
+        _assert_refused(out)
+
+    def test_mutual_tls_end_to_end(self, mc: Cluster) -> None:
+        tls = mc.tls
+        out, _ = mc.diagnose("--agents", mc.agents(TLS_AGENT_PORT),
+                             "--tls-cert", str(tls.client_cert), "--tls-key", str(tls.client_key),
+                             "--tls-ca", str(tls.ca))
+        assert_diagnosis(report_of(out), MISMATCH)
+
+    def test_tls_client_without_certificate_is_refused_by_one_agent(self, mc: Cluster) -> None:
+        out, _ = mc.diagnose("--agents", mc.agent_address(0, TLS_AGENT_PORT),
+                             "--tls-ca", str(mc.tls.ca))
+        _assert_refused(out, word="unavailable")
+
+    @pytest.mark.xfail(strict=True, reason=ALL_REFUSED_IS_JOB_NOT_FOUND)
+    def test_tls_client_without_certificate_is_refused_by_every_agent(self, mc: Cluster) -> None:
+        out, _ = mc.diagnose("--agents", mc.agents(TLS_AGENT_PORT), "--tls-ca", str(mc.tls.ca))
+        _assert_refused(out, word="unavailable")
+
+    def test_stopped_agent_is_unreachable_within_the_deadline(self, mc: Cluster) -> None:
+        pid = mc.agent_pid(2)
+        os.kill(pid, signal.SIGSTOP)  # the agent, not the ranks: its node stops answering
+        try:
+            out, seconds = mc.diagnose(*with_token(mc), "--timeout", "2", timeout=60)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        report = report_of(out)
+        assert seconds < 15, f"diagnose took {seconds:.1f}s with a stopped agent"
+        assert [u["target"] for u in report["unreachable"]] == [mc.agent_address(2)], report
+        assert 3 not in report["culprit_ranks"], report["summary"]
+        # SIGCONT: the agent answers again.
+        out, _ = mc.diagnose(*with_token(mc))
+        assert_diagnosis(report_of(out), MISMATCH)
+
+
+class TestStraggler:
+    @pytest.fixture(scope="class")
+    @classmethod
+    def sc(cls, tmp_path_factory) -> Iterator[Cluster]:
+        yield from _running(STRAGGLER, tmp_path_factory)
+
+    def test_verdict_culprit_and_host_of_every_rank(self, sc: Cluster) -> None:
+        out, _ = sc.diagnose(*with_token(sc))
+        assert_diagnosis(report_of(out), STRAGGLER)
+
+    def test_killed_agent_is_named_and_its_ranks_are_not_blamed(self, sc: Cluster) -> None:
+        # Last test of the class: node1 keeps running its ranks but has no agent any more.
+        os.kill(sc.agent_pid(1), signal.SIGKILL)
+        out, _ = sc.diagnose(*with_token(sc))
+        report = report_of(out)
+        why = f"{report['summary']}\n" + "\n".join(report["evidence"])
+        assert [u["target"] for u in report["unreachable"]] == [sc.agent_address(1)], why
+        assert report["verdict"] != "rank_missing", why
+        assert not {2, 3} & set(report["culprit_ranks"]), why
+        assert report["partial"] is True, why
+        assert "partial" in report["summary"], why
+        assert {r["host"] for r in report["ranks"] if r["rank"] in (0, 1, 4)} == {"node0",
+                                                                                "node2"}
+
+
+class TestTransportHang:
+    @pytest.fixture(scope="class")
+    @classmethod
+    def tc(cls, tmp_path_factory) -> Iterator[Cluster]:
+        yield from _running(TRANSPORT, tmp_path_factory)
+
+    def test_verdict_and_host_of_every_rank(self, tc: Cluster) -> None:
+        out, _ = tc.diagnose(*with_token(tc))
+        assert_diagnosis(report_of(out), TRANSPORT)
