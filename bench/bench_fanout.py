@@ -26,6 +26,7 @@ import os
 import platform
 import pstats
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -107,6 +108,7 @@ def agents(n: int):
         psutil.wait_procs(survivors, timeout=10)
         for p in procs:
             p.wait(timeout=10)
+        shutil.rmtree(logs, ignore_errors=True)
         left = tagged(tag)
         if left:
             raise SystemExit(f"{len(left)} agent(s) survived: {[p.pid for p in left]}")
