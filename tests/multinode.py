@@ -158,13 +158,10 @@ class Cluster:
         for i in range(self.nodes.n):
             argv = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
                     "sh", "-c", self._supervisor_script(i)]
-            log = open(self.workdir / f"supervisor{i}.log", "ab")
-            try:
+            with open(self.workdir / f"supervisor{i}.log", "ab") as log:
                 self.supervisors.append(self.nodes.popen(
                     i, argv, env=env, cwd=str(REPO), stdin=subprocess.DEVNULL, stdout=log,
                     stderr=subprocess.STDOUT, start_new_session=True))
-            finally:
-                log.close()
 
     def _supervisor_script(self, i: int) -> str:
         """PID 1 of node i: its agent(s) and ranks in the background, then wait for all."""
@@ -316,4 +313,4 @@ def assert_clean(tag: str, prefix: str) -> None:
     assert tagged_processes(tag) == {}
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                            check=False).stdout
-    assert not re.search(rf"^{prefix}n\d", names, re.M), names
+    assert not re.search(rf"^{prefix}n\d", names, re.MULTILINE), names
