@@ -162,11 +162,10 @@ def main() -> int:
     text = render(rows, options, args.repeat, cmd.strip())
     print(text)
     if args.write:
-        path = Path(args.write)
-        old = path.read_text() if path.exists() else ""
-        marker = "## Time to verdict on real hung ranks (issue 3)"
-        rest = old.split(marker, 1)[0].replace("# Benchmarks\n", "").strip() if marker in old else ""
-        path.write_text(text + ("\n" + rest + "\n" if rest else ""))
+        from docs_section import write_section
+
+        section = text.split("\n", 2)[2]  # without the "# Benchmarks" title
+        write_section(Path(args.write), "## Time to verdict on real hung ranks (issue 3)", section)
     return 0
 
 

@@ -339,15 +339,10 @@ def findings(rows: list[dict[str, object]]) -> list[str]:
 
 
 def write_section(path: Path, text: str) -> None:
-    """Append (or replace) this section after the file's other sections, which stay as they are."""
-    marker = "## Coordinator fan-out (issue 4)"
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    head, _, tail = old.partition(marker)
-    after = ""
-    if tail and "\n## " in tail:
-        after = "\n## " + tail.split("\n## ", 1)[1]
-    head = head.rstrip("\n") + "\n\n"
-    path.write_text(head + text.rstrip("\n") + "\n" + after)
+    """Append (or replace) this section; the file's other sections stay as they are."""
+    from docs_section import write_section as write
+
+    write(path, "## Coordinator fan-out (issue 4)", text)
 
 
 def main() -> int:

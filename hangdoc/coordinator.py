@@ -38,7 +38,7 @@ class Fleet:
         return [p for _, p in self.placed]
 
 
-def _fan_out(
+def fan_out(
     nodes: Sequence[Node], call: Callable[[Node], T], deadline: float | None
 ) -> list[tuple[Node, T | None, BaseException | None]]:
     """``call(node)`` on every node at once; (node, result, None) or (node, None, error)."""
@@ -68,7 +68,7 @@ def _reason(exc: BaseException) -> str:
 
 def find_ranks(nodes: Sequence[Node], spec: JobSpec, deadline: float | None = None) -> Fleet:
     """Discover the job on every node; raise ``JobNotFound`` only if no node has a rank."""
-    results = _fan_out(nodes, lambda n: n.find_ranks(spec), deadline)
+    results = fan_out(nodes, lambda n: n.find_ranks(spec), deadline)
     placed: list[tuple[Node, RankProcess]] = []
     notes: list[str] = []
     unreachable: list[Unreachable] = []
@@ -116,7 +116,7 @@ def sample_all(
         return node.sample([fleet.placed[i][1] for i in idx], t, native=native, timeout=timeout)
 
     out: dict[int, Sample] = {}
-    for node, samples, exc in _fan_out(nodes, call, timeout + ROUND_SLACK if len(nodes) > 1 else None):
+    for node, samples, exc in fan_out(nodes, call, timeout + ROUND_SLACK if len(nodes) > 1 else None):
         idx = by_node[nodes.index(node)]
         if samples is None:
             known = {u.target for u in fleet.unreachable}

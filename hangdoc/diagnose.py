@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 from . import __version__
 from .analyse import analyse
-from .coordinator import Fleet, find_ranks, sample_all
+from .coordinator import Fleet, fan_out, find_ranks, sample_all
 from .errors import PermissionDenied
 from .jobspec import parse_job_spec
-from .model import Diagnosis, JobSnapshot, RankSnapshot, Sample, SourceFile
+from .model import Diagnosis, JobSnapshot, RankSnapshot, Sample, SourceFile, ThreadStack
 from .node import LocalNode, Node
 from .pyspy import find_pyspy
 
@@ -65,19 +65,38 @@ class _Capture:
         self.samples: list[list[Sample]] = [[] for _ in fleet.placed]
         self.sources: dict[str, dict[int, str]] = {}
         self.notes = list(fleet.notes)
+        self.asked: set[tuple[int, str, int | None]] = set()
 
     def live(self) -> set[int]:
         return {i for i, s in enumerate(self.samples) if not _gone(s)}
 
     def add(self, taken: dict[int, Sample]) -> None:
-        per_node: dict[int, tuple[Node, list]] = {}
+        per_node: dict[int, tuple[Node, list[ThreadStack]]] = {}
         for i, sample in taken.items():
             self.samples[i].append(sample)
             node = self.fleet.placed[i][0]
-            per_node.setdefault(id(node), (node, []))[1].extend(sample.threads)
-        for node, threads in per_node.values():
-            for src in node.sources(threads):
+            fresh = self._unseen(node, sample.threads)
+            if fresh:
+                per_node.setdefault(id(node), (node, []))[1].append(fresh)
+        if not per_node:
+            return  # a hung job's stacks repeat: after the first round there is nothing new
+        wanted = {id(node): threads for node, threads in per_node.values()}
+        nodes = [node for node, _ in per_node.values()]
+        for _, found, _ in fan_out(nodes, lambda n: n.sources(wanted[id(n)]), None):
+            for src in found or ():
                 self.sources.setdefault(src.filename, {}).update(src.lines)
+
+    def _unseen(self, node: Node, threads: Sequence[ThreadStack]) -> ThreadStack | None:
+        """The frames of ``threads`` whose source this node was not yet asked for, as one
+        pseudo-thread (None when there are none)."""
+        frames = []
+        for thread in threads:
+            for frame in thread.frames:
+                key = (id(node), frame.filename, frame.line)
+                if not frame.native and frame.line and key not in self.asked:
+                    self.asked.add(key)
+                    frames.append(frame)
+        return ThreadStack(0, None, tuple(frames)) if frames else None
 
     def snapshot(self, elapsed: float) -> JobSnapshot:
         return JobSnapshot(
@@ -100,13 +119,21 @@ def watch(spec: str, fleet: Fleet, options: CaptureOptions, say: Progress) -> tu
     cap = _Capture(spec, fleet)
     t0 = time.monotonic()
     deepened: set[int] = set()
+    tick = 0
+
+    def wait_for_next_round() -> None:
+        # rounds start every `interval` from t0, however long a round took
+        nonlocal tick
+        tick = max(tick + 1, int((time.monotonic() - t0) / options.interval) + 1)
+        time.sleep(max(0.0, t0 + tick * options.interval - time.monotonic()))
+
     while True:
         cap.add(sample_all(fleet, time.monotonic() - t0, native=options.native,
                            timeout=options.timeout, only=cap.live()))
         elapsed = time.monotonic() - t0
         _check_readable(cap.samples)
         if elapsed < options.window:
-            time.sleep(options.interval)
+            wait_for_next_round()
             continue
         deeper = _deepen(cap, deepened, options, t0)
         if deeper:
@@ -127,7 +154,7 @@ def watch(spec: str, fleet: Fleet, options: CaptureOptions, say: Progress) -> tu
                 "is not yet certain"
             )
             say("evidence ambiguous (a rank is busy while others wait): observing longer")
-        time.sleep(options.interval)
+        wait_for_next_round()
 
 
 def _check_readable(samples: list[list[Sample]]) -> None:
