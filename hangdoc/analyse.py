@@ -93,12 +93,15 @@ def _env_int(snap: RankSnapshot, *keys: str) -> int | None:
 
 
 def off_node_ranks(snapshot: JobSnapshot, absent: set[int]) -> tuple[set[int], str]:
-    """Absent ranks that belong to nodes this snapshot did not look at.
+    """Absent ranks that may live on nodes this snapshot did not look at.
 
-    A multi-node job seen from one node (LOCAL_WORLD_SIZE / SLURM_NTASKS_PER_NODE smaller
-    than the world) has most of its ranks elsewhere: those are unknown, not missing. Ranks
-    are placed on nodes in contiguous blocks of the local world size (torchrun, Slurm's
-    block distribution), or by GROUP_RANK when the ranks say it.
+    A multi-node job seen from some of its nodes (LOCAL_WORLD_SIZE / SLURM_NTASKS_PER_NODE
+    smaller than the world) has ranks elsewhere: those are unknown, not missing. A node
+    that was looked at and holds its full local world is missing nothing, whatever the rank
+    numbering; where a node holds fewer, the absent ranks of its block (torchrun's and
+    Slurm's contiguous layout, or GROUP_RANK) are the missing ones, if that accounts for
+    exactly the shortfall. Otherwise hangdoc cannot tell which absent ranks are missing and
+    calls them all unknown.
     """
     local_sizes = {
         n for r in snapshot.ranks
@@ -107,20 +110,29 @@ def off_node_ranks(snapshot: JobSnapshot, absent: set[int]) -> tuple[set[int], s
     if not absent or len(local_sizes) != 1:
         return set(), ""
     per_node = local_sizes.pop()
-    seen_blocks = set()
+    world = max(expected_ranks(snapshot), default=-1) + 1
+    hosts: dict[str, list[RankSnapshot]] = {}
     for r in snapshot.ranks:
-        group = _env_int(r, "GROUP_RANK", "NODE_RANK", "SLURM_NODEID")
-        if group is None and r.rank is not None:
-            group = r.rank // per_node
-        seen_blocks.add(group)
-    elsewhere = {rank for rank in absent if rank // per_node not in seen_blocks}
+        hosts.setdefault(r.process.host, []).append(r)
+    if per_node >= world or len(hosts) * per_node >= world:
+        return set(), ""  # every node was looked at: absent ranks are missing
+    shortfall = sum(max(per_node - len(rs), 0) for rs in hosts.values())
+    blocks = set()
+    for rs in hosts.values():
+        for r in rs:
+            group = _env_int(r, "GROUP_RANK", "NODE_RANK", "SLURM_NODEID")
+            blocks.add(group if group is not None else (r.rank or 0) // per_node)
+    in_blocks = {rank for rank in absent if rank // per_node in blocks}
+    local_missing = in_blocks if len(in_blocks) == shortfall else set()
+    elsewhere = absent - local_missing
     if not elsewhere:
         return set(), ""
     from .merge import compress_ranks
 
     note = (
-        f"ranks {compress_ranks(elsewhere)[1:-1]} run on other nodes ({per_node} ranks per node): "
-        "their state is unknown; diagnose with an agent on every node to see them"
+        f"ranks {compress_ranks(elsewhere)[1:-1]} may run on nodes that were not asked "
+        f"({per_node} ranks per node, {len(hosts)} node(s) seen): their state is unknown; "
+        "diagnose with an agent on every node to see them"
     )
     return elsewhere, note
 

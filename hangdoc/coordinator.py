@@ -86,6 +86,12 @@ def find_ranks(nodes: Sequence[Node], spec: JobSpec, deadline: float | None = No
             unreachable.append(Unreachable(node.name, _reason(exc)))
     if not placed:
         detail = "; ".join(empty + [f"{u.target}: {u.reason}" for u in unreachable])
+        failures = [exc for _, _, exc in results if exc is not None and not isinstance(exc, JobNotFound)]
+        kinds = {type(exc) for exc in failures}
+        if not empty and len(kinds) == 1 and isinstance(failures[0], HangdocError):
+            # no node answered, all for the same reason (wrong token, no TLS cert, down):
+            # that reason and its help, not "job not found"
+            raise kinds.pop()(f"no agent answered for {spec}: {detail}")
         raise JobNotFound(f"no node has a rank of {spec}: {detail}")
     notes += [f"{e} (no rank there)" for e in empty]
     placed.sort(key=lambda np: (np[1].rank is None, np[1].rank if np[1].rank is not None else 0))

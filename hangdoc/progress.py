@@ -23,6 +23,8 @@ BYTES_MOVING_PER_SECOND = 64 * 1024
 # switches than that mean the thread woke up by itself: a wait completed and began again.
 SWITCHES_PER_DUMP = 2
 WAKEUPS_MOVING = 4
+# ... plus this many per dump: under load a pause occasionally costs a third switch
+WAKEUPS_NOISE_PER_DUMP = 0.25
 # Waits that poll (the TCPStore server during rendezvous, monitored_barrier, spinning
 # GPU syncs) wake hundreds of times a second whether or not anything completes: a rate
 # above this says nothing about progress.
@@ -37,6 +39,7 @@ class Movement:
     cpu_fraction: float | None  # CPU seconds per wall second, all threads
     bytes_per_second: float | None
     wakeups: int | None  # main-thread context switches beyond those hangdoc's pauses cause
+    dumps: int  # blocking py-spy dumps between the first and last counters
     op_changed: bool  # the distributed op (name/call site) differed between samples
     left_op: bool  # some sample had the relevant thread outside any distributed op
     stack_changed: bool  # the relevant thread's stack differed between samples
@@ -49,7 +52,7 @@ class Movement:
     @property
     def woke(self) -> bool:
         """The main thread woke up by itself: a blocking call returned during the window."""
-        if self.wakeups is None or self.wakeups < WAKEUPS_MOVING:
+        if self.wakeups is None or self.wakeups < WAKEUPS_MOVING + WAKEUPS_NOISE_PER_DUMP * self.dumps:
             return False
         return self.wakeups / max(self.seconds, 1e-3) <= WAKEUPS_POLLING_PER_SECOND
 
@@ -117,6 +120,7 @@ def movement(rank: RankSnapshot, snapshot: JobSnapshot | None = None) -> Movemen
         cpu_fraction=cpu,
         bytes_per_second=io,
         wakeups=wakeups,
+        dumps=max(len(with_state) - 1, 0),
         op_changed=len(set(ops)) > 1,
         left_op=any(o is None for o in ops) and any(o is not None for o in ops),
         stack_changed=len(set(stacks)) > 1,

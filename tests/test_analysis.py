@@ -264,7 +264,7 @@ def test_ranks_on_other_nodes_are_unknown_not_missing() -> None:
     d = analyse(snap)
     assert d.verdict is not Verdict.RANK_MISSING
     assert d.partial
-    assert any("other nodes" in e for e in d.evidence)
+    assert any("nodes that were not asked" in e for e in d.evidence)
 
 
 def test_missing_local_rank_of_multi_node_job_is_still_missing() -> None:
@@ -336,3 +336,14 @@ def test_ranks_idle_outside_any_collective_is_unknown() -> None:
     d = analyse(make_snapshot([make_rank(r, idle) for r in range(3)]))
     assert d.verdict is Verdict.UNKNOWN
     assert d.culprit_ranks == ()
+
+
+def test_unevenly_placed_ranks_on_unasked_nodes_are_unknown() -> None:
+    # node1 holds ranks 1 and 2 (not the block 2-3): its local world is full, so the
+    # absent ranks 0 and 3 live on nodes nobody asked
+    site = in_c10d("all_reduce", "train.py:step:40")
+    env = {"LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "4", "GROUP_RANK": "1"}
+    snap = make_snapshot([make_rank(r, site, world_size=4, env=env, host="node1") for r in (1, 2)])
+    d = analyse(snap)
+    assert d.verdict is not Verdict.RANK_MISSING
+    assert 3 not in d.culprit_ranks and d.partial

@@ -32,12 +32,6 @@ TRANSPORT = ClusterJob(JOBS_DIR / "nccl_timeout_teacher_broadcast.py",
                        placement=((0, 1), (2,), (3,)), verdict="nccl_timeout", culprits=(),
                        cut=True, settle=3.0)
 
-# hangdoc/coordinator.py find_ranks: when every agent fails (wrong token, TLS handshake), the
-# AgentErrors are folded into JobNotFound ("no node has a rank of ..."), exit 3 and help
-# "Check the spec", instead of the agent error (exit 7). One agent alone gives exit 7.
-ALL_REFUSED_IS_JOB_NOT_FOUND = (
-    "every agent refusing ends in JobNotFound (exit 3, 'Check the spec') instead of "
-    "AgentError (exit 7): coordinator.find_ranks only re-raises for one node")
 
 
 @pytest.fixture(autouse=True)
@@ -106,7 +100,6 @@ class TestCollectiveMismatch:
                              str(_wrong_token(tmp_path)))
         _assert_refused(out)
 
-    @pytest.mark.xfail(strict=True, reason=ALL_REFUSED_IS_JOB_NOT_FOUND)
     def test_wrong_token_is_refused_by_every_agent(self, mc: Cluster, tmp_path) -> None:
         out, _ = mc.diagnose("--agents", mc.agents(), "--token-file",
                              str(_wrong_token(tmp_path)))
@@ -124,7 +117,6 @@ class TestCollectiveMismatch:
                              "--tls-ca", str(mc.tls.ca))
         _assert_refused(out, word="unavailable")
 
-    @pytest.mark.xfail(strict=True, reason=ALL_REFUSED_IS_JOB_NOT_FOUND)
     def test_tls_client_without_certificate_is_refused_by_every_agent(self, mc: Cluster) -> None:
         out, _ = mc.diagnose("--agents", mc.agents(TLS_AGENT_PORT), "--tls-ca", str(mc.tls.ca))
         _assert_refused(out, word="unavailable")
