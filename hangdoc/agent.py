@@ -52,6 +52,7 @@ class AgentConfig:
     insecure: bool = False
     dump_timeout: float = 5.0
     host: str | None = None  # the node name reported for its ranks (default: the host name)
+    open_health: bool = False  # answer grpc.health.v1 without the token (Kubernetes probes)
     replay: str | None = None  # serve this saved snapshot instead of live processes (benchmarks)
     replay_rank_offset: int = 0
     replay_world_size: int | None = None
@@ -103,8 +104,9 @@ _HEALTH = "/grpc.health.v1.Health/"
 class TokenAuth(grpc.aio.ServerInterceptor):
     """Rejects every call whose ``authorization`` metadata does not carry the token."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, open_health: bool = False) -> None:
         self._expected = f"Bearer {token}".encode()
+        self._open_health = open_health
 
         async def deny(request: object, context: grpc.aio.ServicerContext) -> None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong hangdoc token")
@@ -116,8 +118,8 @@ class TokenAuth(grpc.aio.ServerInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
-        if details.method.startswith(_HEALTH):  # probes (kubelet, load balancers) carry no token
-            return await continuation(details)
+        if self._open_health and details.method.startswith(_HEALTH):
+            return await continuation(details)  # opted in: kubelet gRPC probes carry no token
         for key, value in details.invocation_metadata or ():
             if key == "authorization":
                 given = value.encode() if isinstance(value, str) else value
@@ -228,7 +230,7 @@ def _credentials(config: AgentConfig) -> grpc.ServerCredentials | None:
 async def serve(config: AgentConfig, ready: Callable[[int], None] | None = None) -> None:
     """Run until SIGTERM/SIGINT. ``ready(port)`` is called once the port is bound."""
     check_listen_policy(config)
-    interceptors = [TokenAuth(config.token)] if config.token else []
+    interceptors = [TokenAuth(config.token, config.open_health)] if config.token else []
     server = grpc.aio.server(interceptors=interceptors)
     pb_grpc.add_AgentServicer_to_server(AgentService(config), server)
     health_servicer = health.aio.HealthServicer()

@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--insecure", action="store_true",
                        help="allow a non-loopback address without token or TLS (trusted networks only)")
     agent.add_argument("--node-name", metavar="NAME", help="host name to report for this node's ranks")
+    agent.add_argument("--open-health", action="store_true",
+                       help="answer the gRPC health service without the token (Kubernetes gRPC probes); "
+                       "it tells only whether the agent is serving")
     agent.add_argument("--replay", metavar="FILE", help=argparse.SUPPRESS)  # benchmarks: serve a saved snapshot
     agent.add_argument("--replay-rank-offset", type=int, default=0, help=argparse.SUPPRESS)
     agent.add_argument("--replay-world-size", type=int, default=None, help=argparse.SUPPRESS)
@@ -142,7 +145,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
 
     token = read_token(args.token_file) if args.token_file else None
     config = AgentConfig(args.listen, token, args.tls_cert, args.tls_key, args.tls_ca,
-                         args.insecure, host=args.node_name, replay=args.replay,
+                         args.insecure, host=args.node_name, open_health=args.open_health, replay=args.replay,
                          replay_rank_offset=args.replay_rank_offset,
                          replay_world_size=args.replay_world_size)
     return run_agent(config)

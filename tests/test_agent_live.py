@@ -75,7 +75,7 @@ def hung_job(tmp_path_factory) -> Iterator:
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory, token_file) -> Iterator[Agent]:
     a = start_agent(tmp_path_factory.mktemp("agent"), "--listen", "127.0.0.1:0",
-                    "--token-file", str(token_file), "--node-name", "node-a")
+                    "--token-file", str(token_file), "--node-name", "node-a", "--open-health")
     yield a
     a.proc.kill()
     a.proc.wait()
@@ -130,8 +130,14 @@ def test_non_loopback_without_auth_is_refused(tmp_path) -> None:
     assert "refusing to listen" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_agent_exits_cleanly_on_sigterm(tmp_path, token_file) -> None:
+def test_agent_exits_cleanly_on_sigterm_and_health_needs_token_by_default(tmp_path, token_file) -> None:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
     a = start_agent(tmp_path, "--listen", "127.0.0.1:0", "--token-file", str(token_file))
+    with grpc.insecure_channel(a.address) as channel, pytest.raises(grpc.RpcError) as err:
+        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     a.proc.send_signal(signal.SIGTERM)
     assert a.proc.wait(timeout=20) == 0
 
