@@ -33,7 +33,7 @@ from .agentapi.v1 import agent_pb2_grpc as pb_grpc
 from .bundle import load_snapshot
 from .errors import HangdocError, JobNotFound, PySpyMissing, UsageError
 from .jobspec import parse_job_spec
-from .model import Frame, ThreadStack
+from .model import ThreadStack
 from .node import LocalNode, ReplayNode
 from .pyspy import find_pyspy
 
@@ -275,4 +275,4 @@ def run_agent(config: AgentConfig) -> int:
     return 0
 
 
-__all__ = ["AgentConfig", "Frame", "check_listen_policy", "read_token", "run_agent", "serve"]
+__all__ = ["AgentConfig", "check_listen_policy", "read_token", "run_agent", "serve"]
