@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from . import classify
 from .merge import CallTree
 from .model import (
+    CaptureErrorKind,
     Diagnosis,
     DistOp,
     Frame,
@@ -46,7 +47,7 @@ class RankView:
 def rank_state(snap: RankSnapshot, op: DistOp | None, move: Movement | None) -> RankState:
     if not snap.good_samples:
         errors = [s.error for s in snap.samples if s.error is not None]
-        if errors and errors[-1].kind.value == "process_gone":
+        if errors and errors[-1].kind is CaptureErrorKind.PROCESS_GONE:
             return RankState.EXITED
         return RankState.UNREADABLE
     assert move is not None

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .merge import compress_ranks
-from .model import DistOp, Frame, JobSnapshot, OpKind, RankState, ThreadStack, Verdict
+from .model import DistOp, JobSnapshot, OpKind, RankState, Verdict
 
 if TYPE_CHECKING:
     from .analyse import RankView
@@ -123,7 +123,7 @@ def _activity(v: RankView) -> str:
         return "stopped (SIGSTOP or a debugger)"
     if move is not None and move.busy:
         return f"computing ({move.cpu_fraction:.0%} of a core)"
-    inner = _innermost_python(v.thread)
+    inner = (v.thread.innermost_python if v.thread else None)
     code = (inner.code or "") if inner else ""
     func = inner.function if inner else ""
     if move is not None and move.status == "disk-sleep":
@@ -137,17 +137,8 @@ def _activity(v: RankView) -> str:
     return "idle outside any distributed op"
 
 
-def _innermost_python(thread: ThreadStack | None) -> Frame | None:
-    if thread is None:
-        return None
-    for frame in reversed(thread.frames):
-        if not frame.native:
-            return frame
-    return None
-
-
 def _what_outside(v: RankView) -> str:
-    inner = _innermost_python(v.thread)
+    inner = (v.thread.innermost_python if v.thread else None)
     name = v.thread.name if v.thread else "?"
     where = f" at {inner}" if inner else ""
     code = f" `{inner.code}`" if inner and inner.code else ""
@@ -164,7 +155,7 @@ def _other_threads(v: RankView) -> str:
     for th in sample.threads:
         if th.thread_id == v.thread.thread_id:
             continue
-        inner = _innermost_python(th)
+        inner = th.innermost_python
         if inner is not None:
             parts.append(f"'{th.name}' {'running' if th.active else 'waiting'} at {inner}")
     return "; ".join(parts[:3])
@@ -294,7 +285,7 @@ def _cleanup_where(v: RankView) -> str:
 def _cleanup_short(v: RankView) -> str:
     if v.op is not None:
         return _op_where(v.op)
-    inner = _innermost_python(v.thread)
+    inner = (v.thread.innermost_python if v.thread else None)
     return f"{_activity(v)} in {v.cleanup.location if v.cleanup else '?'}" + (
         f" at {inner.function}" if inner else ""
     )
@@ -469,7 +460,7 @@ def _p2p_unpaired(in_op: Sequence[RankView]) -> tuple[list[int], list[str]] | No
 def _frame_tail(v: RankView) -> str:
     if v.thread is None:
         return ""
-    inner = _innermost_python(v.thread)
+    inner = (v.thread.innermost_python if v.thread else None)
     if inner is None or v.op is None or inner == v.op.call_site or inner.function == v.op.name:
         return ""
     return f" [innermost: {inner}]"

@@ -19,7 +19,15 @@ from .analyse import analyse
 from .coordinator import Fleet, fan_out, find_ranks, sample_all
 from .errors import PermissionDenied
 from .jobspec import parse_job_spec
-from .model import Diagnosis, JobSnapshot, RankSnapshot, Sample, SourceFile, ThreadStack
+from .model import (
+    CaptureErrorKind,
+    Diagnosis,
+    JobSnapshot,
+    RankSnapshot,
+    Sample,
+    SourceFile,
+    ThreadStack,
+)
 from .node import LocalNode, Node
 from .pyspy import find_pyspy
 
@@ -160,14 +168,14 @@ def watch(spec: str, fleet: Fleet, options: CaptureOptions, say: Progress) -> tu
 def _check_readable(samples: list[list[Sample]]) -> None:
     """Every rank refused to ptrace: nothing to diagnose, and the fix is the same for all."""
     last = [s[-1] for s in samples if s]
-    if last and all(x.error is not None and x.error.kind.value == "ptrace_denied" for x in last):
+    if last and all(x.error is not None and x.error.kind is CaptureErrorKind.PTRACE_DENIED for x in last):
         raise PermissionDenied(
             f"ptrace was refused for all {len(last)} rank process(es): {last[0].error.message}"  # type: ignore[union-attr]
         )
 
 
 def _gone(samples: Sequence[Sample]) -> bool:
-    return bool(samples) and samples[-1].error is not None and samples[-1].error.kind.value == "process_gone"
+    return bool(samples) and samples[-1].error is not None and samples[-1].error.kind is CaptureErrorKind.PROCESS_GONE
 
 
 _ENGINE = ("torch/autograd/graph.py", "torch/autograd/__init__.py", "torch/_tensor.py")
@@ -187,7 +195,7 @@ def _deepen(cap: _Capture, done: set[int], options: CaptureOptions, t0: float) -
         if i in done or not good:
             continue
         main = good[-1].main_thread
-        inner = next((f for f in reversed(main.frames) if not f.native), None) if main else None
+        inner = main.innermost_python if main else None
         if main and inner and any(inner.filename.endswith(e) for e in _ENGINE) and not main.active:
             want.add(i)
     if not want:

@@ -43,7 +43,6 @@ class CallTree:
         for rank in sorted(stacks_by_rank):
             distinct.setdefault(stacks_by_rank[rank], []).append(rank)
         self.stack_ranks: dict[Stack, tuple[int, ...]] = {s: tuple(r) for s, r in distinct.items()}
-        self._leaf_of: dict[Stack, int] = {}
         children: dict[tuple[int, Frame], int] = {}
         ranks_at: dict[int, list[int]] = {}
         next_id = 1
@@ -60,7 +59,6 @@ class CallTree:
                     ranks_at[child] = []
                 ranks_at[child].extend(ranks)
                 node = child
-            self._leaf_of[stack] = node
         for node_id, through in ranks_at.items():
             self.graph.nodes[node_id]["ranks"] = tuple(sorted(through))
 
@@ -72,11 +70,6 @@ class CallTree:
 
     def children(self, node_id: int) -> list[TreeNode]:
         return [self.node(c) for c in self.graph.successors(node_id)]
-
-    def walk(self, node_id: int = ROOT) -> Iterable[TreeNode]:
-        """Depth-first, pre-order."""
-        for n in nx.dfs_preorder_nodes(self.graph, node_id):
-            yield self.node(n)
 
     @property
     def ranks(self) -> tuple[int, ...]:

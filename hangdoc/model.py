@@ -70,6 +70,14 @@ class ThreadStack:
     def innermost(self) -> Frame | None:
         return self.frames[-1] if self.frames else None
 
+    @property
+    def innermost_python(self) -> Frame | None:
+        """The innermost frame that is Python code (native frames skipped)."""
+        for frame in reversed(self.frames):
+            if not frame.native:
+                return frame
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class ProcessState:
