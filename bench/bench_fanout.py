@@ -6,7 +6,7 @@ snapshot as ranks 3K..3K+2 of a 3N-rank job. The agents replay, so a capture cos
 what is measured is the coordinator itself: fan-out, gRPC, protobuf decode. In one run:
 
 - ``find_ranks``: over N ``RemoteNode``s (GetInfo version check + FindRanks), fresh channels;
-- ``watch``: one full ``watch()`` (window 2 s, interval 0.5 s); the time beyond the window,
+- ``watch``: one full ``observe()`` (window 2 s, interval 0.5 s); the time beyond the window,
   and the verdict, which must be collective_mismatch with culprits 3K+2 on every node;
 - ``sample_all``: one lock-step round over all nodes, median of ``--repeat`` rounds, with
   the protobuf bytes of one round (requests + responses, re-encoded here);
@@ -47,7 +47,7 @@ from hangdoc.agentapi import convert
 from hangdoc.agentapi.v1 import agent_pb2 as pb
 from hangdoc.analyse import analyse
 from hangdoc.coordinator import Fleet, fan_out, find_ranks, sample_all
-from hangdoc.diagnose import CaptureOptions, watch
+from hangdoc.diagnose import CaptureOptions, observe
 from hangdoc.jobspec import parse_job_spec
 from hangdoc.model import Sample
 from hangdoc.remote import RemoteNode
@@ -144,7 +144,7 @@ def bench_size(n: int, repeat: int, options: CaptureOptions, profile: bool) -> d
             assert len(fleet.placed) == RANKS_PER_AGENT * n and not fleet.unreachable, fleet.unreachable
 
             t0 = time.perf_counter()
-            snapshot, diagnosis = watch(JOB, fleet, options, lambda _msg: None)
+            snapshot, diagnosis = observe(JOB, fleet, options, lambda _msg: None)
             t_watch = time.perf_counter() - t0
             t0 = time.perf_counter()
             analyse(snapshot)
@@ -298,7 +298,7 @@ def render(rows: list[dict[str, object]], options: CaptureOptions, repeat: int, 
         "",
         "Reading the table: \"bytes per round\" is the protobuf payload of all Sample requests",
         "and responses of one round, re-encoded here (gRPC/HTTP2 framing not counted).",
-        "\"watch beyond the window\" is the whole `watch()` minus its 2 s window: the last round,",
+        "\"watch beyond the window\" is the whole `observe()` minus its 2 s window: the last round,",
         "every round's source lines, and analysis; it also depends on where the last round falls:",
         "`watch` stops at the first round ending past the window, anywhere up to an interval later.",
         "\"SampleSources, serial\" is one round's worth of",

@@ -62,8 +62,8 @@ def rank_state(snap: RankSnapshot, op: DistOp | None, move: Movement | None) -> 
 
 
 def view_rank(snap: RankSnapshot, snapshot: JobSnapshot) -> RankView:
-    good = snap.good_samples
-    thread, op = relevant_thread(good[-1], snapshot) if good else (None, None)
+    latest = snap.latest
+    thread, op = relevant_thread(latest, snapshot) if latest else (None, None)
     move = movement(snap, snapshot)
     state = rank_state(snap, op, move)
     # outside any op, an ``except`` block is as often a retry loop as error handling: only

@@ -148,7 +148,7 @@ def _what_outside(v: RankView) -> str:
 
 
 def _other_threads(v: RankView) -> str:
-    sample = v.snap.good_samples[-1] if v.snap.good_samples else None
+    sample = v.snap.latest
     if sample is None or v.thread is None:
         return ""
     parts = []

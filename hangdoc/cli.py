@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--replay-world-size", type=int, default=None, help=argparse.SUPPRESS)
     agent.set_defaults(func=_cmd_agent)
 
+    _add_watch(sub, auth)
+
     ana = sub.add_parser(
         "analyze",
         aliases=["analyse"],
@@ -88,6 +90,64 @@ def build_parser() -> argparse.ArgumentParser:
     ana.add_argument("bundle", metavar="FILE", help="a snapshot written by `hangdoc diagnose --save`")
     ana.set_defaults(func=_cmd_analyze)
     return parser
+
+
+def _add_watch(sub, auth: argparse.ArgumentParser) -> None:
+    watch = sub.add_parser(
+        "watch",
+        parents=[auth],
+        help="watch a job and diagnose it by itself when its steps stop",
+        usage="hangdoc watch [options] -- COMMAND [ARGS...]\n       hangdoc watch [options] JOB",
+        description="Wrap a launch command (after `--`) or attach to a running JOB; when the job's steps "
+        "stop for longer than the stall timeout, diagnose it while it is hung and write "
+        "OUT/hang-<UTC>/report.json, snapshot.json.gz and report.txt. Exit status: the wrapped "
+        "command's own; 124 when --on-hang kill ended the job; 0 when an attached job ended.",
+    )
+    watch.add_argument("job", metavar="JOB", nargs="?",
+                       help="attach to this running job (HOST:PORT, pid:PID, slurm:JOBID[.STEP])")
+    watch.add_argument("--job", dest="job_of_command", metavar="JOB",
+                       help="with a wrapped command: the job it runs, when its ranks are not its "
+                       "descendants on this node (with --agents)")
+    watch.add_argument("--out", default="hangs", metavar="DIR", help="where hang reports go (default ./hangs)")
+    stall = watch.add_argument_group("stall detection")
+    stall.add_argument("--stall-after", type=float, metavar="SECONDS",
+                       help="a silence this long is a stall (default: learned from the step intervals)")
+    stall.add_argument("--warmup-steps", type=int, default=5, metavar="N",
+                       help="steps before the steady-state timeout applies (default 5)")
+    stall.add_argument("--warmup-timeout", type=float, metavar="SECONDS",
+                       help="stall timeout during warm-up (default: --stall-after, or 600)")
+    stall.add_argument("--stall-factor", type=float, default=3.0, metavar="F",
+                       help="learned timeout = F x the longest step gap seen after warm-up (default 3)")
+    stall.add_argument("--min-stall", type=float, default=30.0, metavar="SECONDS",
+                       help="the learned timeout is never shorter (default 30)")
+    stall.add_argument("--check-interval", type=float, metavar="SECONDS",
+                       help="how often to check (default 1, or 5 when stacks must be sampled)")
+    stall.add_argument("--step-regex", metavar="REGEX",
+                       help="output lines matching this are steps (group `step` or the first group: the number)")
+    stall.add_argument("--log", metavar="FILE", help="also watch this log file's growth (attach mode: instead of sampling stacks)")
+    act = watch.add_argument_group("on a hang")
+    act.add_argument("--on-hang", default="report", metavar="ACTION",
+                     help="report (default: keep watching), kill (end the job), or 'exec CMD [ARGS]' "
+                     "(run CMD with the report directory; {report} in ARGS is replaced by it)")
+    act.add_argument("--kill-grace", type=float, default=10.0, metavar="SECONDS",
+                     help="after SIGTERM, wait this long before SIGKILL (default 10)")
+    act.add_argument("--max-postpone", type=int, default=3, metavar="N",
+                     help="a rank still working alone postpones the report up to N stall timeouts (default 3)")
+    diag = watch.add_argument_group("diagnosis")
+    diag.add_argument("--window", type=float, default=2.0, help="seconds of sampling on a stall (default 2)")
+    diag.add_argument("--interval", type=float, default=0.5, help="seconds between samples (default 0.5)")
+    diag.add_argument("--max-window", type=float, default=12.0, help="longest observation when ambiguous (default 12)")
+    diag.add_argument("--timeout", type=float, default=5.0, help="seconds allowed per py-spy dump (default 5)")
+    met = watch.add_argument_group("metrics")
+    met.add_argument("--metrics-port", type=int, metavar="PORT",
+                     help="serve Prometheus metrics on this port (0: any free port)")
+    met.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                     help="address for the metrics server (default loopback)")
+    remote = watch.add_argument_group("agents (multi-node)")
+    remote.add_argument("--agents", metavar="HOST[:PORT],...", help="diagnose through these `hangdoc agent`s")
+    remote.add_argument("--hostfile", metavar="FILE", help="agent addresses, one per line")
+    watch.add_argument("-q", "--quiet", action="store_true", help="only the hang lines on stderr")
+    watch.set_defaults(func=_cmd_watch, command_argv=())
 
 
 def _stderr(msg: str) -> None:
@@ -140,6 +200,50 @@ def _remote_nodes(args: argparse.Namespace):
     return [RemoteNode(a, auth) for a in addresses]
 
 
+def _cmd_watch(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .diagnose import CaptureOptions
+    from .stall import StallPolicy
+    from .watch import OnHang, WatchConfig, run_watch
+
+    if args.job and args.command_argv:
+        raise _usage("give either a JOB to attach to or a command after `--`, not both")
+    positive = {"--stall-after": args.stall_after, "--warmup-timeout": args.warmup_timeout,
+                "--check-interval": args.check_interval, "--stall-factor": args.stall_factor,
+                "--interval": args.interval}
+    bad = [name for name, value in positive.items() if value is not None and value <= 0]
+    if bad or args.warmup_steps < 0 or args.min_stall < 0 or args.kill_grace < 0 or args.max_window < args.window:
+        raise _usage(f"{', '.join(bad) or 'a value'} out of range: durations must be positive, "
+                     "--max-window >= --window")
+    if args.step_regex:
+        import re
+
+        try:
+            re.compile(args.step_regex)
+        except re.error as err:
+            raise _usage(f"--step-regex {args.step_regex!r}: {err}") from None
+    policy = StallPolicy(args.stall_after, args.warmup_steps, args.warmup_timeout, args.stall_factor, args.min_stall)
+    config = WatchConfig(
+        command=tuple(args.command_argv), job=args.job or args.job_of_command, out=Path(args.out),
+        policy=policy, check_interval=args.check_interval, step_regex=args.step_regex, log=args.log,
+        on_hang=OnHang.parse(args.on_hang), kill_grace=args.kill_grace, max_postpone=args.max_postpone,
+        capture=CaptureOptions(args.window, args.interval, args.max_window, False, args.timeout),
+        nodes=_remote_nodes(args), metrics_host=args.metrics_host, metrics_port=args.metrics_port,
+    )
+    say = _stderr_watch if not args.quiet else _stderr_hang_only
+    return run_watch(config, say)
+
+
+def _stderr_watch(msg: str) -> None:
+    print(f"hangdoc watch: {msg}", file=sys.stderr, flush=True)
+
+
+def _stderr_hang_only(msg: str) -> None:
+    if msg.startswith(("HANG", "report:", "could not")):
+        _stderr_watch(msg)
+
+
 def _cmd_agent(args: argparse.Namespace) -> int:
     from .agent import AgentConfig, read_token, run_agent
 
@@ -168,7 +272,14 @@ def _usage(message: str) -> HangdocError:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if argv and argv[0] == "watch" and "--" in argv:
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
+    if command:
+        args.command_argv = command
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2

@@ -42,6 +42,8 @@ def fan_out(
     nodes: Sequence[Node], call: Callable[[Node], T], deadline: float | None
 ) -> list[tuple[Node, T | None, BaseException | None]]:
     """``call(node)`` on every node at once; (node, result, None) or (node, None, error)."""
+    if not nodes:
+        return []
     if len(nodes) == 1:  # no threads for the common single-node case; errors pass through
         return [(nodes[0], call(nodes[0]), None)]
     out: list[tuple[Node, T | None, BaseException | None]] = []

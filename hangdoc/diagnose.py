@@ -61,7 +61,7 @@ def diagnose(
     world = f" (world size {fleet.world_size})" if fleet.world_size else ""
     where = f" on {len({n.name for n, _ in fleet.placed})} node(s)" if len(nodes) > 1 else ""
     say(f"found {len(fleet.placed)} rank process(es) for {spec}{where}{world}")
-    return watch(spec, fleet, options, say)
+    return observe(spec, fleet, options, say)
 
 
 class _Capture:
@@ -122,7 +122,7 @@ class _Capture:
         )
 
 
-def watch(spec: str, fleet: Fleet, options: CaptureOptions, say: Progress) -> tuple[JobSnapshot, Diagnosis]:
+def observe(spec: str, fleet: Fleet, options: CaptureOptions, say: Progress) -> tuple[JobSnapshot, Diagnosis]:
     """Sample the fleet's ranks until the verdict is clear or ``max_window`` is reached."""
     cap = _Capture(spec, fleet)
     t0 = time.monotonic()
@@ -140,6 +140,10 @@ def watch(spec: str, fleet: Fleet, options: CaptureOptions, say: Progress) -> tu
                            timeout=options.timeout, only=cap.live()))
         elapsed = time.monotonic() - t0
         _check_readable(cap.samples)
+        if not cap.live():
+            cap.notes.append(f"every rank process exited during the window ({elapsed:.1f} s)")
+            snapshot = cap.snapshot(elapsed)
+            return snapshot, analyse(snapshot)
         if elapsed < options.window:
             wait_for_next_round()
             continue

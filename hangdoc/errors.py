@@ -63,3 +63,10 @@ class BundleError(HangdocError):
 
     exit_code = 6
     help = "Pass a file written by `hangdoc diagnose --save`; it is JSON with a `schema_version`."
+
+
+class CommandNotFound(HangdocError):
+    """``hangdoc watch -- CMD``: the command to wrap could not be started."""
+
+    exit_code = 127  # what a shell returns for a command it cannot run
+    help = "Check the command after `--`: it must be an executable on PATH or a path to one."

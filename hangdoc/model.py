@@ -125,6 +125,14 @@ class Sample:
     error: CaptureError | None = None
 
     @property
+    def has_native(self) -> bool:
+        return any(f.native for th in self.threads for f in th.frames)
+
+    @property
+    def python_stacks(self) -> tuple[tuple[int, tuple[Frame, ...]], ...]:
+        return tuple((th.thread_id, tuple(f for f in th.frames if not f.native)) for th in self.threads)
+
+    @property
     def main_thread(self) -> ThreadStack | None:
         for th in self.threads:
             if th.is_main:
@@ -175,6 +183,21 @@ class RankSnapshot:
     @property
     def good_samples(self) -> tuple[Sample, ...]:
         return tuple(s for s in self.samples if s.error is None and s.threads)
+
+    @property
+    def latest(self) -> Sample | None:
+        """The last good sample, or the last one with native frames when the stacks have not
+        moved since: a native dump taken once, on demand, stays the view of where it is."""
+        good = self.good_samples
+        if not good:
+            return None
+        last = good[-1]
+        if last.has_native:
+            return last
+        for earlier in reversed(good[:-1]):
+            if earlier.has_native:
+                return earlier if earlier.python_stacks == last.python_stacks else last
+        return last
 
 
 @dataclass(frozen=True, slots=True)

@@ -390,3 +390,22 @@ def launch(meta: JobMeta, workdir: Path) -> Iterator[RunningJob]:
             yield job
         finally:
             job.kill()
+
+
+def tagged_pids(tag: str) -> set[int]:
+    """Live processes started with ``HANGDOC_TEST_TAG=tag`` in their environment."""
+    return _tagged_pids(tag)
+
+
+def kill_tagged(tag: str, timeout: float = 20) -> None:
+    """SIGKILL every live process carrying ``tag`` until none is left."""
+    deadline = time.monotonic() + timeout
+    while victims := _tagged_pids(tag):
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"processes {sorted(victims)} survive SIGKILL")
+        time.sleep(0.05)

@@ -13,7 +13,7 @@ import pytest
 from factories import make_rank
 
 from hangdoc.coordinator import find_ranks, sample_all
-from hangdoc.diagnose import CaptureOptions, watch
+from hangdoc.diagnose import CaptureOptions, observe
 from hangdoc.discover import Discovery
 from hangdoc.errors import JobNotFound
 from hangdoc.jobspec import parse_job_spec
@@ -76,7 +76,7 @@ def test_three_nodes_merge_into_one_diagnosis() -> None:
              RecordedNode("n2", ranks_on("n2", {4: "reduce", 5: "gather"}, 6))]
     fleet = find_ranks(nodes, SPEC)
     assert [p.rank for p in fleet.procs] == [0, 1, 2, 3, 4, 5]
-    _snapshot, d = watch("10.0.0.1:29500", fleet, CaptureOptions(window=0.2, interval=0.05), lambda m: None)
+    _snapshot, d = observe("10.0.0.1:29500", fleet, CaptureOptions(window=0.2, interval=0.05), lambda m: None)
     assert d.verdict is Verdict.COLLECTIVE_MISMATCH and d.culprit_ranks == (5,)
     assert {r.rank: r.host for r in d.ranks} == {0: "n0", 1: "n0", 2: "n1", 3: "n1", 4: "n2", 5: "n2"}
     assert all(n.rounds == nodes[0].rounds for n in nodes)  # lock-step rounds
@@ -87,7 +87,7 @@ def test_node_down_is_unreachable_and_its_ranks_unknown() -> None:
              RecordedNode("n1", [], fail=ConnectionRefusedError("connection refused"))]
     fleet = find_ranks(nodes, SPEC)
     assert [u.target for u in fleet.unreachable] == ["n1"]
-    snapshot, d = watch("x", fleet, CaptureOptions(window=0.2, interval=0.05), lambda m: None)
+    snapshot, d = observe("x", fleet, CaptureOptions(window=0.2, interval=0.05), lambda m: None)
     assert d.verdict is not Verdict.RANK_MISSING
     assert d.partial and "partial evidence" in d.summary
     assert "connection refused" in snapshot.unreachable[0].reason

@@ -1,0 +1,234 @@
+"""The watchdog's sources of activity: output, a log file, heartbeats, sampled stacks.
+
+Each source turns what it observes into ``Event``s (a monotonic time, the signal, and a
+step number when one is known); the watch loop feeds them to the ``StallClock`` of their
+signal. Output is read in raw chunks, not lines, so a progress bar that rewrites one line
+with ``\\r`` still counts as activity; ``--step-regex`` is matched per line (``\\n`` or
+``\\r`` ended).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from .coordinator import Fleet, sample_all
+from .heartbeat import Heartbeat, read_heartbeats
+from .model import CaptureErrorKind, Sample
+from .stall import Signal
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    at: float  # time.monotonic()
+    signal: Signal
+    step: int | None = None
+    count: int = 1  # steps this event stands for (heartbeats read once per check)
+
+
+class StepPattern:
+    """``--step-regex``: a line that matches is a step; the named group ``step`` (or the
+    first group) gives its number when it is an integer."""
+
+    def __init__(self, pattern: str) -> None:
+        self.regex = re.compile(pattern)
+
+    def match(self, line: str) -> tuple[bool, int | None]:
+        m = self.regex.search(line)
+        if not m:
+            return False, None
+        text = m.groupdict().get("step") if "step" in self.regex.groupindex else (
+            m.group(1) if self.regex.groups else None)
+        try:
+            return True, int(text) if text is not None else None
+        except ValueError:
+            return True, None
+
+
+class _Scanner:
+    """Cuts chunks into lines and reports each chunk and step line as events."""
+
+    def __init__(self, pattern: StepPattern | None, emit: Callable[[Event], None]) -> None:
+        self.pattern = pattern
+        self.emit = emit
+        self.partial = b""
+
+    def feed(self, chunk: bytes, at: float) -> None:
+        self.emit(Event(at, Signal.OUTPUT))
+        if self.pattern is None:
+            return
+        data = self.partial + chunk
+        lines = re.split(rb"[\r\n]", data)
+        self.partial = lines.pop()[-65536:]
+        for raw in lines:
+            hit, number = self.pattern.match(raw.decode("utf-8", "replace"))
+            if hit:
+                self.emit(Event(at, Signal.STEP_LINE, number))
+
+
+class EventQueue:
+    """Events from reader threads, drained by the watch loop."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: list[Event] = []
+
+    def put(self, event: Event) -> None:
+        with self._lock:
+            self._events.append(event)
+
+    def drain(self) -> list[Event]:
+        with self._lock:
+            out, self._events = self._events, []
+        return out
+
+
+def tee(source: IO[bytes], sink: IO[bytes], pattern: StepPattern | None, queue: EventQueue) -> threading.Thread:
+    """Copy ``source`` (a child's stdout or stderr pipe) to ``sink`` as it arrives, noting
+    activity; returns the daemon thread doing it (it ends at end of file)."""
+    scanner = _Scanner(pattern, queue.put)
+    fd = source.fileno()
+
+    def run() -> None:
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            scanner.feed(chunk, time.monotonic())
+            try:
+                sink.write(chunk)
+                sink.flush()
+            except (OSError, ValueError):
+                pass  # our own stdout went away: keep draining so the job never blocks
+
+    thread = threading.Thread(target=run, name="hangdoc-tee", daemon=True)
+    thread.start()
+    return thread
+
+
+class LogTail:
+    """Follows ``--log FILE`` from its current end, across truncation and rotation."""
+
+    def __init__(self, path: str, pattern: StepPattern | None, queue: EventQueue) -> None:
+        self.path = Path(path)
+        self.scanner = _Scanner(pattern, queue.put)
+        self._handle: IO[bytes] | None = None
+        self._inode: int | None = None
+        self._open(at_end=True)
+
+    def _open(self, at_end: bool) -> None:
+        try:
+            handle = open(self.path, "rb")  # noqa: SIM115 - kept open while following
+        except OSError:
+            self._handle, self._inode = None, None
+            return
+        if at_end:
+            handle.seek(0, os.SEEK_END)
+        self._handle, self._inode = handle, os.fstat(handle.fileno()).st_ino
+
+    def poll(self) -> None:
+        if self._handle is None:
+            self._open(at_end=False)  # created after we started: read it all
+            if self._handle is None:
+                return
+        try:
+            st = os.stat(self.path)
+            if st.st_ino != self._inode or st.st_size < self._handle.tell():
+                self._handle.close()
+                self._open(at_end=False)
+                if self._handle is None:
+                    return
+        except OSError:
+            pass  # removed: keep reading what we have open
+        while True:
+            chunk = self._handle.read(65536)
+            if not chunk:
+                return
+            self.scanner.feed(chunk, time.monotonic())
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+
+
+class HeartbeatReader:
+    """The records written by ``hangdoc.heartbeat()`` in the job's processes."""
+
+    def __init__(self, directory: Path | None, pids: Callable[[], Iterable[int]] | None) -> None:
+        self.directory = directory
+        self.pids = pids  # None: every record in the directory belongs to the job
+        self.newest: float | None = None
+        self.progress = 0  # the highest step number (or beat count) seen so far
+        self.records: dict[int, Heartbeat] = {}
+
+    def poll(self) -> list[Event]:
+        records = read_heartbeats(self.directory)
+        if self.pids is not None:
+            wanted = set(self.pids())
+            records = {pid: hb for pid, hb in records.items() if pid in wanted}
+        self.records = records
+        if not records:
+            return []
+        now = time.monotonic()
+        newest = max(now - hb.age_seconds for hb in records.values())
+        steps = [hb.step for hb in records.values() if hb.step is not None]
+        if self.newest is not None and newest <= self.newest + 1e-6:
+            return []
+        self.newest = newest
+        progress = max(steps) if steps else max(hb.beats for hb in records.values())
+        count = max(1, progress - self.progress)
+        self.progress = max(self.progress, progress)
+        return [Event(newest, Signal.HEARTBEAT, max(steps) if steps else None, count)]
+
+
+class StackProbe:
+    """One sampling round of every rank per check: activity when a rank's Python stack
+    differs from its previous sample. Used when the job gives nothing else to watch."""
+
+    def __init__(self, fleet: Fleet, timeout: float) -> None:
+        self.fleet = fleet
+        self.timeout = timeout
+        self.t0 = time.monotonic()
+        self.previous: dict[int, tuple] = {}
+        self.gone: set[int] = set()
+
+    def poll(self) -> list[Event]:
+        live = set(range(len(self.fleet.placed))) - self.gone
+        if not live:
+            return []
+        taken = sample_all(self.fleet, time.monotonic() - self.t0, native=False,
+                           timeout=self.timeout, only=live)
+        changed = False
+        for i, sample in taken.items():
+            if sample.error is not None and sample.error.kind is CaptureErrorKind.PROCESS_GONE:
+                self.gone.add(i)
+                continue
+            fingerprint = _fingerprint(sample)
+            if fingerprint is None:
+                continue
+            if self.previous.get(i) not in (None, fingerprint):
+                changed = True
+            self.previous[i] = fingerprint
+        return [Event(time.monotonic(), Signal.STACKS)] if changed else []
+
+    @property
+    def all_gone(self) -> bool:
+        return len(self.gone) == len(self.fleet.placed)
+
+
+def _fingerprint(sample: Sample) -> tuple | None:
+    if sample.error is not None or not sample.threads:
+        return None
+    return tuple(
+        (t.thread_id, tuple((f.filename, f.line) for f in t.frames if not f.native))
+        for t in sample.threads
+    )

@@ -1,0 +1,191 @@
+"""When is a silence a stall? The watchdog's timing, as pure values and one small clock.
+
+A *signal* produces activity events: a heartbeat from the training loop, a line matching
+``--step-regex``, any line of output, or a change in the ranks' sampled stacks. The
+``StallClock`` of a signal remembers when the last event came and how long the gaps
+between events have been, and answers two questions: how long has it been silent, and
+how long a silence is too long.
+
+The timeout is either fixed (``--stall-after``) or learned, like nvidia-resiliency-ext's
+calculated timeouts: ``factor`` times the longest gap seen after the first
+``warmup_steps`` events, never below ``min_timeout``. Until the warm-up is over the
+timeout is ``warmup_timeout``: first steps include compilation, data loading and
+rendezvous, and say nothing about the steady state. A gap is only measured once it has
+ended, so a long pause that turns out to be progress (an evaluation, a checkpoint save)
+raises the learned timeout for the next one.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from .model import Diagnosis, JobSnapshot, RankState, Verdict
+from .progress import movement
+
+DEFAULT_WARMUP_TIMEOUT = 600.0
+
+
+class Signal(enum.Enum):
+    """Where step activity was read from, most exact first."""
+
+    HEARTBEAT = "heartbeat"  # hangdoc.heartbeat() / hangdoc.step() in the training loop
+    STEP_LINE = "step_line"  # lines matching --step-regex
+    OUTPUT = "output"  # any line of the job's output (wrapped command or --log)
+    STACKS = "stacks"  # the ranks' sampled Python stacks changed
+
+
+@dataclass(frozen=True, slots=True)
+class StallPolicy:
+    """How long a silence may last. ``stall_after`` fixed, or learned when None."""
+
+    stall_after: float | None = None
+    warmup_steps: int = 5
+    warmup_timeout: float | None = None  # default: stall_after when fixed, else 600 s
+    factor: float = 3.0
+    min_timeout: float = 30.0
+
+    def warmup_seconds(self) -> float:
+        if self.warmup_timeout is not None:
+            return self.warmup_timeout
+        return self.stall_after if self.stall_after is not None else DEFAULT_WARMUP_TIMEOUT
+
+
+@dataclass(frozen=True, slots=True)
+class Timeout:
+    """The current stall timeout and where it came from, for the report."""
+
+    seconds: float
+    basis: str
+
+
+class StallClock:
+    """Activity events of one signal; times are ``time.monotonic()`` seconds."""
+
+    def __init__(self, policy: StallPolicy, started: float) -> None:
+        self.policy = policy
+        self.started = started
+        self.events = 0
+        self.last: float | None = None
+        self.longest_gap = 0.0  # after warm-up
+        self.steps: list[tuple[float, int]] = []  # recent (time, events so far), for the step rate
+
+    def activity(self, at: float, count: int = 1) -> None:
+        """``count`` steps, the last at ``at``. With several, each gap is at most the time
+        since the previous event: that bound is what is learned (erring long, never short)."""
+        if self.last is not None and at <= self.last:
+            return
+        if self.last is not None and self.events >= self.policy.warmup_steps:
+            self.longest_gap = max(self.longest_gap, at - self.last)
+        self.events += count
+        self.last = at
+        self.steps.append((at, self.events))
+        if len(self.steps) > 256:
+            del self.steps[:128]
+
+    @property
+    def warming_up(self) -> bool:
+        return self.events < self.policy.warmup_steps
+
+    def silence(self, now: float) -> float:
+        return max(0.0, now - (self.last if self.last is not None else self.started))
+
+    def timeout(self) -> Timeout:
+        p = self.policy
+        if self.warming_up:
+            return Timeout(p.warmup_seconds(), f"warm-up ({self.events} of {p.warmup_steps} steps seen)")
+        if p.stall_after is not None:
+            return Timeout(p.stall_after, "--stall-after")
+        learned = p.factor * self.longest_gap
+        if learned <= p.min_timeout:
+            return Timeout(p.min_timeout, f"learned: {p.factor:g} x longest step gap "
+                           f"{self.longest_gap:.2f} s is below the minimum {p.min_timeout:g} s")
+        return Timeout(learned, f"learned: {p.factor:g} x longest step gap {self.longest_gap:.2f} s "
+                       f"over {self.events} steps")
+
+    def stalled(self, now: float) -> bool:
+        return self.silence(now) > self.timeout().seconds
+
+    def rate(self, now: float, horizon: float = 60.0) -> float:
+        """Events per second over the last ``horizon`` seconds (0 before two events)."""
+        recent = [(t, n) for t, n in self.steps if t >= now - horizon]
+        if len(recent) < 2:
+            return 0.0
+        return (recent[-1][1] - recent[0][1]) / max(now - recent[0][0], 1e-9)
+
+
+@dataclass(frozen=True, slots=True)
+class Trigger:
+    """Why the watchdog fired (or considered firing): written into the report."""
+
+    signal: Signal
+    silence_seconds: float  # at detection
+    timeout_seconds: float
+    timeout_basis: str
+    check_interval: float
+    steps_seen: int
+    last_step: int | None  # a step number, when the signal carries one
+    detected_at: str  # UTC, ISO 8601
+    details: tuple[str, ...] = ()  # e.g. per-rank heartbeat ages
+
+    def sentence(self) -> str:
+        step = f" (last step {self.last_step})" if self.last_step is not None else ""
+        return (f"no {_SIGNAL_WORDS[self.signal]} for {self.silence_seconds:.1f} s{step}; "
+                f"stall timeout {self.timeout_seconds:.1f} s ({self.timeout_basis})")
+
+
+_SIGNAL_WORDS = {
+    Signal.HEARTBEAT: "heartbeat",
+    Signal.STEP_LINE: "step line",
+    Signal.OUTPUT: "output",
+    Signal.STACKS: "change in the ranks' stacks",
+}
+
+
+class Action(enum.Enum):
+    """What the watchdog does with a confirmed silence."""
+
+    FIRE = "fire"  # a hang: write the report, then --on-hang
+    DISMISS = "dismiss"  # the job is progressing: not a hang
+    POSTPONE = "postpone"  # one rank still works while the others wait: look again later
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    action: Action
+    reason: str
+
+
+_WORKING = (RankState.BUSY, RankState.PROGRESSING, RankState.COMMUNICATING)
+
+
+def judge(snapshot: JobSnapshot, diagnosis: Diagnosis, postponed: int, max_postpone: int) -> Decision:
+    """Whether a diagnosis taken during a silence is a hang, with the reason in words.
+
+    ``not_hung`` is progress. A straggler whose culprits are themselves working (on CPU,
+    moving bytes, stacks changing) is what a long evaluation or a checkpoint save on one
+    rank looks like: postponed by one more stall timeout, at most ``max_postpone`` times,
+    then reported. Every other verdict is a hang.
+    """
+    if diagnosis.verdict is Verdict.NOT_HUNG:
+        return Decision(Action.DISMISS, f"the job is progressing: {diagnosis.summary}")
+    if diagnosis.verdict is Verdict.STRAGGLER and postponed < max_postpone:
+        culprits = set(diagnosis.culprit_ranks)
+        working = [ra.rank for ra in diagnosis.ranks if ra.rank in culprits and _working(ra.state, ra.rank, snapshot)]
+        if culprits and len(working) == len(culprits):
+            return Decision(Action.POSTPONE, (
+                f"rank(s) {', '.join(map(str, sorted(working)))} still working while the others wait "
+                f"(look {postponed + 1} of {max_postpone + 1}): {diagnosis.summary}"))
+    if diagnosis.verdict is Verdict.STRAGGLER:
+        return Decision(Action.FIRE, f"confirmed after {postponed + 1} look(s): {diagnosis.summary}")
+    return Decision(Action.FIRE, f"confirmed by diagnosis: {diagnosis.summary}")
+
+
+def _working(state: RankState, rank: int | None, snapshot: JobSnapshot) -> bool:
+    if state in _WORKING:
+        return True
+    for rs in snapshot.ranks:
+        if rs.rank == rank:
+            move = movement(rs, snapshot)
+            return move is not None and (move.moving or move.stack_changed or move.woke)
+    return False

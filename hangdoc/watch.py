@@ -1,0 +1,439 @@
+"""``hangdoc watch``: notice that a job stopped stepping, diagnose it while it is hung.
+
+The loop ticks every check interval. Each tick drains the activity events of the
+job's signals (``signals``), feeds each to the ``StallClock`` of its signal (``stall``),
+and asks the clock of the most exact signal available whether the silence has grown
+longer than its timeout. When it has, the full ``diagnose`` pipeline runs against the
+still-hung job; ``stall.judge`` decides from its progress evidence whether that is a
+hang. A hang is written to ``OUT/hang-<UTC>/`` (``incident``) and ``--on-hang`` applies.
+
+The loop reads argparse nowhere: the CLI builds a ``WatchConfig``. Messages go through
+``say``; the wrapped command's own output passes through untouched.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import jobcontrol
+from .coordinator import Fleet, find_ranks
+from .diagnose import CaptureOptions, diagnose
+from .errors import HangdocError, UsageError
+from .incident import write_failed_incident, write_incident
+from .jobspec import parse_job_spec
+from .metrics import MetricsBoard, serve, unix_time
+from .node import LocalNode, Node
+from .pyspy import find_pyspy
+from .signals import EventQueue, HeartbeatReader, LogTail, StackProbe, StepPattern, tee
+from .stall import Action, Signal, StallClock, StallPolicy, Trigger, judge
+
+EXIT_HANG_KILLED = 124  # --on-hang kill ended the job (like timeout(1))
+EXIT_JOB_ENDED = 0  # attach mode: the job's ranks are gone
+FLEET_REFRESH = 10.0  # attach mode: seconds between looks for restarted or ended ranks
+PROBE_INTERVAL = 5.0  # default check interval when stacks have to be sampled
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class OnHang:
+    """``--on-hang``: report (keep watching), kill, or exec a command."""
+
+    action: str = "report"
+    command: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> OnHang:
+        words = shlex.split(text)
+        if words in (["report"], ["kill"]):
+            return cls(words[0])
+        if len(words) >= 2 and words[0] == "exec":
+            return cls("exec", tuple(words[1:]))
+        raise UsageError(f"--on-hang {text!r}: expected report, kill or 'exec CMD [ARGS]'")
+
+
+@dataclass(frozen=True, slots=True)
+class WatchConfig:
+    command: tuple[str, ...] = ()  # wrap this command; empty: attach to ``job``
+    job: str | None = None  # the job spec (attach), or which job the wrapped command runs
+    out: Path = Path("hangs")
+    policy: StallPolicy = field(default_factory=StallPolicy)
+    check_interval: float | None = None  # default 1 s, or PROBE_INTERVAL when sampling stacks
+    step_regex: str | None = None
+    log: str | None = None
+    on_hang: OnHang = OnHang()
+    kill_grace: float = 10.0
+    max_postpone: int = 3
+    capture: CaptureOptions = field(default_factory=CaptureOptions)
+    nodes: Sequence[Node] | None = None  # agents; None: this node
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+
+
+class Watchdog:
+    def __init__(self, config: WatchConfig, say: Say) -> None:
+        self.c = config
+        self.say = say
+        self.t0 = time.monotonic()
+        self.queue = EventQueue()
+        self.clocks = {s: StallClock(config.policy, self.t0) for s in Signal}
+        self.pattern = StepPattern(config.step_regex) if config.step_regex else None
+        self.board = MetricsBoard()
+        self.last_step: int | None = None
+        self.alarm: float | None = None  # when the current hang was confirmed
+        self.moving_at = 0.0  # when a diagnosis last found the job progressing (or working)
+        self.postponed = 0
+        self.hooks: list[subprocess.Popen[bytes]] = []
+        self.child: subprocess.Popen[bytes] | None = None
+        self.fleet: Fleet | None = None
+        self.heartbeats: HeartbeatReader | None = None
+        self.log: LogTail | None = None
+        self.probe: StackProbe | None = None
+        self.signals_seen = 0
+        self.stop_requested = False
+
+    # ----------------------------------------------------------------- set-up
+
+    @property
+    def spec(self) -> str:
+        if self.c.job:
+            return self.c.job
+        assert self.child is not None
+        return f"pid:{self.child.pid}"
+
+    def check_interval(self) -> float:
+        if self.c.check_interval is not None:
+            return self.c.check_interval
+        return PROBE_INTERVAL if self.primary() is Signal.STACKS else 1.0
+
+    def run(self) -> int:
+        if self.c.nodes is None:
+            find_pyspy()  # fail before starting anything, with install help
+        if self.c.metrics_port is not None:
+            server = serve(self.board, self.c.metrics_host, self.c.metrics_port)
+            host, port = server.server_address[:2]
+            self.say(f"metrics on http://{host!s}:{port}/metrics")
+        if self.c.log:
+            self.log = LogTail(self.c.log, self.pattern, self.queue)
+        if self.c.command:
+            return self._run_wrapped()
+        return self._run_attached()
+
+    def _run_wrapped(self) -> int:
+        jobcontrol.become_subreaper()
+        with tempfile.TemporaryDirectory(prefix="hangdoc-hb-") as hb_dir:
+            env = dict(self.c.env)
+            env.setdefault("PYTHONUNBUFFERED", "1")  # a piped Python child would block-buffer
+            env["HANGDOC_HEARTBEAT_DIR"] = hb_dir
+            self.heartbeats = HeartbeatReader(Path(hb_dir), None)
+            self.child = jobcontrol.start(self.c.command, env)
+            self.say(f"watching {shlex.join(self.c.command)} (pid {self.child.pid}); reports go to {self.c.out}/")
+            assert self.child.stdout is not None and self.child.stderr is not None
+            readers = [tee(self.child.stdout, sys.stdout.buffer, self.pattern, self.queue),
+                       tee(self.child.stderr, sys.stderr.buffer, self.pattern, self.queue)]
+            previous = {s: signal.signal(s, self._forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+            try:
+                code = self._loop(ended=lambda: self.child.poll() is not None)  # type: ignore[union-attr]
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+            if code is not None:
+                return code
+            for reader in readers:
+                reader.join(timeout=2.0)
+            status = jobcontrol.exit_status(self.child.returncode)
+            self.say(f"command exited with status {status}")
+            self._end_hooks()
+            return status
+
+    def _run_attached(self) -> int:
+        assert self.c.job is not None
+        job = parse_job_spec(self.c.job)
+        nodes = self.c.nodes or [LocalNode()]
+        self.fleet = find_ranks(nodes, job, deadline=self.c.capture.timeout + 10.0)
+        self.say(f"watching {self.c.job}: {len(self.fleet.placed)} rank process(es); reports go to {self.c.out}/")
+        if self.c.nodes is None:
+            self.heartbeats = HeartbeatReader(None, self._local_pids)
+        if self.log is None:
+            self.probe = StackProbe(self.fleet, self.c.capture.timeout)
+        refreshed = time.monotonic()
+
+        def ended() -> bool:
+            nonlocal refreshed
+            if self.probe is not None and self.probe.all_gone:
+                return self._refresh(nodes, job)
+            if time.monotonic() - refreshed >= FLEET_REFRESH:
+                refreshed = time.monotonic()
+                return self._refresh(nodes, job)
+            return False
+
+        code = self._loop(ended)
+        if code is not None:
+            return code
+        self.say("the job's rank processes are gone: stopped watching")
+        self._end_hooks()
+        return EXIT_JOB_ENDED
+
+    def _refresh(self, nodes: Sequence[Node], job) -> bool:
+        """Look for the job's ranks again (restarted workers get new pids); True when none."""
+        try:
+            fleet = find_ranks(nodes, job, deadline=self.c.capture.timeout + 10.0)
+        except HangdocError:
+            return True
+        if self.fleet is None or {p.pid for p in fleet.procs} != {p.pid for p in self.fleet.procs}:
+            self.fleet = fleet
+            if self.probe is not None:
+                self.probe = StackProbe(fleet, self.c.capture.timeout)
+        return False
+
+    def _local_pids(self) -> list[int]:
+        return [p.pid for p in self.fleet.procs] if self.fleet else []
+
+    # ------------------------------------------------------------------- loop
+
+    def primary(self) -> Signal:
+        """The most exact signal this job gives."""
+        if self.clocks[Signal.HEARTBEAT].events:
+            return Signal.HEARTBEAT
+        if self.pattern is not None:
+            return Signal.STEP_LINE
+        if self.child is not None or self.log is not None:
+            return Signal.OUTPUT
+        return Signal.STACKS
+
+    def _loop(self, ended: Callable[[], bool]) -> int | None:
+        """Watch until the job ends (None) or the watchdog ends it (an exit code)."""
+        while True:
+            tick = time.monotonic()
+            self._collect()
+            if self.stop_requested:
+                return self._stop()
+            if ended():
+                return None
+            now = time.monotonic()
+            sig = self.primary()
+            clock = self.clocks[sig]
+            self._publish(sig, clock, now)
+            if self.alarm is None and clock.stalled(now) and now - self.moving_at > clock.timeout().seconds:
+                code = self._on_stall(sig, clock, now)
+                if code is not None:
+                    return code
+            wake = tick + self.check_interval()
+            if self.alarm is None:  # check right when the silence would pass the timeout
+                last = clock.started if clock.last is None else clock.last
+                due = max(last, self.moving_at) + clock.timeout().seconds + 0.02
+                if due > now:
+                    wake = min(wake, due)
+            time.sleep(max(0.0, wake - time.monotonic()))
+
+    def _collect(self) -> None:
+        if self.log is not None:
+            self.log.poll()
+        events = self.queue.drain()
+        if self.heartbeats is not None:
+            events += self.heartbeats.poll()
+        if self.probe is not None and self.primary() is Signal.STACKS:
+            events += self.probe.poll()
+        for event in events:
+            self.clocks[event.signal].activity(event.at, event.count)
+            if event.step is not None:
+                self.last_step = event.step
+        if any(e.signal is self.primary() for e in events):
+            self.postponed = 0
+        if self.alarm is not None:
+            last = self.clocks[self.primary()].last
+            if last is not None and last > self.alarm:
+                self.say(f"activity again ({self.primary().value}) {last - self.alarm:.1f} s after the report: "
+                         "watching for the next stall")
+                self.alarm = None
+                self.board.update(stalled=False)
+        self._reap_hooks()
+
+    def _publish(self, sig: Signal, clock: StallClock, now: float) -> None:
+        self.board.update(
+            signal=sig.value, steps_total=clock.events, last_step=self.last_step,
+            last_step_time=unix_time(clock.last) if clock.last is not None else None,
+            step_rate=clock.rate(now), silence_seconds=clock.silence(now),
+            stall_timeout_seconds=clock.timeout().seconds,
+        )
+
+    # ---------------------------------------------------------------- a stall
+
+    def _trigger(self, sig: Signal, clock: StallClock, now: float) -> Trigger:
+        timeout = clock.timeout()
+        return Trigger(
+            signal=sig, silence_seconds=round(clock.silence(now), 3), timeout_seconds=round(timeout.seconds, 3),
+            timeout_basis=timeout.basis, check_interval=self.check_interval(), steps_seen=clock.events,
+            last_step=self.last_step,
+            detected_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            details=self._heartbeat_details(),
+        )
+
+    def _heartbeat_details(self) -> tuple[str, ...]:
+        if self.heartbeats is None or not self.heartbeats.records:
+            return ()
+        out = []
+        for pid, hb in sorted(self.heartbeats.records.items()):
+            where = f"step {hb.step}" if hb.step is not None else f"beat {hb.beats}"
+            inside = ", inside a step" if hb.in_step else ""
+            out.append(f"pid {pid}: last heartbeat {hb.age_seconds:.1f} s ago at {where}{inside}")
+        return tuple(out)
+
+    def _on_stall(self, sig: Signal, clock: StallClock, now: float) -> int | None:
+        trigger = self._trigger(sig, clock, now)
+        self.board.update(suspected_total=self.board.value.suspected_total + 1)
+        self.say(f"stall suspected: {trigger.sentence()}; diagnosing {self.spec}")
+        try:
+            snapshot, diagnosis = diagnose(self.spec, self.c.capture, None, self.c.nodes)
+        except HangdocError as err:
+            if clock.last is not None and clock.last > now:
+                return self._dismiss(clock, "steps resumed during the diagnosis")
+            self.say(f"could not diagnose: {err}")
+            path = write_failed_incident(self.c.out, trigger, str(err), err.help)
+            self.board.count_diagnosis("failed")
+            return self._fire(path, "unknown", f"could not diagnose: {err}")
+        if clock.last is not None and clock.last > now:
+            return self._dismiss(clock, f"steps resumed during the diagnosis ({diagnosis.verdict.value} taken meanwhile)")
+        decision = judge(snapshot, diagnosis, self.postponed, self.c.max_postpone)
+        if decision.action is Action.DISMISS:
+            return self._dismiss(clock, decision.reason)
+        if decision.action is Action.POSTPONE:
+            self.postponed += 1
+            self.moving_at = time.monotonic()
+            self.say(f"not yet: {decision.reason}")
+            return None
+        path = write_incident(self.c.out, snapshot, diagnosis, trigger, decision.reason)
+        self.board.count_diagnosis(diagnosis.verdict.value)
+        culprits = diagnosis.culprit_ranks
+        head = diagnosis.verdict.value + (f" (culprit ranks {', '.join(map(str, culprits))})" if culprits else "")
+        return self._fire(path, head, diagnosis.summary)
+
+    def _dismiss(self, clock: StallClock, reason: str) -> int | None:
+        self.board.update(dismissed_total=self.board.value.dismissed_total + 1)
+        self.postponed = 0
+        self.moving_at = time.monotonic()
+        self.say(f"not a hang: {reason}")
+        return None
+
+    def _fire(self, path: Path, head: str, summary: str) -> int | None:
+        self.alarm = time.monotonic()
+        self.postponed = 0
+        self.board.update(stalled=True)
+        self.say(f"HANG {head}: {summary}")
+        self.say(f"report: {path}/report.txt (json: {path}/report.json)")
+        action = self.c.on_hang
+        if action.action == "kill":
+            return self._kill()
+        if action.action == "exec":
+            self._exec_hook(path)
+        else:
+            self.say("keeping watch (--on-hang report); the job is left as it is")
+        return None
+
+    def _kill(self) -> int:
+        roots = self._job_roots()
+        self.say(f"--on-hang kill: ending the job ({len(roots)} process tree(s)), grace {self.c.kill_grace:g} s")
+        left = jobcontrol.end_job(roots, self.c.kill_grace, spare=[h.pid for h in self.hooks],
+                                  owned=[self.child.pid] if self.child else [])
+        if self.child is not None:
+            try:
+                self.child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                left.append(self.child.pid)
+        if left:
+            self.say(f"could not end pid(s) {', '.join(map(str, left))}")
+        self._end_hooks()
+        return EXIT_HANG_KILLED
+
+    def _job_roots(self) -> list[int]:
+        if self.child is not None:
+            return [self.child.pid]
+        roots: set[int] = set()
+        for node, proc in self.fleet.placed if self.fleet else []:
+            if isinstance(node, LocalNode):
+                roots.add(proc.pid)
+                if proc.launcher_pid:
+                    roots.add(proc.launcher_pid)
+        return sorted(roots)
+
+    def _exec_hook(self, path: Path) -> None:
+        words = list(self.c.on_hang.command)
+        if any("{report}" in w for w in words):
+            words = [w.replace("{report}", str(path)) for w in words]
+        else:
+            words.append(str(path))
+        env = dict(self.c.env, HANGDOC_HANG_DIR=str(path), HANGDOC_REPORT=str(path / "report.json"))
+        try:
+            self.hooks.append(subprocess.Popen(words, env=env, stdin=subprocess.DEVNULL))
+            self.say(f"ran --on-hang exec: {shlex.join(words)}")
+        except OSError as err:
+            self.say(f"--on-hang exec failed: cannot run {words[0]!r}: {err.strerror or err}")
+
+    def _reap_hooks(self) -> None:
+        for hook in list(self.hooks):
+            if hook.poll() is not None:
+                self.hooks.remove(hook)
+                if hook.returncode:
+                    self.say(f"--on-hang exec command exited with status {jobcontrol.exit_status(hook.returncode)}")
+        if self.child is not None:
+            jobcontrol.reap_orphans(keep=[self.child.pid, *(h.pid for h in self.hooks)])
+
+    def _end_hooks(self, timeout: float = 30.0) -> None:
+        """Give hook commands (a pager call) time to finish before we exit."""
+        deadline = time.monotonic() + timeout
+        for hook in self.hooks:
+            try:
+                hook.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.say(f"--on-hang exec command (pid {hook.pid}) still running; left alone")
+
+    # ---------------------------------------------------------------- signals
+
+    def _forward(self, signum: int, _frame: object) -> None:
+        """Ctrl-C / SIGTERM / SIGHUP go to the wrapped command; a second one ends the job."""
+        self.signals_seen += 1
+        if self.signals_seen > 1:
+            self.stop_requested = True
+            return
+        if self.child is not None and self.child.poll() is None:
+            try:
+                os.killpg(self.child.pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _stop(self) -> int:
+        self.say("second signal: ending the wrapped command and all its processes")
+        roots = [self.child.pid] if self.child else []
+        jobcontrol.end_job(roots, grace=2.0, spare=[h.pid for h in self.hooks],
+                           owned=roots)
+        if self.child is not None:
+            try:
+                self.child.wait(timeout=5)
+                return jobcontrol.exit_status(self.child.returncode)
+            except subprocess.TimeoutExpired:
+                pass
+        return 128 + signal.SIGTERM
+
+
+def run_watch(config: WatchConfig, say: Say) -> int:
+    """Watch a job (wrapped or attached) until it ends; returns the exit status."""
+    if config.nodes is not None and config.on_hang.action == "kill" and not config.command:
+        raise UsageError("--on-hang kill cannot end ranks on other nodes through agents",
+                         help="Use --on-hang 'exec CMD' to call your scheduler (scancel, kubectl delete), "
+                         "or wrap the launcher: hangdoc watch --agents ... -- srun ...")
+    if not config.command and not config.job:
+        raise UsageError("watch needs a JOB to attach to or a command after `--`")
+    if config.command and config.nodes is not None and not config.job:
+        raise UsageError("with --agents, say which job the wrapped command runs: --job HOST:PORT")
+    return Watchdog(config, say).run()
