@@ -163,7 +163,7 @@ def judge(snapshot: JobSnapshot, diagnosis: Diagnosis, postponed: int, max_postp
     """Whether a diagnosis taken during a silence is a hang, with the reason in words.
 
     ``not_hung`` is progress. A straggler whose culprits are themselves working (on CPU,
-    moving bytes, stacks changing) is what a long evaluation or a checkpoint save on one
+    moving bytes) is what a long evaluation or a checkpoint save on one
     rank looks like: postponed by one more stall timeout, at most ``max_postpone`` times,
     then reported. Every other verdict is a hang.
     """
@@ -187,5 +187,7 @@ def _working(state: RankState, rank: int | None, snapshot: JobSnapshot) -> bool:
     for rs in snapshot.ranks:
         if rs.rank == rank:
             move = movement(rs, snapshot)
-            return move is not None and (move.moving or move.stack_changed or move.woke)
+            # CPU or I/O, not wake-ups: a rank polling a stale lock in a sleep loop wakes
+            # up forever without getting anywhere
+            return move is not None and move.moving
     return False
