@@ -1,6 +1,6 @@
 """What ``hangdoc watch`` leaves behind when it fires: ``OUT/hang-<UTC>/``.
 
-``report.json`` is the ``--json`` report (docs/json-schema.md) with one more key,
+``report.json`` (written last, atomically) is the ``--json`` report (docs/json-schema.md) with one more key,
 ``watch``, saying why the watchdog fired; ``snapshot.json.gz`` replays with ``hangdoc
 analyze``; ``report.txt`` is the terminal report, preceded by the watchdog's reason.
 """
@@ -23,11 +23,12 @@ SNAPSHOT = "snapshot.json.gz"
 HUMAN = "report.txt"
 
 
-def trigger_dict(trigger: Trigger, reason: str) -> dict[str, Any]:
+def trigger_dict(trigger: Trigger, reason: str, diagnosis_seconds: float | None = None) -> dict[str, Any]:
     d = dataclasses.asdict(trigger)
     d["signal"] = trigger.signal.value
     d["details"] = list(trigger.details)
     d["fired_because"] = f"{trigger.sentence()}; {reason}"
+    d["diagnosis_seconds"] = None if diagnosis_seconds is None else round(diagnosis_seconds, 3)
     return d
 
 
@@ -45,7 +46,8 @@ def new_dir(out: Path, when: datetime.datetime) -> Path:
     raise FileExistsError(f"too many reports named {stamp} in {out}")
 
 
-def write_incident(out: Path, snapshot: JobSnapshot, diagnosis: Diagnosis, trigger: Trigger, reason: str) -> Path:
+def write_incident(out: Path, snapshot: JobSnapshot, diagnosis: Diagnosis, trigger: Trigger, reason: str,
+                   diagnosis_seconds: float | None = None) -> Path:
     """Write the three files; returns the directory."""
     from rich.console import Console
 
@@ -54,8 +56,7 @@ def write_incident(out: Path, snapshot: JobSnapshot, diagnosis: Diagnosis, trigg
 
     path = new_dir(out, datetime.datetime.now(datetime.UTC))
     report = to_json_dict(diagnosis, snapshot)
-    report["watch"] = trigger_dict(trigger, reason)
-    (path / REPORT).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    report["watch"] = trigger_dict(trigger, reason, diagnosis_seconds)
     save_snapshot(snapshot, path / SNAPSHOT)
     text = io.StringIO()
     console = Console(file=text, width=120, no_color=True, highlight=False, force_terminal=False)
@@ -63,7 +64,15 @@ def write_incident(out: Path, snapshot: JobSnapshot, diagnosis: Diagnosis, trigg
     console.print()
     render(diagnosis, snapshot, console)
     (path / HUMAN).write_text(text.getvalue())
+    _write_last(path / REPORT, report)
     return path
+
+
+def _write_last(target: Path, report: dict[str, Any]) -> None:
+    """report.json appears whole and last: whoever waits for it finds the rest in place."""
+    tmp = target.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    tmp.rename(target)
 
 
 def write_failed_incident(out: Path, trigger: Trigger, error: str, help_text: str) -> Path:
@@ -80,7 +89,7 @@ def write_failed_incident(out: Path, trigger: Trigger, error: str, help_text: st
         "hangdoc_version": __version__, "schema_version": SCHEMA_VERSION,
         "watch": trigger_dict(trigger, f"diagnosis failed: {error}"),
     }
-    (path / REPORT).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     (path / HUMAN).write_text(f"hangdoc watch fired at {trigger.detected_at}: {report['watch']['fired_because']}\n"
                               f"{report['summary']}\n" + (f"help: {help_text}\n" if help_text else ""))
+    _write_last(path / REPORT, report)
     return path

@@ -294,6 +294,7 @@ class Watchdog:
         trigger = self._trigger(sig, clock, now)
         self.board.update(suspected_total=self.board.value.suspected_total + 1)
         self.say(f"stall suspected: {trigger.sentence()}; diagnosing {self.spec}")
+        started = time.monotonic()
         try:
             snapshot, diagnosis = diagnose(self.spec, self.c.capture, None, self.c.nodes)
         except HangdocError as err:
@@ -313,7 +314,8 @@ class Watchdog:
             self.moving_at = time.monotonic()
             self.say(f"not yet: {decision.reason}")
             return None
-        path = write_incident(self.c.out, snapshot, diagnosis, trigger, decision.reason)
+        path = write_incident(self.c.out, snapshot, diagnosis, trigger, decision.reason,
+                              time.monotonic() - started)
         self.board.count_diagnosis(diagnosis.verdict.value)
         culprits = diagnosis.culprit_ranks
         head = diagnosis.verdict.value + (f" (culprit ranks {', '.join(map(str, culprits))})" if culprits else "")

@@ -11,12 +11,14 @@ import json
 import os
 import signal
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from harness import JOBS_DIR
-from multinode import TLS_AGENT_PORT, Cluster, ClusterJob, assert_clean, cluster
+from multinode import REPO, TLS_AGENT_PORT, Cluster, ClusterJob, assert_clean, cluster
 
 pytestmark = [pytest.mark.live, pytest.mark.netns, pytest.mark.timeout(240)]
 
@@ -87,6 +89,29 @@ class TestCollectiveMismatch:
     def test_verdict_culprit_and_host_of_every_rank(self, mc: Cluster) -> None:
         out, _ = mc.diagnose(*with_token(mc))
         assert_diagnosis(report_of(out), MISMATCH)
+
+    def test_watch_through_agents_fires_on_the_hung_job(self, mc: Cluster, tmp_path) -> None:
+        out = tmp_path / "hangs"
+        watch = subprocess.Popen(
+            [sys.executable, "-m", "hangdoc", "watch", mc.job_spec(), *with_token(mc), "--stall-after", "2",
+             "--check-interval", "1", "--out", str(out)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        try:
+            deadline = time.monotonic() + 90
+            while not list(out.glob("hang-*/report.json")) and time.monotonic() < deadline \
+                    and watch.poll() is None:
+                time.sleep(0.3)
+        finally:
+            watch.terminate()  # attach mode, --on-hang report: the job is left alone
+            _, err = watch.communicate(timeout=30)
+        (report_path,) = out.glob("hang-*/report.json")
+        report = json.loads(report_path.read_text())
+        assert_diagnosis(report, MISMATCH)
+        assert report["watch"]["signal"] == "stacks", err
+        assert "HANG collective_mismatch" in err
+        assert (report_path.parent / "snapshot.json.gz").exists()
+        out2, _ = mc.diagnose(*with_token(mc))  # still there, still hung: watch did not touch it
+        assert_diagnosis(report_of(out2), MISMATCH)
 
     def test_an_agent_sees_only_its_own_node(self, mc: Cluster) -> None:
         out, _ = mc.diagnose("--agents", mc.agent_address(1), "--token-file",

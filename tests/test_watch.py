@@ -303,13 +303,20 @@ def test_watch_usage_errors(argv: list[str], message: str, capsys: pytest.Captur
     assert "Traceback" not in err
 
 
-def test_wrapped_exit_status_passes_through(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def _watch_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """A separate process: wrapping makes the watchdog a child subreaper, not for pytest."""
+    return subprocess.run([sys.executable, "-m", "hangdoc", "watch", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_wrapped_exit_status_passes_through(tmp_path: Path) -> None:
     out = tmp_path / "hangs"
-    assert main(["watch", "--out", str(out), "--", "sh", "-c", "echo hi; exit 3"]) == 3
-    assert main(["watch", "--out", str(out), "--", "sh", "-c", "kill -9 $$"]) == 137
-    assert main(["watch", "--out", str(out), "--", str(tmp_path / "no-such-command")]) == 127
-    err = capsys.readouterr().err
-    assert "cannot run" in err and "Traceback" not in err
+    done = _watch_cli("--out", str(out), "--", "sh", "-c", "echo hi; exit 3")
+    assert done.returncode == 3 and done.stdout == "hi\n"  # the command's output passes through
+    assert _watch_cli("--out", str(out), "--", "sh", "-c", "kill -9 $$").returncode == 137
+    missing = _watch_cli("--out", str(out), "--", str(tmp_path / "no-such-command"))
+    assert missing.returncode == 127
+    assert "cannot run" in missing.stderr and "Traceback" not in missing.stderr
     assert not out.exists() or not list(out.iterdir())
 
 
@@ -341,3 +348,18 @@ def test_attach_samples_stacks_fires_and_kills(tmp_path: Path) -> None:
     assert report["culprit_ranks"] == sorted(meta.culprits)
     assert report["watch"]["signal"] == "stacks"
     assert report["watch"]["silence_seconds"] <= report["watch"]["timeout_seconds"] + report["watch"]["check_interval"]
+
+
+def test_silence_that_cannot_be_diagnosed_still_fires(tmp_path: Path) -> None:
+    out = tmp_path / "hangs"
+    # not a distributed job at all: silent for 4 s, no rank process to diagnose
+    done = _watch_cli("--stall-after", "1", "--out", str(out), "--", "sh", "-c", "echo start; sleep 4")
+    assert done.returncode == 0, done.stderr
+    (hang,) = list(out.iterdir())
+    report = json.loads((hang / "report.json").read_text())
+    assert report["verdict"] == "unknown" and report["partial"] is True
+    assert "could not be diagnosed" in report["summary"]
+    assert report["watch"]["signal"] == "output"
+    assert report["watch"]["fired_because"].startswith("no output for ")
+    assert (hang / "report.txt").exists()
+    assert "could not diagnose" in done.stderr and "Traceback" not in done.stderr
