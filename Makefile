@@ -31,6 +31,9 @@ test-fast: $(STAMP)  ## analysis-only tests on recorded snapshots (no live jobs)
 bench: $(STAMP)  ## time to verdict vs. py-spy loops; writes docs/benchmarks.md
 	$(BIN)/python bench/bench_diagnose.py --write docs/benchmarks.md
 
+bench-watch: $(STAMP)  ## hangdoc watch: detection latency and false alarms on real torchrun jobs; writes docs/benchmarks.md
+	$(BIN)/python bench/bench_watch.py --repeat 3 --steps 1000 --write docs/benchmarks.md
+
 bench-fanout: $(STAMP)  ## coordinator fan-out to 8/32/128 replaying agents; appends to docs/benchmarks.md
 	$(BIN)/python bench/bench_fanout.py --sizes 8,32,128 --repeat 5 --write docs/benchmarks.md
 
@@ -51,4 +54,4 @@ proto: $(STAMP)  ## regenerate hangdoc/agentapi/v1 from proto/ (pinned grpcio-to
 clean:  ## remove the virtualenv and caches
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help install demo test test-fast bench bench-fanout lint proto clean
+.PHONY: help install demo test test-fast bench bench-fanout bench-watch lint proto clean
