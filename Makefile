@@ -22,6 +22,11 @@ install: $(STAMP)  ## create .venv with hangdoc, torch==2.13.0 (CPU) and the tes
 demo: $(STAMP)  ## start a real 4-rank hung torch.distributed job, diagnose it, clean up
 	$(BIN)/python examples/run_demo.py $(ARGS)
 
+watch-demo: $(STAMP)  ## run the demo job under `hangdoc watch --on-hang kill`: it notices the hang, reports it in hangs/, ends the job
+	$(BIN)/hangdoc watch --stall-after 5 --on-hang kill --kill-grace 5 --out hangs -- \
+		$(BIN)/torchrun --nproc-per-node 4 --master-port 29655 examples/demo_train.py; \
+		status=$$?; [ $$status -eq 124 ] && echo "watch-demo: hang reported in hangs/, job ended (exit 124 as documented)" || exit $$status
+
 test: $(STAMP)  ## run the whole test suite (real jobs, real py-spy)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
@@ -54,4 +59,4 @@ proto: $(STAMP)  ## regenerate hangdoc/agentapi/v1 from proto/ (pinned grpcio-to
 clean:  ## remove the virtualenv and caches
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help install demo test test-fast bench bench-fanout bench-watch lint proto clean
+.PHONY: help install demo watch-demo test test-fast bench bench-fanout bench-watch lint proto clean

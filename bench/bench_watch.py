@@ -51,7 +51,7 @@ def watch(workdir: Path, watch_args: list[str], nproc: int, job_args: list[str],
     argv = [sys.executable, "-m", "hangdoc", "watch", "--out", str(workdir / "hangs"), *watch_args, "--",
             str(BIN / "torchrun"), "--nproc-per-node", str(nproc), "--master-port", str(free_port()),
             str(TRAIN), *job_args]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+    proc = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=timeout,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     return proc.returncode, proc.stderr
 
@@ -101,10 +101,10 @@ def main() -> int:
     cmd = "python bench/bench_watch.py " + " ".join(sys.argv[1:])
     lines = [
         HEADING, "",
-        f"Produced by `{cmd.strip()}`, {time.strftime('%Y-%m-%d')}: real torchrun/gloo DDP jobs wrapped in "
+        (f"Produced by `{cmd.strip()}`, {time.strftime('%Y-%m-%d')}: real torchrun/gloo DDP jobs wrapped in "
         "`hangdoc watch --on-hang kill` (2 cores, shared). *Overshoot* is the silence at detection minus "
         "the stall timeout (bar: at most one check interval, 1 s); *diagnosis* is the time from detection "
-        "to the report on disk (sampling window 2 s, longer when the evidence is ambiguous).",
+        "to the report on disk (sampling window 2 s, longer when the evidence is ambiguous)."),
         "",
         "| hang | run | verdict (culprits) | right | timeout (s) | overshoot (s) | diagnosis (s) |",
         "|---|---|---|---|---|---|---|",
@@ -117,9 +117,9 @@ def main() -> int:
                      f"{r['timeout']:.2f} | {r['overshoot']:.2f} | {r['diagnosis']:.2f} |")
     lines += [
         "",
-        f"Healthy run: {args.steps} jittery steps in {healthy['seconds']:.0f} s, learned timeout (floor 2 s): "
+        (f"Healthy run: {args.steps} jittery steps in {healthy['seconds']:.0f} s, learned timeout (floor 2 s): "
         f"exit status {healthy['exit']}, **{healthy['alarms']} alarm(s)**; {healthy['suspected']} silence(s) "
-        f"checked by a diagnosis, {healthy['dismissed']} dismissed as progress.",
+        f"checked by a diagnosis, {healthy['dismissed']} dismissed as progress."),
         "",
     ]
     text = "\n".join(lines)

@@ -32,6 +32,7 @@ from .errors import HangdocError, UsageError
 from .incident import write_failed_incident, write_incident
 from .jobspec import parse_job_spec
 from .metrics import MetricsBoard, serve, unix_time
+from .model import RankState
 from .node import LocalNode, Node
 from .pyspy import find_pyspy
 from .signals import EventQueue, HeartbeatReader, LogTail, StackProbe, StepPattern, tee
@@ -306,6 +307,9 @@ class Watchdog:
             return self._fire(path, "unknown", f"could not diagnose: {err}")
         if clock.last is not None and clock.last > now:
             return self._dismiss(clock, f"steps resumed during the diagnosis ({diagnosis.verdict.value} taken meanwhile)")
+        if (self.child is not None and self.child.poll() is not None) or (
+                diagnosis.ranks and all(ra.state is RankState.EXITED for ra in diagnosis.ranks)):
+            return self._dismiss(clock, "the job ended during the diagnosis")
         decision = judge(snapshot, diagnosis, self.postponed, self.c.max_postpone)
         if decision.action is Action.DISMISS:
             return self._dismiss(clock, decision.reason)

@@ -305,7 +305,7 @@ def test_watch_usage_errors(argv: list[str], message: str, capsys: pytest.Captur
 
 def _watch_cli(*args: str) -> subprocess.CompletedProcess[str]:
     """A separate process: wrapping makes the watchdog a child subreaper, not for pytest."""
-    return subprocess.run([sys.executable, "-m", "hangdoc", "watch", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "hangdoc", "watch", *args], check=False, capture_output=True, text=True,
                           timeout=60)
 
 
@@ -338,7 +338,7 @@ def test_attach_samples_stacks_fires_and_kills(tmp_path: Path) -> None:
         result = subprocess.run(
             [sys.executable, "-m", "hangdoc", "watch", job.job_spec(), "--stall-after", "2", "--check-interval", "1",
              "--on-hang", "kill", "--kill-grace", "3", "--out", str(out)],
-            capture_output=True, text=True, timeout=150,
+            check=False, capture_output=True, text=True, timeout=150,
         )
         assert result.returncode == 124, result.stderr[-3000:]
         assert all(not _running(pid) for pid in pids), "--on-hang kill left job processes"
