@@ -136,6 +136,8 @@ class AgentService(pb_grpc.AgentServicer):
         self.config = config
         # files seen in stacks this agent captured: the only ones SampleSources will read
         self.seen_files: set[str] = set()
+        # rank processes this agent found: the only ones Heartbeats will look at
+        self.found_pids: set[int] = set()
         self.node: LocalNode | ReplayNode = LocalNode(config.host)
         if config.replay:
             self.node = ReplayNode(load_snapshot(config.replay), config.host or socket.gethostname(),
@@ -144,7 +146,7 @@ class AgentService(pb_grpc.AgentServicer):
     async def GetInfo(self, request: pb.GetInfoRequest, context: grpc.aio.ServicerContext) -> pb.AgentInfo:
         info = pb.AgentInfo(
             hangdoc_version=__version__, schema_version=SCHEMA_VERSION, api_version=API_VERSION,
-            host=self.node.name, pid=os.getpid(), native=True, features=["sources"],
+            host=self.node.name, pid=os.getpid(), native=True, features=["sources", "heartbeats"],
             python_version=sys.version.split()[0],
         )
         try:
@@ -189,8 +191,17 @@ class AgentService(pb_grpc.AgentServicer):
                                   self.node.sources, [thread])
         return pb.SampleSourcesResponse(files=[convert.source_file_to_proto(s) for s in sources])
 
+    async def Heartbeats(
+        self, request: pb.HeartbeatsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.HeartbeatsResponse:
+        pids = [pid for pid in request.pids if pid in self.found_pids]
+        beats = await self._run(context, "Heartbeats", f"{len(pids)} pid(s)", self.node.heartbeats, pids)
+        return pb.HeartbeatsResponse(heartbeats=[convert.heartbeat_to_proto(b) for b in beats.values()])
+
     def _find(self, job: str):
-        return self.node.find_ranks(parse_job_spec(job))
+        found = self.node.find_ranks(parse_job_spec(job))
+        self.found_pids.update(p.pid for p in found.ranks)
+        return found
 
     async def _run(self, context, method: str, what: str, fn, *args):
         t0 = time.monotonic()

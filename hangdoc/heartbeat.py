@@ -4,7 +4,7 @@ Dependency-free and cheap (a few hundred nanoseconds a call): each process write
 step number, the number of beats and the time of the last beat (CLOCK_MONOTONIC, shared
 by all processes of a host) into a small memory-mapped record in ``/dev/shm/hangdoc``
 (``$HANGDOC_HEARTBEAT_DIR`` to change it). A watchdog reads the records of a job's ranks
-(``read_heartbeats``) to know exactly when steps stopped. Nothing is sent anywhere and
+(``hangdoc.beats``) to know exactly when steps stopped. Nothing is sent anywhere and
 nothing blocks: when the record cannot be created, beats are silently dropped.
 
 A forked child (a DataLoader worker) does not inherit the parent's record: its beats go
@@ -18,15 +18,14 @@ import os
 import struct
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
-_MAGIC = 0x48444842  # "HDHB"
-_VERSION = 1
+MAGIC = 0x48444842  # "HDHB"
+VERSION = 1  # of the record layout
 # magic, version, pid, in_step flag, step, beats, last beat (monotonic ns)
-_RECORD = struct.Struct("<IIiiqqq")
-_NO_STEP = -(2**63)
+RECORD = struct.Struct("<IIiiqqq")
+NO_STEP = -(2**63)
 
 
 def heartbeat_dir() -> Path:
@@ -37,10 +36,24 @@ def heartbeat_dir() -> Path:
     return (shm if shm.is_dir() else Path(tempfile.gettempdir())) / "hangdoc"
 
 
+def pid_namespace(pid: str) -> str | None:
+    """The inode of ``pid``'s PID namespace: two containers sharing one /dev/shm can both
+    have a pid 7, never in the same namespace."""
+    try:
+        link = os.readlink(f"/proc/{pid}/ns/pid")  # "pid:[4026531836]"
+    except OSError:
+        return None
+    return link[link.find("[") + 1:-1] or None
+
+
+def record_name(pid: int, namespace: str | None) -> str:
+    return f"hb-{pid}-{namespace}.bin" if namespace else f"hb-{pid}.bin"
+
+
 _map: mmap.mmap | None = None
 _failed = False
 _beats = 0
-_step = _NO_STEP
+_step = NO_STEP
 _pid = os.getpid()
 
 
@@ -52,10 +65,11 @@ def _open() -> mmap.mmap | None:
     try:
         directory = heartbeat_dir()
         directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(directory / f"hb-{_pid}.bin", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(directory / record_name(_pid, pid_namespace("self")), os.O_RDWR | os.O_CREAT | os.O_TRUNC,
+                     0o644)
         try:
-            os.ftruncate(fd, _RECORD.size)
-            _map = mmap.mmap(fd, _RECORD.size)
+            os.ftruncate(fd, RECORD.size)
+            _map = mmap.mmap(fd, RECORD.size)
         finally:
             os.close(fd)
     except OSError:
@@ -65,11 +79,11 @@ def _open() -> mmap.mmap | None:
 
 def _forget_parent() -> None:
     global _map, _failed, _beats, _step, _pid
-    _map, _failed, _beats, _step, _pid = None, False, 0, _NO_STEP, os.getpid()
+    _map, _failed, _beats, _step, _pid = None, False, 0, NO_STEP, os.getpid()
 
 
 os.register_at_fork(after_in_child=_forget_parent)
-_pack = _RECORD.pack_into
+_pack = RECORD.pack_into
 _now = time.monotonic_ns
 
 
@@ -82,7 +96,7 @@ def heartbeat(step: int | None = None, _in_step: int = 0) -> None:
     _beats += 1
     if step is not None:
         _step = step
-    _pack(m, 0, _MAGIC, _VERSION, _pid, _in_step, _step, _beats, _now())
+    _pack(m, 0, MAGIC, VERSION, _pid, _in_step, _step, _beats, _now())
 
 
 class step:
@@ -99,36 +113,3 @@ class step:
 
     def __exit__(self, *exc: object) -> None:
         heartbeat(self.number, 0)
-
-
-@dataclass(frozen=True, slots=True)
-class Heartbeat:
-    """One process's last beat, as a watchdog reads it."""
-
-    pid: int
-    step: int | None
-    beats: int
-    in_step: bool
-    age_seconds: float  # since the last beat
-
-
-def read_heartbeats(directory: Path | None = None) -> dict[int, Heartbeat]:
-    """The records in ``directory`` (default ``heartbeat_dir()``), by pid; unreadable ones skipped."""
-    out: dict[int, Heartbeat] = {}
-    root = directory or heartbeat_dir()
-    now = time.monotonic_ns()
-    try:
-        paths = list(root.glob("hb-*.bin"))
-    except OSError:
-        return out
-    for path in paths:
-        try:
-            data = path.read_bytes()
-            magic, version, pid, in_step, number, beats, last = _RECORD.unpack_from(data)
-        except (OSError, struct.error):
-            continue
-        if magic != _MAGIC or version != _VERSION or beats == 0:
-            continue
-        out[pid] = Heartbeat(pid, None if number == _NO_STEP else number, beats, bool(in_step),
-                             max(now - last, 0) / 1e9)
-    return out

@@ -75,7 +75,7 @@ def _write_last(target: Path, report: dict[str, Any]) -> None:
     tmp.rename(target)
 
 
-def write_failed_incident(out: Path, trigger: Trigger, error: str, help_text: str) -> Path:
+def write_failed_incident(out: Path, spec: str, trigger: Trigger, error: str, help_text: str) -> Path:
     """The job went silent but could not be diagnosed: the reason and the error, as a
     report with verdict ``unknown`` so scripts reading ``report.json`` still work."""
     from . import SCHEMA_VERSION, __version__
@@ -85,7 +85,9 @@ def write_failed_incident(out: Path, trigger: Trigger, error: str, help_text: st
         "verdict": "unknown", "culprit_ranks": [],
         "summary": f"the job stopped making progress but could not be diagnosed: {error}",
         "evidence": [trigger.sentence(), error], "next_steps": [help_text] if help_text else [],
-        "ranks": [], "groups": [], "unreachable": [], "partial": True,
+        "ranks": [], "groups": [], "unreachable": [], "spec": spec, "world_size": None,
+        "observed_seconds": 0.0, "partial": True, "captured_at": trigger.detected_at,
+        "notes": [f"diagnosis failed: {error}"],
         "hangdoc_version": __version__, "schema_version": SCHEMA_VERSION,
         "watch": trigger_dict(trigger, f"diagnosis failed: {error}"),
     }

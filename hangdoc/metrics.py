@@ -21,7 +21,7 @@ PREFIX = "hangdoc_watch"
 @dataclass(frozen=True, slots=True)
 class WatchMetrics:
     signal: str = "none"
-    steps_total: int = 0
+    steps_seen: int = 0  # on the current signal
     last_step: int | None = None
     last_step_time: float | None = None  # unix seconds
     step_rate: float = 0.0  # steps per second over the last minute
@@ -29,8 +29,9 @@ class WatchMetrics:
     stall_timeout_seconds: float = 0.0
     stalled: bool = False
     suspected_total: int = 0  # silences that were checked
+    reports_total: int = 0  # hangs reported (hang directories written)
     dismissed_total: int = 0  # ... and found to be progress
-    diagnoses: dict[str, int] = field(default_factory=dict)  # by verdict
+    diagnoses: dict[str, int] = field(default_factory=dict)  # every diagnosis run, by verdict
 
 
 def render(m: WatchMetrics) -> str:
@@ -40,10 +41,10 @@ def render(m: WatchMetrics) -> str:
         lines.append(f"# HELP {PREFIX}_{name} {help_text}")
         lines.append(f"# TYPE {PREFIX}_{name} {kind}")
         for labels, value in samples:
-            lines.append(f"{PREFIX}_{name}{labels} {value:g}")
+            lines.append(f"{PREFIX}_{name}{labels} {_number(value)}")
 
     metric("info", "gauge", "The signal steps are read from.", [(f'{{signal="{m.signal}"}}', 1)])
-    metric("steps_total", "counter", "Step (or activity) events seen.", [("", m.steps_total)])
+    metric("steps_seen", "gauge", "Step events seen on the current signal.", [("", m.steps_seen)])
     if m.last_step is not None:
         metric("last_step", "gauge", "The last step number reported by the job.", [("", m.last_step)])
     if m.last_step_time is not None:
@@ -57,10 +58,18 @@ def render(m: WatchMetrics) -> str:
            [("", m.suspected_total)])
     metric("dismissed_total", "counter", "Checked silences that turned out to be progress.",
            [("", m.dismissed_total)])
+    metric("reports_total", "counter", "Hangs reported (hang directories written).", [("", m.reports_total)])
     by_verdict = sorted(m.diagnoses.items()) or [("none", 0)]
-    metric("diagnoses_total", "counter", "Diagnoses run on a stall, by verdict.",
+    metric("diagnoses_total", "counter", "Diagnoses run on a suspected stall, by verdict (failed: could not run).",
            [(f'{{verdict="{v}"}}', n) for v, n in by_verdict])
     return "\n".join(lines) + "\n"
+
+
+def _number(value: float) -> str:
+    """Integers as integers; other values to the millisecond, never in exponent form."""
+    if isinstance(value, int) or float(value).is_integer():
+        return str(int(value))
+    return f"{value:.3f}".rstrip("0").rstrip(".")
 
 
 class MetricsBoard:

@@ -361,3 +361,14 @@ class Diagnosis:
     partial: bool = False  # some evidence is missing (unreachable nodes, unreadable ranks)
     tree: CallTree | None = field(default=None, compare=False, hash=False)  # built once, read by every reporter
     extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """One process's last ``hangdoc.heartbeat()``/``hangdoc.step()``, as a watchdog reads it."""
+
+    pid: int  # as the reader sees it (the host's pid, also for a rank in a container)
+    step: int | None
+    beats: int
+    in_step: bool
+    age_seconds: float  # since the last beat

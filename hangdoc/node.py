@@ -1,4 +1,4 @@
-"""What one node offers the coordinator: find a job's ranks there, and sample them.
+"""What one node offers the coordinator: find a job's ranks there, sample them, read their heartbeats.
 
 The embedded ``LocalNode`` does both in-process (``discover`` and ``sample_round``); a
 remote agent offers the same two calls over gRPC. The coordinator and the analysis never
@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 
+from .beats import read_processes
 from .capture import sample_round
 from .discover import Discovery, discover
 from .jobspec import JobSpec
-from .model import JobSnapshot, RankProcess, Sample, SourceFile, ThreadStack
+from .model import Heartbeat, JobSnapshot, RankProcess, Sample, SourceFile, ThreadStack
 from .source import collect_sources
 
 
@@ -39,6 +40,10 @@ class Node(Protocol):
         """The source lines around these threads' user frames, read on this node."""
         ...
 
+    def heartbeats(self, pids: Sequence[int]) -> dict[int, Heartbeat]:
+        """The last step heartbeat of each of ``pids`` that ever beat (``hangdoc.step()``)."""
+        ...
+
 
 class LocalNode:
     """This machine, read directly: the default when no agents are given."""
@@ -60,6 +65,9 @@ class LocalNode:
 
     def sources(self, threads: Sequence[ThreadStack]) -> tuple[SourceFile, ...]:
         return collect_sources(threads)
+
+    def heartbeats(self, pids: Sequence[int]) -> dict[int, Heartbeat]:
+        return read_processes(pids)
 
 
 class ReplayNode:
@@ -107,3 +115,6 @@ class ReplayNode:
     def sources(self, threads: Sequence[ThreadStack]) -> tuple[SourceFile, ...]:
         wanted = {f.filename for th in threads for f in th.frames}
         return tuple(s for s in self.snapshot.sources if s.filename in wanted)
+
+    def heartbeats(self, pids: Sequence[int]) -> dict[int, Heartbeat]:
+        return {}  # snapshots hold no heartbeats

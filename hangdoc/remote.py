@@ -20,7 +20,7 @@ from .agentapi.v1 import agent_pb2_grpc as pb_grpc
 from .discover import Discovery
 from .errors import HangdocError, JobNotFound, UsageError
 from .jobspec import JobSpec
-from .model import RankProcess, Sample, SourceFile, ThreadStack
+from .model import Heartbeat, RankProcess, Sample, SourceFile, ThreadStack
 from .source import is_user_file
 
 
@@ -116,6 +116,10 @@ class RemoteNode:
         except AgentError:
             return ()  # source lines refine the analysis; their absence does not stop it
         return tuple(convert.source_file_from_proto(f) for f in response.files)
+
+    def heartbeats(self, pids: Sequence[int]) -> dict[int, Heartbeat]:
+        response = self._call(self._stub.Heartbeats, pb.HeartbeatsRequest(pids=list(pids)), self.connect_timeout)
+        return {b.pid: convert.heartbeat_from_proto(b) for b in response.heartbeats}
 
     def close(self) -> None:
         self._channel.close()

@@ -13,14 +13,15 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from .coordinator import Fleet, sample_all
-from .heartbeat import Heartbeat, read_heartbeats
-from .model import CaptureErrorKind, Sample
+from .coordinator import Fleet, fan_out, sample_all
+from .model import CaptureErrorKind, Heartbeat, Sample
+from .node import Node
+from .progress import relevant_thread
 from .stall import Signal
 
 
@@ -51,16 +52,23 @@ class StepPattern:
             return True, None
 
 
+BURST = 0.02  # seconds: output chunks closer together than this (one banner, one log record) are one step
+
+
 class _Scanner:
-    """Cuts chunks into lines and reports each chunk and step line as events."""
+    """Cuts chunks into lines and reports each chunk and step line as events. A burst of
+    output (a launcher's banner, a multi-line log record) counts as one step."""
 
     def __init__(self, pattern: StepPattern | None, emit: Callable[[Event], None]) -> None:
         self.pattern = pattern
         self.emit = emit
         self.partial = b""
+        self.burst_at = -BURST
 
     def feed(self, chunk: bytes, at: float) -> None:
-        self.emit(Event(at, Signal.OUTPUT))
+        new_burst = at - self.burst_at >= BURST
+        self.burst_at = at
+        self.emit(Event(at, Signal.OUTPUT, count=1 if new_burst else 0))
         if self.pattern is None:
             return
         data = self.partial + chunk
@@ -161,33 +169,48 @@ class LogTail:
 
 
 class HeartbeatReader:
-    """The records written by ``hangdoc.heartbeat()`` in the job's processes."""
+    """The records written by ``hangdoc.heartbeat()`` in the job's processes, as ``fetch``
+    returns them (a directory's records, or the fleet's through its nodes)."""
 
-    def __init__(self, directory: Path | None, pids: Callable[[], Iterable[int]] | None) -> None:
-        self.directory = directory
-        self.pids = pids  # None: every record in the directory belongs to the job
+    def __init__(self, fetch: Callable[[], dict[tuple[str, int], Heartbeat]]) -> None:
+        self.fetch = fetch
         self.newest: float | None = None
-        self.progress = 0  # the highest step number (or beat count) seen so far
-        self.records: dict[int, Heartbeat] = {}
+        self.progress: int | None = None  # the highest step number seen so far
+        self.records: dict[tuple[str, int], Heartbeat] = {}  # by (node, pid): pids repeat across nodes
 
     def poll(self) -> list[Event]:
-        records = read_heartbeats(self.directory)
-        if self.pids is not None:
-            wanted = set(self.pids())
-            records = {pid: hb for pid, hb in records.items() if pid in wanted}
+        records = self.fetch()
         self.records = records
         if not records:
             return []
         now = time.monotonic()
         newest = max(now - hb.age_seconds for hb in records.values())
         steps = [hb.step for hb in records.values() if hb.step is not None]
-        if self.newest is not None and newest <= self.newest + 1e-6:
-            return []
+        if self.newest is not None and newest <= self.newest + 1e-3:
+            return []  # ages come over the network rounded: a millisecond is no beat
         self.newest = newest
-        progress = max(steps) if steps else max(hb.beats for hb in records.values())
-        count = max(1, progress - self.progress)
-        self.progress = max(self.progress, progress)
+        # with step numbers, the steps since the last look; without, one per look (beats
+        # cannot say: `with hangdoc.step()` beats twice a step). A resumed job's first
+        # step number counts as one, not as N steps of warm-up.
+        count = 1
+        if steps:
+            if self.progress is not None:
+                count = max(1, max(steps) - self.progress)
+            self.progress = max(steps) if self.progress is None else max(self.progress, max(steps))
         return [Event(newest, Signal.HEARTBEAT, max(steps) if steps else None, count)]
+
+
+def fleet_heartbeats(fleet: Fleet, deadline: float) -> dict[tuple[str, int], Heartbeat]:
+    """Every rank's heartbeat by (node name, pid), asked of all its nodes at once; a node
+    that fails gives none."""
+    by_node: dict[int, tuple[Node, list[int]]] = {}
+    for node, proc in fleet.placed:
+        by_node.setdefault(id(node), (node, []))[1].append(proc.pid)
+    nodes = [node for node, _ in by_node.values()]
+    out: dict[tuple[str, int], Heartbeat] = {}
+    for node, found, _exc in fan_out(nodes, lambda n: n.heartbeats(by_node[id(n)][1]), deadline):
+        out.update({(node.name, pid): beat for pid, beat in (found or {}).items()})
+    return out
 
 
 class StackProbe:
@@ -226,9 +249,11 @@ class StackProbe:
 
 
 def _fingerprint(sample: Sample) -> tuple | None:
+    """Where the rank's relevant thread is (the one in a distributed op, else main): a
+    background thread that keeps moving must not make a hung training loop look alive."""
     if sample.error is not None or not sample.threads:
         return None
-    return tuple(
-        (t.thread_id, tuple((f.filename, f.line) for f in t.frames if not f.native))
-        for t in sample.threads
-    )
+    thread, _op = relevant_thread(sample)
+    if thread is None:
+        return None
+    return (thread.thread_id, tuple((f.filename, f.line) for f in thread.frames if not f.native))

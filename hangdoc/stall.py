@@ -72,14 +72,16 @@ class StallClock:
 
     def activity(self, at: float, count: int = 1) -> None:
         """``count`` steps, the last at ``at``. With several, each gap is at most the time
-        since the previous event: that bound is what is learned (erring long, never short)."""
+        since the previous event: that bound is what is learned (erring long, never short).
+        ``count`` 0 is activity that is not a new step (more output of the same burst)."""
         if self.last is not None and at <= self.last:
             return
         if self.last is not None and self.events >= self.policy.warmup_steps:
             self.longest_gap = max(self.longest_gap, at - self.last)
         self.events += count
         self.last = at
-        self.steps.append((at, self.events))
+        if count:
+            self.steps.append((at, self.events))
         if len(self.steps) > 256:
             del self.steps[:128]
 
@@ -93,7 +95,7 @@ class StallClock:
     def timeout(self) -> Timeout:
         p = self.policy
         if self.warming_up:
-            return Timeout(p.warmup_seconds(), f"warm-up ({self.events} of {p.warmup_steps} steps seen)")
+            return Timeout(p.warmup_seconds(), f"warm-up: {self.events} of {p.warmup_steps} steps seen")
         if p.stall_after is not None:
             return Timeout(p.stall_after, "--stall-after")
         learned = p.factor * self.longest_gap

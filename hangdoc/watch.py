@@ -26,18 +26,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import jobcontrol
+from .beats import read_dir
 from .coordinator import Fleet, find_ranks
 from .diagnose import CaptureOptions, diagnose
-from .errors import HangdocError, UsageError
+from .errors import HangdocError, JobNotFound, UsageError
 from .incident import write_failed_incident, write_incident
 from .jobspec import parse_job_spec
 from .metrics import MetricsBoard, serve, unix_time
-from .model import RankState
+from .model import Heartbeat, RankState
 from .node import LocalNode, Node
 from .pyspy import find_pyspy
-from .signals import EventQueue, HeartbeatReader, LogTail, StackProbe, StepPattern, tee
+from .signals import (
+    EventQueue,
+    HeartbeatReader,
+    LogTail,
+    StackProbe,
+    StepPattern,
+    fleet_heartbeats,
+    tee,
+)
 from .stall import Action, Signal, StallClock, StallPolicy, Trigger, judge
 
+LOCAL = "local"  # node name of the wrapped command's own heartbeat records
 EXIT_HANG_KILLED = 124  # --on-hang kill ended the job (like timeout(1))
 EXIT_JOB_ENDED = 0  # attach mode: the job's ranks are gone
 FLEET_REFRESH = 10.0  # attach mode: seconds between looks for restarted or ended ranks
@@ -102,6 +112,7 @@ class Watchdog:
         self.log: LogTail | None = None
         self.probe: StackProbe | None = None
         self.signals_seen = 0
+        self.fleet_checked = -FLEET_REFRESH
         self.stop_requested = False
 
     # ----------------------------------------------------------------- set-up
@@ -137,7 +148,7 @@ class Watchdog:
             env = dict(self.c.env)
             env.setdefault("PYTHONUNBUFFERED", "1")  # a piped Python child would block-buffer
             env["HANGDOC_HEARTBEAT_DIR"] = hb_dir
-            self.heartbeats = HeartbeatReader(Path(hb_dir), None)
+            self.heartbeats = HeartbeatReader(lambda: self._wrapped_beats(Path(hb_dir)))
             self.child = jobcontrol.start(self.c.command, env)
             self.say(f"watching {shlex.join(self.c.command)} (pid {self.child.pid}); reports go to {self.c.out}/")
             assert self.child.stdout is not None and self.child.stderr is not None
@@ -145,7 +156,7 @@ class Watchdog:
                        tee(self.child.stderr, sys.stderr.buffer, self.pattern, self.queue)]
             previous = {s: signal.signal(s, self._forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
             try:
-                code = self._loop(ended=lambda: self.child.poll() is not None)  # type: ignore[union-attr]
+                code = self._loop(ended=self._wrapped_ended)
             finally:
                 for s, handler in previous.items():
                     signal.signal(s, handler)
@@ -164,8 +175,7 @@ class Watchdog:
         nodes = self.c.nodes or [LocalNode()]
         self.fleet = find_ranks(nodes, job, deadline=self.c.capture.timeout + 10.0)
         self.say(f"watching {self.c.job}: {len(self.fleet.placed)} rank process(es); reports go to {self.c.out}/")
-        if self.c.nodes is None:
-            self.heartbeats = HeartbeatReader(None, self._local_pids)
+        self.heartbeats = HeartbeatReader(self._fleet_beats)
         if self.log is None:
             self.probe = StackProbe(self.fleet, self.c.capture.timeout)
         refreshed = time.monotonic()
@@ -190,16 +200,35 @@ class Watchdog:
         """Look for the job's ranks again (restarted workers get new pids); True when none."""
         try:
             fleet = find_ranks(nodes, job, deadline=self.c.capture.timeout + 10.0)
-        except HangdocError:
+        except JobNotFound:
             return True
+        except HangdocError as err:  # agents down or refusing: that is not the job ending
+            self.say(f"could not look for the job's ranks: {err}")
+            return False
         if self.fleet is None or {p.pid for p in fleet.procs} != {p.pid for p in self.fleet.procs}:
             self.fleet = fleet
             if self.probe is not None:
                 self.probe = StackProbe(fleet, self.c.capture.timeout)
         return False
 
-    def _local_pids(self) -> list[int]:
-        return [p.pid for p in self.fleet.procs] if self.fleet else []
+    def _wrapped_ended(self) -> bool:
+        assert self.child is not None
+        if self.child.poll() is not None:
+            return True
+        if self.c.nodes is not None and self.c.job and time.monotonic() - self.fleet_checked >= FLEET_REFRESH:
+            # ranks on other nodes: their heartbeats come through the agents, once found
+            self.fleet_checked = time.monotonic()
+            self._refresh(self.c.nodes, parse_job_spec(self.c.job))
+        return False
+
+    def _wrapped_beats(self, directory: Path) -> dict[tuple[str, int], Heartbeat]:
+        beats = {(LOCAL, pid): beat for pid, beat in read_dir(directory).items()}
+        if self.c.nodes is not None:
+            beats.update(self._fleet_beats())
+        return beats
+
+    def _fleet_beats(self) -> dict[tuple[str, int], Heartbeat]:
+        return fleet_heartbeats(self.fleet, self.c.capture.timeout) if self.fleet else {}
 
     # ------------------------------------------------------------------- loop
 
@@ -263,7 +292,7 @@ class Watchdog:
 
     def _publish(self, sig: Signal, clock: StallClock, now: float) -> None:
         self.board.update(
-            signal=sig.value, steps_total=clock.events, last_step=self.last_step,
+            signal=sig.value, steps_seen=clock.events, last_step=self.last_step,
             last_step_time=unix_time(clock.last) if clock.last is not None else None,
             step_rate=clock.rate(now), silence_seconds=clock.silence(now),
             stall_timeout_seconds=clock.timeout().seconds,
@@ -284,11 +313,19 @@ class Watchdog:
     def _heartbeat_details(self) -> tuple[str, ...]:
         if self.heartbeats is None or not self.heartbeats.records:
             return ()
+        where_is = {(node.name, p.pid): (p.rank, p.host) for node, p in self.fleet.placed} if self.fleet else {}
+
+        def order(item: tuple[tuple[str, int], Heartbeat]) -> tuple[bool, int, str, int]:
+            rank = where_is.get(item[0], (None, None))[0]
+            return rank is None, rank or 0, item[0][0], item[0][1]
+
         out = []
-        for pid, hb in sorted(self.heartbeats.records.items()):
-            where = f"step {hb.step}" if hb.step is not None else f"beat {hb.beats}"
+        for (node, pid), hb in sorted(self.heartbeats.records.items(), key=order):
+            rank, host = where_is.get((node, pid), (None, None))
+            who = f"rank {rank} (pid {pid} on {host})" if rank is not None else f"pid {pid}"
+            at = f"step {hb.step}" if hb.step is not None else f"beat {hb.beats}"
             inside = ", inside a step" if hb.in_step else ""
-            out.append(f"pid {pid}: last heartbeat {hb.age_seconds:.1f} s ago at {where}{inside}")
+            out.append(f"{who}: last heartbeat {hb.age_seconds:.1f} s ago at {at}{inside}")
         return tuple(out)
 
     def _on_stall(self, sig: Signal, clock: StallClock, now: float) -> int | None:
@@ -299,12 +336,16 @@ class Watchdog:
         try:
             snapshot, diagnosis = diagnose(self.spec, self.c.capture, None, self.c.nodes)
         except HangdocError as err:
+            self._collect()  # what the job did while we looked
             if clock.last is not None and clock.last > now:
                 return self._dismiss(clock, "steps resumed during the diagnosis")
             self.say(f"could not diagnose: {err}")
-            path = write_failed_incident(self.c.out, trigger, str(err), err.help)
+            path = write_failed_incident(self.c.out, self.spec, trigger, str(err), err.help)
             self.board.count_diagnosis("failed")
+            self.board.update(reports_total=self.board.value.reports_total + 1)
             return self._fire(path, "unknown", f"could not diagnose: {err}")
+        self.board.count_diagnosis(diagnosis.verdict.value)
+        self._collect()
         if clock.last is not None and clock.last > now:
             return self._dismiss(clock, f"steps resumed during the diagnosis ({diagnosis.verdict.value} taken meanwhile)")
         if (self.child is not None and self.child.poll() is not None) or (
@@ -320,7 +361,7 @@ class Watchdog:
             return None
         path = write_incident(self.c.out, snapshot, diagnosis, trigger, decision.reason,
                               time.monotonic() - started)
-        self.board.count_diagnosis(diagnosis.verdict.value)
+        self.board.update(reports_total=self.board.value.reports_total + 1)
         culprits = diagnosis.culprit_ranks
         head = diagnosis.verdict.value + (f" (culprit ranks {', '.join(map(str, culprits))})" if culprits else "")
         return self._fire(path, head, diagnosis.summary)

@@ -221,3 +221,31 @@ def test_schema_mismatch_is_a_clear_error() -> None:
             RemoteNode(f"127.0.0.1:{port}").info()
     finally:
         server.stop(0)
+
+
+def test_heartbeats_only_of_ranks_the_agent_found(agent, token_file, tmp_path) -> None:
+    from harness import free_port
+
+    from hangdoc.jobspec import parse_job_spec
+    from hangdoc.remote import AgentAuth, RemoteNode
+
+    port = free_port()
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
+               HANGDOC_HEARTBEAT_DIR=str(tmp_path / "hb"))
+    code = "import hangdoc, time\nfor s in range(3):\n    with hangdoc.step(s): pass\ntime.sleep(60)"
+    rank = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO)
+    node = RemoteNode(agent.address, AgentAuth(TOKEN))
+    try:
+        time.sleep(1.0)
+        assert node.heartbeats([rank.pid]) == {}  # not found yet: the agent will not look
+        found = node.find_ranks(parse_job_spec(f"127.0.0.1:{port}"))
+        assert [p.pid for p in found.ranks] == [rank.pid]
+        beats = node.heartbeats([rank.pid, os.getpid()])
+        assert set(beats) == {rank.pid}
+        assert beats[rank.pid].step == 2 and not beats[rank.pid].in_step and beats[rank.pid].beats == 6
+        assert 0 < beats[rank.pid].age_seconds < 30
+        assert "heartbeats" in node.info().features
+    finally:
+        node.close()
+        rank.kill()
+        rank.wait()

@@ -9,7 +9,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from hangdoc.heartbeat import read_heartbeats
+from hangdoc.beats import read_dir as read_heartbeats
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -79,3 +79,47 @@ def test_unwritable_directory_drops_beats_silently(tmp_path) -> None:
     out = subprocess.run([sys.executable, "-c", "import hangdoc; hangdoc.heartbeat(1); print('ok')"],
                          env=env, capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0 and out.stdout.strip() == "ok" and out.stderr == ""
+
+
+def _beating(env: dict[str, str], argv_prefix: list[str] = ()) -> subprocess.Popen:
+    code = "import hangdoc, os, sys, time; hangdoc.heartbeat(42); print(os.getpid(), flush=True); time.sleep(60)"
+    return subprocess.Popen([*argv_prefix, sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO), **env),
+                            stdout=subprocess.PIPE, text=True)
+
+
+def test_read_process_finds_the_record_by_the_process_own_view(tmp_path) -> None:
+    from hangdoc.beats import read_process
+
+    own_dir = _beating({"HANGDOC_HEARTBEAT_DIR": str(tmp_path / "own")})
+    # its own PID namespace: it writes hb-1.bin under /dev/shm/hangdoc, we know it by another pid
+    namespaced = _beating({}, ["unshare", "--pid", "--fork", "--mount-proc"])
+    try:
+        assert int(own_dir.stdout.readline()) == own_dir.pid
+        assert int(namespaced.stdout.readline()) == 1
+        beat = wait_for(lambda: read_process(own_dir.pid))
+        assert beat.pid == own_dir.pid and beat.step == 42 and beat.beats == 1
+        inner = wait_for(lambda: [c.pid for c in __import__("psutil").Process(namespaced.pid).children()])[0]
+        beat = wait_for(lambda: read_process(inner))
+        assert beat.pid == inner and beat.step == 42
+        assert read_process(namespaced.pid) is None  # unshare itself never beat
+    finally:
+        for proc in (own_dir, namespaced):
+            proc.kill()
+            proc.wait()
+        for leftover in Path("/dev/shm/hangdoc").glob("hb-1-*.bin"):
+            leftover.unlink(missing_ok=True)
+
+
+def test_read_process_does_not_follow_a_planted_link(tmp_path) -> None:
+    from hangdoc.beats import read_process
+    from hangdoc.heartbeat import MAGIC, RECORD, VERSION
+
+    target = tmp_path / "elsewhere.bin"  # a valid record: only the link itself may be refused
+    target.write_bytes(RECORD.pack(MAGIC, VERSION, 1, 0, 7, 1, time.monotonic_ns()))
+    sleeper = subprocess.Popen(["sleep", "60"], env=dict(os.environ, HANGDOC_HEARTBEAT_DIR=str(tmp_path)))
+    try:
+        (tmp_path / f"hb-{sleeper.pid}.bin").symlink_to(target)
+        assert read_process(sleeper.pid) is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -189,6 +189,48 @@ class TestStraggler:
                                                                                 "node2"}
 
 
+BEATING = ClusterJob(Path(__file__).parent / "watchjobs" / "beating_mismatch.py",
+                     placement=((0,), (1,), (2,)), verdict="collective_mismatch", culprits=(2,))
+
+
+class TestWatchWithHeartbeatsThroughAgents:
+    @pytest.fixture(scope="class")
+    @classmethod
+    def bc(cls, tmp_path_factory) -> Iterator[Cluster]:
+        yield from _running(BEATING, tmp_path_factory)
+
+    def test_heartbeats_of_every_node_drive_the_watchdog(self, bc: Cluster, tmp_path) -> None:
+        out = tmp_path / "hangs"
+        watch = subprocess.Popen(
+            [sys.executable, "-m", "hangdoc", "watch", bc.job_spec(), *with_token(bc), "--stall-after", "2",
+             "--check-interval", "1", "--out", str(out)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        try:
+            deadline = time.monotonic() + 90
+            while not list(out.glob("hang-*/report.json")) and time.monotonic() < deadline \
+                    and watch.poll() is None:
+                time.sleep(0.3)
+        finally:
+            watch.terminate()
+            _, err = watch.communicate(timeout=30)
+        (report_path,) = out.glob("hang-*/report.json")
+        report = json.loads(report_path.read_text())
+        assert_diagnosis(report, BEATING)
+        w = report["watch"]
+        assert w["signal"] == "heartbeat", err
+        assert w["last_step"] == 5
+        assert w["details"] == [
+            f"rank {r} (pid {p['pid']} on node{r}): last heartbeat {_age(w, r)} s ago at step 5, inside a step"
+            for r, p in sorted((p["rank"], p) for p in report["ranks"])
+        ], w["details"]
+
+
+def _age(watch: dict, rank: int) -> str:
+    """The age the report printed for ``rank`` (the test checks everything else of the line)."""
+    line = next(d for d in watch["details"] if d.startswith(f"rank {rank} "))
+    return line.split("last heartbeat ")[1].split(" s ago")[0]
+
+
 class TestTransportHang:
     @pytest.fixture(scope="class")
     @classmethod

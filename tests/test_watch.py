@@ -18,6 +18,7 @@ from harness import corpus, launch
 
 from hangdoc import jobcontrol
 from hangdoc.analyse import analyse
+from hangdoc.beats import read_dir
 from hangdoc.bundle import load_snapshot
 from hangdoc.cli import main
 from hangdoc.errors import UsageError
@@ -124,9 +125,21 @@ def test_scanner_splits_lines_across_chunks_and_carriage_returns() -> None:
     scanner.feed(b"ep 2\r50%|###  \rstep 3", 2.0)  # a progress bar rewriting its line
     scanner.feed(b"\n", 3.0)
     events = queue.drain()
-    assert [e.at for e in events if e.signal is Signal.OUTPUT] == [1.0, 2.0, 3.0]
+    assert [(e.at, e.count) for e in events if e.signal is Signal.OUTPUT] == [(1.0, 1), (2.0, 1), (3.0, 1)]
     assert [(e.at, e.step) for e in events if e.signal is Signal.STEP_LINE] == [(1.0, 1), (2.0, 2), (3.0, 3)]
     assert queue.drain() == []
+
+
+def test_output_bursts_count_as_one_step() -> None:
+    queue = EventQueue()
+    scanner = _Scanner(None, queue.put)
+    for at in (10.0, 10.005, 10.01, 10.015, 10.1):  # a launcher banner in four chunks, then a step line
+        scanner.feed(b"x\n", at)
+    assert [(e.at, e.count) for e in queue.drain()] == [(10.0, 1), (10.005, 0), (10.01, 0), (10.015, 0), (10.1, 1)]
+    clock = StallClock(StallPolicy(warmup_steps=2), started=0.0)
+    for at, count in ((10.0, 1), (10.005, 0), (10.015, 0)):
+        clock.activity(at, count)
+    assert clock.warming_up and clock.last == 10.015  # activity, but one step
 
 
 def test_log_tail_follows_appends_truncation_and_rotation(tmp_path: Path) -> None:
@@ -169,19 +182,17 @@ def _beat(directory: Path, code: str) -> int:
 
 
 def test_heartbeat_reader_counts_steps_between_looks(tmp_path: Path) -> None:
-    reader = HeartbeatReader(tmp_path, None)
+    reader = HeartbeatReader(lambda: read_dir(tmp_path))
     assert reader.poll() == []
     a = _beat(tmp_path, "for s in range(8):\n    with hangdoc.step(s): pass")
     first = reader.poll()
     assert len(first) == 1 and first[0].signal is Signal.HEARTBEAT
-    assert first[0].step == 7 and first[0].count == 7
+    assert first[0].step == 7 and first[0].count == 1  # a first look: one step, whatever the number
     assert reader.poll() == []  # nothing new
     _beat(tmp_path, "hangdoc.heartbeat(20)")
     second = reader.poll()
-    assert second[0].step == 20 and second[0].count == 13
-    only_a = HeartbeatReader(tmp_path, lambda: [a])
-    assert [e.step for e in only_a.poll()] == [7]
-    assert set(only_a.records) == {a}
+    assert second[0].step == 20 and second[0].count == 13  # the steps since the last look
+    assert read_dir(tmp_path)[a].step == 7
 
 
 # -------------------------------------------------------------------- metrics
@@ -189,7 +200,8 @@ def test_heartbeat_reader_counts_steps_between_looks(tmp_path: Path) -> None:
 
 def test_metrics_page_and_server() -> None:
     board = MetricsBoard()
-    board.update(signal="heartbeat", steps_total=12, last_step=11, stalled=True, silence_seconds=4.5)
+    board.update(signal="heartbeat", steps_seen=12, last_step=11, stalled=True, silence_seconds=4.5,
+                 last_step_time=1795330123.4567)
     board.count_diagnosis("straggler")
     board.count_diagnosis("straggler")
     page = render(board.value)
@@ -197,7 +209,9 @@ def test_metrics_page_and_server() -> None:
     assert "hangdoc_watch_last_step 11" in page
     assert "hangdoc_watch_stalled 1" in page
     assert 'hangdoc_watch_diagnoses_total{verdict="straggler"} 2' in page
-    assert "# TYPE hangdoc_watch_steps_total counter" in page
+    assert "# TYPE hangdoc_watch_steps_seen gauge" in page
+    assert "hangdoc_watch_last_step_timestamp_seconds 1795330123.457" in page  # no exponent form
+    assert "hangdoc_watch_silence_seconds 4.5" in page
     server = serve(board, "127.0.0.1", 0)
     try:
         port = server.server_address[1]

@@ -96,7 +96,7 @@ def test_mismatch_hang_fires_and_kill_leaves_nothing(watch_run) -> None:
     assert report["verdict"] == "collective_mismatch"
     assert report["culprit_ranks"] == [2]
     assert report["watch"]["signal"] == "output"
-    assert report["watch"]["timeout_basis"] == "--stall-after"
+    assert report["watch"]["timeout_seconds"] == 3.0  # --stall-after (also the warm-up timeout)
     _within_bar(report["watch"])
     assert "confirmed by diagnosis" in report["watch"]["fired_because"]
     hang_dir = run.reports()[0]

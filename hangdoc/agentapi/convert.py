@@ -23,6 +23,7 @@ from ..model import (
     CaptureError,
     CaptureErrorKind,
     Frame,
+    Heartbeat,
     ProcessState,
     RankProcess,
     RankSource,
@@ -299,3 +300,14 @@ def samples_from_proto(msg: pb.SampleResponse) -> dict[int, Sample]:
 def response_discovery(msg: pb.SampleResponse) -> Discovery | None:
     """The discovery a ``SampleResponse`` carries (requests naming a job), else None."""
     return discovery_from_proto(msg.discovery) if msg.HasField("discovery") else None
+
+
+def heartbeat_to_proto(beat: Heartbeat) -> pb.Heartbeat:
+    msg = pb.Heartbeat(pid=beat.pid, beats=beat.beats, in_step=beat.in_step, age_seconds=beat.age_seconds)
+    if beat.step is not None:
+        msg.step = beat.step
+    return msg
+
+
+def heartbeat_from_proto(msg: pb.Heartbeat) -> Heartbeat:
+    return Heartbeat(msg.pid, _opt_int(msg, "step"), msg.beats, msg.in_step, msg.age_seconds)

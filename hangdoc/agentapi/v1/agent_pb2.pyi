@@ -250,3 +250,29 @@ class SampleSourcesResponse(_message.Message):
     FILES_FIELD_NUMBER: _ClassVar[int]
     files: _containers.RepeatedCompositeFieldContainer[SourceFile]
     def __init__(self, files: _Optional[_Iterable[_Union[SourceFile, _Mapping]]] = ...) -> None: ...
+
+class HeartbeatsRequest(_message.Message):
+    __slots__ = ("pids",)
+    PIDS_FIELD_NUMBER: _ClassVar[int]
+    pids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, pids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("pid", "step", "beats", "in_step", "age_seconds")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    BEATS_FIELD_NUMBER: _ClassVar[int]
+    IN_STEP_FIELD_NUMBER: _ClassVar[int]
+    AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    step: int
+    beats: int
+    in_step: bool
+    age_seconds: float
+    def __init__(self, pid: _Optional[int] = ..., step: _Optional[int] = ..., beats: _Optional[int] = ..., in_step: _Optional[bool] = ..., age_seconds: _Optional[float] = ...) -> None: ...
+
+class HeartbeatsResponse(_message.Message):
+    __slots__ = ("heartbeats",)
+    HEARTBEATS_FIELD_NUMBER: _ClassVar[int]
+    heartbeats: _containers.RepeatedCompositeFieldContainer[Heartbeat]
+    def __init__(self, heartbeats: _Optional[_Iterable[_Union[Heartbeat, _Mapping]]] = ...) -> None: ...

@@ -55,6 +55,11 @@ class AgentStub:
                 request_serializer=hangdoc_dot_v1_dot_agent__pb2.SampleSourcesRequest.SerializeToString,
                 response_deserializer=hangdoc_dot_v1_dot_agent__pb2.SampleSourcesResponse.FromString,
                 _registered_method=True)
+        self.Heartbeats = channel.unary_unary(
+                '/hangdoc.v1.Agent/Heartbeats',
+                request_serializer=hangdoc_dot_v1_dot_agent__pb2.HeartbeatsRequest.SerializeToString,
+                response_deserializer=hangdoc_dot_v1_dot_agent__pb2.HeartbeatsResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -89,6 +94,14 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Heartbeats(self, request, context):
+        """The last step heartbeat (hangdoc.heartbeat / hangdoc.step) of rank processes this
+        agent found; pids it did not find are left out (feature "heartbeats").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -111,6 +124,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.SampleSources,
                     request_deserializer=hangdoc_dot_v1_dot_agent__pb2.SampleSourcesRequest.FromString,
                     response_serializer=hangdoc_dot_v1_dot_agent__pb2.SampleSourcesResponse.SerializeToString,
+            ),
+            'Heartbeats': grpc.unary_unary_rpc_method_handler(
+                    servicer.Heartbeats,
+                    request_deserializer=hangdoc_dot_v1_dot_agent__pb2.HeartbeatsRequest.FromString,
+                    response_serializer=hangdoc_dot_v1_dot_agent__pb2.HeartbeatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -222,6 +240,33 @@ class Agent:
             '/hangdoc.v1.Agent/SampleSources',
             hangdoc_dot_v1_dot_agent__pb2.SampleSourcesRequest.SerializeToString,
             hangdoc_dot_v1_dot_agent__pb2.SampleSourcesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Heartbeats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hangdoc.v1.Agent/Heartbeats',
+            hangdoc_dot_v1_dot_agent__pb2.HeartbeatsRequest.SerializeToString,
+            hangdoc_dot_v1_dot_agent__pb2.HeartbeatsResponse.FromString,
             options,
             channel_credentials,
             insecure,
