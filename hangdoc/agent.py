@@ -146,7 +146,7 @@ class AgentService(pb_grpc.AgentServicer):
     async def GetInfo(self, request: pb.GetInfoRequest, context: grpc.aio.ServicerContext) -> pb.AgentInfo:
         info = pb.AgentInfo(
             hangdoc_version=__version__, schema_version=SCHEMA_VERSION, api_version=API_VERSION,
-            host=self.node.name, pid=os.getpid(), native=True, features=["sources", "heartbeats"],
+            host=self.node.name, pid=os.getpid(), native=True, features=["sources"] if self.config.replay else ["sources", "heartbeats"],
             python_version=sys.version.split()[0],
         )
         try:

@@ -12,6 +12,7 @@ do not collide).
 from __future__ import annotations
 
 import os
+import stat
 import struct
 import time
 from collections.abc import Iterable
@@ -41,10 +42,12 @@ def read_dir(directory: Path | None = None) -> dict[int, Heartbeat]:
         return out
     now = time.monotonic_ns()
     for path in paths:
+        data = _read_record(str(path))
+        if data is None:
+            continue
         try:
-            data = path.read_bytes()
             pid = RECORD.unpack_from(data)[2]
-        except (OSError, struct.error):
+        except struct.error:
             continue
         beat = _parse(data, pid, now)
         if beat is not None:
@@ -86,20 +89,27 @@ def read_process(pid: int) -> Heartbeat | None:
     directory = f"/proc/{pid}/root/{(_environ_dir(pid) or _default_dir(pid)).lstrip('/')}"
     own = _own_pid(pid)
     for name in (record_name(own, pid_namespace(str(pid))), record_name(own, None)):
-        try:
-            fd = os.open(f"{directory}/{name}", os.O_RDONLY | os.O_NOFOLLOW)  # not a link planted elsewhere
-            break
-        except OSError:
-            continue
-    else:
+        data = _read_record(f"{directory}/{name}")
+        if data is not None:
+            return _parse(data, pid, time.monotonic_ns())
+    return None
+
+
+def _read_record(path: str) -> bytes | None:
+    """A record's bytes, or None. Never follows a final symlink and never blocks: a FIFO
+    planted under a record's name must not hang a reader (an agent serves many callers)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
         return None
     try:
-        data = os.read(fd, RECORD.size)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, RECORD.size)
     except OSError:
         return None
     finally:
         os.close(fd)
-    return _parse(data, pid, time.monotonic_ns())
 
 
 def read_processes(pids: Iterable[int]) -> dict[int, Heartbeat]:
@@ -110,4 +120,6 @@ def _default_dir(pid: int) -> str:
     """``heartbeat_dir()`` as the writer computed it, in its own mount namespace."""
     if os.path.isdir(f"/proc/{pid}/root/dev/shm"):
         return "/dev/shm/hangdoc"
-    return os.path.join(_environ(pid, "TMPDIR") or "/tmp", "hangdoc")
+    # tempfile.gettempdir()'s order; its last fallbacks (the cwd) are not worth guessing
+    temp = next((v for k in ("TMPDIR", "TEMP", "TMP") if (v := _environ(pid, k))), "/tmp")
+    return os.path.join(temp, "hangdoc")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO
 
 from .coordinator import Fleet, fan_out, sample_all
+from .errors import HangdocError
 from .model import CaptureErrorKind, Heartbeat, Sample
 from .node import Node
 from .progress import relevant_thread
@@ -66,8 +67,9 @@ class _Scanner:
         self.burst_at = -BURST
 
     def feed(self, chunk: bytes, at: float) -> None:
-        new_burst = at - self.burst_at >= BURST
-        self.burst_at = at
+        new_burst = at - self.burst_at >= BURST  # measured from the burst's start: no endless chain
+        if new_burst:
+            self.burst_at = at
         self.emit(Event(at, Signal.OUTPUT, count=1 if new_burst else 0))
         if self.pattern is None:
             return
@@ -207,8 +209,14 @@ def fleet_heartbeats(fleet: Fleet, deadline: float) -> dict[tuple[str, int], Hea
     for node, proc in fleet.placed:
         by_node.setdefault(id(node), (node, []))[1].append(proc.pid)
     nodes = [node for node, _ in by_node.values()]
+    def ask(node: Node) -> dict[int, Heartbeat]:
+        try:
+            return node.heartbeats(by_node[id(node)][1])
+        except HangdocError:  # an agent down, or too old for the RPC: no heartbeats from it
+            return {}
+
     out: dict[tuple[str, int], Heartbeat] = {}
-    for node, found, _exc in fan_out(nodes, lambda n: n.heartbeats(by_node[id(n)][1]), deadline):
+    for node, found, _exc in fan_out(nodes, ask, deadline):
         out.update({(node.name, pid): beat for pid, beat in (found or {}).items()})
     return out
 

@@ -27,8 +27,9 @@ from pathlib import Path
 
 from . import jobcontrol
 from .beats import read_dir
-from .coordinator import Fleet, find_ranks
+from .coordinator import Fleet, fan_out, find_ranks
 from .diagnose import CaptureOptions, diagnose
+from .discover import Discovery
 from .errors import HangdocError, JobNotFound, UsageError
 from .incident import write_failed_incident, write_incident
 from .jobspec import parse_job_spec
@@ -197,13 +198,23 @@ class Watchdog:
         return EXIT_JOB_ENDED
 
     def _refresh(self, nodes: Sequence[Node], job) -> bool:
-        """Look for the job's ranks again (restarted workers get new pids); True when none."""
+        """Look for the job's ranks again (restarted workers get new pids). True only when
+        every node answered and none has a rank: an agent that is down is not a job that ended."""
+        def ask(node: Node) -> Discovery | HangdocError:
+            try:
+                return node.find_ranks(job)
+            except HangdocError as err:
+                return err
+
+        answers = [(n, exc or found) for n, found, exc in fan_out(nodes, ask, self.c.capture.timeout + 10.0)]
+        failed = [(n, a) for n, a in answers if isinstance(a, BaseException) and not isinstance(a, JobNotFound)]
+        if not any(isinstance(a, Discovery) and a.ranks for _, a in answers):
+            if failed:
+                self.say(f"could not look for the job's ranks on {failed[0][0].name}: {failed[0][1]}")
+            return not failed
         try:
             fleet = find_ranks(nodes, job, deadline=self.c.capture.timeout + 10.0)
-        except JobNotFound:
-            return True
-        except HangdocError as err:  # agents down or refusing: that is not the job ending
-            self.say(f"could not look for the job's ranks: {err}")
+        except HangdocError:
             return False
         if self.fleet is None or {p.pid for p in fleet.procs} != {p.pid for p in self.fleet.procs}:
             self.fleet = fleet
@@ -222,10 +233,9 @@ class Watchdog:
         return False
 
     def _wrapped_beats(self, directory: Path) -> dict[tuple[str, int], Heartbeat]:
-        beats = {(LOCAL, pid): beat for pid, beat in read_dir(directory).items()}
-        if self.c.nodes is not None:
-            beats.update(self._fleet_beats())
-        return beats
+        if self.c.nodes is not None:  # the agents see every node's ranks, this one's included
+            return self._fleet_beats()
+        return {(LOCAL, pid): beat for pid, beat in read_dir(directory).items()}
 
     def _fleet_beats(self) -> dict[tuple[str, int], Heartbeat]:
         return fleet_heartbeats(self.fleet, self.c.capture.timeout) if self.fleet else {}
@@ -336,12 +346,14 @@ class Watchdog:
         try:
             snapshot, diagnosis = diagnose(self.spec, self.c.capture, None, self.c.nodes)
         except HangdocError as err:
+            self.board.count_diagnosis("failed")
             self._collect()  # what the job did while we looked
             if clock.last is not None and clock.last > now:
                 return self._dismiss(clock, "steps resumed during the diagnosis")
+            if self.child is not None and self.child.poll() is not None:
+                return self._dismiss(clock, "the job ended during the diagnosis")
             self.say(f"could not diagnose: {err}")
             path = write_failed_incident(self.c.out, self.spec, trigger, str(err), err.help)
-            self.board.count_diagnosis("failed")
             self.board.update(reports_total=self.board.value.reports_total + 1)
             return self._fire(path, "unknown", f"could not diagnose: {err}")
         self.board.count_diagnosis(diagnosis.verdict.value)

@@ -123,3 +123,19 @@ def test_read_process_does_not_follow_a_planted_link(tmp_path) -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_fifo_named_like_a_record_does_not_block_the_reader(tmp_path) -> None:
+    from hangdoc.beats import read_dir, read_process
+    from hangdoc.heartbeat import pid_namespace, record_name
+
+    sleeper = subprocess.Popen(["sleep", "60"], env=dict(os.environ, HANGDOC_HEARTBEAT_DIR=str(tmp_path)))
+    try:
+        os.mkfifo(tmp_path / record_name(sleeper.pid, pid_namespace(str(sleeper.pid))))
+        t0 = time.monotonic()
+        assert read_process(sleeper.pid) is None
+        assert read_dir(tmp_path) == {}
+        assert time.monotonic() - t0 < 2
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -80,6 +80,25 @@ def with_token(c: Cluster) -> tuple[str, ...]:
     return ("--agents", c.agents(), "--token-file", str(c.token_file))
 
 
+def watch_until_report(c: Cluster, out: Path) -> tuple[Path, str]:
+    """``hangdoc watch JOB --agents ...`` until it writes a report; then stop it (attach
+    mode, --on-hang report: the job is left alone). Returns report.json and stderr."""
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "hangdoc", "watch", c.job_spec(), *with_token(c), "--stall-after", "2",
+         "--check-interval", "1", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 90
+        while not list(out.glob("hang-*/report.json")) and time.monotonic() < deadline and watch.poll() is None:
+            time.sleep(0.3)
+    finally:
+        watch.terminate()
+        _, err = watch.communicate(timeout=30)
+    reports = list(out.glob("hang-*/report.json"))
+    assert len(reports) == 1, f"expected one report, found {reports}\n{err[-3000:]}"
+    return reports[0], err
+
+
 class TestCollectiveMismatch:
     @pytest.fixture(scope="class")
     @classmethod
@@ -91,20 +110,7 @@ class TestCollectiveMismatch:
         assert_diagnosis(report_of(out), MISMATCH)
 
     def test_watch_through_agents_fires_on_the_hung_job(self, mc: Cluster, tmp_path) -> None:
-        out = tmp_path / "hangs"
-        watch = subprocess.Popen(
-            [sys.executable, "-m", "hangdoc", "watch", mc.job_spec(), *with_token(mc), "--stall-after", "2",
-             "--check-interval", "1", "--out", str(out)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-        try:
-            deadline = time.monotonic() + 90
-            while not list(out.glob("hang-*/report.json")) and time.monotonic() < deadline \
-                    and watch.poll() is None:
-                time.sleep(0.3)
-        finally:
-            watch.terminate()  # attach mode, --on-hang report: the job is left alone
-            _, err = watch.communicate(timeout=30)
-        (report_path,) = out.glob("hang-*/report.json")
+        report_path, err = watch_until_report(mc, tmp_path / "hangs")
         report = json.loads(report_path.read_text())
         assert_diagnosis(report, MISMATCH)
         assert report["watch"]["signal"] == "stacks", err
@@ -200,20 +206,7 @@ class TestWatchWithHeartbeatsThroughAgents:
         yield from _running(BEATING, tmp_path_factory)
 
     def test_heartbeats_of_every_node_drive_the_watchdog(self, bc: Cluster, tmp_path) -> None:
-        out = tmp_path / "hangs"
-        watch = subprocess.Popen(
-            [sys.executable, "-m", "hangdoc", "watch", bc.job_spec(), *with_token(bc), "--stall-after", "2",
-             "--check-interval", "1", "--out", str(out)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-        try:
-            deadline = time.monotonic() + 90
-            while not list(out.glob("hang-*/report.json")) and time.monotonic() < deadline \
-                    and watch.poll() is None:
-                time.sleep(0.3)
-        finally:
-            watch.terminate()
-            _, err = watch.communicate(timeout=30)
-        (report_path,) = out.glob("hang-*/report.json")
+        report_path, err = watch_until_report(bc, tmp_path / "hangs")
         report = json.loads(report_path.read_text())
         assert_diagnosis(report, BEATING)
         w = report["watch"]

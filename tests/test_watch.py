@@ -21,9 +21,10 @@ from hangdoc.analyse import analyse
 from hangdoc.beats import read_dir
 from hangdoc.bundle import load_snapshot
 from hangdoc.cli import main
-from hangdoc.errors import UsageError
+from hangdoc.errors import JobNotFound, UsageError
 from hangdoc.incident import new_dir
 from hangdoc.metrics import MetricsBoard, render, serve
+from hangdoc.remote import AgentError
 from hangdoc.signals import EventQueue, HeartbeatReader, LogTail, StepPattern, _Scanner
 from hangdoc.stall import Action, Signal, StallClock, StallPolicy, Trigger, judge
 from hangdoc.watch import OnHang
@@ -140,6 +141,52 @@ def test_output_bursts_count_as_one_step() -> None:
     for at, count in ((10.0, 1), (10.005, 0), (10.015, 0)):
         clock.activity(at, count)
     assert clock.warming_up and clock.last == 10.015  # activity, but one step
+
+
+def test_continuous_output_still_counts_steps() -> None:
+    queue = EventQueue()
+    scanner = _Scanner(None, queue.put)
+    for i in range(10):  # a chunk every 11 ms: a new step every 20+ ms, not one endless burst
+        scanner.feed(b"x", 5.0 + i * 0.011)
+    assert sum(e.count for e in queue.drain()) == 5
+
+
+class _Node:
+    """A stand-in node for the watch loop's fan-out logic (no process behind it)."""
+
+    def __init__(self, name: str, error: Exception | None = None, beats: dict | None = None) -> None:
+        self.name, self.error, self.beats = name, error, beats or {}
+
+    def find_ranks(self, spec):
+        raise self.error or JobNotFound(f"nothing on {self.name}")
+
+    def heartbeats(self, pids):
+        if self.error:
+            raise self.error
+        return self.beats
+
+
+def test_an_unreachable_agent_is_not_a_job_that_ended() -> None:
+    from hangdoc.jobspec import parse_job_spec
+    from hangdoc.watch import WatchConfig, Watchdog
+
+    dog = Watchdog(WatchConfig(job="10.0.0.1:29500"), lambda _m: None)
+    job = parse_job_spec("10.0.0.1:29500")
+    assert dog._refresh([_Node("a")], job) is True  # every node answered: no rank anywhere
+    assert dog._refresh([_Node("a"), _Node("b", AgentError("agent b unavailable"))], job) is False
+    assert dog._refresh([_Node("b", AgentError("agent b unavailable"))], job) is False
+
+
+def test_heartbeats_of_a_failing_node_are_none_not_an_error() -> None:
+    from hangdoc.coordinator import Fleet
+    from hangdoc.model import Heartbeat, RankProcess
+    from hangdoc.signals import fleet_heartbeats
+
+    beat = Heartbeat(7, 3, 6, False, 0.5)
+    good, bad = _Node("good", beats={7: beat}), _Node("bad", AgentError("too old for the RPC"))
+    assert fleet_heartbeats(Fleet([(bad, RankProcess(7, "bad", 1))], 2), 5.0) == {}
+    both = Fleet([(good, RankProcess(7, "good", 0)), (bad, RankProcess(7, "bad", 1))], 2)
+    assert fleet_heartbeats(both, 5.0) == {("good", 7): beat}  # same pid on another node: keyed apart
 
 
 def test_log_tail_follows_appends_truncation_and_rotation(tmp_path: Path) -> None:

@@ -111,7 +111,7 @@ def test_lock_hang_with_heartbeats_learned_timeout_and_exec(watch_run, tmp_path:
     hook = f"exec {sys.executable} -c 'import sys; open(sys.argv[1], \"w\").write(sys.argv[2])' {marker} {{report}}"
     run = watch_run(["--warmup-steps", "3", "--min-stall", "2", "--warmup-timeout", "60",
                      "--max-window", "4", "--on-hang", hook], 2,
-                    ["--hang", "lock", "--at", "12", "--heartbeat"])
+                    ["--hang", "lock", "--at", "40", "--steps", "100", "--heartbeat"])
     deadline = time.monotonic() + 150
     while not marker.exists() and time.monotonic() < deadline and run.proc.poll() is None:
         time.sleep(0.2)
@@ -124,7 +124,7 @@ def test_lock_hang_with_heartbeats_learned_timeout_and_exec(watch_run, tmp_path:
     watch = report["watch"]
     assert watch["signal"] == "heartbeat"
     assert watch["timeout_basis"].startswith("learned")
-    assert watch["last_step"] == 12
+    assert watch["last_step"] == 40
     assert len(watch["details"]) == 2
     _within_bar(watch)
     # --on-hang exec keeps watching; the job is still there, hung
