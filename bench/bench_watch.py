@@ -37,7 +37,7 @@ HANGS = {
         ["--stall-after", "3"], 3, ["--hang", "mismatch", "--at", "8"], "collective_mismatch", [2]),
     "lock straggler, heartbeats, learned timeout": (
         ["--warmup-steps", "3", "--min-stall", "2", "--warmup-timeout", "60", "--max-window", "4"], 2,
-        ["--hang", "lock", "--at", "12", "--heartbeat"], "straggler", [1]),
+        ["--hang", "lock", "--at", "40", "--steps", "100", "--heartbeat"], "straggler", [1]),
 }
 
 
