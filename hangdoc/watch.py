@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import jobcontrol
@@ -34,7 +34,7 @@ from .errors import HangdocError, JobNotFound, UsageError
 from .incident import write_failed_incident, write_incident
 from .jobspec import parse_job_spec
 from .metrics import MetricsBoard, serve, unix_time
-from .model import Heartbeat, RankState
+from .model import Heartbeat, JobSnapshot, RankState
 from .node import LocalNode, Node
 from .pyspy import find_pyspy
 from .signals import (
@@ -320,10 +320,14 @@ class Watchdog:
             details=self._heartbeat_details(),
         )
 
-    def _heartbeat_details(self) -> tuple[str, ...]:
+    def _heartbeat_details(self, snapshot: JobSnapshot | None = None) -> tuple[str, ...]:
+        """One line per heartbeat record; ranks named from the fleet or, for a wrapped job's
+        own records, from the diagnosis that found them."""
         if self.heartbeats is None or not self.heartbeats.records:
             return ()
         where_is = {(node.name, p.pid): (p.rank, p.host) for node, p in self.fleet.placed} if self.fleet else {}
+        if snapshot is not None:
+            where_is.update({(LOCAL, r.process.pid): (r.process.rank, r.process.host) for r in snapshot.ranks})
 
         def order(item: tuple[tuple[str, int], Heartbeat]) -> tuple[bool, int, str, int]:
             rank = where_is.get(item[0], (None, None))[0]
@@ -371,6 +375,7 @@ class Watchdog:
             self.moving_at = time.monotonic()
             self.say(f"not yet: {decision.reason}")
             return None
+        trigger = replace(trigger, details=self._heartbeat_details(snapshot) or trigger.details)
         path = write_incident(self.c.out, snapshot, diagnosis, trigger, decision.reason,
                               time.monotonic() - started)
         self.board.update(reports_total=self.board.value.reports_total + 1)

@@ -125,7 +125,8 @@ def test_lock_hang_with_heartbeats_learned_timeout_and_exec(watch_run, tmp_path:
     assert watch["signal"] == "heartbeat"
     assert watch["timeout_basis"].startswith("learned")
     assert watch["last_step"] == 40
-    assert len(watch["details"]) == 2
+    assert [d.split(" (pid")[0] for d in watch["details"]] == ["rank 0", "rank 1"], watch["details"]
+    assert all(d.endswith("at step 40, inside a step") for d in watch["details"]), watch["details"]
     _within_bar(watch)
     # --on-hang exec keeps watching; the job is still there, hung
     assert run.proc.poll() is None
