@@ -203,7 +203,12 @@ class TestWatchWithHeartbeatsThroughAgents:
     @pytest.fixture(scope="class")
     @classmethod
     def bc(cls, tmp_path_factory) -> Iterator[Cluster]:
-        yield from _running(BEATING, tmp_path_factory)
+        # the ranks inherit it: their records land in a test directory, not in /dev/shm
+        os.environ["HANGDOC_HEARTBEAT_DIR"] = str(tmp_path_factory.mktemp("heartbeats"))
+        try:
+            yield from _running(BEATING, tmp_path_factory)
+        finally:
+            del os.environ["HANGDOC_HEARTBEAT_DIR"]
 
     def test_heartbeats_of_every_node_drive_the_watchdog(self, bc: Cluster, tmp_path) -> None:
         report_path, err = watch_until_report(bc, tmp_path / "hangs")
