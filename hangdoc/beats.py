@@ -22,14 +22,16 @@ from .heartbeat import MAGIC, NO_STEP, RECORD, VERSION, heartbeat_dir, pid_names
 from .model import Heartbeat
 
 
-def _parse(data: bytes, pid: int, now_ns: int) -> Heartbeat | None:
+def _parse(data: bytes, now_ns: int, pid: int | None = None) -> Heartbeat | None:
+    """A record as a ``Heartbeat`` of ``pid`` (default: the pid the writer recorded)."""
     try:
-        magic, version, _own_pid, in_step, number, beats, last = RECORD.unpack_from(data)
+        magic, version, own_pid, in_step, number, beats, last = RECORD.unpack_from(data)
     except struct.error:
         return None
     if magic != MAGIC or version != VERSION or beats <= 0:
         return None
-    return Heartbeat(pid, None if number == NO_STEP else number, beats, bool(in_step), max(now_ns - last, 0) / 1e9)
+    return Heartbeat(own_pid if pid is None else pid, None if number == NO_STEP else number, beats,
+                     bool(in_step), max(now_ns - last, 0) / 1e9)
 
 
 def read_dir(directory: Path | None = None) -> dict[int, Heartbeat]:
@@ -43,15 +45,9 @@ def read_dir(directory: Path | None = None) -> dict[int, Heartbeat]:
     now = time.monotonic_ns()
     for path in paths:
         data = _read_record(str(path))
-        if data is None:
-            continue
-        try:
-            pid = RECORD.unpack_from(data)[2]
-        except struct.error:
-            continue
-        beat = _parse(data, pid, now)
+        beat = _parse(data, now) if data is not None else None
         if beat is not None:
-            out[pid] = beat
+            out[beat.pid] = beat
     return out
 
 
@@ -91,7 +87,7 @@ def read_process(pid: int) -> Heartbeat | None:
     for name in (record_name(own, pid_namespace(str(pid))), record_name(own, None)):
         data = _read_record(f"{directory}/{name}")
         if data is not None:
-            return _parse(data, pid, time.monotonic_ns())
+            return _parse(data, time.monotonic_ns(), pid)
     return None
 
 

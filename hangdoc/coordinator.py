@@ -37,6 +37,15 @@ class Fleet:
     def procs(self) -> list[RankProcess]:
         return [p for _, p in self.placed]
 
+    def by_node(self, only: set[int] | None = None) -> list[tuple[Node, list[int]]]:
+        """Each node with the indices into ``placed`` of its ranks (``only`` those), in
+        first-seen order."""
+        groups: dict[int, tuple[Node, list[int]]] = {}
+        for i, (node, _) in enumerate(self.placed):
+            if only is None or i in only:
+                groups.setdefault(id(node), (node, []))[1].append(i)
+        return list(groups.values())
+
 
 def fan_out(
     nodes: Sequence[Node], call: Callable[[Node], T], deadline: float | None
@@ -94,7 +103,9 @@ def find_ranks(nodes: Sequence[Node], spec: JobSpec, deadline: float | None = No
             # no node answered, all for the same reason (wrong token, no TLS cert, down):
             # that reason and its help, not "job not found"
             raise kinds.pop()(f"no agent answered for {spec}: {detail}")
-        raise JobNotFound(f"no node has a rank of {spec}: {detail}")
+        err = JobNotFound(f"no node has a rank of {spec}: {detail}")
+        err.unreachable = tuple(f"{u.target}: {u.reason}" for u in unreachable)
+        raise err
     notes += [f"{e} (no rank there)" for e in empty]
     placed.sort(key=lambda np: (np[1].rank is None, np[1].rank if np[1].rank is not None else 0))
     return Fleet(placed, max(worlds) if worlds else None, notes, unreachable)
@@ -108,24 +119,16 @@ def sample_all(
     ``only`` restricts the round to those indices (ranks still alive, or ranks to deepen).
     A node that fails this round gets no samples and is added to ``fleet.unreachable``.
     """
-    by_node: dict[int, list[int]] = {}
-    nodes: list[Node] = []
-    for i, (node, _) in enumerate(fleet.placed):
-        if only is not None and i not in only:
-            continue
-        key = next((k for k, n in enumerate(nodes) if n is node), None)
-        if key is None:
-            nodes.append(node)
-            key = len(nodes) - 1
-        by_node.setdefault(key, []).append(i)
+    groups = fleet.by_node(only)
+    nodes = [node for node, _ in groups]
+    indices = {id(node): idx for node, idx in groups}
 
     def call(node: Node) -> list[Sample]:
-        idx = by_node[nodes.index(node)]
-        return node.sample([fleet.placed[i][1] for i in idx], t, native=native, timeout=timeout)
+        return node.sample([fleet.placed[i][1] for i in indices[id(node)]], t, native=native, timeout=timeout)
 
     out: dict[int, Sample] = {}
     for node, samples, exc in fan_out(nodes, call, timeout + ROUND_SLACK if len(nodes) > 1 else None):
-        idx = by_node[nodes.index(node)]
+        idx = indices[id(node)]
         if samples is None:
             known = {u.target for u in fleet.unreachable}
             if node.name not in known:

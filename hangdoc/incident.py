@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .bundle import save_snapshot
-from .model import Diagnosis, JobSnapshot
+from .model import Diagnosis, JobSnapshot, Verdict
 from .stall import Trigger
 
 REPORT = "report.json"
@@ -78,19 +78,14 @@ def _write_last(target: Path, report: dict[str, Any]) -> None:
 def write_failed_incident(out: Path, spec: str, trigger: Trigger, error: str, help_text: str) -> Path:
     """The job went silent but could not be diagnosed: the reason and the error, as a
     report with verdict ``unknown`` so scripts reading ``report.json`` still work."""
-    from . import SCHEMA_VERSION, __version__
+    from .report.json_report import to_json_dict
 
     path = new_dir(out, datetime.datetime.now(datetime.UTC))
-    report: dict[str, Any] = {
-        "verdict": "unknown", "culprit_ranks": [],
-        "summary": f"the job stopped making progress but could not be diagnosed: {error}",
-        "evidence": [trigger.sentence(), error], "next_steps": [help_text] if help_text else [],
-        "ranks": [], "groups": [], "unreachable": [], "spec": spec, "world_size": None,
-        "observed_seconds": 0.0, "partial": True, "captured_at": trigger.detected_at,
-        "notes": [f"diagnosis failed: {error}"],
-        "hangdoc_version": __version__, "schema_version": SCHEMA_VERSION,
-        "watch": trigger_dict(trigger, f"diagnosis failed: {error}"),
-    }
+    nothing = Diagnosis(Verdict.UNKNOWN, (), f"the job stopped making progress but could not be diagnosed: {error}",
+                        (trigger.sentence(), error), (help_text,) if help_text else (), (), (), partial=True)
+    empty = JobSnapshot(spec, (), captured_at=trigger.detected_at, notes=(f"diagnosis failed: {error}",))
+    report = to_json_dict(nothing, empty)
+    report["watch"] = trigger_dict(trigger, f"diagnosis failed: {error}")
     (path / HUMAN).write_text(f"hangdoc watch fired at {trigger.detected_at}: {report['watch']['fired_because']}\n"
                               f"{report['summary']}\n" + (f"help: {help_text}\n" if help_text else ""))
     _write_last(path / REPORT, report)

@@ -83,6 +83,11 @@ class MetricsBoard:
         with self._lock:
             self._value = replace(self._value, **changes)  # type: ignore[arg-type]
 
+    def count(self, name: str) -> None:
+        """Add one to the counter field ``name``."""
+        with self._lock:
+            self._value = replace(self._value, **{name: getattr(self._value, name) + 1})
+
     def count_diagnosis(self, verdict: str) -> None:
         with self._lock:
             counts = dict(self._value.diagnoses)

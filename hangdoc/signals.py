@@ -205,18 +205,17 @@ class HeartbeatReader:
 def fleet_heartbeats(fleet: Fleet, deadline: float) -> dict[tuple[str, int], Heartbeat]:
     """Every rank's heartbeat by (node name, pid), asked of all its nodes at once; a node
     that fails gives none."""
-    by_node: dict[int, tuple[Node, list[int]]] = {}
-    for node, proc in fleet.placed:
-        by_node.setdefault(id(node), (node, []))[1].append(proc.pid)
-    nodes = [node for node, _ in by_node.values()]
+    groups = fleet.by_node()
+    pids = {id(node): [fleet.placed[i][1].pid for i in idx] for node, idx in groups}
+
     def ask(node: Node) -> dict[int, Heartbeat]:
         try:
-            return node.heartbeats(by_node[id(node)][1])
+            return node.heartbeats(pids[id(node)])
         except HangdocError:  # an agent down, or too old for the RPC: no heartbeats from it
             return {}
 
     out: dict[tuple[str, int], Heartbeat] = {}
-    for node, found, _exc in fan_out(nodes, ask, deadline):
+    for node, found, _exc in fan_out([node for node, _ in groups], ask, deadline):
         out.update({(node.name, pid): beat for pid, beat in (found or {}).items()})
     return out
 

@@ -27,14 +27,13 @@ from pathlib import Path
 
 from . import jobcontrol
 from .beats import read_dir
-from .coordinator import Fleet, fan_out, find_ranks
+from .coordinator import Fleet, find_ranks
 from .diagnose import CaptureOptions, diagnose
-from .discover import Discovery
 from .errors import HangdocError, JobNotFound, UsageError
 from .incident import write_failed_incident, write_incident
 from .jobspec import parse_job_spec
 from .metrics import MetricsBoard, serve, unix_time
-from .model import Heartbeat, JobSnapshot, RankState
+from .model import Diagnosis, Heartbeat, JobSnapshot, RankState
 from .node import LocalNode, Node
 from .pyspy import find_pyspy
 from .signals import (
@@ -179,14 +178,10 @@ class Watchdog:
         self.heartbeats = HeartbeatReader(self._fleet_beats)
         if self.log is None:
             self.probe = StackProbe(self.fleet, self.c.capture.timeout)
-        refreshed = time.monotonic()
+        self.fleet_checked = time.monotonic()
 
         def ended() -> bool:
-            nonlocal refreshed
-            if self.probe is not None and self.probe.all_gone:
-                return self._refresh(nodes, job)
-            if time.monotonic() - refreshed >= FLEET_REFRESH:
-                refreshed = time.monotonic()
+            if (self.probe is not None and self.probe.all_gone) or self._refresh_due():
                 return self._refresh(nodes, job)
             return False
 
@@ -197,24 +192,23 @@ class Watchdog:
         self._end_hooks()
         return EXIT_JOB_ENDED
 
+    def _refresh_due(self) -> bool:
+        if time.monotonic() - self.fleet_checked < FLEET_REFRESH:
+            return False
+        self.fleet_checked = time.monotonic()
+        return True
+
     def _refresh(self, nodes: Sequence[Node], job) -> bool:
         """Look for the job's ranks again (restarted workers get new pids). True only when
         every node answered and none has a rank: an agent that is down is not a job that ended."""
-        def ask(node: Node) -> Discovery | HangdocError:
-            try:
-                return node.find_ranks(job)
-            except HangdocError as err:
-                return err
-
-        answers = [(n, exc or found) for n, found, exc in fan_out(nodes, ask, self.c.capture.timeout + 10.0)]
-        failed = [(n, a) for n, a in answers if isinstance(a, BaseException) and not isinstance(a, JobNotFound)]
-        if not any(isinstance(a, Discovery) and a.ranks for _, a in answers):
-            if failed:
-                self.say(f"could not look for the job's ranks on {failed[0][0].name}: {failed[0][1]}")
-            return not failed
         try:
             fleet = find_ranks(nodes, job, deadline=self.c.capture.timeout + 10.0)
-        except HangdocError:
+        except JobNotFound as err:
+            if err.unreachable:
+                self.say(f"could not look for the job's ranks on {err.unreachable[0]}")
+            return not err.unreachable
+        except HangdocError as err:  # no node answered at all
+            self.say(f"could not look for the job's ranks: {err}")
             return False
         if self.fleet is None or {p.pid for p in fleet.procs} != {p.pid for p in self.fleet.procs}:
             self.fleet = fleet
@@ -226,9 +220,8 @@ class Watchdog:
         assert self.child is not None
         if self.child.poll() is not None:
             return True
-        if self.c.nodes is not None and self.c.job and time.monotonic() - self.fleet_checked >= FLEET_REFRESH:
+        if self.c.nodes is not None and self.c.job and self._refresh_due():
             # ranks on other nodes: their heartbeats come through the agents, once found
-            self.fleet_checked = time.monotonic()
             self._refresh(self.c.nodes, parse_job_spec(self.c.job))
         return False
 
@@ -344,29 +337,22 @@ class Watchdog:
 
     def _on_stall(self, sig: Signal, clock: StallClock, now: float) -> int | None:
         trigger = self._trigger(sig, clock, now)
-        self.board.update(suspected_total=self.board.value.suspected_total + 1)
+        self.board.count("suspected_total")
         self.say(f"stall suspected: {trigger.sentence()}; diagnosing {self.spec}")
         started = time.monotonic()
         try:
             snapshot, diagnosis = diagnose(self.spec, self.c.capture, None, self.c.nodes)
         except HangdocError as err:
             self.board.count_diagnosis("failed")
-            self._collect()  # what the job did while we looked
-            if clock.last is not None and clock.last > now:
-                return self._dismiss(clock, "steps resumed during the diagnosis")
-            if self.child is not None and self.child.poll() is not None:
-                return self._dismiss(clock, "the job ended during the diagnosis")
+            if reason := self._moved_on(clock, now, None):
+                return self._dismiss(clock, reason)
             self.say(f"could not diagnose: {err}")
             path = write_failed_incident(self.c.out, self.spec, trigger, str(err), err.help)
-            self.board.update(reports_total=self.board.value.reports_total + 1)
+            self.board.count("reports_total")
             return self._fire(path, "unknown", f"could not diagnose: {err}")
         self.board.count_diagnosis(diagnosis.verdict.value)
-        self._collect()
-        if clock.last is not None and clock.last > now:
-            return self._dismiss(clock, f"steps resumed during the diagnosis ({diagnosis.verdict.value} taken meanwhile)")
-        if (self.child is not None and self.child.poll() is not None) or (
-                diagnosis.ranks and all(ra.state is RankState.EXITED for ra in diagnosis.ranks)):
-            return self._dismiss(clock, "the job ended during the diagnosis")
+        if reason := self._moved_on(clock, now, diagnosis):
+            return self._dismiss(clock, reason)
         decision = judge(snapshot, diagnosis, self.postponed, self.c.max_postpone)
         if decision.action is Action.DISMISS:
             return self._dismiss(clock, decision.reason)
@@ -378,13 +364,25 @@ class Watchdog:
         trigger = replace(trigger, details=self._heartbeat_details(snapshot) or trigger.details)
         path = write_incident(self.c.out, snapshot, diagnosis, trigger, decision.reason,
                               time.monotonic() - started)
-        self.board.update(reports_total=self.board.value.reports_total + 1)
+        self.board.count("reports_total")
         culprits = diagnosis.culprit_ranks
         head = diagnosis.verdict.value + (f" (culprit ranks {', '.join(map(str, culprits))})" if culprits else "")
         return self._fire(path, head, diagnosis.summary)
 
+    def _moved_on(self, clock: StallClock, since: float, diagnosis: Diagnosis | None) -> str | None:
+        """Why the stall is over by the time the diagnosis is done, or None: steps resumed,
+        or the job (or every rank the diagnosis saw) exited."""
+        self._collect()  # what the job did while we looked
+        if clock.last is not None and clock.last > since:
+            taken = f" ({diagnosis.verdict.value} taken meanwhile)" if diagnosis else ""
+            return f"steps resumed during the diagnosis{taken}"
+        if (self.child is not None and self.child.poll() is not None) or (
+                diagnosis and diagnosis.ranks and all(ra.state is RankState.EXITED for ra in diagnosis.ranks)):
+            return "the job ended during the diagnosis"
+        return None
+
     def _dismiss(self, clock: StallClock, reason: str) -> int | None:
-        self.board.update(dismissed_total=self.board.value.dismissed_total + 1)
+        self.board.count("dismissed_total")
         self.postponed = 0
         self.moving_at = time.monotonic()
         self.say(f"not a hang: {reason}")
@@ -408,7 +406,14 @@ class Watchdog:
     def _kill(self) -> int:
         roots = self._job_roots()
         self.say(f"--on-hang kill: ending the job ({len(roots)} process tree(s)), grace {self.c.kill_grace:g} s")
-        left = jobcontrol.end_job(roots, self.c.kill_grace, spare=[h.pid for h in self.hooks],
+        self._end_job(roots, self.c.kill_grace)
+        self._end_hooks()
+        return EXIT_HANG_KILLED
+
+    def _end_job(self, roots: list[int], grace: float) -> None:
+        """End the process trees under ``roots`` (never our hook commands) and collect the
+        wrapped command's status."""
+        left = jobcontrol.end_job(roots, grace, spare=[h.pid for h in self.hooks],
                                   owned=[self.child.pid] if self.child else [])
         if self.child is not None:
             try:
@@ -417,8 +422,6 @@ class Watchdog:
                 left.append(self.child.pid)
         if left:
             self.say(f"could not end pid(s) {', '.join(map(str, left))}")
-        self._end_hooks()
-        return EXIT_HANG_KILLED
 
     def _job_roots(self) -> list[int]:
         if self.child is not None:
@@ -478,15 +481,9 @@ class Watchdog:
 
     def _stop(self) -> int:
         self.say("second signal: ending the wrapped command and all its processes")
-        roots = [self.child.pid] if self.child else []
-        jobcontrol.end_job(roots, grace=2.0, spare=[h.pid for h in self.hooks],
-                           owned=roots)
-        if self.child is not None:
-            try:
-                self.child.wait(timeout=5)
-                return jobcontrol.exit_status(self.child.returncode)
-            except subprocess.TimeoutExpired:
-                pass
+        self._end_job(self._job_roots(), grace=2.0)
+        if self.child is not None and self.child.returncode is not None:
+            return jobcontrol.exit_status(self.child.returncode)
         return 128 + signal.SIGTERM
 
 
