@@ -5,7 +5,11 @@ gRPC health service, on loopback by default. Off loopback it refuses to start wi
 token (``--token-file``, checked on every call as ``authorization: Bearer <token>``) or
 mutual TLS, unless ``--insecure`` is given on purpose. It only reads: discovery, py-spy
 dumps, /proc; it never signals the job. Blocking work runs in threads so that one slow
-dump does not stall other callers; one log line per request goes to stderr.
+dump does not stall other callers.
+
+Without a token or certificate a caller is identified by the kernel (hangdoc.callers) and
+sees only the processes it could read with py-spy itself. Every request, denied and
+invalid ones included, gets one audit line on stderr (logger ``hangdoc.audit``).
 """
 
 from __future__ import annotations
@@ -14,16 +18,18 @@ import asyncio
 import hmac
 import ipaddress
 import logging
+import math
 import os
+import re
 import signal
 import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
+import psutil
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from . import SCHEMA_VERSION, __version__
@@ -31,15 +37,26 @@ from .agentapi import convert
 from .agentapi.v1 import agent_pb2 as pb
 from .agentapi.v1 import agent_pb2_grpc as pb_grpc
 from .bundle import load_snapshot
-from .errors import HangdocError, JobNotFound, PySpyMissing, UsageError
+from .callers import OPERATOR_BY_CERT, OPERATOR_BY_TOKEN, Caller, identify
+from .credfiles import check_tls, read_private, read_token
+from .discover import Discovery
+from .errors import HangdocError, JobNotFound, PermissionDenied, PySpyMissing, UsageError
 from .jobspec import parse_job_spec
-from .model import ThreadStack
+from .model import CaptureError, CaptureErrorKind, Frame, Heartbeat, Sample, SourceFile
 from .node import LocalNode, ReplayNode
 from .pyspy import find_pyspy
 
 DEFAULT_LISTEN = "127.0.0.1:7420"
 API_VERSION = "hangdoc.v1"
 log = logging.getLogger("hangdoc.agent")
+audit_log = logging.getLogger("hangdoc.audit")
+
+# What one request may ask for. A node runs a few dozen ranks (128 on the largest CPU
+# nodes); a py-spy dump of a hung rank takes 0.05-1 s (--native: ~1 s).
+MAX_PIDS_PER_CALL = 1024
+MAX_JOB_SPEC = 1024
+MAX_DUMP_TIMEOUT = 60.0
+MAX_SOURCE_FRAMES = 20_000
 
 
 @dataclass(frozen=True)
@@ -58,21 +75,11 @@ class AgentConfig:
     replay_world_size: int | None = None
 
 
-def read_token(path: str) -> str:
-    """The token in ``path`` (whitespace stripped); a clear error when unusable."""
-    try:
-        token = Path(path).read_text().strip()
-    except OSError as exc:
-        raise UsageError(f"cannot read token file {path}: {exc.strerror}") from None
-    if len(token) < 16:
-        raise UsageError(f"token in {path} is shorter than 16 characters; use `openssl rand -hex 32`")
-    return token
-
-
 def split_address(address: str) -> tuple[str, int]:
+    """(host, port) of ``HOST:PORT``; port 0 asks for any free port."""
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise UsageError(f"listen address {address!r} is not HOST:PORT")
+    if not sep or not host.strip("[]") or not (port.isascii() and port.isdigit()) or int(port) > 65535:
+        raise UsageError(f"listen address {address!r} is not HOST:PORT with a port 0-65535")
     return host.strip("[]"), int(port)
 
 
@@ -108,11 +115,6 @@ class TokenAuth(grpc.aio.ServerInterceptor):
         self._expected = f"Bearer {token}".encode()
         self._open_health = open_health
 
-        async def deny(request: object, context: grpc.aio.ServicerContext) -> None:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong hangdoc token")
-
-        self._deny = grpc.unary_unary_rpc_method_handler(deny)
-
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -125,23 +127,41 @@ class TokenAuth(grpc.aio.ServerInterceptor):
                 given = value.encode() if isinstance(value, str) else value
                 if hmac.compare_digest(given, self._expected):
                     return await continuation(details)
-        log.info("denied %s: no valid token", details.method)
-        return self._deny
+        method = details.method
+
+        async def deny(request: object, context: grpc.aio.ServicerContext) -> None:
+            audit(context.peer(), "unauthenticated", method, "-", "denied: no valid token", 0.0)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong hangdoc token")
+
+        return grpc.unary_unary_rpc_method_handler(deny)
 
 
 class AgentService(pb_grpc.AgentServicer):
-    """Translates RPCs to the local node's discovery and sampling; never raises raw errors."""
+    """Translates RPCs to the local node's discovery and sampling; never raises raw errors.
+
+    Every request is checked before any work: its caller is identified (hangdoc.callers)
+    and sees only processes it may read; numbers are finite and in range; lists and
+    strings are bounded. One audit line per request says who asked what and how it ended.
+    """
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
-        # files seen in stacks this agent captured: the only ones SampleSources will read
-        self.seen_files: set[str] = set()
-        # rank processes this agent found: the only ones Heartbeats will look at
+        # per rank process this agent found: the files its own dumps showed, the only ones
+        # SampleSources reads (and only through that process)
+        self.seen: dict[int, set[str]] = {}
+        # rank processes this agent found: the only ones Sample and Heartbeats look at
         self.found_pids: set[int] = set()
         self.node: LocalNode | ReplayNode = LocalNode(config.host)
         if config.replay:
             self.node = ReplayNode(load_snapshot(config.replay), config.host or socket.gethostname(),
                                    config.replay_rank_offset, config.replay_world_size)
+
+    def caller(self, context: grpc.aio.ServicerContext) -> Caller:
+        if self.config.token:
+            return OPERATOR_BY_TOKEN  # the interceptor let only token holders through
+        if self.config.tls_cert:
+            return OPERATOR_BY_CERT  # the TLS layer let only certificates from the CA through
+        return identify(context.peer(), trust_remote=self.config.insecure)
 
     async def GetInfo(self, request: pb.GetInfoRequest, context: grpc.aio.ServicerContext) -> pb.AgentInfo:
         info = pb.AgentInfo(
@@ -153,73 +173,160 @@ class AgentService(pb_grpc.AgentServicer):
             info.pyspy_path = find_pyspy()
         except PySpyMissing:
             pass
+        audit(context.peer(), "-", "GetInfo", "-", "ok", 0.0)
         return info
 
     async def FindRanks(self, request: pb.FindRanksRequest, context: grpc.aio.ServicerContext) -> pb.Discovery:
-        found = await self._run(context, "FindRanks", request.job, self._find, request.job)
+        caller = self.caller(context)
+        found = await self._run(context, caller, "FindRanks", f"job={request.job}", self._find, request.job, caller)
         return convert.discovery_to_proto(found)
 
     async def Sample(self, request: pb.SampleRequest, context: grpc.aio.ServicerContext) -> pb.SampleResponse:
-        timeout = request.timeout_seconds if request.HasField("timeout_seconds") else self.config.dump_timeout
-        found = None
-        if request.WhichOneof("target") == "job":
-            found = await self._run(context, "Sample", request.job, self._find, request.job)
-            procs = list(found.ranks)
-        else:
-            procs = [convert.rank_process_from_proto(p) for p in request.processes.processes]
-        samples = await self._run(
-            context, "Sample", f"{len(procs)} pid(s)",
-            lambda: self.node.sample(procs, request.t, native=request.native, timeout=timeout),
-        )
-        self.seen_files.update(f.filename for s in samples for th in s.threads for f in th.frames)
-        response = convert.samples_to_proto([(p.pid, s) for p, s in zip(procs, samples)])
-        if found is not None:
-            response.discovery.CopyFrom(convert.discovery_to_proto(found))
+        caller = self.caller(context)
+        target = request.WhichOneof("target")
+        pids = [p.pid for p in request.processes.processes] if target == "processes" else []
+        what = f"job={request.job}" if target == "job" else f"pids={_pid_list(pids)}"
+        response = await self._run(context, caller, "Sample", what, self._sample, request, caller)
         return response
 
     async def SampleSources(
         self, request: pb.SampleSourcesRequest, context: grpc.aio.ServicerContext
     ) -> pb.SampleSourcesResponse:
-        # only lines of files that appeared in this agent's own captures: a caller must not
-        # turn the agent into a reader of arbitrary files on the node
-        frames = tuple(
-            frame for f in request.frames
-            if (frame := convert.frame_from_proto(f)).filename in self.seen_files
-        )
-        thread = ThreadStack(0, None, frames)
-        sources = await self._run(context, "SampleSources", f"{len(frames)} frame(s)",
-                                  self.node.sources, [thread])
+        caller = self.caller(context)
+        pids = [q.pid for q in request.queries]
+        sources = await self._run(context, caller, "SampleSources", f"pids={_pid_list(pids)}",
+                                  self._sources, request, caller)
         return pb.SampleSourcesResponse(files=[convert.source_file_to_proto(s) for s in sources])
 
     async def Heartbeats(
         self, request: pb.HeartbeatsRequest, context: grpc.aio.ServicerContext
     ) -> pb.HeartbeatsResponse:
-        pids = [pid for pid in request.pids if pid in self.found_pids]
-        beats = await self._run(context, "Heartbeats", f"{len(pids)} pid(s)", self.node.heartbeats, pids)
-        return pb.HeartbeatsResponse(heartbeats=[convert.heartbeat_to_proto(b) for b in beats.values()])
+        caller = self.caller(context)
 
-    def _find(self, job: str):
-        found = self.node.find_ranks(parse_job_spec(job))
+        def beats() -> dict[int, Heartbeat]:
+            if len(request.pids) > MAX_PIDS_PER_CALL:
+                raise UsageError(f"{len(request.pids)} pids in one call; at most {MAX_PIDS_PER_CALL}")
+            pids = [pid for pid in dict.fromkeys(request.pids)
+                    if pid in self.found_pids and caller.may_read(pid)]
+            return self.node.heartbeats(pids)
+
+        found = await self._run(context, caller, "Heartbeats", f"pids={_pid_list(request.pids)}", beats)
+        return pb.HeartbeatsResponse(heartbeats=[convert.heartbeat_to_proto(b) for b in found.values()])
+
+    # ------------------------------------------------------------ the work, in a thread
+
+    def _find(self, job: str, caller: Caller) -> Discovery:
+        if len(job) > MAX_JOB_SPEC:
+            raise UsageError(f"job spec of {len(job)} characters; at most {MAX_JOB_SPEC}")
+        spec = parse_job_spec(job)
+        if not caller.reads_all and caller.uid is None:
+            raise PermissionDenied(
+                f"this agent cannot tell who is calling ({caller.how}), so it shows no process",
+                help="Call it over loopback from the job's node, or give the operator's "
+                "--token-file or client certificate.")
+        found = self.node.find_ranks(spec, readable=None if caller.reads_all else caller.may_read)
+        self.found_pids = {pid for pid in self.found_pids if psutil.pid_exists(pid)}
         self.found_pids.update(p.pid for p in found.ranks)
+        for pid in [pid for pid in self.seen if pid not in self.found_pids]:
+            del self.seen[pid]
         return found
 
-    async def _run(self, context, method: str, what: str, fn, *args):
+    def _sample(self, request: pb.SampleRequest, caller: Caller) -> pb.SampleResponse:
+        timeout = request.timeout_seconds if request.HasField("timeout_seconds") else self.config.dump_timeout
+        if not (math.isfinite(timeout) and 0 < timeout <= MAX_DUMP_TIMEOUT):
+            raise UsageError(f"timeout_seconds must be in (0, {MAX_DUMP_TIMEOUT:g}], not {timeout!r}")
+        if not math.isfinite(request.t):
+            raise UsageError(f"t must be a finite number, not {request.t!r}")
+        found = None
+        if request.WhichOneof("target") == "job":
+            found = self._find(request.job, caller)
+            procs = list(found.ranks)
+        else:
+            if len(request.processes.processes) > MAX_PIDS_PER_CALL:
+                raise UsageError(f"{len(request.processes.processes)} processes in one call; "
+                                 f"at most {MAX_PIDS_PER_CALL}")
+            unique = {p.pid: p for p in request.processes.processes}
+            procs = [convert.rank_process_from_proto(p) for p in unique.values()]
+        refused = {p.pid: self._refusal(p.pid, caller) for p in procs}
+        allowed = [p for p in procs if refused[p.pid] is None]
+        taken = dict(zip((p.pid for p in allowed),
+                         self.node.sample(allowed, request.t, native=request.native, timeout=timeout)))
+        for pid, sample in taken.items():
+            self.seen.setdefault(pid, set()).update(
+                f.filename for th in sample.threads for f in th.frames)
+        samples = [(p.pid, taken.get(p.pid) or Sample(t=request.t, error=refused[p.pid])) for p in procs]
+        response = convert.samples_to_proto(samples)
+        if found is not None:
+            response.discovery.CopyFrom(convert.discovery_to_proto(found))
+        return response
+
+    def _refusal(self, pid: int, caller: Caller) -> CaptureError | None:
+        if pid not in self.found_pids:
+            return CaptureError(CaptureErrorKind.PTRACE_DENIED,
+                                f"pid {pid} is not a rank process this agent found (FindRanks first)")
+        if not caller.may_read(pid):
+            return CaptureError(CaptureErrorKind.PTRACE_DENIED,
+                                f"the caller ({caller.label}) may not read pid {pid}")
+        return None
+
+    def _sources(self, request: pb.SampleSourcesRequest, caller: Caller) -> tuple[SourceFile, ...]:
+        count = len(request.frames) + sum(len(q.frames) for q in request.queries)
+        if count > MAX_SOURCE_FRAMES or len(request.queries) > MAX_PIDS_PER_CALL:
+            raise UsageError(f"{count} frames in one call; at most {MAX_SOURCE_FRAMES}")
+        wanted: dict[int, list[Frame]] = {}
+        readable = {pid: names for pid, names in self.seen.items() if caller.may_read(pid)}
+        for query in request.queries:
+            names = readable.get(query.pid, set())
+            frames = [f for raw in query.frames if (f := convert.frame_from_proto(raw)).filename in names]
+            wanted.setdefault(query.pid, []).extend(frames)
+        for raw in request.frames:  # without a pid: through any process that showed the file
+            frame = convert.frame_from_proto(raw)
+            pid = next((pid for pid, names in readable.items() if frame.filename in names), None)
+            if pid is not None:
+                wanted.setdefault(pid, []).append(frame)
+        return self.node.sources({pid: frames for pid, frames in wanted.items() if frames})
+
+    async def _run(self, context, caller: Caller, method: str, what: str, fn, *args):
         t0 = time.monotonic()
         peer = context.peer()
         try:
             result = await asyncio.to_thread(fn, *args)
         except JobNotFound as exc:
-            log.info("%s %s from %s: not found (%.0f ms)", method, what, peer, _ms(t0))
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+            outcome, code, detail = "not found", grpc.StatusCode.NOT_FOUND, str(exc)
         except UsageError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            outcome, code, detail = "invalid", grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+        except PermissionDenied as exc:
+            outcome, code, detail = "denied", grpc.StatusCode.PERMISSION_DENIED, str(exc)
         except HangdocError as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            outcome, code, detail = "failed", grpc.StatusCode.FAILED_PRECONDITION, str(exc)
         except Exception as exc:  # the agent stays up whatever one request hits
-            log.exception("%s %s from %s failed", method, what, peer)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
-        log.info("%s %s from %s: ok (%.0f ms)", method, what, peer, _ms(t0))
-        return result
+            log.exception("%s from %s failed", method, _clean(peer))
+            outcome, code, detail = "error", grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+        else:
+            audit(peer, caller.label, method, what, "ok", _ms(t0))
+            return result
+        audit(peer, caller.label, method, what, f"{outcome}: {detail}", _ms(t0))
+        await context.abort(code, detail)
+
+
+def _pid_list(pids) -> str:
+    shown = ",".join(str(p) for p in list(pids)[:16])
+    return shown + (f",...({len(pids)} in all)" if len(pids) > 16 else "") if pids else "-"
+
+
+_UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
+
+
+def _clean(text: str, limit: int = 160) -> str:
+    """A caller-supplied string made safe for one log line: printable ASCII, bounded."""
+    text = _UNPRINTABLE.sub("?", text[: limit + 1])
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def audit(peer: str, caller: str, method: str, what: str, outcome: str, ms: float) -> None:
+    """One line per request on the ``hangdoc.audit`` logger (stderr by default)."""
+    audit_log.info("audit peer=%s caller=%s method=%s %s outcome=%s ms=%.0f", _clean(peer, 64),
+                   _clean(caller, 64), _clean(method, 64), _clean(what), _clean(outcome, 240), ms)
 
 
 def _ms(t0: float) -> float:
@@ -229,12 +336,10 @@ def _ms(t0: float) -> float:
 def _credentials(config: AgentConfig) -> grpc.ServerCredentials | None:
     if not config.tls_cert:
         return None
-    try:
-        key = Path(config.tls_key or "").read_bytes()
-        cert = Path(config.tls_cert).read_bytes()
-        ca = Path(config.tls_ca or "").read_bytes()
-    except OSError as exc:
-        raise UsageError(f"cannot read TLS file {exc.filename}: {exc.strerror}") from None
+    check_tls(config.tls_cert, config.tls_key, config.tls_ca, server=True)
+    key = read_private(config.tls_key or "", "TLS key")
+    cert = read_private(config.tls_cert, "TLS certificate")
+    ca = read_private(config.tls_ca or "", "TLS CA")
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
 
 

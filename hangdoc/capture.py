@@ -15,7 +15,10 @@ not within one.
 
 from __future__ import annotations
 
+import os
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import psutil
@@ -23,7 +26,7 @@ import psutil
 from .errors import PySpyMissing
 from .model import CaptureError, CaptureErrorKind, ProcessState, RankProcess, RankSnapshot, Sample
 from .procstate import read_state
-from .pyspy import DumpHandle, find_pyspy, start_dump
+from .pyspy import DumpHandle, DumpResult, find_pyspy, start_dump
 
 ProgressCallback = Callable[[int, int], None]
 """Called after each round with (rounds done, rounds planned)."""
@@ -39,29 +42,62 @@ def _start(proc: RankProcess, state: ProcessState, pyspy: str, native: bool,
                       timeout=timeout, pyspy=pyspy)
 
 
+# py-spy processes one hangdoc process runs at once, over all its rounds and callers: an
+# agent asked for many pids by many callers must not fork-bomb its node. Each dump pauses
+# one target for milliseconds, so a round of more processes than this takes a few extra
+# dump times (measured: ~40 ms per dump of a gloo rank) instead of starting them all.
+MAX_PARALLEL_DUMPS = max(16, 2 * (os.cpu_count() or 1))
+_slots = threading.BoundedSemaphore(MAX_PARALLEL_DUMPS)
+
+
 def sample_round(procs: Sequence[RankProcess], t: float, *, native: bool = False,
                  timeout: float = 5.0) -> list[Sample]:
-    """One sample of every process, in ``procs`` order; per-process errors are recorded."""
+    """One sample of every process, in ``procs`` order; per-process errors are recorded.
+
+    At most ``MAX_PARALLEL_DUMPS`` py-spy processes run at once in this process; every
+    py-spy started here is ended (and reaped) before this returns, whatever happens.
+    """
     try:
         pyspy: str | None = find_pyspy()
         missing = None
     except PySpyMissing as exc:
         pyspy, missing = None, CaptureError(CaptureErrorKind.PYSPY_MISSING, str(exc))
     states = [read_state(p.pid) for p in procs]
-    handles: list[DumpHandle | None] = []
-    for proc, state in zip(procs, states):
-        if isinstance(state, CaptureError) or pyspy is None:
-            handles.append(None)
-        else:
-            handles.append(_start(proc, state, pyspy, native, timeout))
+    results: dict[int, DumpResult] = {}
+    running: deque[tuple[int, DumpHandle]] = deque()
+
+    def collect_oldest() -> None:
+        index, handle = running.popleft()
+        try:
+            results[index] = handle.result()
+        finally:
+            _slots.release()
+
+    try:
+        for index, (proc, state) in enumerate(zip(procs, states)):
+            if isinstance(state, CaptureError) or pyspy is None:
+                continue
+            while not _slots.acquire(blocking=not running):
+                collect_oldest()  # free one of our own slots rather than wait on others'
+            try:
+                running.append((index, _start(proc, state, pyspy, native, timeout)))
+            except BaseException:
+                _slots.release()
+                raise
+        while running:
+            collect_oldest()
+    finally:
+        for _, handle in running:
+            handle.abandon()
+            _slots.release()
     samples = []
-    for state, handle in zip(states, handles):
+    for index, state in enumerate(states):
         if isinstance(state, CaptureError):
             samples.append(Sample(t=t, error=state))
-        elif handle is None:
+        elif index not in results:
             samples.append(Sample(t=t, state=state, error=missing))
         else:
-            threads, error, _ = handle.result()
+            threads, error, _ = results[index]
             samples.append(Sample(t=t, threads=threads, state=state, error=error))
     return samples
 

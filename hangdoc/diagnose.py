@@ -22,6 +22,7 @@ from .jobspec import parse_job_spec
 from .model import (
     CaptureErrorKind,
     Diagnosis,
+    Frame,
     JobSnapshot,
     RankSnapshot,
     Sample,
@@ -79,24 +80,22 @@ class _Capture:
         return {i for i, s in enumerate(self.samples) if not _gone(s)}
 
     def add(self, taken: dict[int, Sample]) -> None:
-        per_node: dict[int, tuple[Node, list[ThreadStack]]] = {}
+        wanted: dict[int, tuple[Node, dict[int, list[Frame]]]] = {}
         for i, sample in taken.items():
             self.samples[i].append(sample)
-            node = self.fleet.placed[i][0]
+            node, proc = self.fleet.placed[i]
             fresh = self._unseen(node, sample.threads)
             if fresh:
-                per_node.setdefault(id(node), (node, []))[1].append(fresh)
-        if not per_node:
+                wanted.setdefault(id(node), (node, {}))[1].setdefault(proc.pid, []).extend(fresh)
+        if not wanted:
             return  # a hung job's stacks repeat: after the first round there is nothing new
-        wanted = {id(node): threads for node, threads in per_node.values()}
-        nodes = [node for node, _ in per_node.values()]
-        for _, found, _ in fan_out(nodes, lambda n: n.sources(wanted[id(n)]), None):
+        nodes = [node for node, _ in wanted.values()]
+        for _, found, _ in fan_out(nodes, lambda n: n.sources(wanted[id(n)][1]), None):
             for src in found or ():
                 self.sources.setdefault(src.filename, {}).update(src.lines)
 
-    def _unseen(self, node: Node, threads: Sequence[ThreadStack]) -> ThreadStack | None:
-        """The frames of ``threads`` whose source this node was not yet asked for, as one
-        pseudo-thread (None when there are none)."""
+    def _unseen(self, node: Node, threads: Sequence[ThreadStack]) -> list[Frame]:
+        """The frames of ``threads`` whose source this node was not yet asked for."""
         frames = []
         for thread in threads:
             for frame in thread.frames:
@@ -104,7 +103,7 @@ class _Capture:
                 if not frame.native and frame.line and key not in self.asked:
                     self.asked.add(key)
                     frames.append(frame)
-        return ThreadStack(0, None, tuple(frames)) if frames else None
+        return frames
 
     def snapshot(self, elapsed: float) -> JobSnapshot:
         return JobSnapshot(

@@ -8,7 +8,7 @@ know which one answered.
 from __future__ import annotations
 
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol
 
@@ -16,8 +16,9 @@ from .beats import read_processes
 from .capture import sample_round
 from .discover import Discovery, discover
 from .jobspec import JobSpec
-from .model import Heartbeat, JobSnapshot, RankProcess, Sample, SourceFile, ThreadStack
-from .source import collect_sources
+from .model import Frame, Heartbeat, JobSnapshot, RankProcess, Sample, SourceFile
+from .source import collect_sources, merge_sources
+from .sourcefs import SourceReader
 
 
 class Node(Protocol):
@@ -36,8 +37,9 @@ class Node(Protocol):
         """One sample of each of ``procs`` (all on this node), in order."""
         ...
 
-    def sources(self, threads: Sequence[ThreadStack]) -> tuple[SourceFile, ...]:
-        """The source lines around these threads' user frames, read on this node."""
+    def sources(self, wanted: Mapping[int, Sequence[Frame]]) -> tuple[SourceFile, ...]:
+        """The source lines around the user frames seen in each pid's stacks (pid -> frames),
+        read on this node as that process could read them (hangdoc.sourcefs)."""
         ...
 
     def heartbeats(self, pids: Sequence[int]) -> dict[int, Heartbeat]:
@@ -55,16 +57,19 @@ class LocalNode:
     def name(self) -> str:
         return self._host
 
-    def find_ranks(self, spec: JobSpec) -> Discovery:
-        return discover(spec, host=self._host)
+    def find_ranks(self, spec: JobSpec, readable: Callable[[int], bool] | None = None) -> Discovery:
+        """``readable``: the processes a restricted caller may see (None: all)."""
+        if readable is None:
+            return discover(spec, host=self._host)
+        return discover(spec, host=self._host, readable=readable)
 
     def sample(
         self, procs: Sequence[RankProcess], t: float, *, native: bool, timeout: float
     ) -> list[Sample]:
         return sample_round(procs, t, native=native, timeout=timeout)
 
-    def sources(self, threads: Sequence[ThreadStack]) -> tuple[SourceFile, ...]:
-        return collect_sources(threads)
+    def sources(self, wanted: Mapping[int, Sequence[Frame]]) -> tuple[SourceFile, ...]:
+        return merge_sources(collect_sources(SourceReader(pid), frames) for pid, frames in wanted.items())
 
     def heartbeats(self, pids: Sequence[int]) -> dict[int, Heartbeat]:
         return read_processes(pids)
@@ -92,7 +97,7 @@ class ReplayNode:
     def name(self) -> str:
         return self._host
 
-    def find_ranks(self, spec: JobSpec) -> Discovery:
+    def find_ranks(self, spec: JobSpec, readable: Callable[[int], bool] | None = None) -> Discovery:
         procs = tuple(
             replace(r.process, host=self._host, world_size=self.world,
                     rank=None if r.process.rank is None else r.process.rank + self.offset)
@@ -112,9 +117,9 @@ class ReplayNode:
             out.append(replace(recorded[min(i, len(recorded) - 1)], t=t))
         return out
 
-    def sources(self, threads: Sequence[ThreadStack]) -> tuple[SourceFile, ...]:
-        wanted = {f.filename for th in threads for f in th.frames}
-        return tuple(s for s in self.snapshot.sources if s.filename in wanted)
+    def sources(self, wanted: Mapping[int, Sequence[Frame]]) -> tuple[SourceFile, ...]:
+        names = {f.filename for frames in wanted.values() for f in frames}
+        return tuple(s for s in self.snapshot.sources if s.filename in names)
 
     def heartbeats(self, pids: Sequence[int]) -> dict[int, Heartbeat]:
         return {}  # snapshots hold no heartbeats

@@ -15,7 +15,6 @@ already stopped, where blocking mode cannot attach).
 from __future__ import annotations
 
 import json
-import linecache
 import os
 import re
 import select
@@ -32,6 +31,7 @@ import psutil
 
 from .errors import PySpyMissing
 from .model import CaptureError, CaptureErrorKind, Frame, ThreadStack
+from .sourcefs import SourceReader
 
 # Locals worth keeping (with --locals): what a p2p or collective call was asked to do.
 LOCAL_NAMES = frozenset((
@@ -89,24 +89,10 @@ def find_pyspy() -> str:
 # ------------------------------------------------------------------ parsing py-spy's JSON
 
 
-def _fs_prefix(pid: int | None) -> str:
-    """Where the target's files are seen from here: "" or /proc/PID/root in a container."""
-    if pid is None:
-        return ""
-    try:
-        if os.stat(f"/proc/{pid}/ns/mnt").st_ino == os.stat("/proc/self/ns/mnt").st_ino:
-            return ""
-    except OSError:
-        return ""
-    return f"/proc/{pid}/root"
-
-
-def source_line(filename: str, line: int | None, prefix: str = "") -> str | None:
-    """The stripped source line as it is on this node now, or None when unreadable."""
-    if not line or not filename.startswith("/"):
-        return None
-    text = linecache.getline(prefix + filename, line).strip()
-    return text or None
+def source_line(filename: str, line: int | None, reader: SourceReader | None = None) -> str | None:
+    """The stripped source line, read as the dumped process could read it; None otherwise."""
+    text = (reader or SourceReader()).line(filename, line)
+    return (text or "").strip() or None
 
 
 def _short_repr(value: Any) -> str:
@@ -114,11 +100,11 @@ def _short_repr(value: Any) -> str:
     return text if len(text) <= _MAX_REPR else text[: _MAX_REPR - 3] + "..."
 
 
-def _frame(raw: dict[str, Any], prefix: str) -> Frame:
+def _frame(raw: dict[str, Any], reader: SourceReader) -> Frame:
     native = raw.get("module") is not None
     line = raw.get("line") or None
     filename = raw.get("filename") or "?"
-    code = None if native else source_line(filename, line, prefix)
+    code = None if native else source_line(filename, line, reader)
     return Frame(function=raw.get("name") or "?", filename=filename, line=line, native=native,
                  code=code)
 
@@ -130,17 +116,15 @@ def _frame_locals(raw: dict[str, Any]) -> dict[str, str]:
 
 def parse_dump(text: str | bytes, pid: int | None = None) -> tuple[tuple[ThreadStack, ...],
                                                                     Locals]:
-    """Parse ``py-spy dump --json`` output; ``pid`` locates source files for ``Frame.code``.
+    """Parse ``py-spy dump --json`` output; ``Frame.code`` is read as process ``pid`` could
+    (hangdoc.sourcefs; this process when ``pid`` is None).
 
     Raises ValueError when the text is not py-spy's JSON.
     """
     data = json.loads(text)
     if not isinstance(data, list):
         raise ValueError("py-spy JSON is not a list of threads")  # noqa: TRY004
-    prefix = _fs_prefix(pid)
-    for name in {f.get("filename") for th in data for f in th.get("frames") or ()}:
-        if isinstance(name, str) and name.startswith("/"):
-            linecache.checkcache(prefix + name)
+    reader = SourceReader(pid)
     threads = []
     found_locals: Locals = {}
     for raw in data:
@@ -153,7 +137,7 @@ def parse_dump(text: str | bytes, pid: int | None = None) -> tuple[tuple[ThreadS
         threads.append(ThreadStack(
             thread_id=tid,
             name=name,
-            frames=tuple(_frame(f, prefix) for f in frames_raw),
+            frames=tuple(_frame(f, reader) for f in frames_raw),
             native_id=native_id,
             active=bool(raw.get("active")),
             owns_gil=bool(raw.get("owns_gil")),
@@ -339,6 +323,12 @@ class DumpHandle:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait()
+
+    def abandon(self) -> None:
+        """Cancel a dump whose result is no longer wanted, and release its files."""
+        self.cancel()
+        if self._result is None:
+            self._finish(CaptureError(CaptureErrorKind.TIMEOUT, "dump abandoned"))
 
 
 def start_dump(pid: int, *, native: bool = False, locals_: bool = False,

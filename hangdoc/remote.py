@@ -7,7 +7,7 @@ values with the agent's address in them: the coordinator lists such a node as un
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,10 +17,11 @@ from . import SCHEMA_VERSION
 from .agentapi import convert
 from .agentapi.v1 import agent_pb2 as pb
 from .agentapi.v1 import agent_pb2_grpc as pb_grpc
+from .credfiles import check_tls, read_private
 from .discover import Discovery
-from .errors import HangdocError, JobNotFound, UsageError
+from .errors import HangdocError, JobNotFound, PermissionDenied, UsageError
 from .jobspec import JobSpec
-from .model import Heartbeat, RankProcess, Sample, SourceFile, ThreadStack
+from .model import Frame, Heartbeat, RankProcess, Sample, SourceFile
 from .source import is_user_file
 
 
@@ -47,14 +48,12 @@ class AgentAuth:
         options = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
         if not self.tls_ca:
             return grpc.insecure_channel(address, options=options)
-        try:
-            creds = grpc.ssl_channel_credentials(
-                root_certificates=Path(self.tls_ca).read_bytes(),
-                private_key=Path(self.tls_key).read_bytes() if self.tls_key else None,
-                certificate_chain=Path(self.tls_cert).read_bytes() if self.tls_cert else None,
-            )
-        except OSError as exc:
-            raise UsageError(f"cannot read TLS file {exc.filename}: {exc.strerror}") from None
+        check_tls(self.tls_cert, self.tls_key, self.tls_ca, server=False)
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=read_private(self.tls_ca, "TLS CA"),
+            private_key=read_private(self.tls_key, "TLS key") if self.tls_key else None,
+            certificate_chain=read_private(self.tls_cert, "TLS certificate") if self.tls_cert else None,
+        )
         return grpc.secure_channel(address, creds, options=options)
 
     @property
@@ -105,14 +104,17 @@ class RemoteNode:
         by_pid = convert.samples_from_proto(response)
         return [by_pid[p.pid] for p in procs]
 
-    def sources(self, threads: Sequence[ThreadStack]) -> tuple[SourceFile, ...]:
-        frames = {f for th in threads for f in th.frames
-                  if not f.native and f.line and is_user_file(f.filename)}
-        if not frames:
+    def sources(self, wanted: Mapping[int, Sequence[Frame]]) -> tuple[SourceFile, ...]:
+        queries = []
+        for pid, frames in wanted.items():
+            kept = {f for f in frames if not f.native and f.line and is_user_file(f.filename)}
+            if kept:
+                queries.append(pb.SourceQuery(pid=pid, frames=[convert.frame_to_proto(f) for f in kept]))
+        if not queries:
             return ()
-        request = pb.SampleSourcesRequest(frames=[convert.frame_to_proto(f) for f in frames])
         try:
-            response = self._call(self._stub.SampleSources, request, self.connect_timeout)
+            response = self._call(self._stub.SampleSources, pb.SampleSourcesRequest(queries=queries),
+                                  self.connect_timeout)
         except AgentError:
             return ()  # source lines refine the analysis; their absence does not stop it
         return tuple(convert.source_file_from_proto(f) for f in response.files)
@@ -132,6 +134,8 @@ class RemoteNode:
             detail = err.details() if hasattr(err, "details") else str(err)
             if code == grpc.StatusCode.NOT_FOUND:
                 raise JobNotFound(detail) from None
+            if code == grpc.StatusCode.PERMISSION_DENIED:
+                raise PermissionDenied(f"agent {self.address}: {detail}") from None
             if code == grpc.StatusCode.UNAUTHENTICATED:
                 raise AgentError(f"agent {self.address} refused the call: {detail}") from None
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:

@@ -10,11 +10,11 @@ would not.
 
 from __future__ import annotations
 
-import linecache
 import re
 from collections.abc import Iterable
 
-from .model import Frame, SourceFile, ThreadStack
+from .model import Frame, SourceFile
+from .sourcefs import SourceReader
 
 MAX_LINES_BEFORE = 80
 _LIBRARY_MARKERS = ("/torch/", "/lib/python3.", "/site-packages/numpy/")
@@ -31,35 +31,44 @@ def _indent(text: str) -> int:
     return len(text) - len(text.lstrip())
 
 
-def read_function_lines(filename: str, lineno: int) -> tuple[tuple[int, str], ...]:
+def read_function_lines(reader: SourceReader, filename: str, lineno: int) -> tuple[tuple[int, str], ...]:
     """The lines from the enclosing ``def`` (or MAX_LINES_BEFORE back) through ``lineno``."""
-    current = linecache.getline(filename, lineno)
+    current = reader.line(filename, lineno)
     if not current:
         return ()
-    out = [(lineno, current.rstrip("\n"))]
+    out = [(lineno, current)]
     base = _indent(current)
     for n in range(lineno - 1, max(0, lineno - MAX_LINES_BEFORE), -1):
-        text = linecache.getline(filename, n).rstrip("\n")
+        text = reader.line(filename, n) or ""
         out.append((n, text))
         if text.strip() and _DEF.match(text) and _indent(text) < base:
             break
     return tuple(sorted(out))
 
 
-def collect_sources(threads: Iterable[ThreadStack]) -> tuple[SourceFile, ...]:
-    """SourceFile entries for every user frame of these threads (merged per file)."""
+def collect_sources(reader: SourceReader, frames: Iterable[Frame]) -> tuple[SourceFile, ...]:
+    """SourceFile entries for the user frames among ``frames`` (merged per file), read as the
+    process behind ``reader`` could read them."""
     per_file: dict[str, dict[int, str]] = {}
-    for thread in threads:
-        for frame in thread.frames:
-            if frame.native or not frame.line or not is_user_file(frame.filename):
-                continue
-            lines = per_file.setdefault(frame.filename, {})
-            if frame.line in lines:
-                continue
-            lines.update(read_function_lines(frame.filename, frame.line))
+    for frame in frames:
+        if frame.native or not frame.line or not is_user_file(frame.filename):
+            continue
+        lines = per_file.setdefault(frame.filename, {})
+        if frame.line in lines:
+            continue
+        lines.update(read_function_lines(reader, frame.filename, frame.line))
     return tuple(
-        SourceFile(name, tuple(sorted(lines.items()))) for name, lines in sorted(per_file.items())
+        SourceFile(name, tuple(sorted(lines.items()))) for name, lines in sorted(per_file.items()) if lines
     )
+
+
+def merge_sources(parts: Iterable[Iterable[SourceFile]]) -> tuple[SourceFile, ...]:
+    """SourceFiles of several reads merged per file name, sorted."""
+    per_file: dict[str, dict[int, str]] = {}
+    for part in parts:
+        for src in part:
+            per_file.setdefault(src.filename, {}).update(src.lines)
+    return tuple(SourceFile(name, tuple(sorted(lines.items()))) for name, lines in sorted(per_file.items()))
 
 
 def enclosing_block(src: SourceFile | None, lineno: int) -> str | None:

@@ -101,6 +101,7 @@ def test_wrong_token_is_refused(hung_job, agent, tmp_path) -> None:
     _, job = hung_job
     wrong = tmp_path / "wrong"
     wrong.write_text("f" * 32)
+    wrong.chmod(0o600)
     out = diagnose(job.job_spec(), "--agents", agent.address, "--token-file", str(wrong))
     assert out.returncode == 7
     assert "refused" in out.stderr and "Traceback" not in out.stderr

@@ -67,6 +67,7 @@ def assert_diagnosis(report: dict, job: ClusterJob) -> None:
 def _wrong_token(tmp_path) -> Path:
     wrong = tmp_path / "wrong"
     wrong.write_text("f" * 40)
+    wrong.chmod(0o600)
     return wrong
 
 

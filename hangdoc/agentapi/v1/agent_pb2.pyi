@@ -223,11 +223,21 @@ class SampleResponse(_message.Message):
     discovery: Discovery
     def __init__(self, frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[PidSample, _Mapping]]] = ..., discovery: _Optional[_Union[Discovery, _Mapping]] = ...) -> None: ...
 
-class SampleSourcesRequest(_message.Message):
-    __slots__ = ("frames",)
+class SourceQuery(_message.Message):
+    __slots__ = ("pid", "frames")
+    PID_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
+    pid: int
     frames: _containers.RepeatedCompositeFieldContainer[Frame]
-    def __init__(self, frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ...) -> None: ...
+    def __init__(self, pid: _Optional[int] = ..., frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ...) -> None: ...
+
+class SampleSourcesRequest(_message.Message):
+    __slots__ = ("frames", "queries")
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedCompositeFieldContainer[Frame]
+    queries: _containers.RepeatedCompositeFieldContainer[SourceQuery]
+    def __init__(self, frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ..., queries: _Optional[_Iterable[_Union[SourceQuery, _Mapping]]] = ...) -> None: ...
 
 class SourceLine(_message.Message):
     __slots__ = ("number", "text")

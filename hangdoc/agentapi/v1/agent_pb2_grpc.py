@@ -88,7 +88,8 @@ class AgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SampleSources(self, request, context):
-        """Source lines around the given frames, as they are on the node (SourceFile).
+        """Source lines around the given frames, as the processes that showed them can read
+        them on the node (SourceFile).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
