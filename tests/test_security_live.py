@@ -154,7 +154,7 @@ def test_root_diagnose_save_never_copies_a_file_named_by_a_frame(area, victims, 
     saved = area / "snap.json"
     out = subprocess.run([sys.executable, "-m", "hangdoc", "diagnose", f"127.0.0.1:{port}", "--json",
                           "-q", "--window", "0.5", "--save", str(saved)],
-                         capture_output=True, text=True, cwd=REPO, timeout=90)
+                         check=False, capture_output=True, text=True, cwd=REPO, timeout=90)
     assert out.returncode == 0, out.stderr
     text = saved.read_text()
     assert claimed in text  # the frame naming the file was captured ...
@@ -212,7 +212,7 @@ def test_nobody_sees_only_its_own_processes_and_no_root_file(area, victims, agen
     client.write_text(CLIENT)
     out = subprocess.run(AS_NOBODY + [sys.executable, str(client), agent.address, f"127.0.0.1:{own_port}",
                                       f"127.0.0.1:{root_port}", str(root_pid), claimed],
-                         capture_output=True, text=True, cwd=REPO, timeout=90)
+                         check=False, capture_output=True, text=True, cwd=REPO, timeout=90)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["own_find"] == "OK"
@@ -369,8 +369,8 @@ def _agent_log(tmp: Path) -> str:
 
 
 def _bad_start(tmp_path: Path, *args: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "hangdoc", "agent", *args], capture_output=True,
-                         text=True, cwd=REPO, timeout=30, stdin=subprocess.DEVNULL)
+    out = subprocess.run([sys.executable, "-m", "hangdoc", "agent", *args], check=False,
+                         capture_output=True, text=True, cwd=REPO, timeout=30, stdin=subprocess.DEVNULL)
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr
     assert out.stderr.startswith("hangdoc: error:")
