@@ -45,7 +45,8 @@ def _start(proc: RankProcess, state: ProcessState, pyspy: str, native: bool,
 # py-spy processes one hangdoc process runs at once, over all its rounds and callers: an
 # agent asked for many pids by many callers must not fork-bomb its node. Each dump pauses
 # one target for milliseconds, so a round of more processes than this takes a few extra
-# dump times (measured: ~40 ms per dump of a gloo rank) instead of starting them all.
+# dump times (measured here: 10 ms for `py-spy dump --json` of an idle interpreter)
+# instead of starting them all at once.
 MAX_PARALLEL_DUMPS = max(16, 2 * (os.cpu_count() or 1))
 _slots = threading.BoundedSemaphore(MAX_PARALLEL_DUMPS)
 
