@@ -528,3 +528,42 @@ def test_sample_round_costs_at_most_1_3x_raw_parallel_pyspy(
     print(f"\n{nproc} ranks: sample_round {statistics.median(ours) * 1000:.1f} ms, raw "
           f"{statistics.median(raw) * 1000:.1f} ms, ratio {ratio:.2f}")
     assert ratio <= 1.3
+
+
+def test_a_round_never_runs_more_py_spy_processes_than_its_slots(monkeypatch) -> None:
+    import threading
+
+    from hangdoc import capture as capture_module
+
+    sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(5)]
+    running, peak = 0, 0
+    real_start = capture_module._start
+
+    def counting_start(*args, **kwargs):
+        nonlocal running, peak
+        handle = real_start(*args, **kwargs)
+        running += 1
+        peak = max(peak, running)
+        real_result = handle.result
+
+        def result():
+            nonlocal running
+            out = real_result()
+            running -= 1
+            return out
+
+        handle.result = result
+        return handle
+
+    monkeypatch.setattr(capture_module, "_slots", threading.BoundedSemaphore(2))
+    monkeypatch.setattr(capture_module, "_start", counting_start)
+    try:
+        time.sleep(0.5)
+        procs = [RankProcess(pid=p.pid, host="h", rank=i) for i, p in enumerate(sleepers)]
+        samples = sample_round(procs, 0.0, timeout=10)
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait()
+    assert peak == 2
+    assert all(s.error is None and s.threads for s in samples)
