@@ -1,24 +1,35 @@
 """Find the rank processes of a job on this node.
 
 Discovery reads the process table once (psutil: parent, command line, start time and the
-start-up environment from ``/proc/PID/environ``), selects the processes the job spec
-names, and tells ranks apart from everything else a job runs:
+start-up environment from ``/proc/PID/environ``; kernel threads, by their ``PF_KTHREAD``
+flag, are left out), selects the processes the job spec names, and tells ranks apart from
+everything else a job runs:
 
 - launchers (torchrun, srun-like task launchers, the parent of ``mp.spawn`` workers): the
   process above the ranks that has no rank of its own;
 - children of a rank (DataLoader workers, compile workers, multiprocessing children): they
   inherit the rank's environment, so a process below a rank with the same rank identity
   is a child, not another rank;
-- multiprocessing's resource tracker and forkserver, shells, anything not Python.
+- multiprocessing's resource tracker and forkserver, shells, anything not Python, and
+  hangdoc's own processes (``hangdoc agent/diagnose/watch``, py-spy);
+- processes whose environment cannot be read (the kernel refused, or the caller's
+  ``readable`` predicate withholds them): they stay in the tree, so ancestry still works,
+  but are never ranks. A scope that finds no rank because of them raises
+  ``PermissionDenied``, not ``JobNotFound``.
 
-A rank's number comes from its start-up environment (``RANK``, ``SLURM_PROCID``, ...).
-``torch.multiprocessing.spawn`` children and scripts that set ``os.environ["RANK"]``
-themselves have none there; their numbers are inferred (``infer_spawn_ranks``) and marked
-``RankSource.INFERRED``.
+A rank's number comes from its start-up environment (``RANK``, ``SLURM_PROCID``, ...),
+read strictly: ASCII digits only, sizes from 1 to ``MAX_WORLD_SIZE``; other values are
+ignored with a note and left out of the rank's environment. ``torch.multiprocessing.spawn``
+children and scripts that set ``os.environ["RANK"]`` themselves have none there; their
+numbers are inferred (``infer_spawn_ranks``) and marked ``RankSource.INFERRED``.
+
+A ``pid:`` or ``slurm:`` scope may hold the ranks of several jobs; ``hangdoc.jobsplit``
+tells them apart by rendezvous and refuses (``MultipleJobs``) rather than merge them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import ipaddress
 import os
@@ -26,20 +37,43 @@ import re
 import shutil
 import socket
 import subprocess
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import psutil
 
-from .errors import JobNotFound, UsageError
+from .errors import JobNotFound, PermissionDenied, UsageError
 from .jobspec import JobKind, JobSpec
+from .jobsplit import Member, MultipleJobs, check_one_job, pid_list, plural
 from .model import RankProcess, RankSource
 from .redact import redact_argv, redact_env
+
+__all__ = ["Discovery", "MultipleJobs", "ProcInfo", "ProcessTable", "discover",
+           "read_process_table", "select_ranks"]  # MultipleJobs: discover() raises it
 
 RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 WORLD_SIZE_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "SLURM_NPROCS", "OMPI_COMM_WORLD_SIZE",
                    "PMI_SIZE")
 LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
+
+# The largest trainings run about 10^5 ranks: a bigger rank or size in a process's
+# environment is garbage. Analysis builds set(range(world_size)) (10^7 would cost ~0.5 GiB
+# and seconds), and a saved snapshot must load back: the same bound as hangdoc/bundle.py's.
+MAX_WORLD_SIZE = 2**18
+# Integer variables read here or downstream (analysis reads LOCAL_WORLD_SIZE, GROUP_RANK,
+# ...): a value that is not one is ignored and left out of the rank's environment.
+_RANK_INT_VARS = frozenset((*RANK_VARS, *LOCAL_RANK_VARS, "GROUP_RANK", "NODE_RANK",
+                            "ROLE_RANK", "SLURM_NODEID"))
+_SIZE_INT_VARS = frozenset((*WORLD_SIZE_VARS, "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE",
+                            "ROLE_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"))
+_ASCII_NUMBER = re.compile(r"[0-9]+")  # not str.isdigit(), which takes "²" and "٣"
+_SHOWN_VALUE = 20  # characters of a bad value quoted in a note
+# Why a Python process whose environment is not known is not a rank.
+UNREADABLE_DENIED = "environment unreadable (permission denied)"
+UNREADABLE_WITHHELD = "environment withheld from this caller"
+# PermissionDenied's help when only the caller's access policy (``readable``) stood in the way.
+WITHHELD_HELP = ("hangdoc shows this caller only the processes it may read: ask as the job's "
+                 "user, or have the operator of hangdoc grant this caller access to the job.")
 
 # The environment variables a RankProcess keeps (then redacted): what distributed debugging
 # needs, not the user's whole shell.
@@ -69,6 +103,11 @@ _FORKSERVER = "multiprocessing.forkserver"
 _SPAWN_MARKERS = ("multiprocessing.spawn", "spawn_main", "--multiprocessing-fork")
 # Interpreter options that take a value (python -W ignore -X dev script.py).
 _PYTHON_VALUE_OPTIONS = frozenset(("-W", "-X", "-Q"))
+# hangdoc's own processes (its entry point, python -m hangdoc[.cli]) and the py-spy it runs.
+_HANGDOC = "hangdoc"
+_PYSPY_PROGRAMS = frozenset(("py-spy", "py_spy"))
+# include/linux/sched.h: "I am a kernel thread", in /proc/PID/stat field 9 (flags).
+PF_KTHREAD = 0x00200000
 
 
 @dataclass(frozen=True)
@@ -90,7 +129,8 @@ class ProcessTable:
     """Every (non-kernel) process of this node, with parent/child links."""
 
     procs: dict[int, ProcInfo]
-    unreadable: int = 0  # processes whose environment could not be read
+    unreadable: int = 0  # processes whose environment could not be read (or was withheld)
+    withheld: frozenset[int] = frozenset()  # of those, the pids the caller may not read
 
     @functools.cached_property
     def _children(self) -> dict[int, list[int]]:
@@ -138,31 +178,57 @@ class Discovery:
 # ------------------------------------------------------------------ the process table
 
 
-def _is_kernel_thread(info: Mapping[str, object]) -> bool:
-    return info["pid"] == 2 or info["ppid"] == 2 or (not info["cmdline"] and not info["exe"])
+def stat_flags(pid: int) -> int | None:
+    """The kernel's per-process flags (``/proc/PID/stat`` field 9), or None if unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            line = stat.read()
+        # comm (field 2) is in parentheses and may hold spaces and ")": split after the last
+        return int(line[line.rindex(b")") + 2:].split()[6])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
-def read_process_table(exclude: Iterable[int] = ()) -> ProcessTable:
-    """Read every process once; environments that cannot be read are counted, not fatal."""
+def _is_kernel_thread(pid: int, cmdline: Iterable[str] | None) -> bool:
+    """The kernel's own marker, PF_KTHREAD, is set; not "parent is pid 2", which in a container
+    is an ordinary process. Kernel threads have no command line, so others are not read."""
+    if cmdline:
+        return False
+    flags = stat_flags(pid)
+    return flags is not None and bool(flags & PF_KTHREAD)
+
+
+def read_process_table(exclude: Iterable[int] = (), *,
+                       readable: Callable[[int], bool] | None = None) -> ProcessTable:
+    """Read every process once; environments that cannot be read are counted, not fatal.
+
+    ``readable`` is a caller's access policy: a process for which ``readable(pid)`` is False
+    stays in the tree (ancestry and descendants still work) but its environment is not read,
+    exactly as if the kernel had refused it, and it is recorded in ``withheld``.
+    """
     skip = set(exclude) | {os.getpid()}
     procs: dict[int, ProcInfo] = {}
-    unreadable = 0
+    withheld: set[int] = set()
     attrs = ["pid", "ppid", "name", "exe", "cmdline", "create_time", "status"]
     for proc in psutil.process_iter(attrs):
         info = proc.info
-        if info["pid"] in skip or info["status"] == psutil.STATUS_ZOMBIE:
+        pid = info["pid"]
+        if pid in skip or info["status"] == psutil.STATUS_ZOMBIE:
             continue
-        if _is_kernel_thread(info):
+        if _is_kernel_thread(pid, info["cmdline"]):
             continue
-        try:
-            env: Mapping[str, str] | None = proc.environ()
-        except psutil.NoSuchProcess:
-            continue
-        except (psutil.AccessDenied, OSError):
-            env = None
-            unreadable += 1
-        procs[info["pid"]] = ProcInfo(
-            pid=info["pid"],
+        env: Mapping[str, str] | None = None
+        if readable is not None and not readable(pid):
+            withheld.add(pid)
+        else:
+            try:
+                env = proc.environ()
+            except psutil.NoSuchProcess:
+                continue
+            except (psutil.AccessDenied, OSError):
+                pass  # env stays None: counted as unreadable
+        procs[pid] = ProcInfo(
+            pid=pid,
             ppid=info["ppid"] or 0,
             name=info["name"] or "",
             exe=info["exe"] or "",
@@ -170,7 +236,20 @@ def read_process_table(exclude: Iterable[int] = ()) -> ProcessTable:
             create_time=info["create_time"] or 0.0,
             env=env,
         )
-    return ProcessTable(procs, unreadable)
+    unreadable = sum(1 for p in procs.values() if p.env is None)
+    return ProcessTable(procs, unreadable, frozenset(withheld))
+
+
+def withhold(table: ProcessTable, readable: Callable[[int], bool]) -> ProcessTable:
+    """``table`` as a caller sees it for whom ``readable(pid)`` is False for some processes:
+    their environments dropped and counted as unreadable, as ``read_process_table`` does."""
+    hidden = {pid for pid in table.procs if not readable(pid)}
+    if not hidden:
+        return table
+    newly = sum(1 for pid in hidden if table.procs[pid].env is not None)
+    procs = {pid: dataclasses.replace(p, env=None) if pid in hidden else p
+             for pid, p in table.procs.items()}
+    return ProcessTable(procs, table.unreadable + newly, table.withheld | hidden)
 
 
 # ------------------------------------------------------------------ what a process is
@@ -231,13 +310,55 @@ def helper_kind(proc: ProcInfo, table: ProcessTable) -> str | None:
     return None
 
 
+def tool_kind(proc: ProcInfo) -> str | None:
+    """``"hangdoc"`` (agent, diagnose, watch: its entry point or ``python -m hangdoc``) or
+    ``"py-spy"``: hangdoc's own processes, never ranks nor launchers."""
+    program = os.path.basename(proc.cmdline[0]) if proc.cmdline else proc.name
+    if program in _PYSPY_PROGRAMS or os.path.basename(proc.exe) in _PYSPY_PROGRAMS:
+        return "py-spy"
+    if program == _HANGDOC:
+        return _HANGDOC
+    if not is_python(proc):
+        return None
+    target = python_target(proc.cmdline) or ""
+    if target == f"-m {_HANGDOC}" or target.startswith(f"-m {_HANGDOC}."):
+        return _HANGDOC
+    return _HANGDOC if os.path.basename(target) == _HANGDOC else None
+
+
+def parse_env_int(name: str, value: str) -> tuple[int | None, str]:
+    """``(number, "")`` when ``value`` is a valid ``name`` (a rank or size variable), else
+    ``(None, why)``. Strict: ASCII digits only (``str.isdigit()`` takes ``"²"``, which
+    ``int()`` refuses), a size from 1 to ``MAX_WORLD_SIZE``, a rank below it."""
+    text = value.strip()
+    if not _ASCII_NUMBER.fullmatch(text):
+        return None, "not a whole number in ASCII digits"
+    digits = text.lstrip("0") or "0"
+    too_long = len(digits) > len(str(MAX_WORLD_SIZE))  # checked before int(): no huge parses
+    number = MAX_WORLD_SIZE + 1 if too_long else int(digits)
+    if name in _SIZE_INT_VARS:
+        if not 1 <= number <= MAX_WORLD_SIZE:
+            return None, f"not a size from 1 to {MAX_WORLD_SIZE:,}"
+    elif number >= MAX_WORLD_SIZE:
+        return None, f"not a rank below {MAX_WORLD_SIZE:,}"
+    return number, ""
+
+
+def _is_bad_int(name: str, value: str) -> bool:
+    """A rank or size variable set (not empty) to something that is not one."""
+    if name not in _RANK_INT_VARS and name not in _SIZE_INT_VARS or not value.strip():
+        return False
+    return parse_env_int(name, value)[0] is None
+
+
 def _env_int(env: Mapping[str, str] | None, names: Iterable[str]) -> tuple[str, int] | None:
+    """The first of ``names`` set to a valid value (others are skipped; see ``env_int_notes``)."""
     if not env:
         return None
     for name in names:
-        value = env.get(name, "").strip()
-        if value.isdigit():
-            return name, int(value)
+        number, _ = parse_env_int(name, env.get(name, ""))
+        if number is not None:
+            return name, number
     return None
 
 
@@ -247,7 +368,8 @@ def env_rank(proc: ProcInfo) -> tuple[str, int] | None:
 
 
 def _could_be_rank(proc: ProcInfo, table: ProcessTable) -> bool:
-    return is_python(proc) and launcher_name(proc) is None and helper_kind(proc, table) is None
+    return is_python(proc) and launcher_name(proc) is None and \
+        helper_kind(proc, table) is None and tool_kind(proc) is None
 
 
 def _describe(proc: ProcInfo) -> str:
@@ -442,6 +564,21 @@ class Selection:
     rejected: dict[int, str]  # pid -> why it is not a rank
 
 
+def _not_a_candidate(proc: ProcInfo, table: ProcessTable) -> str | None:
+    """Why ``proc`` cannot be a rank, whatever its place in the tree; None if it can."""
+    if tool := tool_kind(proc):
+        return f"{tool} itself"
+    if not is_python(proc):
+        return "not Python"
+    if name := launcher_name(proc):
+        return f"launcher {name}"
+    if kind := helper_kind(proc, table):
+        return kind
+    if proc.env is None:
+        return UNREADABLE_WITHHELD if proc.pid in table.withheld else UNREADABLE_DENIED
+    return None
+
+
 def select_ranks(table: ProcessTable, scope: Iterable[int]) -> Selection:
     """Split the processes in scope into ranks, launchers, children and the rest."""
     scope = list(dict.fromkeys(scope))
@@ -449,12 +586,8 @@ def select_ranks(table: ProcessTable, scope: Iterable[int]) -> Selection:
     candidates = []
     for pid in scope:
         proc = table.procs[pid]
-        if not is_python(proc):
-            rejected[pid] = "not Python"
-        elif name := launcher_name(proc):
-            rejected[pid] = f"launcher {name}"
-        elif kind := helper_kind(proc, table):
-            rejected[pid] = kind
+        if why := _not_a_candidate(proc, table):
+            rejected[pid] = why
         else:
             candidates.append(proc)
 
@@ -534,12 +667,28 @@ def _launcher_of(table: ProcessTable, pid: int, launchers: set[int]) -> int | No
 
 
 def select_env(env: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
-    """The distributed-debugging variables of an environment, sorted, secrets redacted."""
+    """The distributed-debugging variables of an environment, sorted, secrets redacted; rank
+    and size variables that hold no valid number are left out (``env_int_notes`` says so)."""
     if not env:
         return ()
     chosen = sorted((k, v) for k, v in env.items()
-                    if k in _ENV_NAMES or k.startswith(_ENV_PREFIXES))
+                    if (k in _ENV_NAMES or k.startswith(_ENV_PREFIXES)) and not _is_bad_int(k, v))
     return redact_env(chosen)
+
+
+def env_int_notes(ranks: Iterable[FoundRank]) -> list[str]:
+    """One note per bad rank/size value in the ranks' environments: it was ignored."""
+    bad: dict[tuple[str, str], list[int]] = {}
+    for found in ranks:
+        for name, value in sorted((found.proc.env or {}).items()):
+            if _is_bad_int(name, value):
+                bad.setdefault((name, value), []).append(found.proc.pid)
+    notes = []
+    for (name, value), pids in bad.items():
+        shown = repr(value[:_SHOWN_VALUE]) + ("..." if len(value) > _SHOWN_VALUE else "")
+        notes.append(f"{name}={shown} ignored and left out of the rank's environment "
+                     f"({parse_env_int(name, value)[1]}): {pid_list(pids)}")
+    return notes
 
 
 def _to_rank_process(found: FoundRank, host: str, launcher: int | None) -> RankProcess:
@@ -583,44 +732,132 @@ def _not_ranks_message(what: str, selection: Selection, table: ProcessTable) -> 
            f"{'; '.join(parts)}{tail}"
 
 
-def discover(spec: JobSpec, host: str | None = None,
-             table: ProcessTable | None = None) -> Discovery:
-    """Find the ranks ``spec`` names on this node; raise ``JobNotFound`` when there are none.
+# ------------------------------------------------------------------ unreadable processes
 
-    ``table`` is for callers that already read the process table (and for tests).
+
+def _unreadable(procs: Iterable[ProcInfo], table: ProcessTable) -> list[ProcInfo]:
+    """The processes that could be ranks but whose environment is unknown."""
+    return [p for p in procs if _not_a_candidate(p, table) in (UNREADABLE_DENIED,
+                                                                UNREADABLE_WITHHELD)]
+
+
+def _permission_denied(unreadable: list[ProcInfo], table: ProcessTable,
+                       rest: str) -> PermissionDenied:
+    """The job may be among ``unreadable``: say that first, then ``rest`` (what was searched).
+    Withheld processes are counted, not named: the caller may not see them."""
+    denied = [p.pid for p in unreadable if p.pid not in table.withheld]
+    withheld = len(unreadable) - len(denied)
+    parts = []
+    if denied:
+        parts.append(f"permission denied reading the environment of "
+                     f"{_python_processes(len(denied))} ({pid_list(denied)})")
+    if withheld:
+        parts.append(f"this caller may not read {_python_processes(withheld)}")
+    message = f"{' and '.join(parts)}: the job's ranks may be among them; {rest}"
+    if denied:
+        return PermissionDenied(message)
+    return PermissionDenied(message, help=WITHHELD_HELP)
+
+
+def _python_processes(count: int) -> str:
+    return plural(count, "Python process", "Python processes")
+
+
+def _unreadable_notes(selection: Selection) -> list[str]:
+    """Processes in scope that may be ranks of the job but could not be read."""
+    unknown = {pid: why for pid, why in selection.rejected.items()
+               if pid not in selection.launchers}
+    denied = [pid for pid, why in unknown.items() if why == UNREADABLE_DENIED]
+    withheld = sum(1 for why in unknown.values() if why == UNREADABLE_WITHHELD)
+    notes = []
+    if denied:
+        notes.append(f"not counted as ranks, their environment could not be read (permission "
+                     f"denied): {pid_list(denied)}")
+    if withheld:
+        notes.append(f"not counted as ranks: {_python_processes(withheld)} this caller may "
+                     "not read")
+    return notes
+
+
+# ------------------------------------------------------------------ discovery
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The processes a spec takes in, and how to say what they are."""
+
+    pids: list[int]
+    what: str  # e.g. "pid 7 and its 3 descendants"
+    nothing: str  # what to say when pids is empty: "no process has ..."
+    hint: str = ""  # appended to that: what exists instead
+
+
+def _scope(spec: JobSpec, table: ProcessTable, host: str) -> Scope:
+    if spec.kind is JobKind.ENDPOINT:
+        pids, nothing, hint = _endpoint_scope(spec, table)
+        return Scope(pids, f"MASTER_ADDR={spec.host} MASTER_PORT={spec.port}", nothing, hint)
+    if spec.kind is JobKind.PID:
+        pids, nothing, hint = _pid_scope(spec, table, host)
+        return Scope(pids, f"pid {spec.pid} and its {len(pids) - 1} descendants", nothing, hint)
+    pids, nothing, hint = _slurm_scope(spec, table)
+    return Scope(pids, str(spec), nothing, hint)
+
+
+def _check_one_job(spec: JobSpec, selection: Selection,
+                   launchers: Mapping[int, int | None]) -> None:
+    members = [Member(r.proc.pid, r.proc.env, launchers[r.proc.pid]) for r in selection.ranks]
+    check_one_job(str(spec), members)
+
+
+def _one_rank_note(spec: JobSpec, selection: Selection) -> list[str]:
+    if spec.kind is not JobKind.PID or len(selection.ranks) != 1:
+        return []
+    only = selection.ranks[0].proc
+    if only.pid != spec.pid or not only.env or "MASTER_PORT" not in only.env:
+        return []
+    endpoint = f"{only.env.get('MASTER_ADDR', '?')}:{only.env['MASTER_PORT']}"
+    return [f"pid {spec.pid} is one rank; to see the whole job name it by {endpoint}"]
+
+
+def discover(spec: JobSpec, host: str | None = None, table: ProcessTable | None = None, *,
+             readable: Callable[[int], bool] | None = None) -> Discovery:
+    """Find the ranks ``spec`` names on this node.
+
+    Raises ``JobNotFound`` when there are none, ``PermissionDenied`` when there are none
+    that can be read but some Python processes that may be ranks cannot, and
+    ``MultipleJobs`` when a ``pid:`` or ``slurm:`` spec takes in ranks of several jobs.
+    ``table`` is for callers that already read the process table (and for tests);
+    ``readable`` is the caller's access policy (see ``read_process_table``).
     """
     if spec.kind is JobKind.RAY:
         raise UsageError(f"{spec}: Ray job discovery is not implemented yet; name the job by "
                          "its MASTER_ADDR:MASTER_PORT or a worker's pid:PID for now")
     host = host or socket.gethostname()
-    table = table or read_process_table()
-    if spec.kind is JobKind.ENDPOINT:
-        scope, nothing, hint = _endpoint_scope(spec, table)
-        what = f"MASTER_ADDR={spec.host} MASTER_PORT={spec.port}"
-    elif spec.kind is JobKind.PID:
-        scope, nothing, hint = _pid_scope(spec, table, host)
-        what = f"pid {spec.pid} and its {len(scope) - 1} descendants"
-    else:
-        scope, nothing, hint = _slurm_scope(spec, table)
-        what = str(spec)
+    if table is None:
+        table = read_process_table(readable=readable)
+    elif readable is not None:
+        table = withhold(table, readable)
+    scope = _scope(spec, table, host)
     counted = f"{len(table.procs)} processes, {table.unreadable} unreadable"
-    searched = f"{what} on {host} ({counted})"
-    if not scope:
-        raise JobNotFound(f"{nothing}; searched {counted} on {host}{hint}")
+    searched = f"{scope.what} on {host} ({counted})"
+    if not scope.pids:
+        if unreadable := _unreadable(table.procs.values(), table):
+            raise _permission_denied(unreadable, table, f"{scope.nothing} among the others; "
+                                     f"searched {counted} on {host}")
+        raise JobNotFound(f"{scope.nothing}; searched {counted} on {host}{scope.hint}")
 
-    selection = select_ranks(table, scope)
+    selection = select_ranks(table, scope.pids)
     if not selection.ranks:
-        raise JobNotFound(_not_ranks_message(what, selection, table))
-    notes = list(selection.notes)
-    if spec.kind is JobKind.PID and len(selection.ranks) == 1:
-        only = selection.ranks[0].proc
-        if only.pid == spec.pid and only.env and "MASTER_PORT" in only.env:
-            notes.append(f"pid {spec.pid} is one rank; to see the whole job name it by "
-                         f"{only.env.get('MASTER_ADDR', '?')}:{only.env['MASTER_PORT']}")
-    notes += _duplicate_notes(selection.ranks)
+        if unreadable := _unreadable((table.procs[p] for p in scope.pids), table):
+            raise _permission_denied(unreadable, table, f"searched {searched}")
+        raise JobNotFound(_not_ranks_message(scope.what, selection, table))
+    launchers = {r.proc.pid: _launcher_of(table, r.proc.pid, selection.launchers)
+                 for r in selection.ranks}
+    if spec.kind is not JobKind.ENDPOINT:  # an endpoint names one rendezvous already
+        _check_one_job(spec, selection, launchers)
+    notes = selection.notes + _one_rank_note(spec, selection) + \
+        _duplicate_notes(selection.ranks) + env_int_notes(selection.ranks) + \
+        _unreadable_notes(selection)
     world_size = _world_size(selection.ranks, notes)
-    ranks = tuple(
-        _to_rank_process(r, host, _launcher_of(table, r.proc.pid, selection.launchers))
-        for r in selection.ranks
-    )
+    ranks = tuple(_to_rank_process(r, host, launchers[r.proc.pid]) for r in selection.ranks)
     return Discovery(ranks, world_size, tuple(notes), searched)
