@@ -7,11 +7,13 @@ ranks' stacks into one ``CallTree`` (``merge``), then ``classify`` names the ver
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from . import classify
 from .merge import CallTree
 from .model import (
+    MAX_WORLD_SIZE,
     CaptureErrorKind,
     Diagnosis,
     DistOp,
@@ -85,10 +87,15 @@ def expected_ranks(snapshot: JobSnapshot) -> set[int]:
     return set(range(max(sizes))) if sizes else set()
 
 
-def _env_int(snap: RankSnapshot, *keys: str) -> int | None:
+_ASCII_INT = re.compile(r"[0-9]{1,7}")
+
+
+def _env_int(snap: RankSnapshot, *keys: str, minimum: int = 0) -> int | None:
+    """The first of ``keys`` set to a whole number in [minimum, MAX_WORLD_SIZE]; a value
+    that is not one (``"²"``, ``"0"`` for a size, 5000 digits) is ignored, not trusted."""
     for key in keys:
-        value = snap.process.env_get(key)
-        if value is not None and value.strip().isdigit():
+        value = (snap.process.env_get(key) or "").strip()
+        if _ASCII_INT.fullmatch(value) and minimum <= int(value) <= MAX_WORLD_SIZE:
             return int(value)
     return None
 
@@ -106,7 +113,7 @@ def off_node_ranks(snapshot: JobSnapshot, absent: set[int]) -> tuple[set[int], s
     """
     local_sizes = {
         n for r in snapshot.ranks
-        if (n := _env_int(r, "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE")) is not None
+        if (n := _env_int(r, "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", minimum=1)) is not None
     }
     if not absent or len(local_sizes) != 1:
         return set(), ""

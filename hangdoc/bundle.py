@@ -15,7 +15,11 @@ A field equal to its dataclass default is left out of its object.
 The conversion is driven by the model's type hints, not written field by field: each
 dataclass gets a table of per-field converters compiled once from its annotations, so a
 field added to ``model.py`` is saved and loaded without touching this file. Reading a bad
-file raises ``BundleError`` with one line that says what is wrong and where.
+file raises ``BundleError`` with one line that says what is wrong and where, and nothing
+else: only regular files are opened (never blocking on a FIFO or reading ``/dev/zero``),
+the file and its decompressed text are read up to a cap, and integers are checked against
+the ranges below (a bool is not an int), so that no file can make the analysis allocate
+without bound (``world_size: 2e9`` would ask for two billion expected ranks).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import enum
 import functools
 import gzip
 import json
+import os
+import stat
 import types
 import typing
 import zlib
@@ -33,11 +39,42 @@ from pathlib import Path
 from typing import Any
 
 from . import SCHEMA_VERSION, __version__
-from .errors import BundleError
-from .model import Frame, JobSnapshot
+from .errors import BundleError, one_line, shown
+from .jobspec import PID_MAX  # Linux: pid_max is at most 2**22
+from .model import MAX_WORLD_SIZE, Frame, JobSnapshot, ProcessState, RankProcess, Unreachable
 
 KIND = "hangdoc-snapshot"
 _GZIP_MAGIC = b"\x1f\x8b"
+
+# Size caps. A real capture is about 1.7 kB per rank for 5 samples of 2 threads (1.7 MB for
+# 1000 ranks) before gzip, which shrinks it about 20x; the caps leave room for 100x that and
+# keep a corrupt or hostile file from filling the memory: a plain file is read up to
+# MAX_FILE_BYTES, and gzip data is inflated incrementally, stopping once the text passes
+# MAX_JSON_BYTES (a 1 MB gzip "bomb" of zeros would otherwise inflate to 1 GB).
+MAX_FILE_BYTES = 512 * 2**20
+MAX_JSON_BYTES = 512 * 2**20
+_READ_CHUNK = 4 * 2**20
+
+# Integer ranges (inclusive); model.MAX_WORLD_SIZE bounds ranks and world sizes.
+# Stacks are interned, so a small file can make thousands of threads share one deep stack;
+# the analysis walks every thread's frames (about 2 us each), so the frames of all threads
+# of all samples together are capped: 50 million is about 90 s of analysis, and 5 times a
+# 10000-rank capture (5 samples, 2 threads, 100 frames deep). One stack holds at most
+# MAX_STACK_DEPTH frames, far past Python's recursion limit (1000 by default).
+MAX_STACK_DEPTH = 100_000
+MAX_THREAD_FRAMES = 50_000_000
+_INT_RANGE = (-(2**63), 2**64 - 1)  # any other int: 64 bits (thread ids are pthread_t values)
+_FIELD_RANGES: dict[tuple[type, str], tuple[int, int]] = {
+    (JobSnapshot, "world_size"): (0, MAX_WORLD_SIZE),
+    (RankProcess, "world_size"): (0, MAX_WORLD_SIZE),
+    (RankProcess, "rank"): (0, MAX_WORLD_SIZE - 1),
+    (RankProcess, "local_rank"): (0, MAX_WORLD_SIZE - 1),
+    (RankProcess, "pid"): (0, PID_MAX),
+    (RankProcess, "launcher_pid"): (0, PID_MAX),
+    (Unreachable, "ranks"): (0, MAX_WORLD_SIZE - 1),
+    (Frame, "line"): (0, 2**31 - 1),
+    (ProcessState, "num_threads"): (0, 2**31 - 1),
+}
 
 
 class _Invalid(Exception):
@@ -62,6 +99,7 @@ class _Tables:
         self.stacks: list[tuple[Frame, ...]] = []
         self._frame_index: dict[Frame, int] = {}
         self._stack_index: dict[tuple[Frame, ...], int] = {}
+        self.thread_frames = 0  # frames of every stack reference decoded so far
 
     def frame_id(self, frame: Frame) -> int:
         idx = self._frame_index.get(frame)
@@ -83,7 +121,12 @@ class _Tables:
         return self.frames[_index(idx, len(self.frames), "frame")]
 
     def stack_at(self, idx: object) -> tuple[Frame, ...]:
-        return self.stacks[_index(idx, len(self.stacks), "stack")]
+        stack = self.stacks[_index(idx, len(self.stacks), "stack")]
+        self.thread_frames += len(stack)
+        if self.thread_frames > MAX_THREAD_FRAMES:
+            raise _Invalid(f"the threads of all samples hold more than {MAX_THREAD_FRAMES:,} "
+                           "frames in all, more than hangdoc analyses")
+        return stack
 
 
 def _index(idx: object, size: int, what: str) -> int:
@@ -100,7 +143,7 @@ def _kind(value: object) -> str:
     if value is None:
         return "null"
     if type(value) in (int, float):
-        return f"the number {value!r}"
+        return f"the number {shown(value, 40)}"
     return names.get(type(value), type(value).__name__)
 
 
@@ -183,32 +226,65 @@ def _enum_codec(tp: type[enum.Enum]) -> tuple[Encoder, Decoder]:
     def decode(v: Any, t: _Tables) -> enum.Enum:
         try:
             return tp(v)
-        except ValueError:
+        except (ValueError, TypeError):
             known = ", ".join(repr(m.value) for m in tp)
-            raise _Invalid(f"unknown {tp.__name__} {v!r} (known: {known})") from None
+            raise _Invalid(f"unknown {tp.__name__} {shown(v)} (known: {known})") from None
 
     return (lambda v, t: v.value), decode
 
 
 def _scalar_codec(tp: type) -> tuple[Encoder, Decoder]:
     def decode(v: Any, t: _Tables) -> Any:
-        if type(v) is tp:
+        if type(v) is tp:  # exactly: a bool is not an int
+            if tp is int:
+                _check_int64(v)
             return v
         if tp is float and type(v) is int:
-            return float(v)
+            try:
+                return float(v)
+            except OverflowError:
+                raise _Invalid(f"the number {shown(v, 40)} is too large") from None
         raise _Invalid(f"expected {tp.__name__}, got {_kind(v)}")
 
     return (lambda v, t: v), decode
 
 
+def _check_int64(v: Any) -> None:
+    if not _INT_RANGE[0] <= v <= _INT_RANGE[1]:
+        raise _Invalid(f"integer {shown(v, 40)} does not fit in 64 bits")
+
+
+def _ranged(dec: Decoder, lo: int, hi: int) -> Decoder:
+    """``dec``, then a check that every int in what it decoded lies in ``lo..hi``."""
+
+    def check(value: Any) -> None:
+        if type(value) is int and not lo <= value <= hi:
+            raise _Invalid(f"{shown(value, 40)} is out of range ({lo} to {hi})")
+        if type(value) is tuple:
+            for i, item in enumerate(value):
+                try:
+                    check(item)
+                except _Invalid as err:
+                    raise err.under(f"[{i}]") from None
+
+    def decode(v: Any, t: _Tables) -> Any:
+        value = dec(v, t)
+        check(value)
+        return value
+
+    return decode
+
+
 def _dataclass_codec(tp: type, interned: bool) -> tuple[Encoder, Decoder]:
     hints = typing.get_type_hints(tp)
     # the converter table: one (name, encoder, decoder, default) row per field
-    table = [
-        (f.name, *_codec(hints[f.name], interned), f.default)
-        for f in dataclasses.fields(tp)
-        if f.init
-    ]
+    table = []
+    for f in dataclasses.fields(tp):
+        if not f.init:
+            continue
+        enc, dec = _codec(hints[f.name], interned)
+        limits = _FIELD_RANGES.get((tp, f.name))
+        table.append((f.name, enc, _ranged(dec, *limits) if limits else dec, f.default))
     missing = dataclasses.MISSING
 
     def encode(v: Any, t: _Tables) -> dict[str, Any]:
@@ -272,8 +348,10 @@ def snapshot_from_dict(data: object) -> JobSnapshot:
     except _Invalid as err:
         where = f"at {err.where}: " if err.where else ""
         raise BundleError(f"not a valid hangdoc snapshot: {where}{err.message}") from None
-    except (KeyError, TypeError, ValueError) as err:  # a shape the checks above missed
-        raise BundleError(f"not a valid hangdoc snapshot: {type(err).__name__}: {err}") from None
+    except (KeyError, TypeError, ValueError, ArithmeticError) as err:  # a shape the checks missed
+        raise BundleError(
+            f"not a valid hangdoc snapshot: {type(err).__name__}: {one_line(str(err), 200)}"
+        ) from None
 
 
 def _envelope(data: object) -> dict[str, Any]:
@@ -281,14 +359,25 @@ def _envelope(data: object) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BundleError(f"not a hangdoc snapshot: the file holds {_kind(data)}, not an object")
     kind = data.get("kind")
+    if kind is None and "verdict" in data and "schema_version" in data:
+        raise BundleError(
+            "this is a hangdoc report, not a snapshot; pass the file written by --save "
+            "(in a `hangdoc watch` hang directory: snapshot.json.gz, next to report.json)"
+        )
+    if kind is None and type(data.get("error")) is dict and "hangdoc_version" in data:
+        raise BundleError(
+            "this is a hangdoc error report (the --json output of a failed run), not a "
+            "snapshot; pass the file written by --save"
+        )
     if kind != KIND:
-        found = "no 'kind' key" if kind is None else f"kind {kind!r}"
+        found = "no 'kind' key" if kind is None else f"kind {shown(kind)}"
         raise BundleError(f"not a hangdoc snapshot: {found}, expected kind {KIND!r}")
     version = data.get("schema_version")
     if type(version) is not int:
         raise BundleError(f"not a valid hangdoc snapshot: schema_version is {_kind(version)}")
     if version > SCHEMA_VERSION:
-        writer = data.get("hangdoc_version") or "a newer hangdoc"
+        writer = data.get("hangdoc_version")
+        writer = one_line(writer, 40) if isinstance(writer, str) and writer else "a newer hangdoc"
         raise BundleError(
             f"snapshot has schema_version {version}, written by hangdoc {writer}; this hangdoc "
             f"({__version__}) reads up to {SCHEMA_VERSION}: upgrade hangdoc"
@@ -311,6 +400,9 @@ def _load_tables(data: dict[str, Any], tables: _Tables) -> None:
     for i, raw in enumerate(data["stacks"]):
         try:
             _expect_list(raw)
+            if len(raw) > MAX_STACK_DEPTH:
+                raise _Invalid(f"a stack of {len(raw):,} frames; hangdoc reads at most "
+                               f"{MAX_STACK_DEPTH:,}")
             tables.stacks.append(tuple(_frames_of(raw, tables)))
         except _Invalid as err:
             raise err.under(f"stacks[{i}]") from None
@@ -330,41 +422,129 @@ def save_snapshot(snapshot: JobSnapshot, path: str | Path) -> None:
     """Write ``snapshot`` to ``path`` as a bundle (gzip when the name ends in ``.gz``)."""
     path = Path(path)
     data = json.dumps(snapshot_to_dict(snapshot), ensure_ascii=False, separators=(",", ":"))
-    raw = data.encode("utf-8")
+    # a lone surrogate (text that was not UTF-8) is written as its JSON escape, "\\udc80",
+    # which reads back as the same string
+    raw = data.encode("utf-8", "backslashreplace")
     if path.name.endswith(".gz"):
         raw = gzip.compress(raw, mtime=0)
     try:
         path.write_bytes(raw)
+    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
+        raise BundleError(f"cannot write snapshot to {path}: {_reason(err)}") from None
+
+
+def _size(n: int) -> str:
+    return f"{n // 2**20} MiB" if n % 2**20 == 0 else f"{n:,} bytes"
+
+
+def _reason(err: Exception) -> str:
+    return (err.strerror if isinstance(err, OSError) else None) or str(err)
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def _read_file(path: Path) -> bytes:
+    """The bytes of the regular file ``path``, at most ``MAX_FILE_BYTES`` of them.
+
+    Opened non-blocking, so that a FIFO is refused at once instead of waiting for a writer.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except (OSError, ValueError) as err:
+        raise BundleError(f"cannot read snapshot {path}: {_reason(err)}") from None
+    try:
+        info = os.fstat(fd)
+        mode = info.st_mode
+        if stat.S_ISDIR(mode):
+            raise BundleError(f"{path} is a directory; pass the snapshot file written by --save")
+        if not stat.S_ISREG(mode):
+            raise BundleError(f"{path} is {_file_kind(mode)}, not a snapshot file; pass the "
+                              "file written by --save")
+        too_large = BundleError(f"{path}: larger than {_size(MAX_FILE_BYTES)}, more than any "
+                                "snapshot hangdoc writes")
+        if info.st_size > MAX_FILE_BYTES:
+            raise too_large
+        chunks, total = [], 0  # st_size can lie (files in /proc say 0): count as well
+        while chunk := os.read(fd, min(_READ_CHUNK, MAX_FILE_BYTES + 1 - total)):
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > MAX_FILE_BYTES:
+                raise too_large
+        return b"".join(chunks)
     except OSError as err:
-        raise BundleError(f"cannot write snapshot to {path}: {err.strerror or err}") from None
+        raise BundleError(f"cannot read snapshot {path}: {_reason(err)}") from None
+    finally:
+        os.close(fd)
+
+
+def _gunzip(raw: bytes, path: Path) -> bytes:
+    """``raw`` (one or more gzip members) inflated, stopping past ``MAX_JSON_BYTES``."""
+    chunks: list[bytes] = []
+    total = 0
+    data = raw
+    while data:
+        inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip header and trailer
+        tail = data
+        try:
+            while not inflater.eof and total <= MAX_JSON_BYTES:
+                # max_length bounds each step's output; the input it left is unconsumed_tail
+                chunk = inflater.decompress(tail, min(_READ_CHUNK, MAX_JSON_BYTES + 1 - total))
+                tail = inflater.unconsumed_tail
+                if not chunk and not tail:
+                    break  # the input ended before the stream did
+                chunks.append(chunk)
+                total += len(chunk)
+        except zlib.error as err:
+            raise BundleError(f"{path}: corrupt or truncated gzip data ({err})") from None
+        if total > MAX_JSON_BYTES:
+            raise BundleError(f"{path}: the gzip data inflates to more than "
+                              f"{_size(MAX_JSON_BYTES)}, more than any snapshot")
+        if not inflater.eof:
+            raise BundleError(f"{path}: corrupt or truncated gzip data (the stream ends early)")
+        data = inflater.unused_data.lstrip(b"\0")  # zero padding after a member is allowed
+        if data and not data.startswith(_GZIP_MAGIC):
+            raise BundleError(f"{path}: corrupt gzip data (garbage after the compressed stream)")
+    return b"".join(chunks)
 
 
 def load_snapshot(path: str | Path) -> JobSnapshot:
-    """Read a bundle written by ``save_snapshot`` (gzip recognised by its content)."""
+    """Read a bundle written by ``save_snapshot`` (gzip recognised by its content).
+
+    Raises ``BundleError`` and nothing else, whatever the file holds.
+    """
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise BundleError(f"cannot read snapshot {path}: {err.strerror or err}") from None
+    raw = _read_file(path)
     if raw.startswith(_GZIP_MAGIC):
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as err:
-            raise BundleError(f"{path}: corrupt or truncated gzip data ({err})") from None
+        raw = _gunzip(raw, path)
     if not raw.strip():
         raise BundleError(f"{path}: the file is empty, not a hangdoc snapshot")
     try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise BundleError(f"{path}: not a hangdoc snapshot (binary data, not JSON)") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise BundleError(
+            f"{path}: not a hangdoc snapshot (binary data, not UTF-8 JSON: byte "
+            f"0x{raw[err.start]:02x} at offset {err.start})"
+        ) from None
+    del raw
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as err:
-        truncated = " (truncated?)" if err.pos >= len(raw.rstrip()) else ""
+        truncated = " (truncated?)" if err.pos >= len(text.rstrip()) else ""
         raise BundleError(
             f"{path}: not valid JSON{truncated}: {err.msg} at line {err.lineno} column {err.colno}"
         ) from None
     except RecursionError:
         raise BundleError(f"{path}: not a hangdoc snapshot (JSON nested too deeply)") from None
+    except ValueError as err:  # an integer of more than 4300 digits
+        raise BundleError(f"{path}: not valid JSON: {one_line(str(err), 200)}") from None
     try:
         return snapshot_from_dict(data)
     except BundleError as err:
         raise BundleError(f"{path}: {err}") from None
+    except RecursionError:  # deep nesting the JSON parser took, in a place the decoder walks
+        raise BundleError(f"{path}: not a hangdoc snapshot (JSON nested too deeply)") from None

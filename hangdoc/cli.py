@@ -1,4 +1,12 @@
-"""The command line: parse, call the pipeline, print. The only place that prints and exits."""
+"""The command line: parse, call the pipeline, print. The only place that prints and exits.
+
+Whatever goes wrong ends in one line on stderr, ``hangdoc: error: MESSAGE``, then
+``  help: WHAT TO DO``, and the error's exit code; never a traceback (an unexpected
+exception is an ``InternalError``, exit 70; ``HANGDOC_DEBUG=1`` lets it through). With
+``--json`` the error is also printed on stdout as one JSON object (see
+``hangdoc.report.json_report.error_to_dict``). Option values are checked as they are
+parsed (``hangdoc.cliargs``): argparse's own errors take the same one-line path, exit 2.
+"""
 
 from __future__ import annotations
 
@@ -6,27 +14,59 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from . import __version__
-from .errors import HangdocError
+from .cliargs import (
+    CHECK_INTERVAL_SECONDS,
+    DUMP_TIMEOUT_SECONDS,
+    INTERVAL_SECONDS,
+    KILL_GRACE_SECONDS,
+    MAX_POSTPONE,
+    MIN_STALL_SECONDS,
+    RANK_OFFSET,
+    STALL_FACTOR,
+    STALL_SECONDS,
+    WARMUP_STEPS,
+    WIDTH_COLUMNS,
+    WINDOW_SECONDS,
+    WORLD_SIZE,
+    agent_list,
+    bounded_int,
+    finite_float,
+    listen_address,
+    node_name,
+    port,
+    seconds,
+)
+from .errors import HangdocError, InternalError, UsageError, one_line
 
 EXIT_OK = 0
 EXIT_INTERRUPTED = 130
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are ``UsageError``s, printed like every other error
+    (argparse would print its usage block and exit from inside ``parse_args``)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, help=f"Run `{self.prog} --help` for the accepted options.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="hangdoc",
         description="Diagnose a hung distributed PyTorch job: which ranks, which collective, why.",
     )
     parser.add_argument("--version", action="version", version=f"hangdoc {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    output = argparse.ArgumentParser(add_help=False)
+    output = _Parser(add_help=False)
     output.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    output.add_argument("--width", type=int, default=None, help="terminal width for the report")
+    output.add_argument("--width", type=bounded_int(WIDTH_COLUMNS), default=None,
+                        help="terminal width for the report")
 
-    auth = argparse.ArgumentParser(add_help=False)
+    auth = _Parser(add_help=False)
     group = auth.add_argument_group("authentication")
     group.add_argument("--token-file", metavar="FILE", help="shared secret token (at least 16 characters)")
     group.add_argument("--tls-cert", metavar="FILE", help="this side's TLS certificate (PEM)")
@@ -46,17 +86,21 @@ def build_parser() -> argparse.ArgumentParser:
         "slurm:JOBID[.STEP]",
     )
     diag.add_argument("--save", metavar="FILE", help="also save the raw snapshot (replay with analyze)")
-    diag.add_argument("--window", type=float, default=2.0, help="seconds to sample before a first verdict (default 2)")
-    diag.add_argument("--interval", type=float, default=0.5, help="seconds between samples (default 0.5)")
+    diag.add_argument("--window", type=seconds(WINDOW_SECONDS), default=2.0,
+                      help="seconds to sample before a first verdict (default 2)")
+    diag.add_argument("--interval", type=seconds(INTERVAL_SECONDS), default=0.5,
+                      help="seconds between samples (default 0.5)")
     diag.add_argument(
-        "--max-window", type=float, default=12.0,
+        "--max-window", type=seconds(WINDOW_SECONDS), default=12.0,
         help="longest observation when the evidence is ambiguous (default 12)",
     )
     diag.add_argument("--native", action="store_true", help="include native (C/C++) frames in every sample")
-    diag.add_argument("--timeout", type=float, default=5.0, help="seconds allowed per py-spy dump (default 5)")
+    diag.add_argument("--timeout", type=seconds(DUMP_TIMEOUT_SECONDS), default=5.0,
+                      help="seconds allowed per py-spy dump (default 5)")
     diag.add_argument("-q", "--quiet", action="store_true", help="no progress messages on stderr")
     remote = diag.add_argument_group("agents (multi-node)")
-    remote.add_argument("--agents", metavar="HOST[:PORT],...", help="ask these `hangdoc agent`s instead of reading this node")
+    remote.add_argument("--agents", type=agent_list, metavar="HOST[:PORT],...",
+                        help="ask these `hangdoc agent`s instead of reading this node")
     remote.add_argument("--hostfile", metavar="FILE", help="agent addresses, one per line")
     diag.set_defaults(func=_cmd_diagnose)
 
@@ -66,17 +110,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve this node's ranks to a coordinator over gRPC",
         description="Per-node agent: finds and samples the job's ranks on this node. Read-only.",
     )
-    agent.add_argument("--listen", default="127.0.0.1:7420", metavar="HOST:PORT",
+    agent.add_argument("--listen", type=listen_address, default="127.0.0.1:7420", metavar="HOST:PORT",
                        help="address to listen on (default 127.0.0.1:7420, loopback only)")
     agent.add_argument("--insecure", action="store_true",
                        help="allow a non-loopback address without token or TLS (trusted networks only)")
-    agent.add_argument("--node-name", metavar="NAME", help="host name to report for this node's ranks")
+    agent.add_argument("--node-name", type=node_name, metavar="NAME",
+                       help="host name to report for this node's ranks")
     agent.add_argument("--open-health", action="store_true",
                        help="answer the gRPC health service without the token (Kubernetes gRPC probes); "
                        "it tells only whether the agent is serving")
     agent.add_argument("--replay", metavar="FILE", help=argparse.SUPPRESS)  # benchmarks: serve a saved snapshot
-    agent.add_argument("--replay-rank-offset", type=int, default=0, help=argparse.SUPPRESS)
-    agent.add_argument("--replay-world-size", type=int, default=None, help=argparse.SUPPRESS)
+    agent.add_argument("--replay-rank-offset", type=bounded_int(RANK_OFFSET), default=0,
+                       help=argparse.SUPPRESS)
+    agent.add_argument("--replay-world-size", type=bounded_int(WORLD_SIZE), default=None,
+                       help=argparse.SUPPRESS)
     agent.set_defaults(func=_cmd_agent)
 
     _add_watch(sub, auth)
@@ -110,17 +157,17 @@ def _add_watch(sub, auth: argparse.ArgumentParser) -> None:
                        "descendants on this node (with --agents)")
     watch.add_argument("--out", default="hangs", metavar="DIR", help="where hang reports go (default ./hangs)")
     stall = watch.add_argument_group("stall detection")
-    stall.add_argument("--stall-after", type=float, metavar="SECONDS",
+    stall.add_argument("--stall-after", type=seconds(STALL_SECONDS), metavar="SECONDS",
                        help="a silence this long is a stall (default: learned from the step intervals)")
-    stall.add_argument("--warmup-steps", type=int, default=5, metavar="N",
+    stall.add_argument("--warmup-steps", type=bounded_int(WARMUP_STEPS), default=5, metavar="N",
                        help="steps before the steady-state timeout applies (default 5)")
-    stall.add_argument("--warmup-timeout", type=float, metavar="SECONDS",
+    stall.add_argument("--warmup-timeout", type=seconds(STALL_SECONDS), metavar="SECONDS",
                        help="stall timeout during warm-up (default: --stall-after, or 600)")
-    stall.add_argument("--stall-factor", type=float, default=3.0, metavar="F",
+    stall.add_argument("--stall-factor", type=finite_float(STALL_FACTOR), default=3.0, metavar="F",
                        help="learned timeout = F x the longest step gap seen after warm-up (default 3)")
-    stall.add_argument("--min-stall", type=float, default=30.0, metavar="SECONDS",
+    stall.add_argument("--min-stall", type=seconds(MIN_STALL_SECONDS), default=30.0, metavar="SECONDS",
                        help="the learned timeout is never shorter (default 30)")
-    stall.add_argument("--check-interval", type=float, metavar="SECONDS",
+    stall.add_argument("--check-interval", type=seconds(CHECK_INTERVAL_SECONDS), metavar="SECONDS",
                        help="how often to check (default 1, or 5 when stacks must be sampled)")
     stall.add_argument("--step-regex", metavar="REGEX",
                        help="output lines matching this are steps (group `step` or the first group: the number)")
@@ -129,29 +176,34 @@ def _add_watch(sub, auth: argparse.ArgumentParser) -> None:
     act.add_argument("--on-hang", default="report", metavar="ACTION",
                      help="report (default: keep watching), kill (end the job), or 'exec CMD [ARGS]' "
                      "(run CMD with the report directory; {report} in ARGS is replaced by it)")
-    act.add_argument("--kill-grace", type=float, default=10.0, metavar="SECONDS",
+    act.add_argument("--kill-grace", type=seconds(KILL_GRACE_SECONDS), default=10.0, metavar="SECONDS",
                      help="after SIGTERM, wait this long before SIGKILL (default 10)")
-    act.add_argument("--max-postpone", type=int, default=3, metavar="N",
+    act.add_argument("--max-postpone", type=bounded_int(MAX_POSTPONE), default=3, metavar="N",
                      help="a rank still working alone postpones the report up to N stall timeouts (default 3)")
     diag = watch.add_argument_group("diagnosis")
-    diag.add_argument("--window", type=float, default=2.0, help="seconds of sampling on a stall (default 2)")
-    diag.add_argument("--interval", type=float, default=0.5, help="seconds between samples (default 0.5)")
-    diag.add_argument("--max-window", type=float, default=12.0, help="longest observation when ambiguous (default 12)")
-    diag.add_argument("--timeout", type=float, default=5.0, help="seconds allowed per py-spy dump (default 5)")
+    diag.add_argument("--window", type=seconds(WINDOW_SECONDS), default=2.0,
+                      help="seconds of sampling on a stall (default 2)")
+    diag.add_argument("--interval", type=seconds(INTERVAL_SECONDS), default=0.5,
+                      help="seconds between samples (default 0.5)")
+    diag.add_argument("--max-window", type=seconds(WINDOW_SECONDS), default=12.0,
+                      help="longest observation when ambiguous (default 12)")
+    diag.add_argument("--timeout", type=seconds(DUMP_TIMEOUT_SECONDS), default=5.0,
+                      help="seconds allowed per py-spy dump (default 5)")
     met = watch.add_argument_group("metrics")
-    met.add_argument("--metrics-port", type=int, metavar="PORT",
+    met.add_argument("--metrics-port", type=port(), metavar="PORT",
                      help="serve Prometheus metrics on this port (0: any free port)")
     met.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
                      help="address for the metrics server (default loopback)")
     remote = watch.add_argument_group("agents (multi-node)")
-    remote.add_argument("--agents", metavar="HOST[:PORT],...", help="diagnose through these `hangdoc agent`s")
+    remote.add_argument("--agents", type=agent_list, metavar="HOST[:PORT],...",
+                        help="diagnose through these `hangdoc agent`s")
     remote.add_argument("--hostfile", metavar="FILE", help="agent addresses, one per line")
     watch.add_argument("-q", "--quiet", action="store_true", help="only the hang lines on stderr")
     watch.set_defaults(func=_cmd_watch, command_argv=())
 
 
 def _stderr(msg: str) -> None:
-    print(f"hangdoc: {msg}", file=sys.stderr, flush=True)
+    print(f"hangdoc: {one_line(msg)}", file=sys.stderr, flush=True)
 
 
 def _emit(args: argparse.Namespace, snapshot, diagnosis) -> None:
@@ -165,15 +217,29 @@ def _emit(args: argparse.Namespace, snapshot, diagnosis) -> None:
 
     from .report.terminal import render
 
-    render(diagnosis, snapshot, Console(width=args.width, highlight=False))
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:  # rich's own would exit 1; main's handler decides
+            raise BrokenPipeError
+
+    render(diagnosis, snapshot, _Console(width=args.width, highlight=False))
+
+
+def _check_jobs(*specs: str | None) -> None:
+    """Parse the job specs now: a malformed one is a usage error before anything starts."""
+    from .jobspec import parse_job_spec
+
+    for spec in specs:
+        if spec is not None:
+            parse_job_spec(spec)
 
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
     from .bundle import save_snapshot
     from .diagnose import CaptureOptions, diagnose
 
-    if args.window < 0 or args.interval <= 0 or args.max_window < args.window:
-        raise _usage("need --window >= 0, --interval > 0 and --max-window >= --window")
+    if args.max_window < args.window:
+        raise _usage("need --max-window >= --window")
+    _check_jobs(args.job)
     options = CaptureOptions(args.window, args.interval, args.max_window, args.native, args.timeout)
     progress = None if args.quiet else _stderr
     nodes = _remote_nodes(args)
@@ -209,13 +275,9 @@ def _cmd_watch(args: argparse.Namespace) -> int:
 
     if args.job and args.command_argv:
         raise _usage("give either a JOB to attach to or a command after `--`, not both")
-    positive = {"--stall-after": args.stall_after, "--warmup-timeout": args.warmup_timeout,
-                "--check-interval": args.check_interval, "--stall-factor": args.stall_factor,
-                "--interval": args.interval}
-    bad = [name for name, value in positive.items() if value is not None and value <= 0]
-    if bad or args.warmup_steps < 0 or args.min_stall < 0 or args.kill_grace < 0 or args.max_window < args.window:
-        raise _usage(f"{', '.join(bad) or 'a value'} out of range: durations must be positive, "
-                     "--max-window >= --window")
+    if args.max_window < args.window:  # each value's own range is checked as it is parsed
+        raise _usage("need --max-window >= --window")
+    _check_jobs(args.job, args.job_of_command)
     if args.step_regex:
         import re
 
@@ -236,7 +298,7 @@ def _cmd_watch(args: argparse.Namespace) -> int:
 
 
 def _stderr_watch(msg: str) -> None:
-    print(f"hangdoc watch: {msg}", file=sys.stderr, flush=True)
+    print(f"hangdoc watch: {one_line(msg)}", file=sys.stderr, flush=True)
 
 
 def _stderr_hang_only(msg: str) -> None:
@@ -265,33 +327,72 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def _usage(message: str) -> HangdocError:
-    from .errors import UsageError
-
     return UsageError(message)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     command: list[str] = []
     if argv and argv[0] == "watch" and "--" in argv:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1:]
-    args = parser.parse_args(argv)
-    if command:
-        args.command_argv = command
-    if not getattr(args, "func", None):
-        parser.print_help(sys.stderr)
-        return 2
+    wants_json = "--json" in argv  # until the arguments are parsed, or fail to be
     try:
-        return int(args.func(args))
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        wants_json = bool(getattr(args, "json", False))
+        if command:
+            args.command_argv = command
+        if not getattr(args, "func", None):
+            parser.print_help(sys.stderr)
+            return 2
+        code = int(args.func(args))
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
     except HangdocError as err:
-        _stderr(f"error: {err}")
-        if err.help and not os.environ.get("HANGDOC_NO_HELP"):
-            print(f"  help: {err.help}", file=sys.stderr)
-        return err.exit_code
+        return _fail(type(err).__name__, str(err), err.help, err.exit_code, wants_json)
     except KeyboardInterrupt:
-        _stderr("interrupted")
-        return EXIT_INTERRUPTED
-    except BrokenPipeError:
+        return _fail("Interrupted", "interrupted", "", EXIT_INTERRUPTED, wants_json)
+    except BrokenPipeError:  # `hangdoc ... | head`: the reader has gone, so has the output
+        _drop_stdout()
         return EXIT_OK
+    except Exception as exc:  # a bug: one line, and the traceback on request
+        if os.environ.get("HANGDOC_DEBUG"):
+            raise
+        bug = InternalError(f"internal error: {type(exc).__name__}: {exc}")
+        return _fail(type(bug).__name__, str(bug), bug.help, bug.exit_code, wants_json)
+
+
+def _fail(kind: str, message: str, help_text: str, exit_code: int, wants_json: bool) -> int:
+    """Print an error: one line on stderr (and its help), with --json also the error object
+    on stdout (``kind``: the error's class name, or "Interrupted" for Ctrl-C)."""
+    message, help_text = one_line(message), one_line(help_text)
+    try:
+        if wants_json:
+            from .report.json_report import dumps, error_to_dict
+
+            sys.stdout.write(dumps(error_to_dict(kind, message, help_text, exit_code)) + "\n")
+            sys.stdout.flush()
+    except BrokenPipeError:
+        _drop_stdout()
+    if kind == "Interrupted":
+        print(f"hangdoc: {message}", file=sys.stderr, flush=True)
+        return exit_code
+    print(f"hangdoc: error: {message}", file=sys.stderr, flush=True)
+    if help_text and not os.environ.get("HANGDOC_NO_HELP"):
+        print(f"  help: {help_text}", file=sys.stderr)
+    return exit_code
+
+
+def _drop_stdout() -> None:
+    """Point stdout's descriptor at /dev/null: what is still buffered for the closed pipe is
+    then flushed there at exit instead of failing again as "Exception ignored ... BrokenPipeError"."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (tests capture it)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)

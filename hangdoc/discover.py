@@ -45,7 +45,7 @@ import psutil
 from .errors import JobNotFound, PermissionDenied, UsageError
 from .jobspec import JobKind, JobSpec
 from .jobsplit import Member, MultipleJobs, check_one_job, pid_list, plural
-from .model import RankProcess, RankSource
+from .model import MAX_WORLD_SIZE, RankProcess, RankSource
 from .redact import redact_argv, redact_env
 
 __all__ = ["Discovery", "MultipleJobs", "ProcInfo", "ProcessTable", "discover",
@@ -56,10 +56,6 @@ WORLD_SIZE_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "SLURM_NPROCS", "OMPI_COMM_WORL
                    "PMI_SIZE")
 LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
 
-# The largest trainings run about 10^5 ranks: a bigger rank or size in a process's
-# environment is garbage. Analysis builds set(range(world_size)) (10^7 would cost ~0.5 GiB
-# and seconds), and a saved snapshot must load back: the same bound as hangdoc/bundle.py's.
-MAX_WORLD_SIZE = 2**18
 # Integer variables read here or downstream (analysis reads LOCAL_WORLD_SIZE, GROUP_RANK,
 # ...): a value that is not one is ignored and left out of the rank's environment.
 _RANK_INT_VARS = frozenset((*RANK_VARS, *LOCAL_RANK_VARS, "GROUP_RANK", "NODE_RANK",
@@ -467,7 +463,7 @@ def _scontrol_pids(job: str) -> list[int] | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return [int(line.split()[0]) for line in out.splitlines()
-            if line.strip() and line.split()[0].isdigit()]
+            if line.strip() and _ASCII_NUMBER.fullmatch(line.split()[0])]
 
 
 def _slurm_env_matches(env: Mapping[str, str], job: str, step: str | None) -> bool:

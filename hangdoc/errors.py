@@ -7,6 +7,47 @@ recorded in the snapshot as ``CaptureError`` values and reported.
 
 from __future__ import annotations
 
+# Characters that must never reach a terminal as they are: C0 controls (ESC starts the
+# sequences that clear the screen, retitle the window, move the cursor; CR overwrites a
+# line), DEL, C1 controls (0x9b is a one-byte CSI), bidirectional overrides and isolates
+# (U+202E shows text backwards: "Trojan Source"), the Unicode line/paragraph separators,
+# and lone surrogates (from JSON "\ud800" escapes: they cannot even be encoded to UTF-8).
+_UNSAFE = [
+    *range(0x20), 0x7F, *range(0x80, 0xA0), 0x061C, 0x200E, 0x200F, 0x2028, 0x2029,
+    *range(0x202A, 0x202F), *range(0x2066, 0x206A), *range(0xD800, 0xE000),
+]
+_SHORT_ESCAPES = {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}
+_PRINTABLE = str.maketrans({
+    cp: _SHORT_ESCAPES.get(cp) or (f"\\x{cp:02x}" if cp < 0x100 else f"\\u{cp:04x}")
+    for cp in _UNSAFE
+})
+MESSAGE_MAX_CHARS = 2000  # an error line longer than this is cut (a 1 MB job spec, say)
+
+
+def printable(text: str) -> str:
+    """``text`` with every control, bidi-override and surrogate character written as an
+    escape (``\\x1b``, ``\\u202e``, ``\\n``), so text that comes from a job or a file can be
+    shown but can never drive the terminal. Everything else, non-ASCII included, is kept."""
+    return text.translate(_PRINTABLE)
+
+
+def one_line(text: str, limit: int = MESSAGE_MAX_CHARS) -> str:
+    """``printable(text)`` cut to ``limit`` characters: what an error line may show."""
+    text = printable(text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """``repr(value)`` for a message, cut to about ``limit`` characters."""
+    if isinstance(value, str) and len(value) > limit:
+        return f"{printable(repr(value[:limit]))}… ({len(value)} characters)"
+    text = printable(repr(value))
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} characters)"
+
 
 class HangdocError(Exception):
     """Base class. ``str(err)`` is one line; ``help`` says what to do about it."""
@@ -73,3 +114,13 @@ class CommandNotFound(HangdocError):
 
     exit_code = 127  # what a shell returns for a command it cannot run
     help = "Check the command after `--`: it must be an executable on PATH or a path to one."
+
+
+class InternalError(HangdocError):
+    """hangdoc itself failed: a bug, reported as one line instead of a traceback."""
+
+    exit_code = 70  # EX_SOFTWARE (sysexits.h)
+    help = (
+        "This is a bug in hangdoc: please report it with the command line. Set HANGDOC_DEBUG=1 "
+        "to see the traceback."
+    )

@@ -3,24 +3,40 @@
 ``report.json`` (written last, atomically) is the ``--json`` report (docs/json-schema.md) with one more key,
 ``watch``, saying why the watchdog fired; ``snapshot.json.gz`` replays with ``hangdoc
 analyze``; ``report.txt`` is the terminal report, preceded by the watchdog's reason.
+
+A report is never lost: when ``OUT`` cannot take it (disk full, directory made read-only
+or replaced after the start), ``report.json`` is printed on stderr and the files go to a
+private ``hangdoc-hang-<UTC>-<pid>`` directory under ``$TMPDIR`` or ``/tmp``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import gzip
 import io
 import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .bundle import save_snapshot
+from .bundle import snapshot_to_dict
+from .errors import UsageError
 from .model import Diagnosis, JobSnapshot, Verdict
 from .stall import Trigger
 
 REPORT = "report.json"
 SNAPSHOT = "snapshot.json.gz"
 HUMAN = "report.txt"
+
+Warn = Callable[[str], None]
+
+
+def _stderr(message: str) -> None:
+    print(f"hangdoc watch: {message}", file=sys.stderr, flush=True)
 
 
 def trigger_dict(trigger: Trigger, reason: str, diagnosis_seconds: float | None = None) -> dict[str, Any]:
@@ -30,6 +46,19 @@ def trigger_dict(trigger: Trigger, reason: str, diagnosis_seconds: float | None 
     d["fired_because"] = f"{trigger.sentence()}; {reason}"
     d["diagnosis_seconds"] = None if diagnosis_seconds is None else round(diagnosis_seconds, 3)
     return d
+
+
+def check_out(out: Path) -> None:
+    """Refuse an ``--out`` that cannot take a report, before anything is started: create
+    the directory and a probe file in it (removed again)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".hangdoc-probe-", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise UsageError(f"--out {out}: cannot write reports there: {_reason(err)}",
+                         help="Give --out a directory this user can create and write.") from None
 
 
 def new_dir(out: Path, when: datetime.datetime) -> Path:
@@ -47,46 +76,110 @@ def new_dir(out: Path, when: datetime.datetime) -> Path:
 
 
 def write_incident(out: Path, snapshot: JobSnapshot, diagnosis: Diagnosis, trigger: Trigger, reason: str,
-                   diagnosis_seconds: float | None = None) -> Path:
-    """Write the three files; returns the directory."""
+                   diagnosis_seconds: float | None = None, warn: Warn = _stderr) -> Path | None:
+    """Write the three files; returns the directory (``OUT``'s or the fallback), or None
+    when no directory could take them (the report is then only on stderr)."""
     from rich.console import Console
 
     from .report.json_report import to_json_dict
     from .report.terminal import render
 
-    path = new_dir(out, datetime.datetime.now(datetime.UTC))
     report = to_json_dict(diagnosis, snapshot)
     report["watch"] = trigger_dict(trigger, reason, diagnosis_seconds)
-    save_snapshot(snapshot, path / SNAPSHOT)
+    raw = json.dumps(snapshot_to_dict(snapshot), ensure_ascii=False, separators=(",", ":")).encode()
     text = io.StringIO()
     console = Console(file=text, width=120, no_color=True, highlight=False, force_terminal=False)
     console.print(f"hangdoc watch fired at {trigger.detected_at}: {report['watch']['fired_because']}")
     console.print()
     render(diagnosis, snapshot, console)
-    (path / HUMAN).write_text(text.getvalue())
-    _write_last(path / REPORT, report)
-    return path
+    files = {SNAPSHOT: gzip.compress(raw, mtime=0), HUMAN: text.getvalue().encode()}
+    return _store(out, files, report, warn)
 
 
-def _write_last(target: Path, report: dict[str, Any]) -> None:
-    """report.json appears whole and last: whoever waits for it finds the rest in place."""
-    tmp = target.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
-    tmp.rename(target)
-
-
-def write_failed_incident(out: Path, spec: str, trigger: Trigger, error: str, help_text: str) -> Path:
+def write_failed_incident(out: Path, spec: str, trigger: Trigger, error: str, help_text: str,
+                          warn: Warn = _stderr) -> Path | None:
     """The job went silent but could not be diagnosed: the reason and the error, as a
     report with verdict ``unknown`` so scripts reading ``report.json`` still work."""
     from .report.json_report import to_json_dict
 
-    path = new_dir(out, datetime.datetime.now(datetime.UTC))
     nothing = Diagnosis(Verdict.UNKNOWN, (), f"the job stopped making progress but could not be diagnosed: {error}",
                         (trigger.sentence(), error), (help_text,) if help_text else (), (), (), partial=True)
     empty = JobSnapshot(spec, (), captured_at=trigger.detected_at, notes=(f"diagnosis failed: {error}",))
     report = to_json_dict(nothing, empty)
     report["watch"] = trigger_dict(trigger, f"diagnosis failed: {error}")
-    (path / HUMAN).write_text(f"hangdoc watch fired at {trigger.detected_at}: {report['watch']['fired_because']}\n"
-                              f"{report['summary']}\n" + (f"help: {help_text}\n" if help_text else ""))
-    _write_last(path / REPORT, report)
+    text = (f"hangdoc watch fired at {trigger.detected_at}: {report['watch']['fired_because']}\n"
+            f"{report['summary']}\n" + (f"help: {help_text}\n" if help_text else ""))
+    return _store(out, {HUMAN: text.encode()}, report, warn)
+
+
+def _store(out: Path, files: dict[str, bytes], report: dict[str, Any], warn: Warn) -> Path | None:
+    """``files`` then ``report.json`` into a new directory under ``out``; when that fails,
+    the report on stderr and everything in a private fallback directory."""
+    when = datetime.datetime.now(datetime.UTC)
+    from .report.json_report import dumps
+
+    body = (dumps(report) + "\n").encode()
+    where = out
+    try:
+        where = new_dir(out, when)
+        for name, data in files.items():
+            (where / name).write_bytes(data)
+        # report.json appears whole and last: whoever waits for it finds the rest in place
+        tmp = where / (REPORT + ".tmp")
+        tmp.write_bytes(body)
+        tmp.rename(where / REPORT)
+        return where
+    except OSError as err:
+        warn(f"could not write report to {where}: {_reason(err)}; report follows on stderr")
+    try:
+        sys.stderr.write(body.decode())
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass  # no stderr either: the fallback directory is all there is
+    try:
+        return _write_private(when, {**files, REPORT: body})
+    except OSError as err:
+        warn(f"could not write the report to {_fallback_base()} either: {_reason(err)}")
+        return None
+
+
+def _fallback_base() -> Path:
+    return Path(os.environ.get("TMPDIR") or "/tmp")
+
+
+def _write_private(when: datetime.datetime, files: dict[str, bytes]) -> Path:
+    """``files`` in a new ``hangdoc-hang-<UTC>-<pid>`` directory of mode 0700 under
+    ``$TMPDIR`` or ``/tmp``. ``mkdir`` fails on any existing name, a planted symlink
+    included, and every file is created exclusively without following links: in a
+    world-writable directory nobody can redirect what is written."""
+    base = _fallback_base()
+    stamp = f"hangdoc-hang-{when.astimezone(datetime.UTC):%Y%m%dT%H%M%SZ}-{os.getpid()}"
+    for n in range(1, 100):
+        path = base / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            os.mkdir(path, 0o700)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"too many directories named {stamp} in {base}")
+    dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        os.fchmod(dir_fd, 0o700)  # whatever the umask
+        for name, data in files.items():
+            tmp = name + ".tmp" if name == REPORT else name
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            if tmp != name:
+                os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
     return path
+
+
+def _reason(err: OSError) -> str:
+    if isinstance(err, NotADirectoryError) or (isinstance(err, FileExistsError) and err.strerror):
+        return "not a directory"  # a file where a directory should be, or on its path
+    return err.strerror or str(err)
+

@@ -1,7 +1,8 @@
 """Start the command ``hangdoc watch`` wraps, pass signals on to it, and end a job whole.
 
 Only the watchdog uses this, and only to act when the user asked for it (``--on-hang
-kill``) or to pass on a Ctrl-C. Ending a job means every process of it: torchrun starts
+kill``), to pass on a Ctrl-C, or to leave nothing of a wrapped job running when the watch
+itself stops on an error. Ending a job means every process of it: torchrun starts
 each worker in a session of its own, so signalling the launcher's process group is not
 enough. We signal every process group in the job's process tree, wait a grace period,
 then SIGKILL whatever is left, looking for descendants again each time. The watchdog
@@ -110,6 +111,30 @@ def reap_orphans(keep: Iterable[int] = ()) -> None:
                 os.waitpid(child.pid, os.WNOHANG)
         except (psutil.Error, ChildProcessError, OSError):
             continue
+
+
+def adopted(spare: Iterable[int] = ()) -> list[int]:
+    """Our child processes but ``spare``: as a subreaper, the processes that left the wrapped
+    command's tree (double forks, workers whose launcher died) are among them."""
+    skip = set(spare)
+    try:
+        return [p.pid for p in psutil.Process().children() if p.pid not in skip and _alive(p)]
+    except psutil.Error:
+        return []
+
+
+def end_command(child: subprocess.Popen[bytes], grace: float, spare: Iterable[int] = ()) -> list[int]:
+    """End everything of the wrapped command: its process tree and the processes that left
+    it, never ``spare``; collect ``child``'s exit status. Returns the pids still alive."""
+    spare = set(spare)
+    # once Popen has collected the child's status its pid may belong to someone else
+    roots = ([child.pid] if child.poll() is None else []) + adopted(spare | {child.pid})
+    left = end_job(roots, grace, spare=spare, owned=[child.pid])
+    try:
+        child.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        left.append(child.pid)
+    return left
 
 
 def end_job(roots: Iterable[int], grace: float, spare: Iterable[int] = (), owned: Iterable[int] = ()) -> list[int]:

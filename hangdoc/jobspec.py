@@ -11,18 +11,26 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from .errors import UsageError
+from .errors import UsageError, shown
 
 ACCEPTED_FORMS = "HOST:PORT, [IPV6]:PORT, pid:PID, slurm:JOBID[.STEP] or ray:JOB_ID"
 
+PORT_MIN, PORT_MAX = 1, 65535  # a job's MASTER_PORT
+PID_MIN, PID_MAX = 1, 2**22  # Linux: pid_max is at most 2**22 (PID_MAX_LIMIT)
+SPEC_MAX_CHARS = 1024  # a host name is at most 253 characters; anything longer is not a spec
+
+# Numbers are ASCII digits only: str.isdigit() and int() also take "²", "٣" and "1_0".
+_NUMBER = re.compile(r"[0-9]+", re.ASCII)
+
 # RFC 1123 host names: dot-separated labels of letters, digits and inner hyphens.
 _LABEL = r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)"
-_HOSTNAME = re.compile(rf"^{_LABEL}(\.{_LABEL})*\.?$")
-_IPV4_LIKE = re.compile(r"^[0-9.]+$")
+_HOSTNAME = re.compile(rf"{_LABEL}(\.{_LABEL})*\.?")
+_IPV4_LIKE = re.compile(r"[0-9.]+")
 # Slurm job ids: 1234, array tasks 1234_7, heterogeneous components 1234+1.
-_SLURM = re.compile(r"^(?P<job>\d+(?:_\d+|\+\d+)?)(?:\.(?P<step>\d+|batch|extern|interactive))?$")
+_SLURM = re.compile(r"(?P<job>\d+(?:_\d+|\+\d+)?)(?:\.(?P<step>\d+|batch|extern|interactive))?",
+                    re.ASCII)
 # Ray job ids are hex ("02000000"), submission ids look like "raysubmit_AbC123".
-_RAY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_RAY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 class JobKind(enum.Enum):
@@ -61,12 +69,12 @@ class JobSpec:
 
 
 def _malformed(text: str, reason: str) -> UsageError:
-    return UsageError(f"bad job spec {text!r}: {reason}; expected {ACCEPTED_FORMS}")
+    return UsageError(f"bad job spec {shown(text)}: {reason}; expected {ACCEPTED_FORMS}")
 
 
 def _parse_port(text: str, port: str) -> int:
-    if not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise _malformed(text, f"port {port!r} is not a number from 1 to 65535")
+    if not _NUMBER.fullmatch(port) or not PORT_MIN <= int(port) <= PORT_MAX:
+        raise _malformed(text, f"port {shown(port)} is not a number from {PORT_MIN} to {PORT_MAX}")
     return int(port)
 
 
@@ -76,50 +84,56 @@ def _parse_endpoint(text: str) -> JobSpec:
         if not sep:
             raise _malformed(text, "a bracketed IPv6 address must be followed by :PORT")
         try:
+            if not host.isascii():
+                raise ValueError(host)
             ipaddress.IPv6Address(host)
         except ValueError:
-            raise _malformed(text, f"{host!r} is not an IPv6 address") from None
+            raise _malformed(text, f"{shown(host)} is not an IPv6 address") from None
         return JobSpec(JobKind.ENDPOINT, text, host=host, port=_parse_port(text, port))
     if text.count(":") > 1:
         raise _malformed(text, "write IPv6 addresses in brackets, like [::1]:29500")
     host, sep, port = text.partition(":")
     if not sep or not host:
         raise _malformed(text, "not a known form")
-    if _IPV4_LIKE.match(host):
+    if _IPV4_LIKE.fullmatch(host):
         try:
             ipaddress.IPv4Address(host)
         except ValueError:
-            raise _malformed(text, f"{host!r} is not an IPv4 address") from None
-    elif not _HOSTNAME.match(host):
-        raise _malformed(text, f"{host!r} is not a host name")
+            raise _malformed(text, f"{shown(host)} is not an IPv4 address") from None
+    elif not _HOSTNAME.fullmatch(host):
+        raise _malformed(text, f"{shown(host)} is not a host name")
     return JobSpec(JobKind.ENDPOINT, text, host=host.rstrip(".").lower(),
                    port=_parse_port(text, port))
 
 
 def _parse_pid(text: str, value: str) -> JobSpec:
-    if not value.isdigit() or int(value) <= 0:
-        raise _malformed(text, f"pid {value!r} is not a positive number")
+    if not _NUMBER.fullmatch(value) or not PID_MIN <= int(value) <= PID_MAX:
+        raise _malformed(text, f"pid {shown(value)} is not a number from {PID_MIN} to {PID_MAX}")
     return JobSpec(JobKind.PID, text, pid=int(value))
 
 
 def _parse_slurm(text: str, value: str) -> JobSpec:
-    match = _SLURM.match(value)
+    match = _SLURM.fullmatch(value)
     if not match:
-        raise _malformed(text, f"{value!r} is not a Slurm JOBID or JOBID.STEP")
+        raise _malformed(text, f"{shown(value)} is not a Slurm JOBID or JOBID.STEP")
     return JobSpec(JobKind.SLURM, text, slurm_job=match["job"], slurm_step=match["step"])
 
 
 def _parse_ray(text: str, value: str) -> JobSpec:
-    if not _RAY.match(value):
-        raise _malformed(text, f"{value!r} is not a Ray job id")
+    if not _RAY.fullmatch(value):
+        raise _malformed(text, f"{shown(value)} is not a Ray job id")
     return JobSpec(JobKind.RAY, text, ray_job=value)
 
 
 def parse_job_spec(text: str) -> JobSpec:
     """Parse JOB; raise ``UsageError`` (one line naming the accepted forms) when malformed."""
+    if len(text) > SPEC_MAX_CHARS:
+        raise _malformed(text, f"longer than {SPEC_MAX_CHARS} characters")
     stripped = text.strip()
     if not stripped:
         raise _malformed(text, "empty")
+    if not stripped.isprintable():
+        raise _malformed(text, "it contains control characters or bytes that are not text")
     prefix, sep, value = stripped.partition(":")
     prefix = prefix.lower()
     if sep and prefix == "pid":

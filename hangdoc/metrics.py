@@ -120,8 +120,9 @@ def serve(board: MetricsBoard, host: str, port: int) -> http.server.ThreadingHTT
 
     try:
         server = http.server.ThreadingHTTPServer((host, port), Handler)
-    except OSError as err:
-        raise UsageError(f"cannot serve metrics on {host}:{port}: {err.strerror or err}",
+    except (OSError, OverflowError, ValueError) as err:  # OverflowError: a port outside 0-65535
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise UsageError(f"cannot serve metrics on {host}:{port}: {reason}",
                          help="Pick a free port with --metrics-port (0 picks one and prints it).") from None
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="hangdoc-metrics", daemon=True).start()

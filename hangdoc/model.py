@@ -16,6 +16,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .merge import CallTree
 
+# The largest rank count any value may claim (a world size, a rank number), wherever it
+# comes from: a process's environment, an agent's answer, a saved snapshot. The largest
+# trainings run about 10^5 ranks. Analysis still lists every expected rank (a snapshot of
+# one rank claiming this world size takes about 1.5 s and 650 MB to analyse), so the bound
+# stays here until rank sets are compact.
+MAX_WORLD_SIZE = 2**18
+
 
 @dataclass(frozen=True, slots=True)
 class Frame:

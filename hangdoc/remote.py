@@ -163,10 +163,11 @@ def parse_agents(agents: str | None, hostfile: str | None, default_port: int = 7
     out = []
     for entry in entries:
         host, sep, port = entry.rpartition(":")
-        if sep and port.isdigit() and host:
+        valid_port = port.isascii() and port.isdigit() and 1 <= int(port) <= 65535
+        if sep and valid_port and host:
             out.append(entry)
-        elif sep and not port.isdigit():
-            raise UsageError(f"agent address {entry!r} is not HOST[:PORT]")
+        elif sep:
+            raise UsageError(f"agent address {entry!r} is not HOST[:PORT] with a port from 1 to 65535")
         else:
             out.append(f"{entry}:{default_port}")
     return list(dict.fromkeys(out))

@@ -160,7 +160,12 @@ class LogTail:
         except OSError:
             pass  # removed: keep reading what we have open
         while True:
-            chunk = self._handle.read(65536)
+            try:
+                chunk = self._handle.read(65536)
+            except OSError:  # EIO, a vanished network file: open it again next time
+                self._handle.close()
+                self._handle, self._inode = None, None
+                return
             if not chunk:
                 return
             self.scanner.feed(chunk, time.monotonic())

@@ -18,8 +18,10 @@ raises the learned timeout for the next one.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
+from .errors import UsageError
 from .model import Diagnosis, JobSnapshot, RankState, Verdict
 from .progress import movement
 
@@ -44,6 +46,18 @@ class StallPolicy:
     warmup_timeout: float | None = None  # default: stall_after when fixed, else 600 s
     factor: float = 3.0
     min_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        # a NaN compares false with everything: a NaN timeout would never fire
+        positive = {"--stall-after": self.stall_after, "--warmup-timeout": self.warmup_timeout,
+                    "--stall-factor": self.factor}
+        for option, value in positive.items():
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise UsageError(f"{option} {value!r}: need a finite number above 0")
+        if not (math.isfinite(self.min_timeout) and self.min_timeout >= 0):
+            raise UsageError(f"--min-stall {self.min_timeout!r}: need a finite number, 0 or more")
+        if self.warmup_steps < 0:
+            raise UsageError(f"--warmup-steps {self.warmup_steps!r}: need 0 or more")
 
     def warmup_seconds(self) -> float:
         if self.warmup_timeout is not None:

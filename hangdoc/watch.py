@@ -9,11 +9,16 @@ hang. A hang is written to ``OUT/hang-<UTC>/`` (``incident``) and ``--on-hang`` 
 
 The loop reads argparse nowhere: the CLI builds a ``WatchConfig``. Messages go through
 ``say``; the wrapped command's own output passes through untouched.
+
+The wrapped job never outlives the watch by accident: whatever ends the watch (a bug, an
+interrupt), the command's processes are ended before it exits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import math
 import os
 import shlex
 import signal
@@ -21,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,8 +35,8 @@ from . import jobcontrol
 from .beats import read_dir
 from .coordinator import Fleet, find_ranks
 from .diagnose import CaptureOptions, diagnose
-from .errors import HangdocError, JobNotFound, UsageError
-from .incident import write_failed_incident, write_incident
+from .errors import HangdocError, InternalError, JobNotFound, UsageError
+from .incident import check_out, write_failed_incident, write_incident
 from .jobspec import parse_job_spec
 from .metrics import MetricsBoard, serve, unix_time
 from .model import Diagnosis, Heartbeat, JobSnapshot, RankState
@@ -50,10 +56,23 @@ from .stall import Action, Signal, StallClock, StallPolicy, Trigger, judge
 LOCAL = "local"  # node name of the wrapped command's own heartbeat records
 EXIT_HANG_KILLED = 124  # --on-hang kill ended the job (like timeout(1))
 EXIT_JOB_ENDED = 0  # attach mode: the job's ranks are gone
+EXIT_WATCH_FAILED = 70  # an internal error stopped the watch (EX_SOFTWARE); a wrapped job was ended
 FLEET_REFRESH = 10.0  # attach mode: seconds between looks for restarted or ended ranks
 PROBE_INTERVAL = 5.0  # default check interval when stacks have to be sampled
+# wrap mode: how long a launcher whose ranks are all gone may take to exit before the
+# silence counts as a hang. Measured: with both cores of this 2-core machine busy,
+# torchrun took over 2 s after its last worker (a false alarm in tests/test_watch_live.py
+# before this grace); idle, the test never saw it.
+LAUNCHER_EXIT_GRACE = 10.0
 
 Say = Callable[[str], None]
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class WatchFailed(InternalError):
+    """An unexpected error stopped the watch (a bug in hangdoc); a wrapped job was ended."""
+
+    exit_code = EXIT_WATCH_FAILED
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +84,15 @@ class OnHang:
 
     @classmethod
     def parse(cls, text: str) -> OnHang:
-        words = shlex.split(text)
+        try:
+            words = shlex.split(text)
+        except ValueError as err:  # "No closing quotation", "No escaped character"
+            raise UsageError(f"--on-hang {text!r}: cannot split it like a shell command line: "
+                             f"{str(err).lower()}") from None
         if words in (["report"], ["kill"]):
             return cls(words[0])
+        if words == ["exec"]:
+            raise UsageError(f"--on-hang {text!r}: exec needs a command: 'exec CMD [ARGS]'")
         if len(words) >= 2 and words[0] == "exec":
             return cls("exec", tuple(words[1:]))
         raise UsageError(f"--on-hang {text!r}: expected report, kill or 'exec CMD [ARGS]'")
@@ -95,7 +120,7 @@ class WatchConfig:
 class Watchdog:
     def __init__(self, config: WatchConfig, say: Say) -> None:
         self.c = config
-        self.say = say
+        self.say = _unfailing(say)
         self.t0 = time.monotonic()
         self.queue = EventQueue()
         self.clocks = {s: StallClock(config.policy, self.t0) for s in Signal}
@@ -130,6 +155,17 @@ class Watchdog:
         return PROBE_INTERVAL if self.primary() is Signal.STACKS else 1.0
 
     def run(self) -> int:
+        try:
+            return self._run()
+        except (HangdocError, KeyboardInterrupt):
+            raise
+        except Exception as err:
+            if os.environ.get("HANGDOC_DEBUG"):
+                raise  # the traceback, asked for
+            ended = "; the wrapped command and its processes were ended" if self.child is not None else ""
+            raise WatchFailed(f"internal error: {_where(err)}{ended}") from err
+
+    def _run(self) -> int:
         if self.c.nodes is None:
             find_pyspy()  # fail before starting anything, with install help
         if self.c.metrics_port is not None:
@@ -144,19 +180,32 @@ class Watchdog:
 
     def _run_wrapped(self) -> int:
         jobcontrol.become_subreaper()
-        with tempfile.TemporaryDirectory(prefix="hangdoc-hb-") as hb_dir:
+        try:
+            beats = tempfile.TemporaryDirectory(prefix="hangdoc-hb-")
+        except OSError as err:
+            raise UsageError(f"cannot create a heartbeat directory under {tempfile.gettempdir()}: "
+                             f"{err.strerror or err}", help="Set TMPDIR to a writable directory.") from None
+        with beats as hb_dir:
             env = dict(self.c.env)
             env.setdefault("PYTHONUNBUFFERED", "1")  # a piped Python child would block-buffer
             env["HANGDOC_HEARTBEAT_DIR"] = hb_dir
             self.heartbeats = HeartbeatReader(lambda: self._wrapped_beats(Path(hb_dir)))
-            self.child = jobcontrol.start(self.c.command, env)
-            self.say(f"watching {shlex.join(self.c.command)} (pid {self.child.pid}); reports go to {self.c.out}/")
-            assert self.child.stdout is not None and self.child.stderr is not None
-            readers = [tee(self.child.stdout, sys.stdout.buffer, self.pattern, self.queue),
-                       tee(self.child.stderr, sys.stderr.buffer, self.pattern, self.queue)]
-            previous = {s: signal.signal(s, self._forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+            previous = {s: signal.signal(s, self._forward) for s in FORWARDED}
             try:
+                self.child = jobcontrol.start(self.c.command, env)
+                self.say(f"watching {shlex.join(self.c.command)} (pid {self.child.pid}); "
+                         f"reports go to {self.c.out}/")
+                assert self.child.stdout is not None and self.child.stderr is not None
+                readers = [tee(self.child.stdout, sys.stdout.buffer, self.pattern, self.queue),
+                           tee(self.child.stderr, sys.stderr.buffer, self.pattern, self.queue)]
                 code = self._loop(ended=self._wrapped_ended)
+                if code is None and self.signals_seen and jobcontrol.adopted(self._hook_pids()):
+                    # asked to stop: what the command left running in sessions of its own goes too
+                    self.say("the command exited, leaving processes of its job running: ending them")
+                    self._end_job(self.c.kill_grace)
+            except BaseException as err:
+                self._abandon(err)
+                raise
             finally:
                 for s, handler in previous.items():
                     signal.signal(s, handler)
@@ -344,10 +393,12 @@ class Watchdog:
             snapshot, diagnosis = diagnose(self.spec, self.c.capture, None, self.c.nodes)
         except HangdocError as err:
             self.board.count_diagnosis("failed")
+            if isinstance(err, JobNotFound):
+                self._let_launcher_finish()
             if reason := self._moved_on(clock, now, None):
                 return self._dismiss(clock, reason)
             self.say(f"could not diagnose: {err}")
-            path = write_failed_incident(self.c.out, self.spec, trigger, str(err), err.help)
+            path = write_failed_incident(self.c.out, self.spec, trigger, str(err), err.help, self.say)
             self.board.count("reports_total")
             return self._fire(path, "unknown", f"could not diagnose: {err}")
         self.board.count_diagnosis(diagnosis.verdict.value)
@@ -363,11 +414,19 @@ class Watchdog:
             return None
         trigger = replace(trigger, details=self._heartbeat_details(snapshot) or trigger.details)
         path = write_incident(self.c.out, snapshot, diagnosis, trigger, decision.reason,
-                              time.monotonic() - started)
+                              time.monotonic() - started, self.say)
         self.board.count("reports_total")
         culprits = diagnosis.culprit_ranks
         head = diagnosis.verdict.value + (f" (culprit ranks {', '.join(map(str, culprits))})" if culprits else "")
         return self._fire(path, head, diagnosis.summary)
+
+    def _let_launcher_finish(self) -> None:
+        """A wrapped launcher with no rank left is usually exiting (torchrun after its last
+        step): give it LAUNCHER_EXIT_GRACE to do so before calling the silence a hang."""
+        deadline = time.monotonic() + LAUNCHER_EXIT_GRACE
+        while self.child is not None and self.child.poll() is None and time.monotonic() < deadline:
+            self._collect()
+            time.sleep(0.1)
 
     def _moved_on(self, clock: StallClock, since: float, diagnosis: Diagnosis | None) -> str | None:
         """Why the stall is over by the time the diagnosis is done, or None: steps resumed,
@@ -388,44 +447,63 @@ class Watchdog:
         self.say(f"not a hang: {reason}")
         return None
 
-    def _fire(self, path: Path, head: str, summary: str) -> int | None:
+    def _fire(self, path: Path | None, head: str, summary: str) -> int | None:
+        """``path``: the hang directory, None when no directory could take the report."""
         self.alarm = time.monotonic()
         self.postponed = 0
         self.board.update(stalled=True)
         self.say(f"HANG {head}: {summary}")
-        self.say(f"report: {path}/report.txt (json: {path}/report.json)")
+        if path is not None:
+            self.say(f"report: {path}/report.txt (json: {path}/report.json)")
         action = self.c.on_hang
         if action.action == "kill":
             return self._kill()
         if action.action == "exec":
-            self._exec_hook(path)
+            if path is not None:
+                self._exec_hook(path)
+            else:
+                self.say("could not run the --on-hang exec command: no directory could take the report")
         else:
             self.say("keeping watch (--on-hang report); the job is left as it is")
         return None
 
     def _kill(self) -> int:
-        roots = self._job_roots()
-        self.say(f"--on-hang kill: ending the job ({len(roots)} process tree(s)), grace {self.c.kill_grace:g} s")
-        self._end_job(roots, self.c.kill_grace)
+        trees = len(self._job_roots()) if self.child is None else 1
+        self.say(f"--on-hang kill: ending the job ({trees} process tree(s)), grace {self.c.kill_grace:g} s")
+        self._end_job(self.c.kill_grace)
         self._end_hooks()
         return EXIT_HANG_KILLED
 
-    def _end_job(self, roots: list[int], grace: float) -> None:
-        """End the process trees under ``roots`` (never our hook commands) and collect the
-        wrapped command's status."""
-        left = jobcontrol.end_job(roots, grace, spare=[h.pid for h in self.hooks],
-                                  owned=[self.child.pid] if self.child else [])
+    def _end_job(self, grace: float) -> None:
+        """End the job's process trees (never our hook commands); collect the wrapped
+        command's status."""
         if self.child is not None:
-            try:
-                self.child.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                left.append(self.child.pid)
+            left = jobcontrol.end_command(self.child, grace, spare=self._hook_pids())
+        else:
+            left = jobcontrol.end_job(self._job_roots(), grace, spare=self._hook_pids())
         if left:
             self.say(f"could not end pid(s) {', '.join(map(str, left))}")
 
+    def _abandon(self, err: BaseException) -> None:
+        """The watch is leaving by an exception: the wrapped job must not outlive it."""
+        if self.child is None:
+            return
+        cause = ("interrupted" if isinstance(err, KeyboardInterrupt) else
+                 "stopping on an error" if isinstance(err, HangdocError) else "internal error")
+        self.say(f"{cause}: ending the wrapped command (pid {self.child.pid}) and all its processes")
+        try:
+            self._end_job(self.c.kill_grace)
+        except Exception:  # noqa: BLE001 - the way out must not fail: the command's group at least
+            if self.child.returncode is None:
+                with contextlib.suppress(OSError):
+                    os.killpg(self.child.pid, signal.SIGKILL)
+                self.child.wait()
+
+    def _hook_pids(self) -> list[int]:
+        return [h.pid for h in self.hooks]
+
     def _job_roots(self) -> list[int]:
-        if self.child is not None:
-            return [self.child.pid]
+        """Attach mode: the ranks on this node and their launchers."""
         roots: set[int] = set()
         for node, proc in self.fleet.placed if self.fleet else []:
             if isinstance(node, LocalNode):
@@ -444,8 +522,9 @@ class Watchdog:
         try:
             self.hooks.append(subprocess.Popen(words, env=env, stdin=subprocess.DEVNULL))
             self.say(f"ran --on-hang exec: {shlex.join(words)}")
-        except OSError as err:
-            self.say(f"--on-hang exec failed: cannot run {words[0]!r}: {err.strerror or err}")
+        except (OSError, ValueError, subprocess.SubprocessError) as err:
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            self.say(f"could not run the --on-hang exec command {words[0]!r}: {reason}; keeping watch")
 
     def _reap_hooks(self) -> None:
         for hook in list(self.hooks):
@@ -470,7 +549,7 @@ class Watchdog:
     def _forward(self, signum: int, _frame: object) -> None:
         """Ctrl-C / SIGTERM / SIGHUP go to the wrapped command; a second one ends the job."""
         self.signals_seen += 1
-        if self.signals_seen > 1:
+        if self.signals_seen > 1 or self.child is None:
             self.stop_requested = True
             return
         if self.child is not None and self.child.poll() is None:
@@ -481,10 +560,38 @@ class Watchdog:
 
     def _stop(self) -> int:
         self.say("second signal: ending the wrapped command and all its processes")
-        self._end_job(self._job_roots(), grace=2.0)
+        self._end_job(grace=2.0)
         if self.child is not None and self.child.returncode is not None:
             return jobcontrol.exit_status(self.child.returncode)
         return 128 + signal.SIGTERM
+
+
+def _unfailing(say: Say) -> Say:
+    """``say`` that never stops the watch: a closed stderr silences it, nothing more."""
+
+    def safe(message: str) -> None:
+        try:
+            say(message)
+        except (OSError, ValueError):
+            pass
+
+    return safe
+
+
+def _where(err: BaseException) -> str:
+    """``Type: message (file:line)`` of where ``err`` was raised, for a one-line report."""
+    frames = traceback.extract_tb(err.__traceback__)
+    at = f" ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    message = " ".join(str(err).split())
+    return f"{type(err).__name__}: {message[:500]}{at}"
+
+
+def _check_config(config: WatchConfig) -> None:
+    """Numbers the loop sleeps and waits on: a NaN would crash ``time.sleep`` or never expire."""
+    if config.check_interval is not None and not (math.isfinite(config.check_interval) and config.check_interval > 0):
+        raise UsageError(f"--check-interval {config.check_interval!r}: need a finite number above 0")
+    if not (math.isfinite(config.kill_grace) and config.kill_grace >= 0):
+        raise UsageError(f"--kill-grace {config.kill_grace!r}: need a finite number, 0 or more")
 
 
 def run_watch(config: WatchConfig, say: Say) -> int:
@@ -497,4 +604,6 @@ def run_watch(config: WatchConfig, say: Say) -> int:
         raise UsageError("watch needs a JOB to attach to or a command after `--`")
     if config.command and config.nodes is not None and not config.job:
         raise UsageError("with --agents, say which job the wrapped command runs: --job HOST:PORT")
+    _check_config(config)
+    check_out(config.out)  # before anything is started: a report must have somewhere to go
     return Watchdog(config, say).run()

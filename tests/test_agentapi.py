@@ -299,3 +299,15 @@ def test_service_over_a_real_channel():
         server.stop(grace=None)
     assert convert.samples_from_proto(reply) == {rs.process.pid: rs.samples[0]}
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_rank_numbers_from_an_agent_are_bounded() -> None:
+    from hangdoc.model import MAX_WORLD_SIZE
+
+    msg = pb.RankProcess(pid=5, host="h", rank=2**40, world_size=2_000_000_000, local_rank=-3)
+    proc = convert.rank_process_from_proto(msg)
+    assert (proc.rank, proc.world_size, proc.local_rank) == (None, None, None)
+    ok = convert.rank_process_from_proto(pb.RankProcess(pid=5, rank=MAX_WORLD_SIZE - 1, world_size=MAX_WORLD_SIZE))
+    assert (ok.rank, ok.world_size) == (MAX_WORLD_SIZE - 1, MAX_WORLD_SIZE)
+    found = convert.discovery_from_proto(pb.Discovery(world_size=MAX_WORLD_SIZE + 1))
+    assert found.world_size is None

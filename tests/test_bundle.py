@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
+import os
 from pathlib import Path
 
 import pytest
 from factories import make_frame, make_rank, make_snapshot
 
-from hangdoc import SCHEMA_VERSION, __version__
+from hangdoc import SCHEMA_VERSION, __version__, bundle
 from hangdoc.bundle import load_snapshot, save_snapshot, snapshot_from_dict, snapshot_to_dict
 from hangdoc.errors import BundleError
 from hangdoc.model import (
@@ -271,3 +273,164 @@ def test_frames_keep_their_values() -> None:
         frame,
         make_frame("train.py:main:3"),
     )
+
+
+# --------------------------------------------------- files that are not files, or too big
+
+
+@pytest.mark.timeout(20)
+def test_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert "is a FIFO (named pipe), not a snapshot file" in _error(fifo)
+
+
+def test_devices_and_directories_are_refused(tmp_path: Path) -> None:
+    assert "/dev/zero is a character device" in _error(Path("/dev/zero"))
+    assert "/dev/null is a character device" in _error(Path("/dev/null"))
+    assert "is a directory" in _error(tmp_path)
+
+
+def test_nul_in_the_path(tmp_path: Path) -> None:
+    assert "cannot read snapshot" in _error(tmp_path / "a\0b")
+    with pytest.raises(BundleError, match="cannot write snapshot"):
+        save_snapshot(rich_snapshot(), tmp_path / "a\0b")
+
+
+def test_plain_file_read_is_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bundle, "MAX_FILE_BYTES", 1000)
+    path = _write(tmp_path, b" " * 1001)
+    assert "larger than 1,000 bytes" in _error(path)
+    sparse = tmp_path / "sparse.json"
+    with sparse.open("wb") as f:
+        f.truncate(2**40)  # 1 TiB, refused from its size without reading it
+    assert "larger than" in _error(sparse)
+
+
+def test_gzip_is_inflated_up_to_a_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bundle, "MAX_JSON_BYTES", 2**20)
+    bomb = gzip.compress(bytes(64 * 2**20))  # 64 MiB of zeros in 64 kB
+    assert "inflates to more than 1 MiB" in _error(_write(tmp_path, bomb))
+    # the cap counts all members of a multi-member file together
+    member = gzip.compress(b" " * (2**19))
+    assert "inflates to more than 1 MiB" in _error(_write(tmp_path, member * 3))
+
+
+def test_default_caps() -> None:
+    assert bundle.MAX_FILE_BYTES == bundle.MAX_JSON_BYTES == 512 * 2**20
+    assert bundle.MAX_WORLD_SIZE == 2**18
+
+
+def test_multi_member_gzip_and_zero_padding_are_read(tmp_path: Path) -> None:
+    text = json.dumps(_good_dict()).encode()
+    half = len(text) // 2
+    raw = gzip.compress(text[:half]) + gzip.compress(text[half:]) + b"\0" * 8
+    assert load_snapshot(_write(tmp_path, raw)) == rich_snapshot()
+
+
+def test_garbage_after_gzip(tmp_path: Path) -> None:
+    raw = gzip.compress(json.dumps(_good_dict()).encode()) + b"garbage"
+    assert "garbage after the compressed stream" in _error(_write(tmp_path, raw))
+
+
+# ----------------------------------------------------------------- what JSON it holds
+
+
+def test_a_json_report_is_named_as_such(tmp_path: Path) -> None:
+    from hangdoc.analyse import analyse
+    from hangdoc.report.json_report import error_to_dict, render_json
+
+    snap = rich_snapshot()
+    message = _error(_write(tmp_path, render_json(analyse(snap), snap).encode()))
+    assert "this is a hangdoc report, not a snapshot; pass the file written by --save" in message
+    failed = json.dumps(error_to_dict("JobNotFound", "no ranks", "", 3)).encode()
+    assert "this is a hangdoc error report" in _error(_write(tmp_path, failed))
+
+
+def test_non_utf8_says_where(tmp_path: Path) -> None:
+    text = json.dumps(_good_dict()).encode()
+    message = _error(_write(tmp_path, text[:100] + b"\xff" + text[100:]))
+    assert "binary data, not UTF-8 JSON: byte 0xff at offset 100" in message
+
+
+def test_huge_integer_literal(tmp_path: Path) -> None:
+    text = json.dumps(_good_dict()).replace('"line": 198', '"line": ' + "9" * 5000)
+    assert "not valid JSON: Exceeds the limit" in _error(_write(tmp_path, text.encode()))
+
+
+def test_nan_and_infinity_are_read_into_floats(tmp_path: Path) -> None:
+    data = _good_dict()
+    data["snapshot"]["window_seconds"] = math.inf
+    data["snapshot"]["ranks"][0]["samples"][0]["state"]["cpu_seconds"] = math.nan
+    snap = load_snapshot(_write(tmp_path, json.dumps(data).encode()))  # NaN, Infinity tokens
+    assert snap.window_seconds == math.inf
+    assert math.isnan(snap.ranks[0].samples[0].state.cpu_seconds)
+
+
+def test_lone_surrogates_round_trip(tmp_path: Path) -> None:
+    snap = make_snapshot({0: [make_frame("train.py:f\udcff:3")]}, notes=["bad \ud800 bytes"])
+    path = tmp_path / "s.json.gz"
+    save_snapshot(snap, path)  # no UnicodeEncodeError
+    assert load_snapshot(path) == snap
+
+
+def test_escape_sequences_load_as_they_are(tmp_path: Path) -> None:
+    evil = "\x1b[2J\x1b]0;t\x07\r\u202e\x9b"
+    snap = make_snapshot({0: [make_frame(f"train.py:{evil}:3")]}, notes=[evil])
+    save_snapshot(snap, tmp_path / "s.json")
+    assert load_snapshot(tmp_path / "s.json") == snap
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (_set("snapshot.world_size", 2_000_000_000),
+         "at snapshot.world_size: 2000000000 is out of range (0 to 262144)"),
+        (_set("snapshot.world_size", 1e300), "at snapshot.world_size: expected int, got the number"),
+        (_set("snapshot.world_size", -8), "-8 is out of range"),
+        (_set("snapshot.world_size", True), "at snapshot.world_size: expected int, got a boolean"),
+        (_set("snapshot.world_size", 2**18 + 1), "262145 is out of range"),
+        (_set("snapshot.ranks.0.process.world_size", 10**12), "process.world_size: 1000000000000"),
+        (_set("snapshot.ranks.0.process.rank", 2**18), "process.rank: 262144 is out of range"),
+        (_set("snapshot.ranks.0.process.rank", -1), "process.rank: -1 is out of range"),
+        (_set("snapshot.ranks.0.process.local_rank", -1), "process.local_rank: -1 is out"),
+        (_set("snapshot.ranks.0.process.pid", 2**22 + 1), "process.pid: 4194305 is out of range"),
+        (_set("snapshot.ranks.0.process.launcher_pid", -5), "process.launcher_pid: -5 is out"),
+        (_set("snapshot.unreachable.0.ranks", [6, 2**40]),
+         "at snapshot.unreachable[0].ranks[1]: 1099511627776 is out of range"),
+        (_set("frames.0.line", -3), "at frames[0].line: -3 is out of range"),
+        (_set("snapshot.ranks.0.samples.0.threads.0.thread_id", 2**64),
+         "thread_id: integer 18446744073709551616 does not fit in 64 bits"),
+        (_set("snapshot.ranks.0.samples.0.t", 10**400), "samples[0].t: the number 1000"),
+        (_set("snapshot.ranks.0.samples.0.t", 10**400), "is too large"),
+        (_set("snapshot.ranks.5.samples.0.error.kind", ["list"]), "unknown CaptureErrorKind ['list']"),
+        (_set("snapshot.ranks.5.samples.0.error.kind", "k" * 10_000), "(10000 characters)"),
+        (_set("kind", "\x1b[2J" * 100), "kind '\\x1b[2J"),
+    ],
+)  # fmt: skip
+def test_out_of_range_and_odd_values(tmp_path: Path, mutate, expected: str) -> None:
+    data = _good_dict()
+    mutate(data)
+    message = _error(_write(tmp_path, json.dumps(data).encode()))
+    assert expected in message, message
+    assert len(message) < 1000 and "\x1b" not in message
+
+
+def test_bounds_are_inclusive(tmp_path: Path) -> None:
+    data = _good_dict()
+    data["snapshot"]["world_size"] = 2**18
+    data["snapshot"]["ranks"][0]["process"]["pid"] = 2**22
+    data["snapshot"]["ranks"][0]["samples"][0]["threads"][0]["thread_id"] = 2**64 - 1
+    snap = load_snapshot(_write(tmp_path, json.dumps(data).encode()))
+    assert snap.world_size == 2**18 and snap.ranks[0].process.pid == 2**22
+
+
+def test_deep_shared_stacks_are_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Interning lets a small file give many threads one deep stack; the analysis walks
+    each thread's frames, so the frames of all threads together are capped."""
+    data = _good_dict()
+    data["stacks"][0] = [0] * (bundle.MAX_STACK_DEPTH + 1)
+    assert "at stacks[0]: a stack of 100,001 frames" in _error(_write(tmp_path, json.dumps(data).encode()))
+    monkeypatch.setattr(bundle, "MAX_THREAD_FRAMES", 50)
+    message = _error(_write(tmp_path, json.dumps(_good_dict()).encode()))
+    assert "hold more than 50 frames in all" in message

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from hangdoc.errors import UsageError
-from hangdoc.jobspec import ACCEPTED_FORMS, JobKind, JobSpec, parse_job_spec
+from hangdoc.jobspec import (
+    ACCEPTED_FORMS,
+    PID_MAX,
+    PORT_MAX,
+    JobKind,
+    JobSpec,
+    parse_job_spec,
+)
 
 GOOD = [
     ("127.0.0.1:29500", JobSpec(JobKind.ENDPOINT, "127.0.0.1:29500", host="127.0.0.1", port=29500)),
@@ -74,10 +81,29 @@ BAD = [
     ("slurm:12.3.4", "not a Slurm JOBID"),
     ("ray:", "not a Ray job id"),
     ("ray:has space", "not a Ray job id"),
+    # ASCII digits only: str.isdigit() and int() take these, and int("²") then raises
+    ("pid:²", "pid '²' is not a number from 1 to 4194304"),
+    ("pid:٣", "pid '٣'"),
+    ("pid:１２", "pid '１２'"),
+    ("pid:1_000", "pid '1_000'"),
+    ("pid:+5", "pid '+5'"),
+    ("pid:4194305", "pid '4194305' is not a number from 1 to 4194304"),
+    ("pid:" + "9" * 5000, "longer than 1024 characters"),
+    ("HOST:²", "port '²' is not a number from 1 to 65535"),
+    ("host:٣٣", "port '٣٣'"),
+    ("HOST:99999", "port '99999'"),
+    ("[::1]:²", "port '²'"),
+    ("[::١]:80", "is not an IPv6 address"),
+    ("١.١.١.١:80", "not a host name"),
+    ("slurm:١٢", "not a Slurm JOBID"),
+    ("slurm:1\n2", "control characters"),
+    ("host\n:80", "control characters"),
+    ("a\x1b[2J:1", "control characters"),
+    ("x" * 2**20, "longer than 1024 characters"),
 ]
 
 
-@pytest.mark.parametrize(("text", "reason"), BAD, ids=[b[0] or "<empty>" for b in BAD])
+@pytest.mark.parametrize(("text", "reason"), BAD, ids=[b[0][:30] or "<empty>" for b in BAD])
 def test_malformed_specs_raise_one_line_usage_error(text: str, reason: str) -> None:
     with pytest.raises(UsageError) as info:
         parse_job_spec(text)
@@ -85,3 +111,17 @@ def test_malformed_specs_raise_one_line_usage_error(text: str, reason: str) -> N
     assert reason in message
     assert ACCEPTED_FORMS in message
     assert "\n" not in message
+
+
+def test_pid_and_port_bounds_are_inclusive() -> None:
+    assert parse_job_spec(f"pid:{PID_MAX}").pid == PID_MAX == 2**22
+    assert parse_job_spec("pid:1").pid == 1
+    assert parse_job_spec(f"h:{PORT_MAX}").port == 65535
+    assert parse_job_spec("h:1").port == 1
+
+
+def test_long_spec_is_shown_cut_and_escaped() -> None:
+    with pytest.raises(UsageError) as info:
+        parse_job_spec("\x1b[2J" + "x" * 2**20)
+    message = str(info.value)
+    assert len(message) < 400 and "\x1b" not in message and "(1048580 characters)" in message

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from hangdoc.model import (
     Unreachable,
     Verdict,
 )
-from hangdoc.report.json_report import render_json, to_json_dict
+from hangdoc.report.json_report import dumps, error_to_dict, render_json, to_json_dict
 
 TRUNK = ["train.py:<module>:60", "train.py:main:55"]
 AR = [*TRUNK, "train.py:step:30", "torch/distributed/distributed_c10d.py:all_reduce:2800"]
@@ -210,3 +211,62 @@ def test_documented_example_matches_the_report_shape() -> None:
     assert set(example["ranks"][0]) == set(report["ranks"][0])
     assert set(example["groups"][0]) == set(report["groups"][0])
     assert example["schema_version"] == SCHEMA_VERSION
+
+
+# ------------------------------------------------------------- strict, printable JSON
+
+
+def _strict(text: str) -> object:
+    def reject(name: str) -> None:
+        raise AssertionError(f"{name} in strict JSON")
+
+    return json.loads(text, parse_constant=reject)
+
+
+def test_non_finite_floats_are_null() -> None:
+    diagnosis, snap = scenario()
+    for value in (math.nan, math.inf, -math.inf):
+        data = _strict(render_json(dataclasses.replace(diagnosis, observed_seconds=value), snap))
+        assert data["observed_seconds"] is None
+
+
+def test_snapshot_with_nan_and_inf_gives_strict_json() -> None:
+    from hangdoc.analyse import analyse
+
+    ranks = [make_rank(r, AR, cpu_start=math.inf, interval=math.nan) for r in (0, 1)]
+    snap = dataclasses.replace(make_snapshot(ranks), window_seconds=math.nan)
+    data = _strict(render_json(analyse(snap), snap))
+    assert data["observed_seconds"] is None or math.isfinite(data["observed_seconds"])
+
+
+def test_dumps_maps_nested_non_finite_floats() -> None:
+    assert dumps({"a": [1.5, math.nan, {"b": -math.inf}], "c": (math.inf,)}, indent=None) == (
+        '{"a": [1.5, null, {"b": null}], "c": [null]}'
+    )
+
+
+EVIL = "\x1b[2J\x1b]0;t\x07\r\x7f\x9b\u202e\u2028\ud800 ünï ✓"
+
+
+def test_strings_stay_raw_but_the_text_is_escaped() -> None:
+    snap = make_snapshot({0: [*TRUNK, f"train.py:{EVIL}:3"], 1: AR}, notes=[EVIL])
+    diagnosis = make_diagnosis(snap, summary=EVIL)
+    text = render_json(diagnosis, snap)
+    assert not set(text) & set("\x1b\x07\r\x7f\x9b\u202e\u2028\ud800"), repr(text)
+    assert "ünï ✓" in text  # other non-ASCII is kept as is
+    assert "\\u001b[2J" in text and "\\u009b" in text and "\\u202e" in text and "\\ud800" in text
+    text.encode("utf-8")  # no lone surrogate left
+    data = _strict(text)
+    assert data["summary"] == EVIL and data["notes"] == [EVIL]
+    assert data["groups"][0]["stack"][-1]["function"] == EVIL
+
+
+def test_error_object_shape() -> None:
+    obj = error_to_dict("JobNotFound", "no rank process of 127.0.0.1:1", "Check the spec.", 3)
+    assert obj == {
+        "error": {"kind": "JobNotFound", "message": "no rank process of 127.0.0.1:1",
+                  "help": "Check the spec.", "exit_code": 3},
+        "hangdoc_version": __version__,
+        "schema_version": SCHEMA_VERSION,
+    }  # fmt: skip
+    assert _strict(dumps(obj)) == obj

@@ -17,10 +17,12 @@ from factories import make_diagnosis, make_frame, make_op, make_rank, make_snaps
 from rich.console import Console
 
 from hangdoc import merge
+from hangdoc.errors import printable
 from hangdoc.merge import CallTree
 from hangdoc.model import (
     CaptureErrorKind,
     Diagnosis,
+    Frame,
     JobSnapshot,
     RankAnalysis,
     RankState,
@@ -282,3 +284,79 @@ def test_folded_runs_shorten_qualified_names() -> None:
     snap = make_snapshot({0: stack})
     out = rendered(make_diagnosis(snap), snap)
     assert "torch: wrapper › barrier (torch/distributed/distributed_c10d.py:5356)" in out
+
+
+# ------------------------------------------------------- text from the job is inert
+
+
+EVIL = "\x1b[2J\x1b]0;pwned\x07\rX\x7f\x9b31m\u202eexe.txt\u2066\u2028\ud800\t"
+RAW_CONTROLS = set("\x1b\x07\r\x7f\x9b\u202e\u2066\u2028\ud800\t")
+SGR = re.compile(r"\x1b\[[0-9;]*m")  # rich's own colours
+
+
+def _evil_report() -> tuple[Diagnosis, JobSnapshot]:
+    user = make_frame(f"/job/{EVIL}.py:{EVIL}:7", code=f"run()  # {EVIL}")
+    lib = [f"torch/distributed/{EVIL}.py:{EVIL}:1", f"torch/distributed/x.py:w{EVIL}:2",
+           "torch/distributed/distributed_c10d.py:barrier:3"]
+    native = make_frame(f"libc.so.6:{EVIL}", native=True)
+    snap = make_snapshot(
+        [make_rank(0, [*TRUNK, user, *lib], host=f"node{EVIL}"),
+         make_rank(1, [*TRUNK, user, native], host="node1")],
+        spec=f"pid:{EVIL}", notes=[f"note {EVIL}"],
+        unreachable=[Unreachable(f"node{EVIL}:7420", f"refused {EVIL}", (2,))],
+    )
+    snap = dataclasses.replace(snap, captured_at=EVIL)
+    op = make_op(f"all_{EVIL}", user)
+    diagnosis = make_diagnosis(
+        snap, summary=f"summary {EVIL}", evidence=[f"evidence {EVIL}"],
+        next_steps=[f"step {EVIL}"], ops={0: op}, details={1: f"detail {EVIL}"},
+    )
+    return diagnosis, snap
+
+
+@pytest.mark.parametrize("tree", [True, False])
+def test_control_characters_never_reach_the_terminal(tree: bool) -> None:
+    diagnosis, snap = _evil_report()
+    if not tree:
+        diagnosis = dataclasses.replace(diagnosis, tree=None)
+    out = rendered(diagnosis, snap, max_frames=40)
+    assert not RAW_CONTROLS & set(out), repr(out)
+    shown = "\\x1b[2J\\x1b]0;pwned\\x07\\rX\\x7f\\x9b31m\\u202eexe.txt\\u2066\\u2028\\ud800\\t"
+    for where in ("summary ", "evidence ", "step ", "note ", "refused "):  # not wrapped
+        assert f"{where}{shown}" in out.replace("\n", ""), where
+    assert f"job pid:{shown}" in out
+
+
+def test_only_rich_colour_codes_reach_a_colour_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    console = Console(file=StringIO(), width=200, force_terminal=True)
+    render(*_evil_report(), console)
+    out = console.file.getvalue()
+    assert SGR.search(out)
+    assert not RAW_CONTROLS & set(SGR.sub("", out)), repr(SGR.sub("", out))
+
+
+def test_markup_in_job_text_prints_literally() -> None:
+    frame = "/job/[link=https:evil]x[blink].py:[bold red]x[/]:3"
+    snap = make_snapshot({0: [*TRUNK, frame], 1: AR}, notes=["[blink]note[/blink]"])
+    diagnosis = make_diagnosis(snap, summary="[bold red]x[/]", evidence=["[i]e[/i]"],
+                               details={0: "[reverse]d[/reverse]"})
+    out = rendered(diagnosis, snap)
+    assert "[bold red]x[/] ([link=https:evil]x[blink].py:3)" in out
+    for text in ("[bold red]x[/]", "[blink]note[/blink]", "[i]e[/i]", "[reverse]d[/reverse]"):
+        assert text in out, text
+
+
+@pytest.mark.parametrize("filename", ["< >", "<>", "<", "", "/"])
+def test_odd_file_names_render(filename: str) -> None:
+    frames = [make_frame("train.py:main:1"), Frame("f", filename, 1), Frame("g", filename, 2)]
+    snap = make_snapshot({0: frames, 1: frames})
+    out = rendered(make_diagnosis(snap), snap)
+    assert "f (" in out or "f ›" in out
+
+
+def test_printable() -> None:
+    assert printable("a\x1b[2Jb") == "a\\x1b[2Jb"
+    assert printable("\t\n\r\x00\x7f\x9b") == "\\t\\n\\r\\x00\\x7f\\x9b"
+    assert printable("\u202e\u2066\u200f\u2028\ud800") == "\\u202e\\u2066\\u200f\\u2028\\ud800"
+    assert printable("ünïcode ✓ …  [bold]") == "ünïcode ✓ …  [bold]"

@@ -340,7 +340,7 @@ def test_on_hang_forms() -> None:
     assert OnHang.parse("report") == OnHang("report")
     assert OnHang.parse("kill") == OnHang("kill")
     assert OnHang.parse("exec ./page.sh --team ml '{report}'") == OnHang("exec", ("./page.sh", "--team", "ml", "{report}"))
-    for bad in ("exec", "restart", ""):
+    for bad in ("exec", "restart", "", "exec 'x"):
         with pytest.raises(UsageError):
             OnHang.parse(bad)
 

@@ -20,6 +20,7 @@ from typing import TypeVar
 from ..discover import Discovery
 from ..errors import HangdocError
 from ..model import (
+    MAX_WORLD_SIZE,
     CaptureError,
     CaptureErrorKind,
     Frame,
@@ -87,6 +88,13 @@ def _opt_int(msg: object, name: str) -> int | None:
     return None if value is None else int(value)  # type: ignore[call-overload]
 
 
+def _rank_count(msg: object, name: str, limit: int = MAX_WORLD_SIZE) -> int | None:
+    """A rank number or world size from another process: None when absent or not below
+    ``limit`` + 1 (an agent, old or hostile, cannot make analysis build a huge range)."""
+    value = _opt_int(msg, name)
+    return value if value is not None and 0 <= value <= limit else None
+
+
 def _opt_str(msg: object, name: str) -> str | None:
     value = _opt(msg, name)
     return None if value is None else str(value)
@@ -119,11 +127,11 @@ def rank_process_from_proto(msg: pb.RankProcess) -> RankProcess:
     return RankProcess(
         pid=msg.pid,
         host=msg.host,
-        rank=_opt_int(msg, "rank"),
+        rank=_rank_count(msg, "rank", MAX_WORLD_SIZE - 1),
         rank_source=source,
         rank_evidence=msg.rank_evidence,
-        world_size=_opt_int(msg, "world_size"),
-        local_rank=_opt_int(msg, "local_rank"),
+        world_size=_rank_count(msg, "world_size"),
+        local_rank=_rank_count(msg, "local_rank", MAX_WORLD_SIZE - 1),
         cmdline=tuple(msg.cmdline),
         env=tuple((e.name, e.value) for e in msg.env),
         launcher_pid=_opt_int(msg, "launcher_pid"),
@@ -142,7 +150,7 @@ def discovery_to_proto(found: Discovery) -> pb.Discovery:
 def discovery_from_proto(msg: pb.Discovery) -> Discovery:
     return Discovery(
         ranks=tuple(rank_process_from_proto(p) for p in msg.ranks),
-        world_size=_opt_int(msg, "world_size"),
+        world_size=_rank_count(msg, "world_size"),
         notes=tuple(msg.notes),
         searched=msg.searched,
     )

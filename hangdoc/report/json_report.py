@@ -3,11 +3,23 @@
 Keys appear in a fixed order, enums as their value strings, rank lists sorted. Changing
 the meaning or type of a key, or removing one, bumps ``hangdoc.SCHEMA_VERSION``; adding a
 key does not.
+
+The text is strict JSON (RFC 8259) that is also safe to print: a float that is not finite
+(NaN, Infinity: strict parsers reject them) is written as ``null``, and the characters that
+JSON lets through raw but a terminal would obey (DEL, C1 controls, bidi overrides, line
+separators) or that cannot be encoded (lone surrogates) are written as ``\\uXXXX`` escapes,
+so every string still reads back exactly as the job had it.
+
+A run that fails prints, instead of the report, one error object (``error_to_dict``)::
+
+    {"error": {"kind": "JobNotFound", "message": "...", "help": "...", "exit_code": 3},
+     "hangdoc_version": "0.1.0", "schema_version": 1}
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from .. import SCHEMA_VERSION, __version__
@@ -23,9 +35,57 @@ from ..model import (
     Unreachable,
 )
 
+# escaped in the JSON text (json.dumps escapes only C0 controls, quotes and backslashes)
+_UNSAFE_IN_JSON = [
+    0x7F, *range(0x80, 0xA0), 0x061C, 0x200E, 0x200F, 0x2028, 0x2029, *range(0x202A, 0x202F),
+    *range(0x2066, 0x206A), *range(0xD800, 0xE000),
+]
+_JSON_ESCAPES = str.maketrans({cp: f"\\u{cp:04x}" for cp in _UNSAFE_IN_JSON})
+
+
+def dumps(value: Any, indent: int | None = 2) -> str:
+    """``value`` as strict, printable JSON text: non-finite floats become ``null``,
+    terminal-hostile characters ``\\uXXXX`` escapes, other non-ASCII is kept as is."""
+    return _text(_finite(value), indent)
+
+
+def _text(value: Any, indent: int | None = 2) -> str:
+    text = json.dumps(value, indent=indent, ensure_ascii=False, allow_nan=False)
+    return text.translate(_JSON_ESCAPES)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None."""
+    if type(value) is float:
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def error_to_dict(kind: str, message: str, help: str, exit_code: int) -> dict[str, Any]:
+    """What ``--json`` prints when the run fails: the error the CLI also prints on stderr.
+
+    ``kind`` is the error's class name (``UsageError``, ``JobNotFound``, ``BundleError``,
+    ...; see docs/troubleshooting.md), ``message`` the one line after ``hangdoc: error:``,
+    ``help`` what to do about it ("" when nothing), ``exit_code`` the process's exit status.
+    """
+    return {
+        "error": {"kind": kind, "message": message, "help": help, "exit_code": exit_code},
+        "hangdoc_version": __version__,
+        "schema_version": SCHEMA_VERSION,
+    }
+
 
 def to_json_dict(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
-    """The report as a plain dict of JSON types, keys in schema order."""
+    """The report as a plain dict of JSON types, keys in schema order; floats are finite
+    (None where the analysis had NaN or infinity)."""
+    return _finite(_report(diagnosis, snapshot))  # type: ignore[no-any-return]
+
+
+def _report(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
     processes = _processes(snapshot)
     return {
         "verdict": diagnosis.verdict.value,
@@ -48,8 +108,8 @@ def to_json_dict(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
 
 
 def render_json(diagnosis: Diagnosis, snapshot: JobSnapshot) -> str:
-    """The report as JSON text (indented, non-ASCII kept as is)."""
-    return json.dumps(to_json_dict(diagnosis, snapshot), indent=2, ensure_ascii=False)
+    """The report as JSON text (indented, strict, non-ASCII kept as is; see ``dumps``)."""
+    return _text(to_json_dict(diagnosis, snapshot))
 
 
 def _processes(snapshot: JobSnapshot) -> dict[tuple[str, int], RankProcess]:

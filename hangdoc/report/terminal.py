@@ -2,7 +2,11 @@
 
 Everything is printed through the caller's ``rich`` ``Console``, so ``NO_COLOR``, the
 terminal width and output capture are the console's business. Data from the job (function
-names, paths, source lines) is always wrapped in ``Text`` and never parsed as markup.
+names, paths, source lines, host names, notes, and the analysis' sentences that quote them)
+is always wrapped in ``Text``, never parsed as markup (a function named ``[bold]x[/]``
+prints as such), and passed through ``printable``: control characters, bidi overrides and
+lone surrogates are shown as escapes (``\\x1b``, ``\\u202e``), so nothing a job or a
+snapshot file holds can clear the screen, retitle the window or reorder a line.
 
 The tree is ``Diagnosis.tree`` as the analysis built it. An unbranched stretch of it (one
 set of ranks, one child after another) becomes a single tree node of several lines; runs of
@@ -21,6 +25,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from ..errors import printable
 from ..merge import ROOT, CallTree, compress_ranks
 from ..model import Diagnosis, DistOp, Frame, JobSnapshot, RankAnalysis, RankState, Verdict
 
@@ -89,12 +94,12 @@ def _header(diagnosis: Diagnosis, snapshot: JobSnapshot) -> Text:
     if diagnosis.partial:
         head.append("   (partial: some evidence is missing)", "yellow")
     head.append("\n")
-    head.append(diagnosis.summary)
+    head.append(printable(diagnosis.summary))
     found = len(snapshot.ranks)
     size = f" of {snapshot.world_size}" if snapshot.world_size is not None else ""
-    job = f"\njob {snapshot.spec} · {found}{size} rank processes found"
+    job = f"\njob {printable(snapshot.spec)} · {found}{size} rank processes found"
     if snapshot.captured_at:
-        job += f" · captured {snapshot.captured_at}"
+        job += f" · captured {printable(snapshot.captured_at)}"
     head.append(job, "dim")
     return head
 
@@ -141,7 +146,7 @@ def _group_tree(diagnosis: Diagnosis, culprits: frozenset[int], max_frames: int)
         label = Text.assemble(
             (_ranks_label(group.ranks), _CULPRIT_STYLE if culprit else "bold"),
             f" group {group.group_id}: ",
-            group.op.describe() if group.op else "no distributed op",
+            printable(group.op.describe()) if group.op else "no distributed op",
         )
         if culprit:
             label.append("  ◀ culprit", _CULPRIT_STYLE)
@@ -191,7 +196,8 @@ def _package(frame: Frame) -> str | None:
         return "native"
     name = frame.filename.replace("\\", "/")
     if name.startswith("<"):
-        return name.strip("<>").split()[-1] if name.strip("<>") else name
+        words = name.strip("<>").split()  # "<frozen runpy>" -> "runpy"
+        return words[-1] if words else name
     if any(marker in name for marker in _LIB_MARKERS):
         return frame.short_filename.split("/", 1)[0].removesuffix(".py")
     return None
@@ -217,15 +223,15 @@ def _fold(frames: Sequence[Frame]) -> list[tuple[Text, int]]:
 
 def _frame_row(frame: Frame) -> Text:
     if frame.native:
-        return Text(f"{frame} [native]", "dim italic")
+        return Text(f"{printable(str(frame))} [native]", "dim italic")
     if _package(frame) is not None:
-        return Text(str(frame), "dim")
-    row = Text(str(frame))
+        return Text(printable(str(frame)), "dim")
+    row = Text(printable(str(frame)))
     if frame.code:
         code = frame.code.strip()
         if len(code) > _CODE_MAX:
             code = code[: _CODE_MAX - 1] + "…"
-        row.append(f"  {code}", "dim cyan")
+        row.append(f"  {printable(code)}", "dim cyan")
     return row
 
 
@@ -246,7 +252,7 @@ def _library_row(pkg: str | None, run: Sequence[Frame]) -> Text:
         keep = [n for n in names[1:-1] if _TELLING_NATIVE.search(n)][:3]
         hidden = len(names) - 2 - len(keep)
         names = [names[0], *keep, *([f"…{hidden} more…"] if hidden else []), names[-1]]
-    return Text(f"{pkg}: " + " › ".join([*names, str(run[-1])]), "dim")
+    return Text(printable(f"{pkg}: " + " › ".join([*names, str(run[-1])])), "dim")
 
 
 def _elide(rows: list[tuple[Text, int]], max_frames: int) -> list[Text]:
@@ -284,14 +290,14 @@ def _rank_table(ranks: Sequence[RankAnalysis], culprits: frozenset[int], max_row
             pid_cell = f"({len(members)} pids)"
         cells = [
             Text(rank_cell, _CULPRIT_STYLE if is_culprit else ""),
-            Text(ra.host),
+            Text(printable(ra.host)),
             Text(pid_cell),
             Text(ra.state.value, _STATE_STYLE.get(ra.state, "")),
-            Text(_op_text(ra.op)),
-            Text(ra.op.call_site.location if ra.op and ra.op.call_site else ""),
+            Text(printable(_op_text(ra.op))),
+            Text(printable(ra.op.call_site.location) if ra.op and ra.op.call_site else ""),
         ]
         if with_detail:
-            cells.append(Text(ra.detail, "dim"))
+            cells.append(Text(printable(ra.detail), "dim"))
         table.add_row(*cells)
     if marked:
         table.caption = "* culprit"
@@ -344,17 +350,17 @@ def _section(console: Console, title: str, lines: list[Text]) -> None:
 
 
 def _bullets(items: Iterable[str]) -> list[Text]:
-    return [Text.assemble("• ", item) for item in items]
+    return [Text.assemble("• ", printable(item)) for item in items]
 
 
 def _numbered(items: Iterable[str]) -> list[Text]:
-    return [Text.assemble(f"{i}. ", item) for i, item in enumerate(items, start=1)]
+    return [Text.assemble(f"{i}. ", printable(item)) for i, item in enumerate(items, start=1)]
 
 
 def _unreachable(snapshot: JobSnapshot) -> list[Text]:
     lines = []
     for u in snapshot.unreachable:
-        line = Text.assemble(("✗ ", "red"), (u.target, "bold"), f": {u.reason}")
+        line = Text.assemble(("✗ ", "red"), (printable(u.target), "bold"), f": {printable(u.reason)}")
         if u.ranks:
             line.append(f" (ranks {compress_ranks(u.ranks)} unknown)", "dim")
         lines.append(line)
@@ -369,5 +375,5 @@ def _notes(diagnosis: Diagnosis, snapshot: JobSnapshot) -> list[Text]:
             f"sample{'s' if samples != 1 else ''}"
         )
     ]
-    lines += [Text(note) for note in snapshot.notes]
+    lines += [Text(printable(note)) for note in snapshot.notes]
     return [Text.assemble("• ", line) for line in lines]
