@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,21 @@ def start_agent(tmp: Path, *args: str) -> Agent:
         time.sleep(0.1)
     proc.kill()
     raise AssertionError("agent did not start")
+
+
+@contextmanager
+def running_agent(tmp: Path, *args: str) -> Iterator[Agent]:
+    """An agent for the block; SIGTERM at its end (SIGKILL if it does not stop)."""
+    a = start_agent(tmp, *args)
+    try:
+        yield a
+    finally:
+        a.proc.send_signal(signal.SIGTERM)
+        try:
+            a.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            a.proc.kill()
+            a.proc.wait()
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,6 @@ INTERNAL or UNKNOWN), stays up, and leaves no py-spy or other child process behi
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 
@@ -15,7 +13,7 @@ import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_agent_live import Agent, start_agent
+from test_agent_live import Agent, running_agent
 
 grpc = pytest.importorskip("grpc")
 
@@ -43,16 +41,8 @@ frames = st.builds(pb.Frame, function=st.text(max_size=50), filename=st.text(max
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory) -> Iterator[Agent]:
-    a = start_agent(tmp_path_factory.mktemp("fuzz"), "--listen", "127.0.0.1:0")
-    try:
+    with running_agent(tmp_path_factory.mktemp("fuzz"), "--listen", "127.0.0.1:0") as a:
         yield a
-    finally:
-        a.proc.send_signal(signal.SIGTERM)
-        try:
-            a.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            a.proc.kill()
-            a.proc.wait()
 
 
 @pytest.fixture(scope="module")

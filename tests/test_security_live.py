@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 from harness import free_port
-from test_agent_live import REPO, Agent, start_agent
+from test_agent_live import REPO, Agent, running_agent, start_agent
 
 pytestmark = [
     pytest.mark.live,
@@ -114,16 +114,8 @@ def victims() -> Iterator[Victims]:
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory) -> Iterator[Agent]:
     """A tokenless root agent on loopback, as shipped by default."""
-    a = start_agent(tmp_path_factory.mktemp("agent"), "--listen", "127.0.0.1:0", "--node-name", "n1")
-    try:
+    with running_agent(tmp_path_factory.mktemp("agent"), "--listen", "127.0.0.1:0", "--node-name", "n1") as a:
         yield a
-    finally:
-        a.proc.send_signal(signal.SIGTERM)
-        try:
-            a.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            a.proc.kill()
-            a.proc.wait()
 
 
 def _victim(area: Path, victims: Victims, claimed: str, name: str, user: bool = True) -> tuple[int, int]:
