@@ -59,11 +59,6 @@ EXIT_JOB_ENDED = 0  # attach mode: the job's ranks are gone
 EXIT_WATCH_FAILED = 70  # an internal error stopped the watch (EX_SOFTWARE); a wrapped job was ended
 FLEET_REFRESH = 10.0  # attach mode: seconds between looks for restarted or ended ranks
 PROBE_INTERVAL = 5.0  # default check interval when stacks have to be sampled
-# wrap mode: how long a launcher whose ranks are all gone may take to exit before the
-# silence counts as a hang. Measured: with both cores of this 2-core machine busy,
-# torchrun took over 2 s after its last worker (a false alarm in tests/test_watch_live.py
-# before this grace); idle, the test never saw it.
-LAUNCHER_EXIT_GRACE = 10.0
 
 Say = Callable[[str], None]
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -393,8 +388,6 @@ class Watchdog:
             snapshot, diagnosis = diagnose(self.spec, self.c.capture, None, self.c.nodes)
         except HangdocError as err:
             self.board.count_diagnosis("failed")
-            if isinstance(err, JobNotFound):
-                self._let_launcher_finish()
             if reason := self._moved_on(clock, now, None):
                 return self._dismiss(clock, reason)
             self.say(f"could not diagnose: {err}")
@@ -419,14 +412,6 @@ class Watchdog:
         culprits = diagnosis.culprit_ranks
         head = diagnosis.verdict.value + (f" (culprit ranks {', '.join(map(str, culprits))})" if culprits else "")
         return self._fire(path, head, diagnosis.summary)
-
-    def _let_launcher_finish(self) -> None:
-        """A wrapped launcher with no rank left is usually exiting (torchrun after its last
-        step): give it LAUNCHER_EXIT_GRACE to do so before calling the silence a hang."""
-        deadline = time.monotonic() + LAUNCHER_EXIT_GRACE
-        while self.child is not None and self.child.poll() is None and time.monotonic() < deadline:
-            self._collect()
-            time.sleep(0.1)
 
     def _moved_on(self, clock: StallClock, since: float, diagnosis: Diagnosis | None) -> str | None:
         """Why the stall is over by the time the diagnosis is done, or None: steps resumed,

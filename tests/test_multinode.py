@@ -74,7 +74,8 @@ def _wrong_token(tmp_path) -> Path:
 def _assert_refused(out: subprocess.CompletedProcess, word: str = "refused") -> None:
     assert out.returncode == 7, f"exit {out.returncode}: {out.stderr}"
     assert word in out.stderr and "Traceback" not in out.stderr, out.stderr
-    assert out.stdout.strip() == ""
+    error = json.loads(out.stdout)["error"]  # --json: one error object on stdout
+    assert error["kind"] == "AgentError" and error["exit_code"] == 7 and word in error["message"]
 
 
 def with_token(c: Cluster) -> tuple[str, ...]:

@@ -370,8 +370,8 @@ def _bad_start(tmp_path: Path, *args: str) -> str:
 
 
 def test_agent_start_up_refuses_bad_input_in_one_line(tmp_path) -> None:
-    assert "port 0-65535" in _bad_start(tmp_path, "--listen", "127.0.0.1:99999")
-    assert "port 0-65535" in _bad_start(tmp_path, "--listen", "127.0.0.1:²")
+    assert "0 to 65535" in _bad_start(tmp_path, "--listen", "127.0.0.1:99999")
+    assert "0 to 65535" in _bad_start(tmp_path, "--listen", "127.0.0.1:²")
     loose = tmp_path / "loose"
     loose.write_text("0123456789abcdef0123456789abcdef")
     loose.chmod(0o644)
