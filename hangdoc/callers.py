@@ -29,6 +29,8 @@ import re
 import struct
 from dataclasses import dataclass, field
 
+from .sourcefs import read_status
+
 _CAP_SYS_PTRACE = 1 << 19
 _ESTABLISHED = "01"
 _PEER = re.compile(r"^ipv(?P<v>[46]):\[?(?P<addr>[0-9A-Fa-f.:]+?)\]?:(?P<port>\d{1,5})$")
@@ -46,18 +48,16 @@ class ProcCreds:
 
     @classmethod
     def of(cls, pid: int) -> ProcCreds | None:
-        fields: dict[str, str] = {}
+        fields = read_status(pid)
+        if fields is None:
+            return None
         try:
-            with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
-                for line in status:
-                    key, _, value = line.partition(":")
-                    fields[key] = value.strip()
             uids = tuple(int(x) for x in fields["Uid"].split())
             gids = tuple(int(x) for x in fields["Gid"].split())
             caps = int(fields.get("CapEff", "0"), 16)
             return cls(uids[:4], gids[:4], bool(caps & _CAP_SYS_PTRACE),  # type: ignore[arg-type]
                        int(fields.get("PPid", "0")))
-        except (OSError, KeyError, ValueError):
+        except (KeyError, ValueError):
             return None
 
 

@@ -43,6 +43,19 @@ _CAP_DAC_READ_SEARCH = 1 << 2
 _R, _X = 4, 1
 
 
+def read_status(pid: int) -> dict[str, str] | None:
+    """The fields of /proc/PID/status (``{"Uid": "0 0 0 0", ...}``), or None."""
+    fields: dict[str, str] = {}
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                key, _, value = line.partition(":")
+                fields[key] = value.strip()
+    except OSError:
+        return None
+    return fields
+
+
 @dataclass(frozen=True)
 class Credentials:
     """What the kernel checks when a process opens a file: fsuid, fsgid, groups, DAC caps."""
@@ -56,12 +69,10 @@ class Credentials:
     @classmethod
     def of(cls, pid: int) -> Credentials | None:
         """The credentials of ``pid`` from /proc/PID/status; None when it cannot be read."""
-        fields: dict[str, str] = {}
+        fields = read_status(pid)
+        if fields is None:
+            return None
         try:
-            with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
-                for line in status:
-                    key, _, value = line.partition(":")
-                    fields[key] = value.strip()
             uids = fields["Uid"].split()
             gids = fields["Gid"].split()
             caps = int(fields.get("CapEff", "0"), 16)
@@ -71,7 +82,7 @@ class Credentials:
                 dac_override=bool(caps & _CAP_DAC_OVERRIDE),
                 dac_read_search=bool(caps & _CAP_DAC_READ_SEARCH),
             )
-        except (OSError, KeyError, IndexError, ValueError):
+        except (KeyError, IndexError, ValueError):
             return None
 
     def may(self, st: os.stat_result, want: int) -> bool:
