@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .heartbeat import MAGIC, NO_STEP, RECORD, VERSION, heartbeat_dir, pid_namespace, record_name
 from .model import Heartbeat
+from .sourcefs import read_as
 
 
 def _parse(data: bytes, now_ns: int, pid: int | None = None) -> Heartbeat | None:
@@ -81,11 +82,15 @@ def _own_pid(pid: int) -> int:
 
 
 def read_process(pid: int) -> Heartbeat | None:
-    """The heartbeat record of process ``pid``, or None when it never beat."""
-    directory = f"/proc/{pid}/root/{(_environ_dir(pid) or _default_dir(pid)).lstrip('/')}"
+    """The heartbeat record of process ``pid``, or None when it never beat.
+
+    The directory is the process's word (its environment), so the record is opened only as
+    the process itself could open it, in its own root, without following any link
+    (``hangdoc.sourcefs.read_as``)."""
+    directory = (_environ_dir(pid) or _default_dir(pid)).rstrip("/")
     own = _own_pid(pid)
     for name in (record_name(own, pid_namespace(str(pid))), record_name(own, None)):
-        data = _read_record(f"{directory}/{name}")
+        data = read_as(pid, f"{directory}/{name}", RECORD.size)
         if data is not None:
             return _parse(data, time.monotonic_ns(), pid)
     return None

@@ -1,4 +1,4 @@
-"""Read a rank's source files as the rank itself could: the only way hangdoc reads source.
+"""Read a rank's files as the rank itself could: how hangdoc reads source and heartbeats.
 
 A frame's file name is the traced process's word, not a fact: any process can run code
 under the name ``/etc/shadow`` (``exec(compile(src, "/etc/shadow", "exec"))``), and
@@ -16,8 +16,9 @@ hangdoc usually runs as root. So every source line hangdoc shows or saves (``Fra
   effective set count as the kernel counts them);
 - up to ``MAX_SOURCE_BYTES``.
 
-A file that fails any test is simply not read: the frame keeps its name and line, without
-code. POSIX ACLs are not consulted, so a file readable only through an ACL entry shows no
+The step-heartbeat records that a rank names through its environment
+(``HANGDOC_HEARTBEAT_DIR``) are opened the same way (``read_as``). A file that fails any
+test is simply not read: the frame keeps its name and line, without code. POSIX ACLs are not consulted, so a file readable only through an ACL entry shows no
 source (the safe side).
 """
 
@@ -111,8 +112,9 @@ def _components(filename: str) -> list[str] | None:
     return parts
 
 
-def open_as(pid: int, creds: Credentials, filename: str) -> int | None:
-    """A read-only fd for ``filename`` as process ``pid`` sees it and may read it, or None."""
+def open_as(pid: int, creds: Credentials, filename: str, limit: int | None = None) -> int | None:
+    """A read-only fd for ``filename`` as process ``pid`` sees it and may read it, or None
+    (also when the file is larger than ``limit``, by default ``MAX_SOURCE_BYTES``)."""
     parts = _components(filename)
     if parts is None:
         return None
@@ -128,7 +130,8 @@ def open_as(pid: int, creds: Credentials, filename: str) -> int | None:
             return None
         fds.append(os.open(parts[-1], flags, dir_fd=fds[-1]))
         st = os.fstat(fds[-1])
-        if not stat.S_ISREG(st.st_mode) or not creds.may(st, _R) or st.st_size > MAX_SOURCE_BYTES:
+        too_big = st.st_size > (MAX_SOURCE_BYTES if limit is None else limit)
+        if not stat.S_ISREG(st.st_mode) or not creds.may(st, _R) or too_big:
             return None
         # reopen the very inode that was checked (an O_PATH fd cannot be read)
         return os.open(f"/proc/self/fd/{fds[-1]}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -137,6 +140,20 @@ def open_as(pid: int, creds: Credentials, filename: str) -> int | None:
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def read_as(pid: int, filename: str, limit: int) -> bytes | None:
+    """Up to ``limit`` bytes of ``filename`` as process ``pid`` may read it, or None."""
+    creds = Credentials.of(pid)
+    fd = None if creds is None else open_as(pid, creds, filename, limit)
+    if fd is None:
+        return None
+    try:
+        return os.read(fd, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 class _Cache:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+
+import pytest
 
 from hangdoc.beats import read_dir as read_heartbeats
 
@@ -139,3 +142,43 @@ def test_a_fifo_named_like_a_record_does_not_block_the_reader(tmp_path) -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act for another user")
+def test_a_heartbeat_directory_named_by_the_process_is_read_only_as_it_could(tmp_path) -> None:
+    """The directory comes from the process's environment: no link in it is followed, `..`
+    does not climb out of its root, and a record it may not read itself is not read."""
+    import tempfile
+
+    from hangdoc.beats import read_process
+    from hangdoc.heartbeat import MAGIC, RECORD, VERSION
+
+    record = RECORD.pack(MAGIC, VERSION, 1, 0, 7, 1, time.monotonic_ns())
+    private = Path(tempfile.mkdtemp(prefix="hb-private-"))  # root's, 0700
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "via-link").symlink_to(real)
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    cases = [(str(tmp_path / "via-link"), real, []),  # root could read it, but not via a link
+             (f"/proc/self/../..{private}", private, []),  # nor by climbing with ..
+             (str(private), private, as_nobody)]  # nobody may not read root's 0700 directory
+    try:
+        for directory, holder, user in cases:
+            sleeper = subprocess.Popen([*user, "sleep", "60"],
+                                       env={"HANGDOC_HEARTBEAT_DIR": directory, "PATH": os.environ["PATH"]})
+            try:
+                wait_for(lambda: Path(f"/proc/{sleeper.pid}/exe").resolve().name == "sleep")  # setpriv is done
+                (holder / f"hb-{sleeper.pid}.bin").write_bytes(record)
+                assert read_process(sleeper.pid) is None, directory
+            finally:
+                sleeper.kill()
+                sleeper.wait()
+        readable = subprocess.Popen(["sleep", "60"], env={"HANGDOC_HEARTBEAT_DIR": str(real)})
+        try:
+            (real / f"hb-{readable.pid}.bin").write_bytes(record)
+            assert read_process(readable.pid).step == 7  # the same record, read the proper way
+        finally:
+            readable.kill()
+            readable.wait()
+    finally:
+        shutil.rmtree(private)
