@@ -302,7 +302,7 @@ def _stderr_watch(msg: str) -> None:
 
 
 def _stderr_hang_only(msg: str) -> None:
-    if msg.startswith(("HANG", "report:", "could not")):
+    if msg.startswith(("HANG", "report:", "could not", "internal error", "interrupted", "stopping on an error")):
         _stderr_watch(msg)
 
 
