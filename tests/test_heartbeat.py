@@ -167,7 +167,7 @@ def test_a_heartbeat_directory_named_by_the_process_is_read_only_as_it_could(tmp
             sleeper = subprocess.Popen([*user, "sleep", "60"],
                                        env={"HANGDOC_HEARTBEAT_DIR": directory, "PATH": os.environ["PATH"]})
             try:
-                wait_for(lambda: Path(f"/proc/{sleeper.pid}/exe").resolve().name == "sleep")  # setpriv is done
+                wait_for(lambda p=sleeper.pid: Path(f"/proc/{p}/exe").resolve().name == "sleep")  # setpriv is done
                 (holder / f"hb-{sleeper.pid}.bin").write_bytes(record)
                 assert read_process(sleeper.pid) is None, directory
             finally:
