@@ -1,6 +1,6 @@
 """Parse the JOB argument: ``HOST:PORT``, ``pid:PID``, ``slurm:JOBID[.STEP]``, ``ray:JOB_ID``.
 
-The forms are those of DESIGN.md "Naming a job". Parsing is purely syntactic: whether a
+The forms are those of docs/user-guide.md, "Naming the job". Parsing is purely syntactic: whether a
 host resolves or a pid exists is discovery's business (``hangdoc.discover``).
 """
 

@@ -309,7 +309,7 @@ class RankState(enum.Enum):
 
 
 class Verdict(enum.Enum):
-    """The hang kinds of DESIGN.md; each member's docstring is its meaning."""
+    """The hang kinds (docs/verdicts.md); each member's docstring is its meaning."""
 
     NOT_HUNG = "not_hung"
     """The job is making progress."""

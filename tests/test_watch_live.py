@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from harness import free_port, kill_tagged, tagged_pids
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.live, pytest.mark.timeout(240)]
 
 TRAIN = Path(__file__).parent / "watchjobs" / "ddp_train.py"
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")

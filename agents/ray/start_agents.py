@@ -1,6 +1,6 @@
 """Start one hangdoc agent on every alive node of a Ray cluster, as detached Ray actors.
 
-Groundwork for the Ray integration (``hangdoc diagnose ray:JOB_ID`` in DESIGN.md, not yet
+Groundwork for the Ray integration (``hangdoc diagnose ray:JOB_ID``, not yet
 implemented): until then, name the job by its rendezvous endpoint or a pid. Run from any
 machine connected to the cluster (``RAY_ADDRESS`` or ``--address``), with hangdoc
 installed in the cluster's Python environment on every node::
