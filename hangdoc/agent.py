@@ -34,6 +34,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from . import SCHEMA_VERSION, __version__
 from .agentapi import convert
+from .agentapi.convert import ERROR_HELP, ERROR_KIND
 from .agentapi.v1 import agent_pb2 as pb
 from .agentapi.v1 import agent_pb2_grpc as pb_grpc
 from .bundle import load_snapshot
@@ -291,22 +292,35 @@ class AgentService(pb_grpc.AgentServicer):
         peer = context.peer()
         try:
             result = await asyncio.to_thread(fn, *args)
-        except JobNotFound as exc:
-            outcome, code, detail = "not found", grpc.StatusCode.NOT_FOUND, str(exc)
-        except UsageError as exc:
-            outcome, code, detail = "invalid", grpc.StatusCode.INVALID_ARGUMENT, str(exc)
-        except PermissionDenied as exc:
-            outcome, code, detail = "denied", grpc.StatusCode.PERMISSION_DENIED, str(exc)
-        except HangdocError as exc:
-            outcome, code, detail = "failed", grpc.StatusCode.FAILED_PRECONDITION, str(exc)
-        except Exception as exc:  # the agent stays up whatever one request hits
-            log.exception("%s from %s failed", method, _clean(peer))
-            outcome, code, detail = "error", grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - the agent stays up whatever one request hits
+            failure = exc
         else:
             audit(peer, caller.label, method, what, "ok", _ms(t0))
             return result
+        outcome, code = _status_of(failure)
+        detail = str(failure) if isinstance(failure, HangdocError) else f"{type(failure).__name__}: {failure}"
+        if code is grpc.StatusCode.INTERNAL:
+            log.error("%s from %s failed", method, _clean(peer), exc_info=failure)
         audit(peer, caller.label, method, what, f"{outcome}: {detail}", _ms(t0))
+        if isinstance(failure, HangdocError):
+            # the error's kind and help travel beside the status, so the user gets the same
+            # help (ptrace rights, how to name one job) as on a single node
+            context.set_trailing_metadata(((ERROR_KIND, type(failure).__name__),
+                                           (ERROR_HELP, failure.help.encode())))
         await context.abort(code, detail)
+
+
+def _status_of(failure: Exception) -> tuple[str, grpc.StatusCode]:
+    """The audit outcome and gRPC status for an error raised by a request's work."""
+    if isinstance(failure, JobNotFound):
+        return "not found", grpc.StatusCode.NOT_FOUND
+    if isinstance(failure, UsageError):
+        return "invalid", grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(failure, PermissionDenied):
+        return "denied", grpc.StatusCode.PERMISSION_DENIED
+    if isinstance(failure, HangdocError):
+        return "failed", grpc.StatusCode.FAILED_PRECONDITION
+    return "error", grpc.StatusCode.INTERNAL
 
 
 def _pid_list(pids) -> str:

@@ -200,7 +200,7 @@ def analyse(snapshot: JobSnapshot) -> Diagnosis:
         observed_seconds=round(max(observed, snapshot.window_seconds), 2),
         partial=bool(unknown) or any(v.state is RankState.UNREADABLE for v in views),
         tree=tree,
-        extra={"ambiguous": result.ambiguous},
+        ambiguous=result.ambiguous,
     )
 
 

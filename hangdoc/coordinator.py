@@ -98,14 +98,13 @@ def find_ranks(nodes: Sequence[Node], spec: JobSpec, deadline: float | None = No
     if not placed:
         detail = "; ".join(empty + [f"{u.target}: {u.reason}" for u in unreachable])
         failures = [exc for _, _, exc in results if exc is not None and not isinstance(exc, JobNotFound)]
-        kinds = {type(exc) for exc in failures}
-        if not empty and len(kinds) == 1 and isinstance(failures[0], HangdocError):
+        first = failures[0] if failures else None
+        if not empty and isinstance(first, HangdocError) and {type(e) for e in failures} == {type(first)}:
             # no node answered, all for the same reason (wrong token, no TLS cert, down):
             # that reason and its help, not "job not found"
-            raise kinds.pop()(f"no agent answered for {spec}: {detail}")
-        err = JobNotFound(f"no node has a rank of {spec}: {detail}")
-        err.unreachable = tuple(f"{u.target}: {u.reason}" for u in unreachable)
-        raise err
+            raise type(first)(f"no agent answered for {spec}: {detail}", help=first.help)
+        raise JobNotFound(f"no node has a rank of {spec}: {detail}",
+                          unreachable=tuple(f"{u.target}: {u.reason}" for u in unreachable))
     notes += [f"{e} (no rank there)" for e in empty]
     placed.sort(key=lambda np: (np[1].rank is None, np[1].rank if np[1].rank is not None else 0))
     return Fleet(placed, max(worlds) if worlds else None, notes, unreachable)

@@ -153,8 +153,8 @@ def observe(spec: str, fleet: Fleet, options: CaptureOptions, say: Progress) -> 
             cap.notes.append(f"native frames taken of pid(s) {pids}")
         snapshot = cap.snapshot(elapsed)
         diagnosis = analyse(snapshot)
-        if not diagnosis.extra.get("ambiguous") or elapsed >= options.max_window:
-            if diagnosis.extra.get("ambiguous"):
+        if not diagnosis.ambiguous or elapsed >= options.max_window:
+            if diagnosis.ambiguous:
                 cap.notes.append(f"evidence still ambiguous after {elapsed:.1f} s (max window)")
                 snapshot = cap.snapshot(elapsed)
                 diagnosis = analyse(snapshot)

@@ -76,9 +76,11 @@ class JobNotFound(HangdocError):
         "Check the spec: HOST:PORT must equal the ranks' MASTER_ADDR/MASTER_PORT, pid:PID "
         "must be a launcher or rank on this node. Run as the job's user or root."
     )
-    # nodes that did not answer the search (set by the coordinator): with any, "not found"
-    # only means "not found where we could look"
-    unreachable: tuple[str, ...] = ()
+    def __init__(self, message: str, help: str | None = None, unreachable: tuple[str, ...] = ()) -> None:
+        super().__init__(message, help)
+        # nodes that did not answer the search: with any, "not found" only means "not found
+        # where we could look"
+        self.unreachable = unreachable
 
 
 class PySpyMissing(HangdocError):

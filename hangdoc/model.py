@@ -367,7 +367,9 @@ class Diagnosis:
     observed_seconds: float = 0.0
     partial: bool = False  # some evidence is missing (unreachable nodes, unreadable ranks)
     tree: CallTree | None = field(default=None, compare=False, hash=False)  # built once, read by every reporter
-    extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
+    # the evidence fits a hang and slow progress alike (one rank busy while the others
+    # wait): capture should watch longer, up to its max window, before this is final
+    ambiguous: bool = False
 
 
 @dataclass(frozen=True, slots=True)

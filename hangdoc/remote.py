@@ -15,6 +15,7 @@ import grpc
 
 from . import SCHEMA_VERSION
 from .agentapi import convert
+from .agentapi.convert import ERROR_HELP, ERROR_KIND
 from .agentapi.v1 import agent_pb2 as pb
 from .agentapi.v1 import agent_pb2_grpc as pb_grpc
 from .credfiles import check_tls, read_private
@@ -132,6 +133,8 @@ class RemoteNode:
         except grpc.RpcError as err:
             code = err.code() if hasattr(err, "code") else None
             detail = err.details() if hasattr(err, "details") else str(err)
+            if (known := self._agent_error(err, detail)) is not None:
+                raise known from None
             if code == grpc.StatusCode.NOT_FOUND:
                 raise JobNotFound(detail) from None
             if code == grpc.StatusCode.PERMISSION_DENIED:
@@ -144,6 +147,27 @@ class RemoteNode:
                 raise AgentError(f"agent {self.address} unavailable: {detail}") from None
             name = code.name if code is not None else "error"
             raise AgentError(f"agent {self.address}: {name}: {detail}") from None
+
+
+    def _agent_error(self, err: grpc.RpcError, detail: str) -> HangdocError | None:
+        """The agent's own HangdocError, rebuilt from the kind and help it sent along, or
+        None when it sent none (an older agent, a transport failure)."""
+        trailing = dict(err.trailing_metadata() or ()) if hasattr(err, "trailing_metadata") else {}
+        name = str(trailing.get(ERROR_KIND, ""))
+        kind = next((cls for cls in _subclasses(HangdocError) if cls.__name__ == name), None)
+        if kind is None:
+            return None
+        raw_help = trailing.get(ERROR_HELP, b"")
+        help_text = raw_help.decode(errors="replace") if isinstance(raw_help, bytes) else str(raw_help)
+        message = detail if kind is JobNotFound else f"agent {self.address}: {detail}"
+        try:
+            return kind(message, help=help_text or None)
+        except TypeError:  # a class that takes other arguments: keep the status mapping
+            return None
+
+
+def _subclasses(cls: type[HangdocError]) -> list[type[HangdocError]]:
+    return [cls] + [s for sub in cls.__subclasses__() for s in _subclasses(sub)]
 
 
 def parse_agents(agents: str | None, hostfile: str | None, default_port: int = 7420) -> list[str]:

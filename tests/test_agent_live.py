@@ -266,3 +266,37 @@ def test_heartbeats_only_of_ranks_the_agent_found(agent, token_file, tmp_path) -
         node.close()
         rank.kill()
         rank.wait()
+
+
+def test_an_agents_error_keeps_its_kind_and_help(agent, tmp_path) -> None:
+    """A spec that takes in two jobs on the agent's node: the user gets MultipleJobs with
+    its per-job help (exit 2), as on one node, not a bare agent failure (exit 7)."""
+    from harness import free_port
+
+    sleeper = "import time; time.sleep(120)"
+    script = " ".join(
+        f"MASTER_ADDR=127.0.0.1 MASTER_PORT={port} RANK={rank} WORLD_SIZE=2 {sys.executable} -c '{sleeper}' &"
+        for port in (free_port(), free_port()) for rank in (0, 1)) + " wait"
+    shell = subprocess.Popen(["bash", "-c", script], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(__import__("psutil").Process(shell.pid).children()) < 4:
+            assert time.monotonic() < deadline, "the four sleepers did not start"
+            time.sleep(0.1)
+        time.sleep(0.5)
+        out = diagnose(f"pid:{shell.pid}", "--agents", agent.address, "--token-file", str(_token(tmp_path)))
+        assert out.returncode == 2, out.stderr
+        error = json.loads(out.stdout)["error"]
+        assert error["kind"] == "MultipleJobs"
+        assert "holds the ranks of 2 jobs" in error["message"]
+        assert "hangdoc diagnose 127.0.0.1:" in error["help"]  # the per-job example made it through
+    finally:
+        os.killpg(shell.pid, signal.SIGKILL)
+        shell.wait()
+
+
+def _token(tmp_path: Path) -> Path:
+    path = tmp_path / "token"
+    path.write_text(TOKEN)
+    path.chmod(0o600)
+    return path

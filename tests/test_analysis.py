@@ -74,7 +74,7 @@ def test_busy_rank_outside_collective_is_straggler() -> None:
     d = analyse(snap)
     assert d.verdict is Verdict.STRAGGLER
     assert d.culprit_ranks == (2,)
-    assert d.extra["ambiguous"] is True
+    assert d.ambiguous is True
     assert any("data.py:77" in e and "computing" in e for e in d.evidence)
 
 

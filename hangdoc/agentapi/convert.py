@@ -35,6 +35,11 @@ from ..model import (
 )
 from .v1 import agent_pb2 as pb
 
+# Trailing metadata of a failed call: the agent's HangdocError class name and its help
+# text (UTF-8, a binary key), so the caller raises the same error with the same help.
+ERROR_KIND = "hangdoc-error-kind"
+ERROR_HELP = "hangdoc-error-help-bin"
+
 
 class AgentApiError(HangdocError):
     """A message from an agent (or coordinator) that this hangdoc cannot read."""
