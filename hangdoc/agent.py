@@ -20,7 +20,6 @@ import ipaddress
 import logging
 import math
 import os
-import re
 import signal
 import socket
 import sys
@@ -41,7 +40,7 @@ from .bundle import load_snapshot
 from .callers import OPERATOR_BY_CERT, OPERATOR_BY_TOKEN, Caller, identify
 from .credfiles import check_tls, read_private, read_token
 from .discover import Discovery
-from .errors import HangdocError, JobNotFound, PermissionDenied, PySpyMissing, UsageError
+from .errors import HangdocError, JobNotFound, PermissionDenied, PySpyMissing, UsageError, one_line
 from .jobspec import parse_job_spec
 from .model import CaptureError, CaptureErrorKind, Frame, Heartbeat, Sample, SourceFile
 from .node import LocalNode, ReplayNode
@@ -275,14 +274,14 @@ class AgentService(pb_grpc.AgentServicer):
         if count > MAX_SOURCE_FRAMES or len(request.queries) > MAX_PIDS_PER_CALL:
             raise UsageError(f"{count} frames in one call; at most {MAX_SOURCE_FRAMES}")
         wanted: dict[int, list[Frame]] = {}
-        readable = {pid: names for pid, names in self.seen.items() if caller.may_read(pid)}
         for query in request.queries:
-            names = readable.get(query.pid, set())
+            names = self.seen.get(query.pid, set()) if caller.may_read(query.pid) else set()
             frames = [f for raw in query.frames if (f := convert.frame_from_proto(raw)).filename in names]
             wanted.setdefault(query.pid, []).extend(frames)
         for raw in request.frames:  # without a pid: through any process that showed the file
             frame = convert.frame_from_proto(raw)
-            pid = next((pid for pid, names in readable.items() if frame.filename in names), None)
+            pid = next((pid for pid, names in self.seen.items()
+                        if frame.filename in names and caller.may_read(pid)), None)
             if pid is not None:
                 wanted.setdefault(pid, []).append(frame)
         return self.node.sources({pid: frames for pid, frames in wanted.items() if frames})
@@ -328,13 +327,9 @@ def _pid_list(pids) -> str:
     return shown + (f",...({len(pids)} in all)" if len(pids) > 16 else "") if pids else "-"
 
 
-_UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
-
-
 def _clean(text: str, limit: int = 160) -> str:
-    """A caller-supplied string made safe for one log line: printable ASCII, bounded."""
-    text = _UNPRINTABLE.sub("?", text[: limit + 1])
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    """A caller-supplied string made safe for one log line: escaped, bounded, ASCII."""
+    return one_line(text[: limit + 1], limit).encode("ascii", "backslashreplace").decode()
 
 
 def audit(peer: str, caller: str, method: str, what: str, outcome: str, ms: float) -> None:

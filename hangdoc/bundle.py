@@ -418,15 +418,19 @@ def _frames_of(indices: list[Any], tables: _Tables) -> list[Frame]:
     return frames
 
 
-def save_snapshot(snapshot: JobSnapshot, path: str | Path) -> None:
-    """Write ``snapshot`` to ``path`` as a bundle (gzip when the name ends in ``.gz``)."""
-    path = Path(path)
+def snapshot_bytes(snapshot: JobSnapshot, compress: bool) -> bytes:
+    """``snapshot`` as the bytes of a bundle file, gzip-compressed or not."""
     data = json.dumps(snapshot_to_dict(snapshot), ensure_ascii=False, separators=(",", ":"))
     # a lone surrogate (text that was not UTF-8) is written as its JSON escape, "\\udc80",
     # which reads back as the same string
     raw = data.encode("utf-8", "backslashreplace")
-    if path.name.endswith(".gz"):
-        raw = gzip.compress(raw, mtime=0)
+    return gzip.compress(raw, mtime=0) if compress else raw
+
+
+def save_snapshot(snapshot: JobSnapshot, path: str | Path) -> None:
+    """Write ``snapshot`` to ``path`` as a bundle (gzip when the name ends in ``.gz``)."""
+    path = Path(path)
+    raw = snapshot_bytes(snapshot, compress=path.name.endswith(".gz"))
     try:
         path.write_bytes(raw)
     except (OSError, ValueError) as err:  # ValueError: a NUL in the path

@@ -90,6 +90,7 @@ class Caller:
     uid: int | None = None
     pid: int | None = None  # the process holding the caller's socket, when found
     how: str = ""  # how it was identified, for the audit log
+    yama_scope: int = field(default_factory=ptrace_scope)  # read once per caller
     _creds: ProcCreds | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -121,10 +122,9 @@ class Caller:
                 return False  # not dumpable: the kernel hands /proc/PID to root
         except OSError:
             return False
-        scope = ptrace_scope()
-        if scope == 0:
+        if self.yama_scope == 0:
             return True
-        return scope == 1 and _descends_from(pid, self.pid)
+        return self.yama_scope == 1 and _descends_from(pid, self.pid)
 
 
 OPERATOR_BY_TOKEN = Caller(operator=True, how="token")

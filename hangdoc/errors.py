@@ -12,14 +12,14 @@ from __future__ import annotations
 # line), DEL, C1 controls (0x9b is a one-byte CSI), bidirectional overrides and isolates
 # (U+202E shows text backwards: "Trojan Source"), the Unicode line/paragraph separators,
 # and lone surrogates (from JSON "\ud800" escapes: they cannot even be encoded to UTF-8).
-_UNSAFE = [
+UNSAFE_CHARACTERS = [
     *range(0x20), 0x7F, *range(0x80, 0xA0), 0x061C, 0x200E, 0x200F, 0x2028, 0x2029,
     *range(0x202A, 0x202F), *range(0x2066, 0x206A), *range(0xD800, 0xE000),
 ]
 _SHORT_ESCAPES = {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}
 _PRINTABLE = str.maketrans({
     cp: _SHORT_ESCAPES.get(cp) or (f"\\x{cp:02x}" if cp < 0x100 else f"\\u{cp:04x}")
-    for cp in _UNSAFE
+    for cp in UNSAFE_CHARACTERS
 })
 MESSAGE_MAX_CHARS = 2000  # an error line longer than this is cut (a 1 MB job spec, say)
 

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import gzip
 import io
-import json
 import os
 import sys
 import tempfile
@@ -23,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .bundle import snapshot_to_dict
+from .bundle import snapshot_bytes
 from .errors import UsageError
 from .model import Diagnosis, JobSnapshot, Verdict
 from .stall import Trigger
@@ -86,13 +84,12 @@ def write_incident(out: Path, snapshot: JobSnapshot, diagnosis: Diagnosis, trigg
 
     report = to_json_dict(diagnosis, snapshot)
     report["watch"] = trigger_dict(trigger, reason, diagnosis_seconds)
-    raw = json.dumps(snapshot_to_dict(snapshot), ensure_ascii=False, separators=(",", ":")).encode()
     text = io.StringIO()
     console = Console(file=text, width=120, no_color=True, highlight=False, force_terminal=False)
     console.print(f"hangdoc watch fired at {trigger.detected_at}: {report['watch']['fired_because']}")
     console.print()
     render(diagnosis, snapshot, console)
-    files = {SNAPSHOT: gzip.compress(raw, mtime=0), HUMAN: text.getvalue().encode()}
+    files = {SNAPSHOT: snapshot_bytes(snapshot, compress=True), HUMAN: text.getvalue().encode()}
     return _store(out, files, report, warn)
 
 

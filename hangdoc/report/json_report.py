@@ -23,6 +23,7 @@ import math
 from typing import Any
 
 from .. import SCHEMA_VERSION, __version__
+from ..errors import UNSAFE_CHARACTERS
 from ..merge import compress_ranks
 from ..model import (
     Diagnosis,
@@ -35,12 +36,9 @@ from ..model import (
     Unreachable,
 )
 
-# escaped in the JSON text (json.dumps escapes only C0 controls, quotes and backslashes)
-_UNSAFE_IN_JSON = [
-    0x7F, *range(0x80, 0xA0), 0x061C, 0x200E, 0x200F, 0x2028, 0x2029, *range(0x202A, 0x202F),
-    *range(0x2066, 0x206A), *range(0xD800, 0xE000),
-]
-_JSON_ESCAPES = str.maketrans({cp: f"\\u{cp:04x}" for cp in _UNSAFE_IN_JSON})
+# escaped in the JSON text: the terminal-unsafe characters json.dumps lets through raw (it
+# escapes only C0 controls, quotes and backslashes)
+_JSON_ESCAPES = str.maketrans({cp: f"\\u{cp:04x}" for cp in UNSAFE_CHARACTERS if cp >= 0x20})
 
 
 def dumps(value: Any, indent: int | None = 2) -> str:
