@@ -389,14 +389,14 @@ class Watchdog:
         except HangdocError as err:
             self.board.count_diagnosis("failed")
             if reason := self._moved_on(clock, now, None):
-                return self._dismiss(clock, reason)
+                return self._dismiss(clock, reason, self._resumed_at(clock, now))
             self.say(f"could not diagnose: {err}")
             path = write_failed_incident(self.c.out, self.spec, trigger, str(err), err.help, self.say)
             self.board.count("reports_total")
             return self._fire(path, "unknown", f"could not diagnose: {err}")
         self.board.count_diagnosis(diagnosis.verdict.value)
         if reason := self._moved_on(clock, now, diagnosis):
-            return self._dismiss(clock, reason)
+            return self._dismiss(clock, reason, self._resumed_at(clock, now))
         decision = judge(snapshot, diagnosis, self.postponed, self.c.max_postpone)
         if decision.action is Action.DISMISS:
             return self._dismiss(clock, decision.reason)
@@ -425,10 +425,17 @@ class Watchdog:
             return "the job ended during the diagnosis"
         return None
 
-    def _dismiss(self, clock: StallClock, reason: str) -> int | None:
+    @staticmethod
+    def _resumed_at(clock: StallClock, stalled_at: float) -> float | None:
+        """When steps came back after the stall was suspected, or None."""
+        return clock.last if clock.last is not None and clock.last > stalled_at else None
+
+    def _dismiss(self, clock: StallClock, reason: str, since: float | None = None) -> int | None:
+        """Not a hang. The next stall is timed from now, or from ``since`` when the job showed
+        activity then (steps that resumed while the diagnosis ran)."""
         self.board.count("dismissed_total")
         self.postponed = 0
-        self.moving_at = time.monotonic()
+        self.moving_at = time.monotonic() if since is None else since
         self.say(f"not a hang: {reason}")
         return None
 
