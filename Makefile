@@ -46,8 +46,8 @@ lint: $(STAMP)  ## ruff + mypy on the package
 	$(BIN)/ruff check hangdoc tests bench examples
 	$(BIN)/mypy hangdoc
 
-proto: PROTO_OUT ?= hangdoc/agentapi/v1
-proto: $(STAMP)  ## regenerate hangdoc/agentapi/v1 from proto/ (pinned grpcio-tools)
+proto: PROTO_OUT ?= hangdoc/fleet/v1
+proto: $(STAMP)  ## regenerate hangdoc/fleet/v1 from proto/ (pinned grpcio-tools)
 	rm -rf $(PROTO_OUT)/.gen && mkdir -p $(PROTO_OUT)/.gen
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=$(PROTO_OUT)/.gen \
 		--pyi_out=$(PROTO_OUT)/.gen --grpc_python_out=$(PROTO_OUT)/.gen proto/hangdoc/v1/agent.proto

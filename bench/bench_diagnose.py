@@ -32,11 +32,11 @@ sys.path.insert(0, str(ROOT))
 
 from run_demo import free_port, kill_all, tagged
 
-from hangdoc.capture import sample_round
+from hangdoc.capture.discover import discover
+from hangdoc.capture.jobspec import parse_job_spec
+from hangdoc.capture.pyspy import find_pyspy
+from hangdoc.capture.sample import sample_round
 from hangdoc.diagnose import CaptureOptions
-from hangdoc.discover import discover
-from hangdoc.jobspec import parse_job_spec
-from hangdoc.pyspy import find_pyspy
 
 
 def start_job(n: int, tag: str, ready: Path) -> subprocess.Popen:

@@ -43,14 +43,14 @@ sys.path.insert(0, str(ROOT))
 import psutil
 from run_demo import tagged
 
-from hangdoc.agentapi import convert
-from hangdoc.agentapi.v1 import agent_pb2 as pb
-from hangdoc.analyse import analyse
-from hangdoc.coordinator import Fleet, fan_out, find_ranks, sample_all
+from hangdoc.analysis.analyse import analyse
+from hangdoc.capture.jobspec import parse_job_spec
 from hangdoc.diagnose import CaptureOptions, observe
-from hangdoc.jobspec import parse_job_spec
+from hangdoc.fleet import wire
+from hangdoc.fleet.client import RemoteNode
+from hangdoc.fleet.coordinator import Fleet, fan_out, find_ranks, sample_all
+from hangdoc.fleet.v1 import agent_pb2 as pb
 from hangdoc.model import Sample
-from hangdoc.remote import RemoteNode
 
 SNAPSHOT = ROOT / "tests" / "snapshots" / "mismatch_uneven_shards_eval_gather.json.gz"
 RANKS_PER_AGENT = 3  # the snapshot's world size
@@ -123,9 +123,9 @@ def round_bytes(fleet: Fleet, taken: dict[int, Sample]) -> int:
     for idx in per_node.values():
         procs = [fleet.placed[i][1] for i in idx]
         request = pb.SampleRequest(
-            processes=pb.RankProcessList(processes=[convert.rank_process_to_proto(p) for p in procs]),
+            processes=pb.RankProcessList(processes=[wire.rank_process_to_proto(p) for p in procs]),
             t=1.0, native=False, timeout_seconds=5.0)
-        response = convert.samples_to_proto([(p.pid, taken[i]) for p, i in zip(procs, idx)])
+        response = wire.samples_to_proto([(p.pid, taken[i]) for p, i in zip(procs, idx)])
         total += request.ByteSize() + response.ByteSize()
     return total
 
@@ -203,13 +203,13 @@ def breakdown(fleet: Fleet, taken: dict[int, Sample], options: CaptureOptions) -
     t0 = time.perf_counter()
     for _, idx in per_node.values():
         pb.SampleRequest(processes=pb.RankProcessList(
-            processes=[convert.rank_process_to_proto(fleet.placed[i][1]) for i in idx]))
+            processes=[wire.rank_process_to_proto(fleet.placed[i][1]) for i in idx]))
     encode = time.perf_counter() - t0
-    responses = [convert.samples_to_proto([(fleet.placed[i][1].pid, taken[i]) for i in idx])
+    responses = [wire.samples_to_proto([(fleet.placed[i][1].pid, taken[i]) for i in idx])
                  for _, idx in per_node.values()]
     t0 = time.perf_counter()
     for response in responses:
-        convert.samples_from_proto(response)
+        wire.samples_from_proto(response)
     decode = time.perf_counter() - t0
     empty = Fleet([(node, fleet.placed[idx[0]][1]) for node, idx in per_node.values()], None)
     t0 = time.perf_counter()

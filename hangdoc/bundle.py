@@ -40,8 +40,15 @@ from typing import Any
 
 from . import SCHEMA_VERSION, __version__
 from .errors import BundleError, one_line, shown
-from .jobspec import PID_MAX  # Linux: pid_max is at most 2**22
-from .model import MAX_WORLD_SIZE, Frame, JobSnapshot, ProcessState, RankProcess, Unreachable
+from .model import (
+    MAX_WORLD_SIZE,
+    PID_MAX,
+    Frame,
+    JobSnapshot,
+    ProcessState,
+    RankProcess,
+    Unreachable,
+)
 
 KIND = "hangdoc-snapshot"
 _GZIP_MAGIC = b"\x1f\x8b"

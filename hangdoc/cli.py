@@ -226,7 +226,7 @@ def _emit(args: argparse.Namespace, snapshot, diagnosis) -> None:
 
 def _check_jobs(*specs: str | None) -> None:
     """Parse the job specs now: a malformed one is a usage error before anything starts."""
-    from .jobspec import parse_job_spec
+    from .capture.jobspec import parse_job_spec
 
     for spec in specs:
         if spec is not None:
@@ -255,8 +255,8 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
 def _remote_nodes(args: argparse.Namespace):
     if not (args.agents or args.hostfile):
         return None
-    from .agent import read_token
-    from .remote import AgentAuth, RemoteNode, parse_agents
+    from .fleet.agent import read_token
+    from .fleet.client import AgentAuth, RemoteNode, parse_agents
 
     addresses = parse_agents(args.agents, args.hostfile)
     if not addresses:
@@ -270,8 +270,8 @@ def _cmd_watch(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .diagnose import CaptureOptions
-    from .stall import StallPolicy
-    from .watch import OnHang, WatchConfig, run_watch
+    from .watch.stall import StallPolicy
+    from .watch.watchdog import OnHang, WatchConfig, run_watch
 
     if args.job and args.command_argv:
         raise _usage("give either a JOB to attach to or a command after `--`, not both")
@@ -307,7 +307,7 @@ def _stderr_hang_only(msg: str) -> None:
 
 
 def _cmd_agent(args: argparse.Namespace) -> int:
-    from .agent import AgentConfig, read_token, run_agent
+    from .fleet.agent import AgentConfig, read_token, run_agent
 
     token = read_token(args.token_file) if args.token_file else None
     config = AgentConfig(args.listen, token, args.tls_cert, args.tls_key, args.tls_ca,
@@ -318,7 +318,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from .analyse import analyse
+    from .analysis.analyse import analyse
     from .bundle import load_snapshot
 
     snapshot = load_snapshot(args.bundle)

@@ -15,10 +15,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from . import __version__
-from .analyse import analyse
-from .coordinator import Fleet, fan_out, find_ranks, sample_all
+from .analysis.analyse import analyse
+from .capture.jobspec import parse_job_spec
+from .capture.pyspy import find_pyspy
 from .errors import PermissionDenied
-from .jobspec import parse_job_spec
+from .fleet.coordinator import Fleet, fan_out, find_ranks, sample_all
+from .fleet.node import LocalNode, Node
 from .model import (
     CaptureErrorKind,
     Diagnosis,
@@ -29,8 +31,6 @@ from .model import (
     SourceFile,
     ThreadStack,
 )
-from .node import LocalNode, Node
-from .pyspy import find_pyspy
 
 Progress = Callable[[str], None]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .merge import CallTree
+    from .analysis.merge import CallTree
 
 # The largest rank count any value may claim (a world size, a rank number), wherever it
 # comes from: a process's environment, an agent's answer, a saved snapshot. The largest
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 # one rank claiming this world size takes about 1.5 s and 650 MB to analyse), so the bound
 # stays here until rank sets are compact.
 MAX_WORLD_SIZE = 2**18
+PID_MIN, PID_MAX = 1, 2**22  # Linux: pid_max is at most 2**22 (PID_MAX_LIMIT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +206,10 @@ class RankSnapshot:
             if earlier.has_native:
                 return earlier if earlier.python_stacks == last.python_stacks else last
         return last
+
+
+# How far back from a frame's line capture keeps (and analysis looks at) its function.
+MAX_LINES_BEFORE = 80
 
 
 @dataclass(frozen=True, slots=True)

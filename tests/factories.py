@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from hangdoc import __version__
-from hangdoc.merge import CallTree
+from hangdoc.analysis.merge import CallTree
 from hangdoc.model import (
     CaptureError,
     CaptureErrorKind,

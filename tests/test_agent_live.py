@@ -175,8 +175,8 @@ def test_health_answers_without_token_and_sources_only_for_captured_files(agent,
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from hangdoc.agentapi.v1 import agent_pb2 as pb
-    from hangdoc.agentapi.v1 import agent_pb2_grpc as pb_grpc
+    from hangdoc.fleet.v1 import agent_pb2 as pb
+    from hangdoc.fleet.v1 import agent_pb2_grpc as pb_grpc
 
     with grpc.insecure_channel(agent.address) as channel:
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
@@ -194,8 +194,8 @@ def test_health_answers_without_token_and_sources_only_for_captured_files(agent,
 def test_agent_survives_many_concurrent_and_abandoned_calls(hung_job, agent, token_file) -> None:
     import concurrent.futures as cf
 
-    from hangdoc.jobspec import parse_job_spec
-    from hangdoc.remote import AgentAuth, AgentError, RemoteNode
+    from hangdoc.capture.jobspec import parse_job_spec
+    from hangdoc.fleet.client import AgentAuth, AgentError, RemoteNode
 
     _, job = hung_job
     node = RemoteNode(agent.address, AgentAuth(TOKEN))
@@ -221,9 +221,9 @@ def test_schema_mismatch_is_a_clear_error() -> None:
 
     import grpc
 
-    from hangdoc.agentapi.v1 import agent_pb2 as pb
-    from hangdoc.agentapi.v1 import agent_pb2_grpc as pb_grpc
-    from hangdoc.remote import AgentError, RemoteNode
+    from hangdoc.fleet.client import AgentError, RemoteNode
+    from hangdoc.fleet.v1 import agent_pb2 as pb
+    from hangdoc.fleet.v1 import agent_pb2_grpc as pb_grpc
 
     class FutureAgent(pb_grpc.AgentServicer):
         def GetInfo(self, request, context):
@@ -243,8 +243,8 @@ def test_schema_mismatch_is_a_clear_error() -> None:
 def test_heartbeats_only_of_ranks_the_agent_found(agent, token_file, tmp_path) -> None:
     from harness import free_port
 
-    from hangdoc.jobspec import parse_job_spec
-    from hangdoc.remote import AgentAuth, RemoteNode
+    from hangdoc.capture.jobspec import parse_job_spec
+    from hangdoc.fleet.client import AgentAuth, RemoteNode
 
     port = free_port()
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",

@@ -1,4 +1,4 @@
-"""The agent gRPC API (``hangdoc.agentapi``): exact model <-> proto round trips, over the wire.
+"""The agent gRPC API (``hangdoc.fleet``): exact model <-> proto round trips, over the wire.
 
 Every value goes model -> message -> bytes -> message -> model and must come back equal,
 so a snapshot merged from agents equals one built locally. Also: recorded snapshots of
@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 from factories import make_frame, make_rank, make_snapshot
 
-from hangdoc.agentapi import convert
-from hangdoc.agentapi.convert import AgentApiError
-from hangdoc.agentapi.v1 import agent_pb2 as pb
 from hangdoc.bundle import load_snapshot
-from hangdoc.discover import Discovery
+from hangdoc.capture.discover import Discovery
+from hangdoc.fleet import wire
+from hangdoc.fleet.v1 import agent_pb2 as pb
+from hangdoc.fleet.wire import AgentApiError
 from hangdoc.model import (
     CaptureError,
     CaptureErrorKind,
@@ -42,13 +42,13 @@ SNAPSHOTS = sorted((REPO / "tests" / "snapshots").glob("*.json.gz"))
 GENERATED = ("agent_pb2.py", "agent_pb2.pyi", "agent_pb2_grpc.py")
 
 
-def wire(msg):
+def over_the_wire(msg):
     """``msg`` serialised and parsed back, as the other end of a channel would see it."""
     return type(msg).FromString(msg.SerializeToString())
 
 
 def round_trip_samples(samples, discovery=None):
-    return convert.samples_from_proto(wire(convert.samples_to_proto(samples, discovery)))
+    return wire.samples_from_proto(over_the_wire(wire.samples_to_proto(samples, discovery)))
 
 
 # ------------------------------------------------------------------ hand-built values
@@ -68,8 +68,8 @@ def round_trip_samples(samples, discovery=None):
     ids=["zeros", "nones", "inferred"],
 )
 def test_rank_process_round_trip_keeps_none_apart_from_zero(proc):
-    msg = wire(convert.rank_process_to_proto(proc))
-    assert convert.rank_process_from_proto(msg) == proc
+    msg = over_the_wire(wire.rank_process_to_proto(proc))
+    assert wire.rank_process_from_proto(msg) == proc
     assert msg.HasField("rank") is (proc.rank is not None)
 
 
@@ -77,9 +77,9 @@ def test_discovery_round_trip():
     snap = make_snapshot({0: ["train.py:main:1"], 1: ["train.py:main:2"]}, launcher_pid=5)
     found = Discovery(ranks=tuple(r.process for r in snap.ranks), world_size=None,
                       notes=("rank 3 has no process", ""), searched="pid 5 and its descendants")
-    assert convert.discovery_from_proto(wire(convert.discovery_to_proto(found))) == found
+    assert wire.discovery_from_proto(over_the_wire(wire.discovery_to_proto(found))) == found
     zero = dataclasses.replace(found, world_size=0, ranks=(), notes=())
-    assert convert.discovery_from_proto(wire(convert.discovery_to_proto(zero))) == zero
+    assert wire.discovery_from_proto(over_the_wire(wire.discovery_to_proto(zero))) == zero
 
 
 def test_samples_round_trip_threads_states_and_every_error_kind():
@@ -122,18 +122,18 @@ def test_frames_and_threads_with_unusual_values():
 def test_sample_response_can_carry_the_discovery():
     rs = make_rank(0, ["train.py:main:1"])
     found = Discovery(ranks=(rs.process,), world_size=1, notes=(), searched="x")
-    msg = wire(convert.samples_to_proto({rs.process.pid: rs.samples[0]}, found))
-    assert convert.response_discovery(msg) == found
-    assert convert.response_discovery(wire(convert.samples_to_proto({}))) is None
+    msg = over_the_wire(wire.samples_to_proto({rs.process.pid: rs.samples[0]}, found))
+    assert wire.response_discovery(msg) == found
+    assert wire.response_discovery(over_the_wire(wire.samples_to_proto({}))) is None
 
 
 def test_source_file_and_frame_round_trip():
     src = SourceFile("/job/train.py", ((1, "def main():"), (2, ""), (10, "    finally:")))
-    assert convert.source_file_from_proto(wire(convert.source_file_to_proto(src))) == src
+    assert wire.source_file_from_proto(over_the_wire(wire.source_file_to_proto(src))) == src
     empty = SourceFile("<frozen runpy>", ())
-    assert convert.source_file_from_proto(wire(convert.source_file_to_proto(empty))) == empty
+    assert wire.source_file_from_proto(over_the_wire(wire.source_file_to_proto(empty))) == empty
     frame = make_frame("torch/nn/module.py:forward:3", native=True, code="x")
-    assert convert.frame_from_proto(wire(convert.frame_to_proto(frame))) == frame
+    assert wire.frame_from_proto(over_the_wire(wire.frame_to_proto(frame))) == frame
 
 
 # ------------------------------------------------------------------ recorded real snapshots
@@ -145,13 +145,13 @@ def test_recorded_snapshot_round_trips_through_the_api(path):
     assert snap.ranks
     found = Discovery(ranks=tuple(r.process for r in snap.ranks), world_size=snap.world_size,
                       notes=snap.notes, searched=snap.spec)
-    assert convert.discovery_from_proto(wire(convert.discovery_to_proto(found))) == found
+    assert wire.discovery_from_proto(over_the_wire(wire.discovery_to_proto(found))) == found
     rounds = max(len(r.samples) for r in snap.ranks)
     for i in range(rounds):
         by_pid = {r.process.pid: r.samples[i] for r in snap.ranks if i < len(r.samples)}
         assert round_trip_samples(by_pid) == by_pid
     for src in snap.sources:
-        assert convert.source_file_from_proto(wire(convert.source_file_to_proto(src))) == src
+        assert wire.source_file_from_proto(over_the_wire(wire.source_file_to_proto(src))) == src
 
 
 def test_recorded_snapshots_exist():
@@ -193,35 +193,35 @@ def test_every_enum_member_is_mapped_both_ways():
 
 
 def test_unknown_enum_values_are_clear_errors():
-    msg = convert.samples_to_proto({1: Sample(t=0, error=CaptureError(
+    msg = wire.samples_to_proto({1: Sample(t=0, error=CaptureError(
         CaptureErrorKind.TIMEOUT, "slow"))})
     msg.samples[0].sample.error.kind = 99  # a kind from a newer agent
     with pytest.raises(AgentApiError, match="unknown CaptureErrorKind value 99"):
-        convert.samples_from_proto(wire(msg))
+        wire.samples_from_proto(over_the_wire(msg))
     msg.samples[0].sample.error.kind = pb.CAPTURE_ERROR_KIND_UNSPECIFIED
     with pytest.raises(AgentApiError, match="CaptureErrorKind value 0"):
-        convert.samples_from_proto(wire(msg))
-    proc = convert.rank_process_to_proto(RankProcess(pid=1, host="h", rank=0))
+        wire.samples_from_proto(over_the_wire(msg))
+    proc = wire.rank_process_to_proto(RankProcess(pid=1, host="h", rank=0))
     proc.rank_source = 7
     with pytest.raises(AgentApiError, match="unknown RankSource value 7"):
-        convert.rank_process_from_proto(wire(proc))
+        wire.rank_process_from_proto(over_the_wire(proc))
 
 
 def test_dangling_indices_and_duplicate_pids_are_clear_errors():
     rs = make_rank(0, ["train.py:main:1", "train.py:step:2"])
-    msg = convert.samples_to_proto({1: rs.samples[0]})
-    bad_stack = wire(msg)
+    msg = wire.samples_to_proto({1: rs.samples[0]})
+    bad_stack = over_the_wire(msg)
     bad_stack.samples[0].sample.threads[0].stack = 5
     with pytest.raises(AgentApiError, match="stack 5"):
-        convert.samples_from_proto(bad_stack)
-    bad_frame = wire(msg)
+        wire.samples_from_proto(bad_stack)
+    bad_frame = over_the_wire(msg)
     bad_frame.stacks[0].frames.append(40)
     with pytest.raises(AgentApiError, match="outside the frame table"):
-        convert.samples_from_proto(bad_frame)
-    twice = wire(msg)
+        wire.samples_from_proto(bad_frame)
+    twice = over_the_wire(msg)
     twice.samples.add().CopyFrom(twice.samples[0])
     with pytest.raises(AgentApiError, match="two samples for pid 1"):
-        convert.samples_from_proto(twice)
+        wire.samples_from_proto(twice)
 
 
 # ------------------------------------------------------------------ interning
@@ -231,14 +231,14 @@ def test_thousand_identical_ranks_send_one_stack():
     stack = [f"pkg/mod{i}.py:function_with_a_long_name_{i}:{100 + i}" for i in range(40)]
     snap = make_snapshot({r: stack for r in range(1000)}, samples=1)
     by_pid = {r.process.pid: r.samples[0] for r in snap.ranks}
-    msg = convert.samples_to_proto(by_pid)
+    msg = wire.samples_to_proto(by_pid)
     assert (len(msg.frames), len(msg.stacks)) == (40, 1)
-    one_stack = sum(convert.frame_to_proto(make_frame(f)).ByteSize() for f in stack)
+    one_stack = sum(wire.frame_to_proto(make_frame(f)).ByteSize() for f in stack)
     size = len(msg.SerializeToString())
     assert one_stack > 2_000
     assert size < 150_000, size  # ~70 bytes per rank: pid, t, one thread, counters
     assert size < one_stack * 1000 / 20  # the stacks themselves would be > 2 MB
-    assert convert.samples_from_proto(wire(msg)) == by_pid
+    assert wire.samples_from_proto(over_the_wire(msg)) == by_pid
 
 
 # ------------------------------------------------------------------ generated code
@@ -258,15 +258,15 @@ def test_generated_code_is_up_to_date(tmp_path):
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert run.returncode == 0, run.stderr
-    committed = REPO / "hangdoc" / "agentapi" / "v1"
+    committed = REPO / "hangdoc" / "fleet" / "v1"
     for name in GENERATED:
         assert filecmp.cmp(out / name, committed / name, shallow=False), (
-            f"hangdoc/agentapi/v1/{name} is stale: run `make proto` and commit it")
+            f"hangdoc/fleet/v1/{name} is stale: run `make proto` and commit it")
     assert sorted(p.name for p in out.iterdir()) == sorted(GENERATED)
 
 
 def test_generated_grpc_code_imports_its_messages_relatively():
-    text = (REPO / "hangdoc" / "agentapi" / "v1" / "agent_pb2_grpc.py").read_text()
+    text = (REPO / "hangdoc" / "fleet" / "v1" / "agent_pb2_grpc.py").read_text()
     assert "from . import agent_pb2 as" in text
     assert "from hangdoc.v1" not in text
 
@@ -274,14 +274,14 @@ def test_generated_grpc_code_imports_its_messages_relatively():
 def test_service_over_a_real_channel():
     """The generated stub and servicer talk over a real local gRPC channel."""
     grpc = pytest.importorskip("grpc")
-    from hangdoc.agentapi.v1 import agent_pb2_grpc
+    from hangdoc.fleet.v1 import agent_pb2_grpc
 
     rs = make_rank(4, ["train.py:main:1", "torch/distributed/distributed_c10d.py:barrier:9"])
 
     class Servicer(agent_pb2_grpc.AgentServicer):
         def Sample(self, request, context):
-            procs = [convert.rank_process_from_proto(p) for p in request.processes.processes]
-            return convert.samples_to_proto({p.pid: rs.samples[0] for p in procs})
+            procs = [wire.rank_process_from_proto(p) for p in request.processes.processes]
+            return wire.samples_to_proto({p.pid: rs.samples[0] for p in procs})
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
     agent_pb2_grpc.add_AgentServicer_to_server(Servicer(), server)
@@ -291,13 +291,13 @@ def test_service_over_a_real_channel():
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = agent_pb2_grpc.AgentStub(channel)
             request = pb.SampleRequest(t=0.5, native=False)
-            request.processes.processes.append(convert.rank_process_to_proto(rs.process))
+            request.processes.processes.append(wire.rank_process_to_proto(rs.process))
             reply = stub.Sample(request, timeout=10)
             with pytest.raises(grpc.RpcError) as err:
                 stub.GetInfo(pb.GetInfoRequest(), timeout=10)
     finally:
         server.stop(grace=None)
-    assert convert.samples_from_proto(reply) == {rs.process.pid: rs.samples[0]}
+    assert wire.samples_from_proto(reply) == {rs.process.pid: rs.samples[0]}
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
@@ -305,9 +305,9 @@ def test_rank_numbers_from_an_agent_are_bounded() -> None:
     from hangdoc.model import MAX_WORLD_SIZE
 
     msg = pb.RankProcess(pid=5, host="h", rank=2**40, world_size=2_000_000_000, local_rank=-3)
-    proc = convert.rank_process_from_proto(msg)
+    proc = wire.rank_process_from_proto(msg)
     assert (proc.rank, proc.world_size, proc.local_rank) == (None, None, None)
-    ok = convert.rank_process_from_proto(pb.RankProcess(pid=5, rank=MAX_WORLD_SIZE - 1, world_size=MAX_WORLD_SIZE))
+    ok = wire.rank_process_from_proto(pb.RankProcess(pid=5, rank=MAX_WORLD_SIZE - 1, world_size=MAX_WORLD_SIZE))
     assert (ok.rank, ok.world_size) == (MAX_WORLD_SIZE - 1, MAX_WORLD_SIZE)
-    found = convert.discovery_from_proto(pb.Discovery(world_size=MAX_WORLD_SIZE + 1))
+    found = wire.discovery_from_proto(pb.Discovery(world_size=MAX_WORLD_SIZE + 1))
     assert found.world_size is None

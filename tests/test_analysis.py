@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 from factories import make_frame, make_rank, make_snapshot
 
-from hangdoc.analyse import analyse
+from hangdoc.analysis.analyse import analyse
+from hangdoc.analysis.ops import recognise
 from hangdoc.model import (
     CaptureErrorKind,
     Frame,
@@ -17,7 +18,6 @@ from hangdoc.model import (
     Unreachable,
     Verdict,
 )
-from hangdoc.ops import recognise
 
 C10D = "torch/distributed/distributed_c10d.py"
 LOGGER = "torch/distributed/c10d_logger.py:wrapper:83"
@@ -232,7 +232,7 @@ def test_both_ranks_receiving_is_p2p_mismatch() -> None:
 
 @pytest.mark.parametrize("verdict", list(Verdict))
 def test_every_verdict_has_next_steps(verdict: Verdict) -> None:
-    from hangdoc.classify import NEXT_STEPS
+    from hangdoc.analysis.classify import NEXT_STEPS
 
     assert NEXT_STEPS[verdict]
 

@@ -343,7 +343,7 @@ def test_garbage_after_gzip(tmp_path: Path) -> None:
 
 
 def test_a_json_report_is_named_as_such(tmp_path: Path) -> None:
-    from hangdoc.analyse import analyse
+    from hangdoc.analysis.analyse import analyse
     from hangdoc.report.json_report import error_to_dict, render_json
 
     snap = rich_snapshot()

@@ -28,14 +28,14 @@ import pytest
 from harness import RunningJob
 from test_discover import job_meta, ready_pids, running
 
-from hangdoc import pyspy
-from hangdoc.capture import capture, sample_round
-from hangdoc.discover import discover
+from hangdoc.capture import pyspy
+from hangdoc.capture.discover import discover
+from hangdoc.capture.jobspec import parse_job_spec
+from hangdoc.capture.procstate import parse_ss, read_state, socket_bytes, socket_bytes_many
+from hangdoc.capture.pyspy import clean_message, dump, find_pyspy, parse_dump, source_line
+from hangdoc.capture.sample import capture, sample_round
 from hangdoc.errors import PySpyMissing
-from hangdoc.jobspec import parse_job_spec
 from hangdoc.model import CaptureErrorKind, Frame, ProcessState, RankProcess, ThreadStack
-from hangdoc.procstate import parse_ss, read_state, socket_bytes, socket_bytes_many
-from hangdoc.pyspy import clean_message, dump, find_pyspy, parse_dump, source_line
 
 DATA = Path(__file__).resolve().parent / "data"
 C10D = "torch/distributed/distributed_c10d.py"
@@ -185,7 +185,7 @@ def test_find_pyspy_prefers_the_one_next_to_the_interpreter() -> None:
 def test_find_pyspy_from_a_venv_that_is_not_activated(tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     out = subprocess.run([sys.executable, "-c",
-                          "from hangdoc.pyspy import find_pyspy; print(find_pyspy())"],
+                          "from hangdoc.capture.pyspy import find_pyspy; print(find_pyspy())"],
                          env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(Path(sys.executable).parent / "py-spy")
 
@@ -533,7 +533,7 @@ def test_sample_round_costs_at_most_1_3x_raw_parallel_pyspy(
 def test_a_round_never_runs_more_py_spy_processes_than_its_slots(monkeypatch) -> None:
     import threading
 
-    from hangdoc import capture as capture_module
+    from hangdoc.capture import sample as capture_module
 
     sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(5)]
     running, peak = 0, 0

@@ -328,7 +328,7 @@ def test_json_error_object_for_each_kind_of_failure(tmp_path, capsys) -> None:
 
 def test_json_error_object_for_agent_errors(capsys, monkeypatch) -> None:
     from hangdoc import diagnose as diagnose_module
-    from hangdoc.remote import AgentError
+    from hangdoc.fleet.client import AgentError
 
     def refuse(*args, **kwargs):
         raise AgentError("agent 10.0.0.9:7420 unavailable: connection refused")
@@ -347,7 +347,7 @@ def test_json_error_without_help_text(capsys, monkeypatch) -> None:
 
 
 def test_unexpected_exception_is_one_line_internal_error(tmp_path, capsys, monkeypatch) -> None:
-    from hangdoc import analyse as analyse_module
+    from hangdoc.analysis import analyse as analyse_module
 
     def crash(snapshot):
         raise RuntimeError("boom\n\x1b[2Jsecond line")

@@ -12,11 +12,11 @@ from collections.abc import Sequence
 import pytest
 from factories import make_rank
 
-from hangdoc.coordinator import find_ranks, sample_all
+from hangdoc.capture.discover import Discovery
+from hangdoc.capture.jobspec import parse_job_spec
 from hangdoc.diagnose import CaptureOptions, observe
-from hangdoc.discover import Discovery
 from hangdoc.errors import JobNotFound
-from hangdoc.jobspec import parse_job_spec
+from hangdoc.fleet.coordinator import find_ranks, sample_all
 from hangdoc.model import RankProcess, Sample, SourceFile, ThreadStack, Verdict
 
 C10D = "torch/distributed/distributed_c10d.py"

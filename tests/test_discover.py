@@ -20,7 +20,7 @@ import psutil
 import pytest
 from harness import RunningJob, free_port, launch, load_meta
 
-from hangdoc.discover import (
+from hangdoc.capture.discover import (
     PF_KTHREAD,
     ProcessTable,
     ProcInfo,
@@ -31,8 +31,8 @@ from hangdoc.discover import (
     select_ranks,
     stat_flags,
 )
+from hangdoc.capture.jobspec import parse_job_spec
 from hangdoc.errors import JobNotFound, UsageError
-from hangdoc.jobspec import parse_job_spec
 from hangdoc.model import RankSource
 
 JOB = Path(__file__).resolve().parent / "data" / "gloo_hang.py"

@@ -32,8 +32,8 @@ from factories import make_rank, make_snapshot
 from harness import free_port
 from test_discover import PY, TORCHRUN, proc, table
 
-from hangdoc.analyse import analyse
-from hangdoc.discover import (
+from hangdoc.analysis.analyse import analyse
+from hangdoc.capture.discover import (
     MAX_WORLD_SIZE,
     PF_KTHREAD,
     UNREADABLE_WITHHELD,
@@ -47,9 +47,9 @@ from hangdoc.discover import (
     select_ranks,
     stat_flags,
 )
+from hangdoc.capture.jobspec import parse_job_spec
+from hangdoc.capture.jobsplit import Member, RendezvousKey, job_names, rendezvous_key, split_jobs
 from hangdoc.errors import HangdocError, JobNotFound, PermissionDenied, UsageError
-from hangdoc.jobspec import parse_job_spec
-from hangdoc.jobsplit import Member, RendezvousKey, job_names, rendezvous_key, split_jobs
 from hangdoc.model import RankSnapshot
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -308,7 +308,7 @@ def test_children_of_pid_2_in_a_container_are_processes() -> None:
     # a container; its own child has parent 2. Neither is a kernel thread.
     inner = (
         "import json, subprocess, sys, time, psutil\n"
-        "from hangdoc.discover import read_process_table\n"
+        "from hangdoc.capture.discover import read_process_table\n"
         f"child = subprocess.Popen([sys.executable, '-c', 'import subprocess, sys; "
         f"subprocess.run([sys.executable, \"-c\", \"{SLEEP}\"])'])\n"
         "deadline = time.monotonic() + 20\n"

@@ -17,8 +17,8 @@ from test_agent_live import Agent, running_agent
 
 grpc = pytest.importorskip("grpc")
 
-from hangdoc.agentapi.v1 import agent_pb2 as pb
-from hangdoc.agentapi.v1 import agent_pb2_grpc as pb_grpc
+from hangdoc.fleet.v1 import agent_pb2 as pb
+from hangdoc.fleet.v1 import agent_pb2_grpc as pb_grpc
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(300)]
 

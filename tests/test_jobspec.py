@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hangdoc.errors import UsageError
-from hangdoc.jobspec import (
+from hangdoc.capture.jobspec import (
     ACCEPTED_FORMS,
     PID_MAX,
     PORT_MAX,
@@ -13,6 +12,7 @@ from hangdoc.jobspec import (
     JobSpec,
     parse_job_spec,
 )
+from hangdoc.errors import UsageError
 
 GOOD = [
     ("127.0.0.1:29500", JobSpec(JobKind.ENDPOINT, "127.0.0.1:29500", host="127.0.0.1", port=29500)),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from harness import JOBS_DIR, load_meta
 
-from hangdoc.analyse import analyse
+from hangdoc.analysis.analyse import analyse
 from hangdoc.bundle import load_snapshot
 from hangdoc.report.json_report import to_json_dict
 

@@ -231,7 +231,7 @@ def test_non_finite_floats_are_null() -> None:
 
 
 def test_snapshot_with_nan_and_inf_gives_strict_json() -> None:
-    from hangdoc.analyse import analyse
+    from hangdoc.analysis.analyse import analyse
 
     ranks = [make_rank(r, AR, cpu_start=math.inf, interval=math.nan) for r in (0, 1)]
     snap = dataclasses.replace(make_snapshot(ranks), window_seconds=math.nan)

@@ -16,9 +16,9 @@ import pytest
 from factories import make_diagnosis, make_frame, make_op, make_rank, make_snapshot
 from rich.console import Console
 
-from hangdoc import merge
+from hangdoc.analysis import merge
+from hangdoc.analysis.merge import CallTree
 from hangdoc.errors import printable
-from hangdoc.merge import CallTree
 from hangdoc.model import (
     CaptureErrorKind,
     Diagnosis,

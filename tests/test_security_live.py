@@ -159,7 +159,7 @@ def test_root_diagnose_save_never_copies_a_file_named_by_a_frame(area, victims, 
 CLIENT = '''\
 import json, sys
 import grpc
-from hangdoc.agentapi.v1 import agent_pb2 as pb, agent_pb2_grpc as pb_grpc
+from hangdoc.fleet.v1 import agent_pb2 as pb, agent_pb2_grpc as pb_grpc
 address, own_job, root_job, root_pid, claimed = sys.argv[1:6]
 stub = pb_grpc.AgentStub(grpc.insecure_channel(address))
 out = {}
@@ -194,8 +194,8 @@ def test_nobody_sees_only_its_own_processes_and_no_root_file(area, victims, agen
     claimed = str(area / "secret")
     _, own_port = _victim(area, victims, claimed, "victim_own")
     root_pid, root_port = _victim(area, victims, claimed, "victim_root", user=False)
-    from hangdoc.jobspec import parse_job_spec
-    from hangdoc.remote import RemoteNode
+    from hangdoc.capture.jobspec import parse_job_spec
+    from hangdoc.fleet.client import RemoteNode
 
     operator = RemoteNode(agent.address)  # root over loopback: the agent now knows that rank
     assert [p.pid for p in operator.find_ranks(parse_job_spec(f"127.0.0.1:{root_port}")).ranks] == [root_pid]
@@ -222,9 +222,9 @@ def test_nobody_sees_only_its_own_processes_and_no_root_file(area, victims, agen
 
 
 def test_seen_script_swapped_for_a_symlink_serves_nothing(area, victims, agent) -> None:
-    from hangdoc.agentapi.v1 import agent_pb2 as pb
-    from hangdoc.jobspec import parse_job_spec
-    from hangdoc.remote import RemoteNode
+    from hangdoc.capture.jobspec import parse_job_spec
+    from hangdoc.fleet.client import RemoteNode
+    from hangdoc.fleet.v1 import agent_pb2 as pb
 
     script = area / "work" / "train_swap.py"
     script.write_text(TRAIN)
@@ -252,8 +252,8 @@ def test_seen_script_swapped_for_a_symlink_serves_nothing(area, victims, agent) 
 
 
 def test_rank_in_another_mount_namespace_gets_its_own_file(area, victims, agent) -> None:
-    from hangdoc.jobspec import parse_job_spec
-    from hangdoc.remote import RemoteNode
+    from hangdoc.capture.jobspec import parse_job_spec
+    from hangdoc.fleet.client import RemoteNode
 
     app = area / "app"
     app.mkdir(exist_ok=True)
@@ -290,8 +290,8 @@ def _agent_children(agent: Agent) -> list[psutil.Process]:
 def test_sample_requests_are_bounded_and_leave_nothing_running(area, victims, agent) -> None:
     import grpc
 
-    from hangdoc.agentapi.v1 import agent_pb2 as pb
-    from hangdoc.agentapi.v1 import agent_pb2_grpc as pb_grpc
+    from hangdoc.fleet.v1 import agent_pb2 as pb
+    from hangdoc.fleet.v1 import agent_pb2_grpc as pb_grpc
 
     _, port = _victim(area, victims, "/nonexistent/x.py", "victim_bounds", user=False)
     with grpc.insecure_channel(agent.address) as channel:
@@ -323,8 +323,8 @@ def test_sample_requests_are_bounded_and_leave_nothing_running(area, victims, ag
 def test_every_request_gets_one_audit_line(tmp_path) -> None:
     import grpc
 
-    from hangdoc.agentapi.v1 import agent_pb2 as pb
-    from hangdoc.agentapi.v1 import agent_pb2_grpc as pb_grpc
+    from hangdoc.fleet.v1 import agent_pb2 as pb
+    from hangdoc.fleet.v1 import agent_pb2_grpc as pb_grpc
 
     token = tmp_path / "token"
     token.write_text("0123456789abcdef0123456789abcdef")

@@ -11,9 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from hangdoc import sourcefs
-from hangdoc.callers import Caller, ProcCreds, identify, parse_peer, socket_holder, socket_owner
-from hangdoc.sourcefs import Credentials, SourceReader, open_as, read_lines
+from hangdoc.capture import sourcefs
+from hangdoc.capture.sourcefs import Credentials, SourceReader, open_as, read_lines
+from hangdoc.fleet.callers import (
+    Caller,
+    ProcCreds,
+    identify,
+    parse_peer,
+    socket_holder,
+    socket_owner,
+)
 
 ME = os.getpid()
 USER = Credentials(fsuid=1000, fsgid=1000, groups=frozenset({1000, 27}))

@@ -16,18 +16,18 @@ from pathlib import Path
 import pytest
 from harness import corpus, launch
 
-from hangdoc import jobcontrol
-from hangdoc.analyse import analyse
-from hangdoc.beats import read_dir
+from hangdoc.analysis.analyse import analyse
 from hangdoc.bundle import load_snapshot
+from hangdoc.capture.heartbeat_files import read_dir
 from hangdoc.cli import main
 from hangdoc.errors import JobNotFound, UsageError
-from hangdoc.incident import new_dir
-from hangdoc.metrics import MetricsBoard, render, serve
-from hangdoc.remote import AgentError
-from hangdoc.signals import EventQueue, HeartbeatReader, LogTail, StepPattern, _Scanner
-from hangdoc.stall import Action, Signal, StallClock, StallPolicy, Trigger, judge
-from hangdoc.watch import OnHang
+from hangdoc.fleet.client import AgentError
+from hangdoc.watch import jobcontrol
+from hangdoc.watch.activity import EventQueue, HeartbeatReader, LogTail, StepPattern, _Scanner
+from hangdoc.watch.incident import new_dir
+from hangdoc.watch.metrics import MetricsBoard, render, serve
+from hangdoc.watch.stall import Action, Signal, StallClock, StallPolicy, Trigger, judge
+from hangdoc.watch.watchdog import OnHang
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 
@@ -167,8 +167,8 @@ class _Node:
 
 
 def test_an_unreachable_agent_is_not_a_job_that_ended() -> None:
-    from hangdoc.jobspec import parse_job_spec
-    from hangdoc.watch import WatchConfig, Watchdog
+    from hangdoc.capture.jobspec import parse_job_spec
+    from hangdoc.watch.watchdog import WatchConfig, Watchdog
 
     dog = Watchdog(WatchConfig(job="10.0.0.1:29500"), lambda _m: None)
     job = parse_job_spec("10.0.0.1:29500")
@@ -178,9 +178,9 @@ def test_an_unreachable_agent_is_not_a_job_that_ended() -> None:
 
 
 def test_heartbeats_of_a_failing_node_are_none_not_an_error() -> None:
-    from hangdoc.coordinator import Fleet
+    from hangdoc.fleet.coordinator import Fleet
     from hangdoc.model import Heartbeat, RankProcess
-    from hangdoc.signals import fleet_heartbeats
+    from hangdoc.watch.activity import fleet_heartbeats
 
     beat = Heartbeat(7, 3, 6, False, 0.5)
     good, bad = _Node("good", beats={7: beat}), _Node("bad", AgentError("too old for the RPC"))

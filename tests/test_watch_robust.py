@@ -26,10 +26,10 @@ import pytest
 
 from hangdoc.cli import main
 from hangdoc.errors import UsageError
-from hangdoc.incident import write_failed_incident
-from hangdoc.signals import EventQueue, LogTail
-from hangdoc.stall import Signal, StallClock, StallPolicy, Trigger
-from hangdoc.watch import EXIT_WATCH_FAILED, OnHang
+from hangdoc.watch.activity import EventQueue, LogTail
+from hangdoc.watch.incident import write_failed_incident
+from hangdoc.watch.stall import Signal, StallClock, StallPolicy, Trigger
+from hangdoc.watch.watchdog import EXIT_WATCH_FAILED, OnHang
 
 WATCH = [sys.executable, "-m", "hangdoc", "watch"]
 
@@ -224,13 +224,13 @@ time.sleep(300)
 
 BROKEN_WATCH = """\
 import os, sys
-import hangdoc.watch
-original = hangdoc.watch.Watchdog.{method}
+import hangdoc.watch.watchdog
+original = hangdoc.watch.watchdog.Watchdog.{method}
 def broken(self, *args, **kwargs):
     if not os.path.exists(sys.argv[-2]):  # the job's pid file: fail once it is all started
         return original(self, *args, **kwargs)
     raise {exc}
-hangdoc.watch.Watchdog.{method} = broken
+hangdoc.watch.watchdog.Watchdog.{method} = broken
 from hangdoc.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -407,7 +407,7 @@ def test_a_log_that_fails_to_read_is_opened_again(tmp_path: Path) -> None:
 
 
 def test_a_closed_stderr_does_not_stop_the_watch() -> None:
-    from hangdoc.watch import WatchConfig, Watchdog
+    from hangdoc.watch.watchdog import WatchConfig, Watchdog
 
     def closed(_message: str) -> None:
         raise BrokenPipeError(32, "Broken pipe")

@@ -35,7 +35,7 @@ def cli_reference() -> str:
 def troubleshooting() -> str:
     import importlib
 
-    for module in ("hangdoc.remote", "hangdoc.agentapi.convert"):  # they define error classes
+    for module in ("hangdoc.fleet.client", "hangdoc.fleet.wire"):  # they define error classes
         importlib.import_module(module)
     parts = ["# Troubleshooting", "",
              ("Every error hangdoc can stop with, its exit code, and the help it prints. "

@@ -23,8 +23,8 @@ import math
 from typing import Any
 
 from .. import SCHEMA_VERSION, __version__
+from ..analysis.merge import compress_ranks
 from ..errors import UNSAFE_CHARACTERS
-from ..merge import compress_ranks
 from ..model import (
     Diagnosis,
     DistOp,

@@ -25,8 +25,8 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from ..analysis.merge import ROOT, CallTree, compress_ranks
 from ..errors import printable
-from ..merge import ROOT, CallTree, compress_ranks
 from ..model import Diagnosis, DistOp, Frame, JobSnapshot, RankAnalysis, RankState, Verdict
 
 _VERDICT_STYLE = {Verdict.NOT_HUNG: "bold green", Verdict.UNKNOWN: "bold yellow"}

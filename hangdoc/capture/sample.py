@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 
 import psutil
 
-from .errors import PySpyMissing
-from .model import CaptureError, CaptureErrorKind, ProcessState, RankProcess, RankSnapshot, Sample
+from ..errors import PySpyMissing
+from ..model import CaptureError, CaptureErrorKind, ProcessState, RankProcess, RankSnapshot, Sample
 from .procstate import read_state
 from .pyspy import DumpHandle, DumpResult, find_pyspy, start_dump
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import re
 
-from .model import DistOp, Frame, JobSnapshot, OpKind, ThreadStack
-from .source import enclosing_block, issuing_call, waited_name
+from ..model import DistOp, Frame, JobSnapshot, OpKind, ThreadStack
+from .source_lines import enclosing_block, issuing_call, waited_name
 
 COLLECTIVES = frozenset(
     {

@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
-from .errors import UsageError
+from ..errors import UsageError
 
 PREFIX = "hangdoc_watch"
 

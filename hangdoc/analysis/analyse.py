@@ -10,9 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from . import classify
-from .merge import CallTree
-from .model import (
+from ..model import (
     MAX_WORLD_SIZE,
     CaptureErrorKind,
     Diagnosis,
@@ -27,6 +25,8 @@ from .model import (
     StackGroup,
     ThreadStack,
 )
+from . import classify
+from .merge import CallTree
 from .ops import cleanup_marker
 from .progress import Movement, movement, relevant_thread
 

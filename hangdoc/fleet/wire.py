@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
-from ..discover import Discovery
+from ..capture.discover import Discovery
 from ..errors import HangdocError
 from ..model import (
     MAX_WORLD_SIZE,

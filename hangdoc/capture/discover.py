@@ -42,10 +42,10 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from .errors import JobNotFound, PermissionDenied, UsageError
+from ..errors import JobNotFound, PermissionDenied, UsageError
+from ..model import MAX_WORLD_SIZE, RankProcess, RankSource
 from .jobspec import JobKind, JobSpec
 from .jobsplit import Member, MultipleJobs, check_one_job, pid_list, plural
-from .model import MAX_WORLD_SIZE, RankProcess, RankSource
 from .redact import redact_argv, redact_env
 
 __all__ = ["Discovery", "MultipleJobs", "ProcInfo", "ProcessTable", "discover",

@@ -31,20 +31,20 @@ import grpc
 import psutil
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from . import SCHEMA_VERSION, __version__
-from .agentapi import convert
-from .agentapi.convert import ERROR_HELP, ERROR_KIND
-from .agentapi.v1 import agent_pb2 as pb
-from .agentapi.v1 import agent_pb2_grpc as pb_grpc
-from .bundle import load_snapshot
+from .. import SCHEMA_VERSION, __version__
+from ..bundle import load_snapshot
+from ..capture.discover import Discovery
+from ..capture.jobspec import parse_job_spec
+from ..capture.pyspy import find_pyspy
+from ..errors import HangdocError, JobNotFound, PermissionDenied, PySpyMissing, UsageError, one_line
+from ..model import CaptureError, CaptureErrorKind, Frame, Heartbeat, Sample, SourceFile
+from . import wire
 from .callers import OPERATOR_BY_CERT, OPERATOR_BY_TOKEN, Caller, identify
 from .credfiles import check_tls, read_private, read_token
-from .discover import Discovery
-from .errors import HangdocError, JobNotFound, PermissionDenied, PySpyMissing, UsageError, one_line
-from .jobspec import parse_job_spec
-from .model import CaptureError, CaptureErrorKind, Frame, Heartbeat, Sample, SourceFile
 from .node import LocalNode, ReplayNode
-from .pyspy import find_pyspy
+from .v1 import agent_pb2 as pb
+from .v1 import agent_pb2_grpc as pb_grpc
+from .wire import ERROR_HELP, ERROR_KIND
 
 DEFAULT_LISTEN = "127.0.0.1:7420"
 API_VERSION = "hangdoc.v1"
@@ -179,7 +179,7 @@ class AgentService(pb_grpc.AgentServicer):
     async def FindRanks(self, request: pb.FindRanksRequest, context: grpc.aio.ServicerContext) -> pb.Discovery:
         caller = self.caller(context)
         found = await self._run(context, caller, "FindRanks", f"job={request.job}", self._find, request.job, caller)
-        return convert.discovery_to_proto(found)
+        return wire.discovery_to_proto(found)
 
     async def Sample(self, request: pb.SampleRequest, context: grpc.aio.ServicerContext) -> pb.SampleResponse:
         caller = self.caller(context)
@@ -196,7 +196,7 @@ class AgentService(pb_grpc.AgentServicer):
         pids = [q.pid for q in request.queries]
         sources = await self._run(context, caller, "SampleSources", f"pids={_pid_list(pids)}",
                                   self._sources, request, caller)
-        return pb.SampleSourcesResponse(files=[convert.source_file_to_proto(s) for s in sources])
+        return pb.SampleSourcesResponse(files=[wire.source_file_to_proto(s) for s in sources])
 
     async def Heartbeats(
         self, request: pb.HeartbeatsRequest, context: grpc.aio.ServicerContext
@@ -211,7 +211,7 @@ class AgentService(pb_grpc.AgentServicer):
             return self.node.heartbeats(pids)
 
         found = await self._run(context, caller, "Heartbeats", f"pids={_pid_list(request.pids)}", beats)
-        return pb.HeartbeatsResponse(heartbeats=[convert.heartbeat_to_proto(b) for b in found.values()])
+        return pb.HeartbeatsResponse(heartbeats=[wire.heartbeat_to_proto(b) for b in found.values()])
 
     # ------------------------------------------------------------ the work, in a thread
 
@@ -246,7 +246,7 @@ class AgentService(pb_grpc.AgentServicer):
                 raise UsageError(f"{len(request.processes.processes)} processes in one call; "
                                  f"at most {MAX_PIDS_PER_CALL}")
             unique = {p.pid: p for p in request.processes.processes}
-            procs = [convert.rank_process_from_proto(p) for p in unique.values()]
+            procs = [wire.rank_process_from_proto(p) for p in unique.values()]
         refused = {p.pid: self._refusal(p.pid, caller) for p in procs}
         allowed = [p for p in procs if refused[p.pid] is None]
         taken = dict(zip((p.pid for p in allowed),
@@ -255,9 +255,9 @@ class AgentService(pb_grpc.AgentServicer):
             self.seen.setdefault(pid, set()).update(
                 f.filename for th in sample.threads for f in th.frames)
         samples = [(p.pid, taken.get(p.pid) or Sample(t=request.t, error=refused[p.pid])) for p in procs]
-        response = convert.samples_to_proto(samples)
+        response = wire.samples_to_proto(samples)
         if found is not None:
-            response.discovery.CopyFrom(convert.discovery_to_proto(found))
+            response.discovery.CopyFrom(wire.discovery_to_proto(found))
         return response
 
     def _refusal(self, pid: int, caller: Caller) -> CaptureError | None:
@@ -276,10 +276,10 @@ class AgentService(pb_grpc.AgentServicer):
         wanted: dict[int, list[Frame]] = {}
         for query in request.queries:
             names = self.seen.get(query.pid, set()) if caller.may_read(query.pid) else set()
-            frames = [f for raw in query.frames if (f := convert.frame_from_proto(raw)).filename in names]
+            frames = [f for raw in query.frames if (f := wire.frame_from_proto(raw)).filename in names]
             wanted.setdefault(query.pid, []).extend(frames)
         for raw in request.frames:  # without a pid: through any process that showed the file
-            frame = convert.frame_from_proto(raw)
+            frame = wire.frame_from_proto(raw)
             pid = next((pid for pid, names in self.seen.items()
                         if frame.filename in names and caller.may_read(pid)), None)
             if pid is not None:

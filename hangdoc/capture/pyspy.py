@@ -29,8 +29,8 @@ from typing import IO, Any, NamedTuple
 
 import psutil
 
-from .errors import PySpyMissing
-from .model import CaptureError, CaptureErrorKind, Frame, ThreadStack
+from ..errors import PySpyMissing
+from ..model import CaptureError, CaptureErrorKind, Frame, ThreadStack
 from .sourcefs import SourceReader
 
 # Locals worth keeping (with --locals): what a p2p or collective call was asked to do.

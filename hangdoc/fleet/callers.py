@@ -29,7 +29,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-from .sourcefs import read_status
+from ..capture.sourcefs import read_status
 
 _CAP_SYS_PTRACE = 1 << 19
 _ESTABLISHED = "01"

@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from .discover import Discovery
-from .errors import HangdocError, JobNotFound
-from .jobspec import JobSpec
-from .model import RankProcess, Sample, Unreachable
+from ..capture.discover import Discovery
+from ..capture.jobspec import JobSpec
+from ..errors import HangdocError, JobNotFound
+from ..model import RankProcess, Sample, Unreachable
 from .node import Node
 
 MAX_IN_FLIGHT = 64

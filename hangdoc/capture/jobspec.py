@@ -11,12 +11,12 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from .errors import UsageError, shown
+from ..errors import UsageError, shown
+from ..model import PID_MAX, PID_MIN
 
 ACCEPTED_FORMS = "HOST:PORT, [IPV6]:PORT, pid:PID, slurm:JOBID[.STEP] or ray:JOB_ID"
 
 PORT_MIN, PORT_MAX = 1, 65535  # a job's MASTER_PORT
-PID_MIN, PID_MAX = 1, 2**22  # Linux: pid_max is at most 2**22 (PID_MAX_LIMIT)
 SPEC_MAX_CHARS = 1024  # a host name is at most 253 characters; anything longer is not a spec
 
 # Numbers are ASCII digits only: str.isdigit() and int() also take "²", "٣" and "1_0".

@@ -12,7 +12,7 @@ import os
 import ssl
 import stat
 
-from .errors import UsageError
+from ..errors import UsageError
 
 MAX_CREDENTIAL_FILE = 1024 * 1024  # a PEM bundle of many CAs is ~200 KB; a token is 64 bytes
 MIN_TOKEN_CHARS = 16

@@ -13,17 +13,17 @@ from pathlib import Path
 
 import grpc
 
-from . import SCHEMA_VERSION
-from .agentapi import convert
-from .agentapi.convert import ERROR_HELP, ERROR_KIND
-from .agentapi.v1 import agent_pb2 as pb
-from .agentapi.v1 import agent_pb2_grpc as pb_grpc
+from .. import SCHEMA_VERSION
+from ..capture.discover import Discovery
+from ..capture.jobspec import JobSpec
+from ..capture.source import is_user_file
+from ..errors import HangdocError, JobNotFound, PermissionDenied, UsageError
+from ..model import Frame, Heartbeat, RankProcess, Sample, SourceFile
+from . import wire
 from .credfiles import check_tls, read_private
-from .discover import Discovery
-from .errors import HangdocError, JobNotFound, PermissionDenied, UsageError
-from .jobspec import JobSpec
-from .model import Frame, Heartbeat, RankProcess, Sample, SourceFile
-from .source import is_user_file
+from .v1 import agent_pb2 as pb
+from .v1 import agent_pb2_grpc as pb_grpc
+from .wire import ERROR_HELP, ERROR_KIND
 
 
 class AgentError(HangdocError):
@@ -92,17 +92,17 @@ class RemoteNode:
         if self._host is None:
             self.info()
         msg = self._call(self._stub.FindRanks, pb.FindRanksRequest(job=spec.raw), self.connect_timeout + 10)
-        return convert.discovery_from_proto(msg)
+        return wire.discovery_from_proto(msg)
 
     def sample(
         self, procs: Sequence[RankProcess], t: float, *, native: bool, timeout: float
     ) -> list[Sample]:
         request = pb.SampleRequest(
-            processes=pb.RankProcessList(processes=[convert.rank_process_to_proto(p) for p in procs]),
+            processes=pb.RankProcessList(processes=[wire.rank_process_to_proto(p) for p in procs]),
             t=t, native=native, timeout_seconds=timeout,
         )
         response = self._call(self._stub.Sample, request, timeout + 2.0)
-        by_pid = convert.samples_from_proto(response)
+        by_pid = wire.samples_from_proto(response)
         return [by_pid[p.pid] for p in procs]
 
     def sources(self, wanted: Mapping[int, Sequence[Frame]]) -> tuple[SourceFile, ...]:
@@ -110,7 +110,7 @@ class RemoteNode:
         for pid, frames in wanted.items():
             kept = {f for f in frames if not f.native and f.line and is_user_file(f.filename)}
             if kept:
-                queries.append(pb.SourceQuery(pid=pid, frames=[convert.frame_to_proto(f) for f in kept]))
+                queries.append(pb.SourceQuery(pid=pid, frames=[wire.frame_to_proto(f) for f in kept]))
         if not queries:
             return ()
         try:
@@ -118,11 +118,11 @@ class RemoteNode:
                                   self.connect_timeout)
         except AgentError:
             return ()  # source lines refine the analysis; their absence does not stop it
-        return tuple(convert.source_file_from_proto(f) for f in response.files)
+        return tuple(wire.source_file_from_proto(f) for f in response.files)
 
     def heartbeats(self, pids: Sequence[int]) -> dict[int, Heartbeat]:
         response = self._call(self._stub.Heartbeats, pb.HeartbeatsRequest(pids=list(pids)), self.connect_timeout)
-        return {b.pid: convert.heartbeat_from_proto(b) for b in response.heartbeats}
+        return {b.pid: wire.heartbeat_from_proto(b) for b in response.heartbeats}
 
     def close(self) -> None:
         self._channel.close()

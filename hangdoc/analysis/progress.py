@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .model import DistOp, JobSnapshot, RankSnapshot, Sample, ThreadStack
+from ..model import DistOp, JobSnapshot, RankSnapshot, Sample, ThreadStack
 from .ops import recognise
 
 # A rank using less than this share of one core is idle (a gloo/NCCL wait uses ~0).

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 import psutil
 
-from .model import CaptureError, CaptureErrorKind, ProcessState
+from ..model import CaptureError, CaptureErrorKind, ProcessState
 
 _SS_USER = re.compile(r"pid=(\d+),")
 _SS_COUNTER = re.compile(r"\b(bytes_received|bytes_acked):(\d+)")

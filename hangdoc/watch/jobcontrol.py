@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import psutil
 
-from .errors import CommandNotFound
+from ..errors import CommandNotFound
 
 _PR_SET_CHILD_SUBREAPER = 36
 

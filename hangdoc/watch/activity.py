@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from .coordinator import Fleet, fan_out, sample_all
-from .errors import HangdocError
-from .model import CaptureErrorKind, Heartbeat, Sample
-from .node import Node
-from .progress import relevant_thread
+from ..analysis.progress import relevant_thread
+from ..errors import HangdocError
+from ..fleet.coordinator import Fleet, fan_out, sample_all
+from ..fleet.node import Node
+from ..model import CaptureErrorKind, Heartbeat, Sample
 from .stall import Signal
 
 

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..model import DistOp, JobSnapshot, OpKind, RankState, Verdict
 from .merge import compress_ranks
-from .model import DistOp, JobSnapshot, OpKind, RankState, Verdict
 
 if TYPE_CHECKING:
     from .analyse import RankView

@@ -31,18 +31,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..capture.heartbeat_files import read_dir
+from ..capture.jobspec import parse_job_spec
+from ..capture.pyspy import find_pyspy
+from ..diagnose import CaptureOptions, diagnose
+from ..errors import HangdocError, InternalError, JobNotFound, UsageError
+from ..fleet.coordinator import Fleet, find_ranks
+from ..fleet.node import LocalNode, Node
+from ..model import Diagnosis, Heartbeat, JobSnapshot, RankState
 from . import jobcontrol
-from .beats import read_dir
-from .coordinator import Fleet, find_ranks
-from .diagnose import CaptureOptions, diagnose
-from .errors import HangdocError, InternalError, JobNotFound, UsageError
-from .incident import check_out, write_failed_incident, write_incident
-from .jobspec import parse_job_spec
-from .metrics import MetricsBoard, serve, unix_time
-from .model import Diagnosis, Heartbeat, JobSnapshot, RankState
-from .node import LocalNode, Node
-from .pyspy import find_pyspy
-from .signals import (
+from .activity import (
     EventQueue,
     HeartbeatReader,
     LogTail,
@@ -51,6 +49,8 @@ from .signals import (
     fleet_heartbeats,
     tee,
 )
+from .incident import check_out, write_failed_incident, write_incident
+from .metrics import MetricsBoard, serve, unix_time
 from .stall import Action, Signal, StallClock, StallPolicy, Trigger, judge
 
 LOCAL = "local"  # node name of the wrapped command's own heartbeat records

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .bundle import snapshot_bytes
-from .errors import UsageError
-from .model import Diagnosis, JobSnapshot, Verdict
+from ..bundle import snapshot_bytes
+from ..errors import UsageError
+from ..model import Diagnosis, JobSnapshot, Verdict
 from .stall import Trigger
 
 REPORT = "report.json"
@@ -79,8 +79,8 @@ def write_incident(out: Path, snapshot: JobSnapshot, diagnosis: Diagnosis, trigg
     when no directory could take them (the report is then only on stderr)."""
     from rich.console import Console
 
-    from .report.json_report import to_json_dict
-    from .report.terminal import render
+    from ..report.json_report import to_json_dict
+    from ..report.terminal import render
 
     report = to_json_dict(diagnosis, snapshot)
     report["watch"] = trigger_dict(trigger, reason, diagnosis_seconds)
@@ -97,7 +97,7 @@ def write_failed_incident(out: Path, spec: str, trigger: Trigger, error: str, he
                           warn: Warn = _stderr) -> Path | None:
     """The job went silent but could not be diagnosed: the reason and the error, as a
     report with verdict ``unknown`` so scripts reading ``report.json`` still work."""
-    from .report.json_report import to_json_dict
+    from ..report.json_report import to_json_dict
 
     nothing = Diagnosis(Verdict.UNKNOWN, (), f"the job stopped making progress but could not be diagnosed: {error}",
                         (trigger.sentence(), error), (help_text,) if help_text else (), (), (), partial=True)
@@ -113,7 +113,7 @@ def _store(out: Path, files: dict[str, bytes], report: dict[str, Any], warn: War
     """``files`` then ``report.json`` into a new directory under ``out``; when that fails,
     the report on stderr and everything in a private fallback directory."""
     when = datetime.datetime.now(datetime.UTC)
-    from .report.json_report import dumps
+    from ..report.json_report import dumps
 
     body = (dumps(report) + "\n").encode()
     where = out

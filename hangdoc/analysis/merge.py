@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from .model import Frame, Stack
+from ..model import Frame, Stack
 
 ROOT = 0
 

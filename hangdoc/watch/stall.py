@@ -21,9 +21,9 @@ import enum
 import math
 from dataclasses import dataclass
 
-from .errors import UsageError
-from .model import Diagnosis, JobSnapshot, RankState, Verdict
-from .progress import movement
+from ..analysis.progress import movement
+from ..errors import UsageError
+from ..model import Diagnosis, JobSnapshot, RankState, Verdict
 
 DEFAULT_WARMUP_TIMEOUT = 600.0
 

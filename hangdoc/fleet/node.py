@@ -12,13 +12,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from .beats import read_processes
-from .capture import sample_round
-from .discover import Discovery, discover
-from .jobspec import JobSpec
-from .model import Frame, Heartbeat, JobSnapshot, RankProcess, Sample, SourceFile
-from .source import collect_sources, merge_sources
-from .sourcefs import SourceReader
+from ..capture.discover import Discovery, discover
+from ..capture.heartbeat_files import read_processes
+from ..capture.jobspec import JobSpec
+from ..capture.sample import sample_round
+from ..capture.source import collect_sources, merge_sources
+from ..capture.sourcefs import SourceReader
+from ..model import Frame, Heartbeat, JobSnapshot, RankProcess, Sample, SourceFile
 
 
 class Node(Protocol):
