@@ -1,0 +1,1 @@
+"""What the tests share: snapshot factories, the real-job harness, network namespaces, agents."""

@@ -1,0 +1,112 @@
+"""Coordinator fan-out over several nodes: merging, deadlines, unreachable nodes.
+
+The nodes here serve recorded samples (the capture path itself is exercised against real
+processes elsewhere); what is under test is how the coordinator combines them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import pytest
+from support.factories import make_rank
+
+from hangdoc.capture.discover import Discovery
+from hangdoc.capture.jobspec import parse_job_spec
+from hangdoc.diagnose import CaptureOptions, observe
+from hangdoc.errors import JobNotFound
+from hangdoc.fleet.coordinator import find_ranks, sample_all
+from hangdoc.model import RankProcess, Sample, SourceFile, ThreadStack, Verdict
+
+C10D = "torch/distributed/distributed_c10d.py"
+SPEC = parse_job_spec("10.0.0.1:29500")
+
+
+class RecordedNode:
+    """A node that answers from recorded rank snapshots, optionally slowly or not at all."""
+
+    def __init__(self, name: str, ranks, *, delay: float = 0.0, fail: BaseException | None = None):
+        self._name = name
+        self.snaps = {r.process.pid: r for r in ranks}
+        self.delay = delay
+        self.fail = fail
+        self.rounds = 0
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def find_ranks(self, spec) -> Discovery:
+        if self.fail:
+            raise self.fail
+        if not self.snaps:
+            raise JobNotFound(f"no process has MASTER_ADDR={spec.host} on {self._name}")
+        procs = tuple(r.process for r in self.snaps.values())
+        return Discovery(procs, procs[0].world_size, (), "recorded")
+
+    def sample(self, procs: Sequence[RankProcess], t: float, *, native: bool, timeout: float) -> list[Sample]:
+        time.sleep(self.delay)
+        if self.fail:
+            raise self.fail
+        i = self.rounds
+        self.rounds += 1
+        out = []
+        for p in procs:
+            recorded = self.snaps[p.pid].samples
+            out.append(recorded[min(i, len(recorded) - 1)])
+        return out
+
+    def sources(self, threads: Sequence[ThreadStack]) -> tuple[SourceFile, ...]:
+        return ()
+
+
+def ranks_on(host: str, ranks: dict[int, str], world: int = 4):
+    stacks = {
+        "reduce": ["train.py:<module>:9", "train.py:step:40", f"{C10D}:all_reduce:2800"],
+        "gather": ["train.py:<module>:9", "metrics.py:log:12", f"{C10D}:all_gather:4200"],
+    }
+    return [make_rank(r, stacks[kind], host=host, pid=100 + r, world_size=world, samples=8)
+            for r, kind in ranks.items()]
+
+
+def test_three_nodes_merge_into_one_diagnosis() -> None:
+    nodes = [RecordedNode("n0", ranks_on("n0", {0: "reduce", 1: "reduce"}, 6)),
+             RecordedNode("n1", ranks_on("n1", {2: "reduce", 3: "reduce"}, 6)),
+             RecordedNode("n2", ranks_on("n2", {4: "reduce", 5: "gather"}, 6))]
+    fleet = find_ranks(nodes, SPEC)
+    assert [p.rank for p in fleet.procs] == [0, 1, 2, 3, 4, 5]
+    _snapshot, d = observe("10.0.0.1:29500", fleet, CaptureOptions(window=0.2, interval=0.05), lambda m: None)
+    assert d.verdict is Verdict.COLLECTIVE_MISMATCH and d.culprit_ranks == (5,)
+    assert {r.rank: r.host for r in d.ranks} == {0: "n0", 1: "n0", 2: "n1", 3: "n1", 4: "n2", 5: "n2"}
+    assert all(n.rounds == nodes[0].rounds for n in nodes)  # lock-step rounds
+
+
+def test_node_down_is_unreachable_and_its_ranks_unknown() -> None:
+    nodes = [RecordedNode("n0", ranks_on("n0", {0: "reduce", 1: "reduce"})),
+             RecordedNode("n1", [], fail=ConnectionRefusedError("connection refused"))]
+    fleet = find_ranks(nodes, SPEC)
+    assert [u.target for u in fleet.unreachable] == ["n1"]
+    snapshot, d = observe("x", fleet, CaptureOptions(window=0.2, interval=0.05), lambda m: None)
+    assert d.verdict is not Verdict.RANK_MISSING
+    assert d.partial and "partial evidence" in d.summary
+    assert "connection refused" in snapshot.unreachable[0].reason
+
+
+def test_slow_node_misses_the_deadline_without_holding_the_round() -> None:
+    fast = RecordedNode("n0", ranks_on("n0", {0: "reduce", 1: "reduce"}))
+    slow = RecordedNode("n1", ranks_on("n1", {2: "reduce", 3: "reduce"}))
+    fleet = find_ranks([fast, slow], SPEC)
+    slow.delay = 6.0
+    t0 = time.monotonic()
+    taken = sample_all(fleet, 0.0, native=False, timeout=0.5)
+    assert time.monotonic() - t0 < 4.0  # the 1.5 s round deadline, not the node's 6 s
+    assert sorted(fleet.placed[i][1].rank for i in taken) == [0, 1]
+    assert fleet.unreachable and fleet.unreachable[0].target == "n1"
+    assert fleet.unreachable[0].ranks == (2, 3)
+    assert "no answer within 1.5 s" in fleet.unreachable[0].reason
+
+
+def test_no_node_has_the_job() -> None:
+    with pytest.raises(JobNotFound, match="no node has a rank"):
+        find_ranks([RecordedNode("n0", []), RecordedNode("n1", [])], SPEC)
