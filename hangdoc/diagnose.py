@@ -77,7 +77,7 @@ class _Capture:
         self.asked: set[tuple[int, str, int | None]] = set()
 
     def live(self) -> set[int]:
-        return {i for i, s in enumerate(self.samples) if not _gone(s)}
+        return {i for i, s in enumerate(self.samples) if not (s and s[-1].gone)}
 
     def add(self, taken: dict[int, Sample]) -> None:
         wanted: dict[int, tuple[Node, dict[int, list[Frame]]]] = {}
@@ -175,10 +175,6 @@ def _check_readable(samples: list[list[Sample]]) -> None:
         raise PermissionDenied(
             f"ptrace was refused for all {len(last)} rank process(es): {last[0].error.message}"  # type: ignore[union-attr]
         )
-
-
-def _gone(samples: Sequence[Sample]) -> bool:
-    return bool(samples) and samples[-1].error is not None and samples[-1].error.kind is CaptureErrorKind.PROCESS_GONE
 
 
 _ENGINE = ("torch/autograd/graph.py", "torch/autograd/__init__.py", "torch/_tensor.py")

@@ -10,6 +10,7 @@ the merged call tree.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -87,6 +88,10 @@ class ThreadStack:
         return None
 
 
+# psutil's names for a process that is paused: by SIGSTOP, or by a tracer (a debugger)
+STOPPED_STATUSES = ("stopped", "tracing-stop")
+
+
 @dataclass(frozen=True, slots=True)
 class ProcessState:
     """Kernel-side counters of one process at one instant, used to decide progress."""
@@ -131,6 +136,11 @@ class Sample:
     threads: tuple[ThreadStack, ...] = ()
     state: ProcessState | None = None
     error: CaptureError | None = None
+
+    @property
+    def gone(self) -> bool:
+        """The process had exited when this sample was taken."""
+        return self.error is not None and self.error.kind is CaptureErrorKind.PROCESS_GONE
 
     @property
     def has_native(self) -> bool:
@@ -346,6 +356,9 @@ class RankAnalysis:
     thread: str | None  # the thread the op/state was found in
     group_id: int | None  # index into Diagnosis.groups
     detail: str = ""  # e.g. "in lock.acquire (train.py:40), thread 'MainThread'"
+    # on CPU, moving bytes or changing its stack over the window (not wake-ups alone: a rank
+    # polling a stale lock in a sleep loop wakes up forever without getting anywhere)
+    working: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,3 +399,17 @@ class Heartbeat:
     beats: int
     in_step: bool
     age_seconds: float  # since the last beat
+
+
+def compress_ranks(ranks: Iterable[int]) -> str:
+    """``[0-2,5]`` for ranks 0, 1, 2, 5; ``[]`` for none."""
+    ordered = sorted(set(ranks))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return "[" + ",".join(parts) + "]"

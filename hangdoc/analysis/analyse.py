@@ -8,70 +8,23 @@ ranks' stacks into one ``CallTree`` (``merge``), then ``classify`` names the ver
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from ..model import (
     MAX_WORLD_SIZE,
-    CaptureErrorKind,
     Diagnosis,
     DistOp,
-    Frame,
     JobSnapshot,
-    OpKind,
     RankAnalysis,
     RankSnapshot,
     RankState,
     Stack,
     StackGroup,
     ThreadStack,
+    compress_ranks,
 )
 from . import classify
 from .merge import CallTree
-from .ops import cleanup_marker
-from .progress import Movement, movement, relevant_thread
-
-_STOPPED = ("stopped", "tracing-stop")
-
-
-@dataclass(frozen=True, slots=True)
-class RankView:
-    """Everything analysis derived for one present rank (input to ``classify``)."""
-
-    rank: int
-    snap: RankSnapshot
-    state: RankState
-    op: DistOp | None
-    thread: ThreadStack | None
-    move: Movement | None
-    cleanup: Frame | None = None  # outside any op, but on a cleanup path (joins, waits in __exit__)
-
-
-def rank_state(snap: RankSnapshot, op: DistOp | None, move: Movement | None) -> RankState:
-    if not snap.good_samples:
-        errors = [s.error for s in snap.samples if s.error is not None]
-        if errors and errors[-1].kind is CaptureErrorKind.PROCESS_GONE:
-            return RankState.EXITED
-        return RankState.UNREADABLE
-    assert move is not None
-    if move.status in _STOPPED:
-        return RankState.STOPPED
-    if op is not None:
-        woke = move.woke and op.kind in (OpKind.COLLECTIVE, OpKind.P2P)
-        if move.op_changed or move.left_op or woke:
-            return RankState.PROGRESSING
-        return RankState.COMMUNICATING if move.moving else RankState.WAITING
-    return RankState.BUSY if move.busy else RankState.BLOCKED
-
-
-def view_rank(snap: RankSnapshot, snapshot: JobSnapshot) -> RankView:
-    latest = snap.latest
-    thread, op = relevant_thread(latest, snapshot) if latest else (None, None)
-    move = movement(snap, snapshot)
-    state = rank_state(snap, op, move)
-    # outside any op, an ``except`` block is as often a retry loop as error handling: only
-    # __exit__/close-like functions, ``finally:`` and exit handlers count as cleanup there
-    cleanup = cleanup_marker(thread, snapshot, ("finally",)) if thread and op is None else None
-    return RankView(snap.rank if snap.rank is not None else -1, snap, state, op, thread, move, cleanup)
+from .views import RankView, view_rank
 
 
 def tree_stack(thread: ThreadStack) -> Stack:
@@ -135,7 +88,6 @@ def off_node_ranks(snapshot: JobSnapshot, absent: set[int]) -> tuple[set[int], s
     elsewhere = absent - local_missing
     if not elsewhere:
         return set(), ""
-    from .merge import compress_ranks
 
     note = (
         f"ranks {compress_ranks(elsewhere)[1:-1]} may run on nodes that were not asked "
@@ -176,6 +128,7 @@ def analyse(snapshot: JobSnapshot) -> Diagnosis:
             thread=v.thread.name if v.thread else None,
             group_id=group_of.get(v.rank),
             detail=classify.describe_rank(v),
+            working=_working(v),
         )
         for v in views
     ]
@@ -202,6 +155,15 @@ def analyse(snapshot: JobSnapshot) -> Diagnosis:
         tree=tree,
         ambiguous=result.ambiguous,
     )
+
+
+_WORKING = (RankState.BUSY, RankState.PROGRESSING, RankState.COMMUNICATING)
+
+
+def _working(v: RankView) -> bool:
+    """On CPU, moving bytes or changing its stack: by its state, or by its counters when it
+    waits (CPU or I/O, not wake-ups alone)."""
+    return v.state in _WORKING or (v.move is not None and v.move.moving)
 
 
 def _groups(

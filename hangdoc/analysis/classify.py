@@ -12,13 +12,9 @@ import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from ..model import DistOp, JobSnapshot, OpKind, RankState, Verdict
-from .merge import compress_ranks
-
-if TYPE_CHECKING:
-    from .analyse import RankView
+from ..model import DistOp, JobSnapshot, OpKind, RankState, Verdict, compress_ranks
+from .views import RankView
 
 IN_OP = (RankState.WAITING, RankState.COMMUNICATING)
 OUTSIDE = (RankState.BUSY, RankState.BLOCKED, RankState.STOPPED)

@@ -7,7 +7,7 @@ Every reporter reads this one tree.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import networkx as nx
@@ -105,17 +105,3 @@ class CallTree:
 
     def __len__(self) -> int:
         return self.graph.number_of_nodes()
-
-
-def compress_ranks(ranks: Iterable[int]) -> str:
-    """``[0-2,5]`` for ranks 0, 1, 2, 5; ``[]`` for none."""
-    ordered = sorted(set(ranks))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return "[" + ",".join(parts) + "]"

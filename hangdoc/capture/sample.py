@@ -21,24 +21,29 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-import psutil
-
 from ..errors import PySpyMissing
-from ..model import CaptureError, CaptureErrorKind, ProcessState, RankProcess, RankSnapshot, Sample
+from ..model import (
+    STOPPED_STATUSES,
+    CaptureError,
+    CaptureErrorKind,
+    ProcessState,
+    RankProcess,
+    RankSnapshot,
+    Sample,
+)
 from .procstate import read_state
 from .pyspy import DumpHandle, DumpResult, find_pyspy, start_dump
 
 ProgressCallback = Callable[[int, int], None]
 """Called after each round with (rounds done, rounds planned)."""
 
-_STOPPED = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
 
 
 def _start(proc: RankProcess, state: ProcessState, pyspy: str, native: bool,
            timeout: float) -> DumpHandle:
     # A stopped process cannot be paused again (and another tracer may hold it); it cannot
     # change while stopped either, so reading it without pausing is just as consistent.
-    return start_dump(proc.pid, native=native, nonblocking=state.status in _STOPPED,
+    return start_dump(proc.pid, native=native, nonblocking=state.status in STOPPED_STATUSES,
                       timeout=timeout, pyspy=pyspy)
 
 
@@ -114,7 +119,7 @@ def capture(procs: Sequence[RankProcess], *, samples: int = 3, interval: float =
         delay = next_at - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-        live = [i for i, taken in enumerate(history) if not _gone(taken)]
+        live = [i for i, taken in enumerate(history) if not (taken and taken[-1].gone)]
         if not live:
             break
         began = time.monotonic()
@@ -126,8 +131,3 @@ def capture(procs: Sequence[RankProcess], *, samples: int = 3, interval: float =
         if on_progress is not None:
             on_progress(index + 1, samples)
     return tuple(RankSnapshot(process=p, samples=tuple(s)) for p, s in zip(procs, history))
-
-
-def _gone(samples: list[Sample]) -> bool:
-    return bool(samples) and samples[-1].error is not None and \
-        samples[-1].error.kind is CaptureErrorKind.PROCESS_GONE

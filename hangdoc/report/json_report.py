@@ -23,7 +23,6 @@ import math
 from typing import Any
 
 from .. import SCHEMA_VERSION, __version__
-from ..analysis.merge import compress_ranks
 from ..errors import UNSAFE_CHARACTERS
 from ..model import (
     Diagnosis,
@@ -34,6 +33,7 @@ from ..model import (
     RankProcess,
     StackGroup,
     Unreachable,
+    compress_ranks,
 )
 
 # escaped in the JSON text: the terminal-unsafe characters json.dumps lets through raw (it

@@ -25,9 +25,18 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from ..analysis.merge import ROOT, CallTree, compress_ranks
+from ..analysis.merge import ROOT, CallTree
 from ..errors import printable
-from ..model import Diagnosis, DistOp, Frame, JobSnapshot, RankAnalysis, RankState, Verdict
+from ..model import (
+    Diagnosis,
+    DistOp,
+    Frame,
+    JobSnapshot,
+    RankAnalysis,
+    RankState,
+    Verdict,
+    compress_ranks,
+)
 
 _VERDICT_STYLE = {Verdict.NOT_HUNG: "bold green", Verdict.UNKNOWN: "bold yellow"}
 _HANG_STYLE = "bold red"

@@ -21,9 +21,8 @@ import enum
 import math
 from dataclasses import dataclass
 
-from ..analysis.progress import movement
 from ..errors import UsageError
-from ..model import Diagnosis, JobSnapshot, RankState, Verdict
+from ..model import Diagnosis, Verdict
 
 DEFAULT_WARMUP_TIMEOUT = 600.0
 
@@ -172,10 +171,7 @@ class Decision:
     reason: str
 
 
-_WORKING = (RankState.BUSY, RankState.PROGRESSING, RankState.COMMUNICATING)
-
-
-def judge(snapshot: JobSnapshot, diagnosis: Diagnosis, postponed: int, max_postpone: int) -> Decision:
+def judge(diagnosis: Diagnosis, postponed: int, max_postpone: int) -> Decision:
     """Whether a diagnosis taken during a silence is a hang, with the reason in words.
 
     ``not_hung`` is progress. A straggler whose culprits are themselves working (on CPU,
@@ -187,7 +183,7 @@ def judge(snapshot: JobSnapshot, diagnosis: Diagnosis, postponed: int, max_postp
         return Decision(Action.DISMISS, f"the job is progressing: {diagnosis.summary}")
     if diagnosis.verdict is Verdict.STRAGGLER and postponed < max_postpone:
         culprits = set(diagnosis.culprit_ranks)
-        working = [ra.rank for ra in diagnosis.ranks if ra.rank in culprits and _working(ra.state, ra.rank, snapshot)]
+        working = [ra.rank for ra in diagnosis.ranks if ra.rank in culprits and ra.working]
         if culprits and len(working) == len(culprits):
             return Decision(Action.POSTPONE, (
                 f"rank(s) {', '.join(map(str, sorted(working)))} still working while the others wait "
@@ -195,15 +191,3 @@ def judge(snapshot: JobSnapshot, diagnosis: Diagnosis, postponed: int, max_postp
     if diagnosis.verdict is Verdict.STRAGGLER:
         return Decision(Action.FIRE, f"confirmed after {postponed + 1} look(s): {diagnosis.summary}")
     return Decision(Action.FIRE, f"confirmed by diagnosis: {diagnosis.summary}")
-
-
-def _working(state: RankState, rank: int | None, snapshot: JobSnapshot) -> bool:
-    if state in _WORKING:
-        return True
-    for rs in snapshot.ranks:
-        if rs.rank == rank:
-            move = movement(rs, snapshot)
-            # CPU or I/O, not wake-ups: a rank polling a stale lock in a sleep loop wakes
-            # up forever without getting anywhere
-            return move is not None and move.moving
-    return False

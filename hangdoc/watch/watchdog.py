@@ -397,7 +397,7 @@ class Watchdog:
         self.board.count_diagnosis(diagnosis.verdict.value)
         if reason := self._moved_on(clock, now, diagnosis):
             return self._dismiss(clock, reason, self._resumed_at(clock, now))
-        decision = judge(snapshot, diagnosis, self.postponed, self.c.max_postpone)
+        decision = judge(diagnosis, self.postponed, self.c.max_postpone)
         if decision.action is Action.DISMISS:
             return self._dismiss(clock, decision.reason)
         if decision.action is Action.POSTPONE:

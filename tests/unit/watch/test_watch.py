@@ -87,26 +87,26 @@ def _recorded(name: str):
 
 def test_judge_dismisses_progress_and_fires_on_hangs() -> None:
     for name in ("not_hung_checkpoint_barrier", "not_hung_fast_steps"):
-        assert judge(*_recorded(name), 0, 3).action is Action.DISMISS, name
+        assert judge(_recorded(name)[1], 0, 3).action is Action.DISMISS, name
     for name in ("mismatch_ddp_uneven_epoch_end", "cleanup_trainer_exit_barrier", "rank_missing_never_started"):
-        decision = judge(*_recorded(name), 0, 3)
+        decision = judge(_recorded(name)[1], 0, 3)
         assert decision.action is Action.FIRE, name
         assert decision.reason.startswith("confirmed by diagnosis: ")
 
 
 def test_judge_postpones_a_working_straggler_then_fires() -> None:
-    snapshot, diagnosis = _recorded("straggler_crop_retry_spin")  # rank 2 spins on CPU
+    _, diagnosis = _recorded("straggler_crop_retry_spin")  # rank 2 spins on CPU
     assert diagnosis.culprit_ranks == (2,)
-    first = judge(snapshot, diagnosis, 0, 2)
+    first = judge(diagnosis, 0, 2)
     assert first.action is Action.POSTPONE and "rank(s) 2 still working" in first.reason
-    assert judge(snapshot, diagnosis, 1, 2).action is Action.POSTPONE
-    last = judge(snapshot, diagnosis, 2, 2)
+    assert judge(diagnosis, 1, 2).action is Action.POSTPONE
+    last = judge(diagnosis, 2, 2)
     assert last.action is Action.FIRE and "after 3 look(s)" in last.reason
 
 
 def test_judge_fires_at_once_on_a_blocked_straggler() -> None:
-    snapshot, diagnosis = _recorded("straggler_stale_cache_lock")  # rank 3 polls a lock in a sleep loop
-    assert judge(snapshot, diagnosis, 0, 3).action is Action.FIRE
+    _, diagnosis = _recorded("straggler_stale_cache_lock")  # rank 3 polls a lock in a sleep loop
+    assert judge(diagnosis, 0, 3).action is Action.FIRE
 
 
 # -------------------------------------------------------------------- signals
