@@ -30,7 +30,7 @@ watch-demo: $(STAMP)  ## run the demo job under `hangdoc watch --on-hang kill`: 
 test: $(STAMP)  ## run the whole test suite (real jobs, real py-spy)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
-test-fast: $(STAMP)  ## analysis-only tests on recorded snapshots (no live jobs)
+test-fast: $(STAMP)  ## the unit tests only (tests/unit: no job started)
 	$(BIN)/python -m pytest -q -m "not live and not netns" $(PYTEST_ARGS)
 
 bench: $(STAMP)  ## time to verdict vs. py-spy loops; writes docs/benchmarks.md

@@ -157,7 +157,7 @@ def bench_size(n: int, repeat: int, options: CaptureOptions, profile: bool) -> d
             cpu0, agents0 = own_cpu(), agents_cpu(agent_procs)
             for _ in range(repeat):
                 t0 = time.perf_counter()
-                taken = sample_all(fleet, 1.0, native=False, timeout=options.timeout)
+                taken = sample_all(fleet, 1.0, native=False, timeout=options.timeout).samples
                 rounds.append(time.perf_counter() - t0)
                 assert len(taken) == len(fleet.placed), f"{len(taken)} samples of {len(fleet.placed)}"
             cpu_round = (own_cpu() - cpu0) / repeat
@@ -219,14 +219,16 @@ def breakdown(fleet: Fleet, taken: dict[int, Sample], options: CaptureOptions) -
 
 
 def time_sources(fleet: Fleet, taken: dict[int, Sample]) -> float:
-    """What ``watch`` adds to every round: one SampleSources call per node, in sequence."""
-    per_node: dict[int, tuple[RemoteNode, list]] = {}
+    """What a diagnosis adds to its first round: one SampleSources call per node (every
+    frame of every rank there, by pid), in sequence."""
+    per_node: dict[int, tuple[RemoteNode, dict[int, list]]] = {}
     for i, sample in taken.items():
-        node = fleet.placed[i][0]
-        per_node.setdefault(id(node), (node, []))[1].extend(sample.threads)
+        node, proc = fleet.placed[i]
+        frames = [f for th in sample.threads for f in th.frames]
+        per_node.setdefault(id(node), (node, {}))[1].setdefault(proc.pid, []).extend(frames)
     t0 = time.perf_counter()
-    for node, threads in per_node.values():
-        node.sources(threads)
+    for node, wanted in per_node.values():
+        node.sources(wanted)
     return time.perf_counter() - t0
 
 

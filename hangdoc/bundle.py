@@ -98,15 +98,15 @@ class _Invalid(Exception):
         return self
 
 
-class _Tables:
-    """The interned frames and stacks of one bundle being written or read."""
+class StackTable:
+    """Distinct frames and stacks, each numbered in first-seen order: how a bundle, and an
+    agent's answer on the wire, store every stack once and refer to it by number."""
 
     def __init__(self) -> None:
         self.frames: list[Frame] = []
         self.stacks: list[tuple[Frame, ...]] = []
         self._frame_index: dict[Frame, int] = {}
         self._stack_index: dict[tuple[Frame, ...], int] = {}
-        self.thread_frames = 0  # frames of every stack reference decoded so far
 
     def frame_id(self, frame: Frame) -> int:
         idx = self._frame_index.get(frame)
@@ -123,6 +123,14 @@ class _Tables:
             idx = self._stack_index[stack] = len(self.stacks)
             self.stacks.append(stack)
         return idx
+
+
+class _Tables(StackTable):
+    """The interned frames and stacks of one bundle being written or read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread_frames = 0  # frames of every stack reference decoded so far
 
     def frame_at(self, idx: object) -> Frame:
         return self.frames[_index(idx, len(self.frames), "frame")]

@@ -9,6 +9,7 @@ the embedded ``LocalNode`` by default.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 from collections.abc import Callable, Sequence
@@ -19,7 +20,7 @@ from .analysis.analyse import analyse
 from .capture.jobspec import parse_job_spec
 from .capture.pyspy import find_pyspy
 from .errors import PermissionDenied
-from .fleet.coordinator import Fleet, fan_out, find_ranks, sample_all
+from .fleet.coordinator import Fleet, Round, fan_out, find_ranks, sample_all
 from .fleet.node import LocalNode, Node
 from .model import (
     CaptureErrorKind,
@@ -30,6 +31,7 @@ from .model import (
     Sample,
     SourceFile,
     ThreadStack,
+    Unreachable,
 )
 
 Progress = Callable[[str], None]
@@ -66,7 +68,11 @@ def diagnose(
 
 
 class _Capture:
-    """The samples and source lines gathered so far, and the snapshot they make."""
+    """The samples, source lines and lost nodes gathered so far, and the snapshot they make.
+
+    A node is listed as unreachable once: with the ranks it held and the reason it first
+    failed (at discovery, or in the first round it missed).
+    """
 
     def __init__(self, spec: str, fleet: Fleet) -> None:
         self.spec = spec
@@ -74,14 +80,20 @@ class _Capture:
         self.samples: list[list[Sample]] = [[] for _ in fleet.placed]
         self.sources: dict[str, dict[int, str]] = {}
         self.notes = list(fleet.notes)
+        self.unreachable: list[Unreachable] = list(fleet.unreachable)
         self.asked: set[tuple[int, str, int | None]] = set()
 
     def live(self) -> set[int]:
         return {i for i, s in enumerate(self.samples) if not (s and s[-1].gone)}
 
-    def add(self, taken: dict[int, Sample]) -> None:
+    def add(self, taken: Round) -> None:
+        known = {u.target for u in self.unreachable}
+        for lost in taken.lost:
+            if lost.target not in known:
+                known.add(lost.target)
+                self.unreachable.append(lost)
         wanted: dict[int, tuple[Node, dict[int, list[Frame]]]] = {}
-        for i, sample in taken.items():
+        for i, sample in taken.samples.items():
             self.samples[i].append(sample)
             node, proc = self.fleet.placed[i]
             fresh = self._unseen(node, sample.threads)
@@ -110,7 +122,7 @@ class _Capture:
             spec=self.spec,
             ranks=tuple(RankSnapshot(p, tuple(s)) for (_, p), s in zip(self.fleet.placed, self.samples)),
             world_size=self.fleet.world_size,
-            unreachable=tuple(self.fleet.unreachable),
+            unreachable=tuple(self.unreachable),
             window_seconds=round(elapsed, 3),
             captured_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             hangdoc_version=__version__,
@@ -155,9 +167,9 @@ def observe(spec: str, fleet: Fleet, options: CaptureOptions, say: Progress) -> 
         diagnosis = analyse(snapshot)
         if not diagnosis.ambiguous or elapsed >= options.max_window:
             if diagnosis.ambiguous:
-                cap.notes.append(f"evidence still ambiguous after {elapsed:.1f} s (max window)")
-                snapshot = cap.snapshot(elapsed)
-                diagnosis = analyse(snapshot)
+                # analysis reads no notes: the diagnosis of these samples stands as it is
+                note = f"evidence still ambiguous after {elapsed:.1f} s (max window)"
+                snapshot = dataclasses.replace(snapshot, notes=(*snapshot.notes, note))
             return snapshot, diagnosis
         if not any(n.startswith("window extended") for n in cap.notes):
             cap.notes.append(
@@ -202,5 +214,5 @@ def _deepen(cap: _Capture, done: set[int], options: CaptureOptions, t0: float) -
     taken = sample_all(cap.fleet, time.monotonic() - t0, native=True,
                        timeout=max(options.timeout, 10.0), only=want)
     done |= want
-    cap.add({i: s for i, s in taken.items() if s.error is None})
+    cap.add(Round({i: s for i, s in taken.samples.items() if s.error is None}, taken.lost))
     return want

@@ -4,18 +4,16 @@ Every step of the pipeline (discover -> capture -> merge -> analyse -> report) t
 returns these frozen, hashable values; the gRPC messages in ``proto/`` mirror them and the
 bundle format (``hangdoc.bundle``) serialises them. Stacks are stored *outermost frame
 first* (the opposite of py-spy's output order) so that a stack is a path from the root of
-the merged call tree.
+the merged call tree (``CallTree``: built by ``hangdoc.analysis.merge``, read by every
+reporter). This module imports nothing else of hangdoc.
 """
 
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .analysis.merge import CallTree
 
 # The largest rank count any value may claim (a world size, a rank number), wherever it
 # comes from: a process's environment, an agent's answer, a saved snapshot. The largest
@@ -24,6 +22,22 @@ if TYPE_CHECKING:
 # stays here until rank sets are compact.
 MAX_WORLD_SIZE = 2**18
 PID_MIN, PID_MAX = 1, 2**22  # Linux: pid_max is at most 2**22 (PID_MAX_LIMIT)
+
+# Numbers read from outside (an environment, a job spec) are ASCII digits only:
+# str.isdigit() and int() also take "²", "٣" and "1_0".
+ASCII_DIGITS = re.compile(r"[0-9]+", re.ASCII)
+
+
+def bounded_int(text: str, minimum: int, maximum: int) -> int | None:
+    """The number ``text`` spells in ASCII digits when it lies in [minimum, maximum], else
+    None. Its length is checked before parsing: 5000 digits cost nothing."""
+    if not ASCII_DIGITS.fullmatch(text):
+        return None
+    digits = text.lstrip("0") or "0"
+    if len(digits) > len(str(maximum)):
+        return None
+    number = int(digits)
+    return number if minimum <= number <= maximum else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,6 +385,68 @@ class StackGroup:
     op: DistOp | None
 
 
+# ---------------------------------------------------------------- merged call tree
+
+ROOT = 0  # the node id of a CallTree's root
+
+
+@dataclass(frozen=True, slots=True)
+class TreeNode:
+    """A node of the merged call tree: one frame reached by a set of ranks."""
+
+    node_id: int
+    frame: Frame | None  # None at the root
+    ranks: tuple[int, ...]  # sorted global ranks through this node
+    depth: int  # 0 at the root
+    children: tuple[int, ...] = ()  # child node ids, in insertion order, which follows rank order
+
+
+@dataclass(frozen=True, slots=True)
+class CallTree:
+    """The ranks' stacks merged into one prefix tree, with its equivalence classes (as LLNL
+    STAT). Built once per diagnosis by ``hangdoc.analysis.merge.build_tree``.
+
+    ``nodes[i]`` is the node with id ``i``, the root (``ROOT``) first. The classes,
+    divergence points and outliers are computed when the tree is built.
+    """
+
+    nodes: tuple[TreeNode, ...]
+    # the equivalence classes (ranks, stack), largest class first, then by lowest rank
+    stack_classes: tuple[tuple[tuple[int, ...], Stack], ...]
+    divergence: tuple[int, ...]  # ids of the divergence points, in depth-first preorder
+    outliers: frozenset[int]  # ids of the nodes on outlier branches
+
+    def node(self, node_id: int) -> TreeNode:
+        """The node with id ``node_id``."""
+        return self.nodes[node_id]
+
+    def children(self, node_id: int) -> tuple[TreeNode, ...]:
+        """The children of node ``node_id``, in rank order."""
+        return tuple(self.nodes[c] for c in self.nodes[node_id].children)
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """Every rank in the tree, sorted."""
+        return self.nodes[ROOT].ranks
+
+    def classes(self) -> tuple[tuple[tuple[int, ...], Stack], ...]:
+        """Equivalence classes: (ranks, stack), largest class first, then by lowest rank."""
+        return self.stack_classes
+
+    def divergence_points(self) -> tuple[TreeNode, ...]:
+        """Nodes where ranks split into different branches (STAT's first places to look)."""
+        return tuple(self.nodes[n] for n in self.divergence)
+
+    def outlier_nodes(self) -> frozenset[int]:
+        """Nodes on branches that hold a minority of the ranks at a divergence point (none
+        where the largest branches tie)."""
+        return self.outliers
+
+    def __len__(self) -> int:
+        """The number of nodes, the root included."""
+        return len(self.nodes)
+
+
 @dataclass(frozen=True)
 class Diagnosis:
     """The result of analysis: a verdict, its culprits and the evidence."""
@@ -384,7 +460,8 @@ class Diagnosis:
     groups: tuple[StackGroup, ...]
     observed_seconds: float = 0.0
     partial: bool = False  # some evidence is missing (unreachable nodes, unreadable ranks)
-    tree: CallTree | None = field(default=None, compare=False, hash=False)  # built once, read by every reporter
+    # the merged call tree, built once by the analysis and read by every reporter
+    tree: CallTree | None = field(default=None, compare=False, hash=False)
     # the evidence fits a hang and slow progress alike (one rank busy while the others
     # wait): capture should watch longer, up to its max window, before this is final
     ambiguous: bool = False

@@ -1,1 +1,7 @@
-"""TODO"""
+"""Analysis: one ``JobSnapshot`` in, one ``Diagnosis`` out, deterministic and offline.
+
+``analyse.analyse`` is the one entry point. ``ops`` recognises the distributed operation a
+thread is in, ``progress`` whether a rank moved over the window, ``views`` what that makes
+each rank, ``merge`` builds the merged call tree (the only user of networkx), ``classify``
+decides the verdict and ``wording`` says it. Imports only the ground floor.
+"""

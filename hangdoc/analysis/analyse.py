@@ -7,10 +7,9 @@ ranks' stacks into one ``CallTree`` (``merge``), then ``classify`` names the ver
 
 from __future__ import annotations
 
-import re
-
 from ..model import (
     MAX_WORLD_SIZE,
+    CallTree,
     Diagnosis,
     DistOp,
     JobSnapshot,
@@ -20,10 +19,11 @@ from ..model import (
     Stack,
     StackGroup,
     ThreadStack,
+    bounded_int,
     compress_ranks,
 )
-from . import classify
-from .merge import CallTree
+from . import classify, wording
+from .merge import build_tree
 from .views import RankView, view_rank
 
 
@@ -40,16 +40,13 @@ def expected_ranks(snapshot: JobSnapshot) -> set[int]:
     return set(range(max(sizes))) if sizes else set()
 
 
-_ASCII_INT = re.compile(r"[0-9]{1,7}")
-
-
 def _env_int(snap: RankSnapshot, *keys: str, minimum: int = 0) -> int | None:
     """The first of ``keys`` set to a whole number in [minimum, MAX_WORLD_SIZE]; a value
     that is not one (``"²"``, ``"0"`` for a size, 5000 digits) is ignored, not trusted."""
     for key in keys:
-        value = (snap.process.env_get(key) or "").strip()
-        if _ASCII_INT.fullmatch(value) and minimum <= int(value) <= MAX_WORLD_SIZE:
-            return int(value)
+        number = bounded_int((snap.process.env_get(key) or "").strip(), minimum, MAX_WORLD_SIZE)
+        if number is not None:
+            return number
     return None
 
 
@@ -112,7 +109,7 @@ def analyse(snapshot: JobSnapshot) -> Diagnosis:
     missing = absent - unknown
 
     stacks: dict[int, Stack] = {v.rank: tree_stack(v.thread) for v in views if v.thread is not None}
-    tree = CallTree(stacks)
+    tree = build_tree(stacks)
     groups, group_of = _groups(tree, {v.rank: v.op for v in views})
 
     result = classify.classify(views, sorted(missing), sorted(unknown), snapshot)
@@ -127,7 +124,7 @@ def analyse(snapshot: JobSnapshot) -> Diagnosis:
             op=v.op,
             thread=v.thread.name if v.thread else None,
             group_id=group_of.get(v.rank),
-            detail=classify.describe_rank(v),
+            detail=wording.describe_rank(v),
             working=_working(v),
         )
         for v in views

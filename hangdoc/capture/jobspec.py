@@ -12,15 +12,13 @@ import re
 from dataclasses import dataclass
 
 from ..errors import UsageError, shown
-from ..model import PID_MAX, PID_MIN
+from ..model import PID_MAX, PID_MIN, bounded_int
 
 ACCEPTED_FORMS = "HOST:PORT, [IPV6]:PORT, pid:PID, slurm:JOBID[.STEP] or ray:JOB_ID"
 
 PORT_MIN, PORT_MAX = 1, 65535  # a job's MASTER_PORT
 SPEC_MAX_CHARS = 1024  # a host name is at most 253 characters; anything longer is not a spec
 
-# Numbers are ASCII digits only: str.isdigit() and int() also take "²", "٣" and "1_0".
-_NUMBER = re.compile(r"[0-9]+", re.ASCII)
 
 # RFC 1123 host names: dot-separated labels of letters, digits and inner hyphens.
 _LABEL = r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)"
@@ -73,7 +71,7 @@ def _malformed(text: str, reason: str) -> UsageError:
 
 
 def _parse_port(text: str, port: str) -> int:
-    if not _NUMBER.fullmatch(port) or not PORT_MIN <= int(port) <= PORT_MAX:
+    if bounded_int(port, PORT_MIN, PORT_MAX) is None:
         raise _malformed(text, f"port {shown(port)} is not a number from {PORT_MIN} to {PORT_MAX}")
     return int(port)
 
@@ -107,7 +105,7 @@ def _parse_endpoint(text: str) -> JobSpec:
 
 
 def _parse_pid(text: str, value: str) -> JobSpec:
-    if not _NUMBER.fullmatch(value) or not PID_MIN <= int(value) <= PID_MAX:
+    if bounded_int(value, PID_MIN, PID_MAX) is None:
         raise _malformed(text, f"pid {shown(value)} is not a number from {PID_MIN} to {PID_MAX}")
     return JobSpec(JobKind.PID, text, pid=int(value))
 

@@ -1,11 +1,11 @@
-"""Sample rank processes: py-spy stacks of every thread plus kernel counters, several times.
+"""Sample rank processes: py-spy stacks of every thread plus kernel counters.
 
 One round (``sample_round``) reads every process's counters, then starts one py-spy per
 process at once and collects them, so a round costs about as long as the slowest single
-dump, not their sum. ``capture`` runs several rounds at least ``interval`` seconds apart
-(start to start). Nothing here raises for one process's trouble: a process that exited,
+dump, not their sum. Nothing here raises for one process's trouble: a process that exited,
 refused ptrace, is not Python or did not answer in time gets a ``Sample`` whose ``error``
-says so, and a process that exited is not sampled again.
+says so. The caller paces the rounds and leaves a process that exited out of the next
+(``hangdoc.diagnose.observe``, through a node and ``fleet.coordinator.sample_all``).
 
 Counters are read once per sample, just *before* its py-spy starts: while py-spy holds a
 process (blocking mode) the kernel reports it as ``tracing-stop``, which analysis would
@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from ..errors import PySpyMissing
 from ..model import (
@@ -28,15 +27,10 @@ from ..model import (
     CaptureErrorKind,
     ProcessState,
     RankProcess,
-    RankSnapshot,
     Sample,
 )
 from .procstate import read_state
 from .pyspy import DumpHandle, DumpResult, find_pyspy, start_dump
-
-ProgressCallback = Callable[[int, int], None]
-"""Called after each round with (rounds done, rounds planned)."""
-
 
 
 def _start(proc: RankProcess, state: ProcessState, pyspy: str, native: bool,
@@ -106,28 +100,3 @@ def sample_round(procs: Sequence[RankProcess], t: float, *, native: bool = False
             threads, error, _ = results[index]
             samples.append(Sample(t=t, threads=threads, state=state, error=error))
     return samples
-
-
-def capture(procs: Sequence[RankProcess], *, samples: int = 3, interval: float = 0.5,
-            native: bool = False, timeout: float = 5.0,
-            on_progress: ProgressCallback | None = None) -> tuple[RankSnapshot, ...]:
-    """``samples`` rounds at least ``interval`` s apart (start to start); one RankSnapshot
-    per process, in ``procs`` order."""
-    history: list[list[Sample]] = [[] for _ in procs]
-    start = next_at = time.monotonic()
-    for index in range(samples):
-        delay = next_at - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        live = [i for i, taken in enumerate(history) if not (taken and taken[-1].gone)]
-        if not live:
-            break
-        began = time.monotonic()
-        next_at = began + interval  # a slow round delays the next one, never squeezes it
-        taken = sample_round([procs[i] for i in live], began - start,
-                             native=native, timeout=timeout)
-        for i, sample in zip(live, taken):
-            history[i].append(sample)
-        if on_progress is not None:
-            on_progress(index + 1, samples)
-    return tuple(RankSnapshot(process=p, samples=tuple(s)) for p, s in zip(procs, history))

@@ -1,15 +1,16 @@
 """Fan out to every node of a job: find its ranks, then sample them all in lock-step.
 
 Calls go to all nodes at once, with a bounded number in flight and a deadline each; a node
-that fails or does not answer in time is recorded as ``Unreachable`` with its reason, and
-the rest of the job is still diagnosed. With one ``LocalNode`` (the default) this is the
-single-machine path, and its errors pass through unchanged.
+that fails or does not answer in time comes back as ``Unreachable`` with its reason (in the
+``Fleet`` when finding ranks, in the ``Round`` when sampling), and the rest of the job is
+still diagnosed. With one ``LocalNode`` (the default) this is the single-machine path, and
+its errors pass through unchanged.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -110,13 +111,24 @@ def find_ranks(nodes: Sequence[Node], spec: JobSpec, deadline: float | None = No
     return Fleet(placed, max(worlds) if worlds else None, notes, unreachable)
 
 
+@dataclass(frozen=True, slots=True)
+class Round:
+    """What one lock-step round found: the samples taken, keyed by the index in
+    ``fleet.placed``, and the nodes that failed it (each with the ranks it holds and why),
+    in the order their answers were read."""
+
+    samples: Mapping[int, Sample]
+    lost: tuple[Unreachable, ...] = ()
+
+
 def sample_all(
     fleet: Fleet, t: float, *, native: bool, timeout: float, only: set[int] | None = None
-) -> dict[int, Sample]:
-    """One lock-step round over every node; samples keyed by the index in ``fleet.placed``.
+) -> Round:
+    """One lock-step round over every node; ``fleet`` is left as it is.
 
     ``only`` restricts the round to those indices (ranks still alive, or ranks to deepen).
-    A node that fails this round gets no samples and is added to ``fleet.unreachable``.
+    A node that fails this round gets no samples and is in the round's ``lost``; keeping
+    track of lost nodes across rounds is the caller's.
     """
     groups = fleet.by_node(only)
     nodes = [node for node, _ in groups]
@@ -125,15 +137,13 @@ def sample_all(
     def call(node: Node) -> list[Sample]:
         return node.sample([fleet.placed[i][1] for i in indices[id(node)]], t, native=native, timeout=timeout)
 
-    out: dict[int, Sample] = {}
-    for node, samples, exc in fan_out(nodes, call, timeout + ROUND_SLACK if len(nodes) > 1 else None):
+    samples: dict[int, Sample] = {}
+    lost: list[Unreachable] = []
+    for node, taken, exc in fan_out(nodes, call, timeout + ROUND_SLACK if len(nodes) > 1 else None):
         idx = indices[id(node)]
-        if samples is None:
-            known = {u.target for u in fleet.unreachable}
-            if node.name not in known:
-                ranks = tuple(r for i in idx if (r := fleet.placed[i][1].rank) is not None)
-                reason = _reason(exc) if exc is not None else "failed"
-                fleet.unreachable.append(Unreachable(node.name, reason, ranks))
+        if taken is None:
+            ranks = tuple(r for i in idx if (r := fleet.placed[i][1].rank) is not None)
+            lost.append(Unreachable(node.name, _reason(exc) if exc is not None else "failed", ranks))
             continue
-        out.update(zip(idx, samples))
-    return out
+        samples.update(zip(idx, taken))
+    return Round(samples, tuple(lost))

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
+from ..bundle import StackTable
 from ..capture.discover import Discovery
 from ..errors import HangdocError
 from ..model import (
@@ -187,29 +188,6 @@ def source_file_from_proto(msg: pb.SourceFile) -> SourceFile:
 # ------------------------------------------------------------------ samples
 
 
-class _Interner:
-    """The frame and stack tables of one ``SampleResponse`` being built."""
-
-    def __init__(self, response: pb.SampleResponse) -> None:
-        self._response = response
-        self._frames: dict[Frame, int] = {}
-        self._stacks: dict[Stack, int] = {}
-
-    def stack_id(self, stack: Stack) -> int:
-        idx = self._stacks.get(stack)
-        if idx is None:
-            idx = self._stacks[stack] = len(self._stacks)
-            self._response.stacks.add(frames=[self._frame_id(f) for f in stack])
-        return idx
-
-    def _frame_id(self, frame: Frame) -> int:
-        idx = self._frames.get(frame)
-        if idx is None:
-            idx = self._frames[frame] = len(self._frames)
-            self._response.frames.append(frame_to_proto(frame))
-        return idx
-
-
 def _state_to_proto(state: ProcessState) -> pb.ProcessState:
     return pb.ProcessState(
         status=state.status,
@@ -234,10 +212,10 @@ def _state_from_proto(msg: pb.ProcessState) -> ProcessState:
     )
 
 
-def _sample_to_proto(sample: Sample, out: pb.Sample, interner: _Interner) -> None:
+def _sample_to_proto(sample: Sample, out: pb.Sample, table: StackTable) -> None:
     out.t = sample.t
     for th in sample.threads:
-        out.threads.add(thread_id=th.thread_id, name=th.name, stack=interner.stack_id(th.frames),
+        out.threads.add(thread_id=th.thread_id, name=th.name, stack=table.stack_id(th.frames),
                         native_id=th.native_id, active=th.active, owns_gil=th.owns_gil)
     if sample.state is not None:
         out.state.CopyFrom(_state_to_proto(sample.state))
@@ -254,10 +232,13 @@ def samples_to_proto(samples: Mapping[int, Sample] | Iterable[tuple[int, Sample]
     """
     items = samples.items() if isinstance(samples, Mapping) else samples
     response = pb.SampleResponse()
-    interner = _Interner(response)
+    table = StackTable()
     for pid, sample in items:
         entry = response.samples.add(pid=pid)
-        _sample_to_proto(sample, entry.sample, interner)
+        _sample_to_proto(sample, entry.sample, table)
+    response.frames.extend(frame_to_proto(f) for f in table.frames)
+    for stack in table.stacks:
+        response.stacks.add(frames=[table.frame_id(f) for f in stack])
     if discovery is not None:
         response.discovery.CopyFrom(discovery_to_proto(discovery))
     return response

@@ -2,5 +2,7 @@
 
 ``json_report`` is the machine-readable report of ``--json`` (schema in
 ``docs/json-schema.md``); ``terminal`` prints the human report with rich. Reporters read
-``Diagnosis.tree``; none of them rebuilds the merged tree.
+``Diagnosis.tree`` (the frozen ``model.CallTree`` the analysis built); none of them rebuilds
+the merged tree. They import only the ground floor (``model``, ``errors``, the package's
+version), never ``hangdoc.analysis``.
 """

@@ -33,6 +33,7 @@ from ..model import (
     RankProcess,
     StackGroup,
     Unreachable,
+    Verdict,
     compress_ranks,
 )
 
@@ -100,6 +101,36 @@ def _report(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
         "partial": diagnosis.partial,
         "captured_at": snapshot.captured_at,
         "notes": list(snapshot.notes),
+        "hangdoc_version": __version__,
+        "schema_version": SCHEMA_VERSION,
+    }
+
+
+def undiagnosed_to_json_dict(
+    spec: str, error: str, help: str, *, noticed: str, captured_at: str
+) -> dict[str, Any]:
+    """The report of a job that stopped making progress but could not be diagnosed (what
+    ``hangdoc watch`` writes when its diagnosis fails), with every key of ``to_json_dict``.
+
+    The verdict is ``unknown`` and partial, no rank, group or unreachable node is known;
+    ``noticed`` (how the stop was seen) and ``error`` are the evidence, ``help`` ("" when
+    none) the next step, ``captured_at`` the time the stop was seen.
+    """
+    return {
+        "verdict": Verdict.UNKNOWN.value,
+        "culprit_ranks": [],
+        "summary": f"the job stopped making progress but could not be diagnosed: {error}",
+        "evidence": [noticed, error],
+        "next_steps": [help] if help else [],
+        "ranks": [],
+        "groups": [],
+        "unreachable": [],
+        "spec": spec,
+        "world_size": None,
+        "observed_seconds": 0.0,
+        "partial": True,
+        "captured_at": captured_at,
+        "notes": [f"diagnosis failed: {error}"],
         "hangdoc_version": __version__,
         "schema_version": SCHEMA_VERSION,
     }

@@ -25,9 +25,10 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from ..analysis.merge import ROOT, CallTree
 from ..errors import printable
 from ..model import (
+    ROOT,
+    CallTree,
     Diagnosis,
     DistOp,
     Frame,
@@ -117,7 +118,7 @@ def _header(diagnosis: Diagnosis, snapshot: JobSnapshot) -> Text:
 
 
 def _call_tree(tree: CallTree, culprits: frozenset[int], max_frames: int) -> Tree:
-    distinct = len(tree.stack_ranks)
+    distinct = len(tree.classes())
     title = Text.assemble(
         ("Merged stacks", "bold"),
         f" of {len(tree.ranks)} ranks {compress_ranks(tree.ranks)}, "

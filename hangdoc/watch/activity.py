@@ -240,8 +240,10 @@ class StackProbe:
         live = set(range(len(self.fleet.placed))) - self.gone
         if not live:
             return []
+        # a node that fails a round gives no samples: nothing changed there, and it is
+        # asked again next time (the report's capture records lost nodes, not the probe)
         taken = sample_all(self.fleet, time.monotonic() - self.t0, native=False,
-                           timeout=self.timeout, only=live)
+                           timeout=self.timeout, only=live).samples
         changed = False
         for i, sample in taken.items():
             if sample.error is not None and sample.error.kind is CaptureErrorKind.PROCESS_GONE:

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..bundle import snapshot_bytes
 from ..errors import UsageError
-from ..model import Diagnosis, JobSnapshot, Verdict
+from ..model import Diagnosis, JobSnapshot
 from .stall import Trigger
 
 REPORT = "report.json"
@@ -97,12 +97,10 @@ def write_failed_incident(out: Path, spec: str, trigger: Trigger, error: str, he
                           warn: Warn = _stderr) -> Path | None:
     """The job went silent but could not be diagnosed: the reason and the error, as a
     report with verdict ``unknown`` so scripts reading ``report.json`` still work."""
-    from ..report.json_report import to_json_dict
+    from ..report.json_report import undiagnosed_to_json_dict
 
-    nothing = Diagnosis(Verdict.UNKNOWN, (), f"the job stopped making progress but could not be diagnosed: {error}",
-                        (trigger.sentence(), error), (help_text,) if help_text else (), (), (), partial=True)
-    empty = JobSnapshot(spec, (), captured_at=trigger.detected_at, notes=(f"diagnosis failed: {error}",))
-    report = to_json_dict(nothing, empty)
+    report = undiagnosed_to_json_dict(spec, error, help_text, noticed=trigger.sentence(),
+                                      captured_at=trigger.detected_at)
     report["watch"] = trigger_dict(trigger, f"diagnosis failed: {error}")
     text = (f"hangdoc watch fired at {trigger.detected_at}: {report['watch']['fired_because']}\n"
             f"{report['summary']}\n" + (f"help: {help_text}\n" if help_text else ""))

@@ -1,49 +1,24 @@
-"""Start the command ``hangdoc watch`` wraps, pass signals on to it, and end a job whole.
+"""Ending a job whole: every process of it, in every session it made.
 
-Only the watchdog uses this, and only to act when the user asked for it (``--on-hang
-kill``), to pass on a Ctrl-C, or to leave nothing of a wrapped job running when the watch
-itself stops on an error. Ending a job means every process of it: torchrun starts
-each worker in a session of its own, so signalling the launcher's process group is not
-enough. We signal every process group in the job's process tree, wait a grace period,
-then SIGKILL whatever is left, looking for descendants again each time. The watchdog
-makes itself a child subreaper, so a process that double-forks away from the wrapped
-command is re-parented to us and is still found.
+torchrun starts each worker in a session of its own, so signalling the launcher's process
+group is not enough. ``end_job`` signals every process group in the job's process trees,
+waits a grace period, then SIGKILLs whatever is left, looking for descendants again each
+time. The watchdog, its ancestors and the processes it is told to spare (the ``--on-hang
+exec`` commands) are never signalled. The watchdog uses this only to act when the user
+asked for it (``--on-hang kill``, a second Ctrl-C) or to leave nothing of a wrapped job
+running when the watch itself stops (``Supervisor``, which makes the watchdog a child
+subreaper: what double-forks away from the wrapped command is re-parented to it and found
+by ``adopted``).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
-import subprocess
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 
 import psutil
-
-from ..errors import CommandNotFound
-
-_PR_SET_CHILD_SUBREAPER = 36
-
-
-def become_subreaper() -> bool:
-    """Orphaned descendants re-parent to this process instead of init (Linux only)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def start(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
-    """Run ``argv`` in a session of its own with its stdout/stderr piped to us."""
-    try:
-        return subprocess.Popen(
-            list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=dict(env), start_new_session=True,
-        )
-    except (FileNotFoundError, PermissionError, NotADirectoryError) as err:
-        raise CommandNotFound(f"cannot run {argv[0]!r}: {err.strerror or err}") from None
 
 
 def exit_status(returncode: int) -> int:
@@ -121,20 +96,6 @@ def adopted(spare: Iterable[int] = ()) -> list[int]:
         return [p.pid for p in psutil.Process().children() if p.pid not in skip and _alive(p)]
     except psutil.Error:
         return []
-
-
-def end_command(child: subprocess.Popen[bytes], grace: float, spare: Iterable[int] = ()) -> list[int]:
-    """End everything of the wrapped command: its process tree and the processes that left
-    it, never ``spare``; collect ``child``'s exit status. Returns the pids still alive."""
-    spare = set(spare)
-    # once Popen has collected the child's status its pid may belong to someone else
-    roots = ([child.pid] if child.poll() is None else []) + adopted(spare | {child.pid})
-    left = end_job(roots, grace, spare=spare, owned=[child.pid])
-    try:
-        child.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        left.append(child.pid)
-    return left
 
 
 def end_job(roots: Iterable[int], grace: float, spare: Iterable[int] = (), owned: Iterable[int] = ()) -> list[int]:

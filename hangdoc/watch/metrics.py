@@ -2,8 +2,9 @@
 
 Served from a daemon thread on loopback unless ``--metrics-host`` says otherwise; the
 page holds numbers only (no stacks, no environment), so exposing it leaks nothing about
-the job beyond its pace. The watch loop updates a ``WatchMetrics`` value under a lock;
-each scrape renders the current one.
+the job beyond its pace. The watch loop updates a ``WatchMetrics`` value under a lock
+(``MetricsBoard``: the pace at each check, counters as stalls are looked at); each scrape
+renders the current one.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from ..errors import UsageError
+from .stall import Signal, StallClock
 
 PREFIX = "hangdoc_watch"
 
@@ -87,6 +89,15 @@ class MetricsBoard:
         """Add one to the counter field ``name``."""
         with self._lock:
             self._value = replace(self._value, **{name: getattr(self._value, name) + 1})
+
+    def publish(self, signal: Signal, clock: StallClock, last_step: int | None, now: float) -> None:
+        """The pace of ``signal``, the one in use, at ``now`` (monotonic seconds)."""
+        self.update(
+            signal=signal.value, steps_seen=clock.events, last_step=last_step,
+            last_step_time=unix_time(clock.last) if clock.last is not None else None,
+            step_rate=clock.rate(now), silence_seconds=clock.silence(now),
+            stall_timeout_seconds=clock.timeout().seconds,
+        )
 
     def count_diagnosis(self, verdict: str) -> None:
         with self._lock:

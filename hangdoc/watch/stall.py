@@ -1,4 +1,5 @@
-"""When is a silence a stall? The watchdog's timing, as pure values and one small clock.
+"""When is a silence a stall? The watchdog's timing, as pure values, one small clock per
+signal and the ``Alarm``; the judgement of a diagnosis taken during a silence.
 
 A *signal* produces activity events: a heartbeat from the training loop, a line matching
 ``--step-regex``, any line of output, or a change in the ranks' sampled stacks. The
@@ -13,12 +14,19 @@ timeout is ``warmup_timeout``: first steps include compilation, data loading and
 rendezvous, and say nothing about the steady state. A gap is only measured once it has
 ended, so a long pause that turns out to be progress (an evaluation, a checkpoint save)
 raises the learned timeout for the next one.
+
+``Alarm`` holds what the watchdog decided about the last silence it looked at, and from it
+when the next look is due: never while a reported hang lasts, and never before a full
+timeout has passed since the job was last seen moving (a dismissal, a postponement, or the
+steps that resumed while a diagnosis ran: ``resumed_at``). ``judge`` turns a diagnosis
+taken during a silence into a decision: fire, dismiss or postpone.
 """
 
 from __future__ import annotations
 
 import enum
 import math
+import time
 from dataclasses import dataclass
 
 from ..errors import UsageError
@@ -155,6 +163,51 @@ _SIGNAL_WORDS = {
     Signal.OUTPUT: "output",
     Signal.STACKS: "change in the ranks' stacks",
 }
+
+
+class Alarm:
+    """The state of the last look at a silence, and when the next one is due. Times are
+    ``time.monotonic()`` seconds."""
+
+    def __init__(self) -> None:
+        self.raised: float | None = None  # when the current hang was reported
+        self.moving_at = 0.0  # when a diagnosis last found the job progressing (or working)
+        self.postponed = 0  # looks postponed in a row (reset by activity on the signal)
+
+    def due(self, clock: StallClock, now: float) -> bool:
+        """Look now: no hang reported, the silence is past the timeout, and so is the time
+        since the job was last seen moving."""
+        return self.raised is None and clock.stalled(now) and now - self.moving_at > clock.timeout().seconds
+
+    def next_check(self, clock: StallClock, now: float, wake: float) -> float:
+        """``wake``, or earlier: right when the silence would pass the timeout."""
+        if self.raised is None:
+            last = clock.started if clock.last is None else clock.last
+            due = max(last, self.moving_at) + clock.timeout().seconds + 0.02
+            if due > now:
+                wake = min(wake, due)
+        return wake
+
+    def dismiss(self, since: float | None = None) -> None:
+        """Not a hang. The next stall is timed from now, or from ``since`` when the job showed
+        activity then (steps that resumed while the diagnosis ran)."""
+        self.postponed = 0
+        self.moving_at = time.monotonic() if since is None else since
+
+    def postpone(self) -> None:
+        """Look again one full timeout from now."""
+        self.postponed += 1
+        self.moving_at = time.monotonic()
+
+    def fire(self) -> None:
+        """A hang is reported: no look until the signal shows activity again."""
+        self.raised = time.monotonic()
+        self.postponed = 0
+
+
+def resumed_at(clock: StallClock, stalled_at: float) -> float | None:
+    """When steps came back after the stall was suspected, or None."""
+    return clock.last if clock.last is not None and clock.last > stalled_at else None
 
 
 class Action(enum.Enum):

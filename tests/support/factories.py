@@ -21,8 +21,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from hangdoc import __version__
-from hangdoc.analysis.merge import CallTree
+from hangdoc.analysis.merge import build_tree
 from hangdoc.model import (
+    CallTree,
     CaptureError,
     CaptureErrorKind,
     Diagnosis,
@@ -302,9 +303,9 @@ def make_diagnosis(
     snapshot = snapshot if snapshot is not None else make_snapshot()
     ops = dict(ops or {})
     stacks = main_stacks(snapshot)
-    call_tree = CallTree(stacks) if tree is True else (tree or None)
+    call_tree = build_tree(stacks) if tree is True else (tree or None)
     if groups is None:
-        classes = (call_tree or CallTree(stacks)).classes()
+        classes = (call_tree or build_tree(stacks)).classes()
         groups = [
             StackGroup(i, members, stack, ops.get(members[0]))
             for i, (members, stack) in enumerate(classes)

@@ -232,7 +232,7 @@ def test_both_ranks_receiving_is_p2p_mismatch() -> None:
 
 @pytest.mark.parametrize("verdict", list(Verdict))
 def test_every_verdict_has_next_steps(verdict: Verdict) -> None:
-    from hangdoc.analysis.classify import NEXT_STEPS
+    from hangdoc.analysis.wording import NEXT_STEPS
 
     assert NEXT_STEPS[verdict]
 

@@ -29,7 +29,8 @@ from support.stacks import C10D, main_thread
 from hangdoc.capture import pyspy
 from hangdoc.capture.procstate import parse_ss, read_state, socket_bytes, socket_bytes_many
 from hangdoc.capture.pyspy import clean_message, dump, find_pyspy, parse_dump, source_line
-from hangdoc.capture.sample import capture, sample_round
+from hangdoc.capture.sample import sample_round
+from hangdoc.diagnose import CaptureOptions, diagnose
 from hangdoc.errors import PySpyMissing
 from hangdoc.model import CaptureErrorKind, Frame, ProcessState, RankProcess
 
@@ -241,16 +242,17 @@ def test_pid_that_exited_is_process_gone() -> None:
 
 @pytest.mark.timeout(60)
 def test_process_exiting_mid_capture_is_sampled_until_gone() -> None:
-    code = "import time; print('ready', flush=True); time.sleep(0.6)"
+    code = "import time; print('ready', flush=True); time.sleep(1.5)"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    options = CaptureOptions(window=10.0, interval=0.5, max_window=10.0)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        progress: list[tuple[int, int]] = []
-        (snap,) = capture([as_rank(proc.pid, 0)], samples=6, interval=0.5,
-                          on_progress=lambda done, total: progress.append((done, total)))
+        snapshot, _ = diagnose(f"pid:{proc.pid}", options)  # the whole capture, as the CLI runs it
     finally:
         proc.kill()
         proc.wait()
+    (snap,) = snapshot.ranks
+    assert snap.process.pid == proc.pid
     first, *rest = snap.samples
     assert first.error is None and main_thread(first.threads).innermost is not None
     assert main_thread(first.threads).innermost.function == "<module>"
@@ -258,8 +260,11 @@ def test_process_exiting_mid_capture_is_sampled_until_gone() -> None:
     last = rest[-1]
     assert last.error is not None and last.error.kind is CaptureErrorKind.PROCESS_GONE
     assert all(s.error is None for s in snap.samples[:-1])
-    assert len(snap.samples) < 6  # not sampled again once gone
-    assert progress[:2] == [(1, 6), (2, 6)]
+    # not sampled again once gone: the capture ends there, long before its window
+    assert snapshot.window_seconds < options.window
+    assert any(n.startswith("every rank process exited during the window") for n in snapshot.notes)
+    # rounds start `interval` apart from the first
+    assert all(s.t >= i * options.interval - 0.01 for i, s in enumerate(snap.samples))
 
 
 @pytest.mark.timeout(60)

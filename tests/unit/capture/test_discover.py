@@ -16,17 +16,17 @@ import pytest
 from support.harness import free_port
 from support.tables import PY, SPAWN, TORCHRUN, TRACKER, proc, table
 
-from hangdoc.capture.discover import (
+from hangdoc.capture.discover import discover
+from hangdoc.capture.hosts import same_host
+from hangdoc.capture.jobspec import parse_job_spec
+from hangdoc.capture.processes import (
     PF_KTHREAD,
     ProcessTable,
-    discover,
     python_target,
     read_process_table,
-    same_host,
-    select_ranks,
     stat_flags,
 )
-from hangdoc.capture.jobspec import parse_job_spec
+from hangdoc.capture.ranks import select_ranks
 from hangdoc.errors import JobNotFound, UsageError
 from hangdoc.model import RankSource
 

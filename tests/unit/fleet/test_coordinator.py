@@ -7,7 +7,7 @@ processes elsewhere); what is under test is how the coordinator combines them.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pytest
 from support.factories import make_rank
@@ -16,8 +16,9 @@ from hangdoc.capture.discover import Discovery
 from hangdoc.capture.jobspec import parse_job_spec
 from hangdoc.diagnose import CaptureOptions, observe
 from hangdoc.errors import JobNotFound
-from hangdoc.fleet.coordinator import find_ranks, sample_all
-from hangdoc.model import RankProcess, Sample, SourceFile, ThreadStack, Verdict
+from hangdoc.fleet.client import AgentError
+from hangdoc.fleet.coordinator import Fleet, Round, find_ranks, sample_all
+from hangdoc.model import Frame, RankProcess, Sample, SourceFile, Unreachable, Verdict
 
 C10D = "torch/distributed/distributed_c10d.py"
 SPEC = parse_job_spec("10.0.0.1:29500")
@@ -57,8 +58,16 @@ class RecordedNode:
             out.append(recorded[min(i, len(recorded) - 1)])
         return out
 
-    def sources(self, threads: Sequence[ThreadStack]) -> tuple[SourceFile, ...]:
+    def sources(self, wanted: Mapping[int, Sequence[Frame]]) -> tuple[SourceFile, ...]:
         return ()
+
+
+class FlakyNode(RecordedNode):
+    """Finds its ranks, then fails every sampling round, each time for another reason."""
+
+    def sample(self, procs: Sequence[RankProcess], t: float, *, native: bool, timeout: float) -> list[Sample]:
+        self.rounds += 1
+        raise ConnectionResetError(f"reset in round {self.rounds}")
 
 
 def ranks_on(host: str, ranks: dict[int, str], world: int = 4):
@@ -101,10 +110,55 @@ def test_slow_node_misses_the_deadline_without_holding_the_round() -> None:
     t0 = time.monotonic()
     taken = sample_all(fleet, 0.0, native=False, timeout=0.5)
     assert time.monotonic() - t0 < 4.0  # the 1.5 s round deadline, not the node's 6 s
-    assert sorted(fleet.placed[i][1].rank for i in taken) == [0, 1]
-    assert fleet.unreachable and fleet.unreachable[0].target == "n1"
-    assert fleet.unreachable[0].ranks == (2, 3)
-    assert "no answer within 1.5 s" in fleet.unreachable[0].reason
+    assert sorted(fleet.placed[i][1].rank for i in taken.samples) == [0, 1]
+    assert [(u.target, u.ranks) for u in taken.lost] == [("n1", (2, 3))]
+    assert "no answer within 1.5 s" in taken.lost[0].reason
+
+
+def hand_made_fleet(*nodes: RecordedNode) -> Fleet:
+    """Every node's ranks, placed in rank order, without asking the nodes (no discovery)."""
+    placed = [(node, snap.process) for node in nodes for snap in node.snaps.values()]
+    return Fleet(placed, len(placed))
+
+
+def test_sample_all_leaves_the_fleet_unchanged_and_returns_the_lost_node() -> None:
+    up = RecordedNode("n0", ranks_on("n0", {0: "reduce", 1: "reduce"}))
+    down = RecordedNode("n1", ranks_on("n1", {2: "reduce", 3: "gather"}),
+                        fail=ConnectionRefusedError("connection refused"))
+    fleet = hand_made_fleet(up, down)
+    placed = list(fleet.placed)
+    first = sample_all(fleet, 0.0, native=False, timeout=0.5)
+    assert fleet == Fleet(placed, 4)  # no unreachable, no notes added
+    assert sorted(first.samples) == [0, 1]
+    assert first.samples[0] == up.snaps[100].samples[0]
+    assert first.lost == (Unreachable("n1", "ConnectionRefusedError: connection refused", (2, 3)),)
+    # every round says what it found, nothing is remembered in between
+    again = sample_all(fleet, 0.5, native=False, timeout=0.5, only={0, 3})
+    assert sorted(again.samples) == [0]
+    assert again.lost == (Unreachable("n1", "ConnectionRefusedError: connection refused", (3,)),)
+    assert fleet == Fleet(placed, 4)
+
+
+def test_sample_all_gives_a_hangdoc_error_as_its_message() -> None:
+    only = RecordedNode("n0", ranks_on("n0", {0: "reduce"}), fail=AgentError("agent n0 unavailable"))
+    fleet = hand_made_fleet(only)
+    with pytest.raises(AgentError):  # a single node: its errors pass through, as on one machine
+        sample_all(fleet, 0.0, native=False, timeout=0.5)
+    other = RecordedNode("n1", ranks_on("n1", {1: "reduce"}))
+    assert sample_all(hand_made_fleet(only, other), 0.0, native=False, timeout=0.5) == \
+        Round({1: other.snaps[101].samples[0]}, (Unreachable("n0", "agent n0 unavailable", (0,)),))
+
+
+def test_a_node_lost_mid_capture_is_listed_once_with_its_ranks_and_first_reason() -> None:
+    up = RecordedNode("n0", ranks_on("n0", {0: "reduce", 1: "reduce"}))
+    flaky = FlakyNode("n1", ranks_on("n1", {2: "reduce", 3: "reduce"}))
+    fleet = find_ranks([up, flaky], SPEC)
+    assert fleet.unreachable == []
+    snapshot, d = observe("x", fleet, CaptureOptions(window=0.2, interval=0.05), lambda m: None)
+    assert flaky.rounds > 1  # asked again every round
+    assert snapshot.unreachable == (Unreachable("n1", "ConnectionResetError: reset in round 1", (2, 3)),)
+    assert d.partial
+    assert fleet.unreachable == []  # recorded by the capture, not in the fleet
 
 
 def test_no_node_has_the_job() -> None:

@@ -22,7 +22,13 @@ from hangdoc.model import (
     Unreachable,
     Verdict,
 )
-from hangdoc.report.json_report import dumps, error_to_dict, render_json, to_json_dict
+from hangdoc.report.json_report import (
+    dumps,
+    error_to_dict,
+    render_json,
+    to_json_dict,
+    undiagnosed_to_json_dict,
+)
 
 TRUNK = ["train.py:<module>:60", "train.py:main:55"]
 AR = [*TRUNK, "train.py:step:30", "torch/distributed/distributed_c10d.py:all_reduce:2800"]
@@ -270,3 +276,43 @@ def test_error_object_shape() -> None:
         "schema_version": SCHEMA_VERSION,
     }  # fmt: skip
     assert _strict(dumps(obj)) == obj
+
+
+# ------------------------------------------------------- a stop that was not diagnosed
+
+
+def undiagnosed(help: str = "Start hangdoc where it can see the ranks.") -> dict[str, object]:
+    return undiagnosed_to_json_dict("pid:1", "no rank process of pid:1", help,
+                                    noticed="no output for 2.0 s; stall timeout 1.0 s (--stall-after)",
+                                    captured_at="2026-11-22T00:00:00+00:00")  # fmt: skip
+
+
+def test_undiagnosed_report_has_the_keys_of_a_report_in_their_order() -> None:
+    report = undiagnosed()
+    assert list(report) == list(to_json_dict(*scenario()))
+    for key, kind in REQUIRED.items():
+        if key != "world_size":  # null: nobody knows it
+            assert isinstance(report[key], kind), key
+    assert _strict(dumps(report)) == report
+
+
+def test_undiagnosed_report_values() -> None:
+    assert undiagnosed() == {
+        "verdict": "unknown",
+        "culprit_ranks": [],
+        "summary": "the job stopped making progress but could not be diagnosed: "
+                   "no rank process of pid:1",
+        "evidence": ["no output for 2.0 s; stall timeout 1.0 s (--stall-after)",
+                     "no rank process of pid:1"],
+        "next_steps": ["Start hangdoc where it can see the ranks."],
+        "ranks": [], "groups": [], "unreachable": [],
+        "spec": "pid:1",
+        "world_size": None,
+        "observed_seconds": 0.0,
+        "partial": True,
+        "captured_at": "2026-11-22T00:00:00+00:00",
+        "notes": ["diagnosis failed: no rank process of pid:1"],
+        "hangdoc_version": __version__,
+        "schema_version": SCHEMA_VERSION,
+    }  # fmt: skip
+    assert undiagnosed(help="")["next_steps"] == []

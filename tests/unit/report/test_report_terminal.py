@@ -17,7 +17,7 @@ from support.factories import make_diagnosis, make_frame, make_op, make_rank, ma
 from support.paths import TESTS
 
 from hangdoc.analysis import merge
-from hangdoc.analysis.merge import CallTree
+from hangdoc.analysis.merge import build_tree
 from hangdoc.errors import printable
 from hangdoc.model import (
     CaptureErrorKind,
@@ -152,14 +152,14 @@ def test_reporter_reads_the_tree_and_never_builds_one(monkeypatch: pytest.Monkey
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("the reporter built a CallTree")
 
-    monkeypatch.setattr(merge.CallTree, "__init__", refuse)
+    monkeypatch.setattr(merge, "build_tree", refuse)
     out = rendered(diagnosis, snap)
     assert "◀ outlier, culprit" in out
 
 
 def test_tree_is_the_diagnosis_tree_not_the_groups() -> None:
     diagnosis, snap = mismatch()
-    other = CallTree({0: tuple(make_frame(f) for f in ["x.py:only_in_tree:1"])})
+    other = build_tree({0: tuple(make_frame(f) for f in ["x.py:only_in_tree:1"])})
     out = rendered(dataclasses.replace(diagnosis, tree=other), snap)
     assert "only_in_tree (x.py:1)" in out
     assert "dist.barrier()" not in out and "◀ outlier" not in out

@@ -168,14 +168,15 @@ class _Node:
 
 
 def test_an_unreachable_agent_is_not_a_job_that_ended() -> None:
-    from hangdoc.capture.jobspec import parse_job_spec
-    from hangdoc.watch.watchdog import WatchConfig, Watchdog
+    from hangdoc.diagnose import CaptureOptions
+    from hangdoc.watch.ranks import Ranks
 
-    dog = Watchdog(WatchConfig(job="10.0.0.1:29500"), lambda _m: None)
-    job = parse_job_spec("10.0.0.1:29500")
-    assert dog._refresh([_Node("a")], job) is True  # every node answered: no rank anywhere
-    assert dog._refresh([_Node("a"), _Node("b", AgentError("agent b unavailable"))], job) is False
-    assert dog._refresh([_Node("b", AgentError("agent b unavailable"))], job) is False
+    def refresh(nodes: list[_Node]) -> bool:
+        return Ranks(nodes, "10.0.0.1:29500", CaptureOptions().timeout, lambda _m: None).refresh()
+
+    assert refresh([_Node("a")]) is True  # every node answered: no rank anywhere
+    assert refresh([_Node("a"), _Node("b", AgentError("agent b unavailable"))]) is False
+    assert refresh([_Node("b", AgentError("agent b unavailable"))]) is False
 
 
 def test_heartbeats_of_a_failing_node_are_none_not_an_error() -> None:

@@ -224,13 +224,13 @@ time.sleep(300)
 
 BROKEN_WATCH = """\
 import os, sys
-import hangdoc.watch.watchdog
-original = hangdoc.watch.watchdog.Watchdog.{method}
+import {module}
+original = {module}.{method}
 def broken(self, *args, **kwargs):
     if not os.path.exists(sys.argv[-2]):  # the job's pid file: fail once it is all started
         return original(self, *args, **kwargs)
     raise {exc}
-hangdoc.watch.watchdog.Watchdog.{method} = broken
+{module}.{method} = broken
 from hangdoc.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -251,15 +251,21 @@ def _start_job(tmp: Path, watch: list[str], term: str) -> tuple[subprocess.Popen
     return proc, [int(p) for p in pidfile.read_text().split()]
 
 
+ON_STALL = "hangdoc.watch.respond.Responder.on_stall"  # on a stall
+PUBLISH = "hangdoc.watch.metrics.MetricsBoard.publish"  # at every check
+
+
 @pytest.mark.parametrize(("exc", "method", "code", "said"), [
-    ("RuntimeError('a bug')", "_on_stall", EXIT_WATCH_FAILED, "internal error: RuntimeError: a bug (<string>:7)"),
-    ("RuntimeError('a bug')", "_publish", EXIT_WATCH_FAILED, "internal error: RuntimeError: a bug"),
-    ("OSError(5, 'Input/output error')", "_on_stall", EXIT_WATCH_FAILED, "internal error: OSError:"),
-    ("KeyboardInterrupt()", "_on_stall", 130, "hangdoc: interrupted"),
+    ("RuntimeError('a bug')", ON_STALL, EXIT_WATCH_FAILED, "internal error: RuntimeError: a bug (<string>:7)"),
+    ("RuntimeError('a bug')", PUBLISH, EXIT_WATCH_FAILED, "internal error: RuntimeError: a bug"),
+    ("OSError(5, 'Input/output error')", ON_STALL, EXIT_WATCH_FAILED, "internal error: OSError:"),
+    ("KeyboardInterrupt()", ON_STALL, 130, "hangdoc: interrupted"),
 ])
 def test_an_error_in_the_watch_ends_the_wrapped_job(exc: str, method: str, code: int, said: str,
                                                     tmp_path: Path) -> None:
-    script = BROKEN_WATCH.format(exc=exc, method=method)
+    module, _, attribute = method.rpartition(".")
+    module, _, cls = module.rpartition(".")
+    script = BROKEN_WATCH.format(exc=exc, module=module, method=f"{cls}.{attribute}")
     # the child ignores SIGTERM: ended by SIGKILL after --kill-grace
     proc, pids = _start_job(tmp_path, [sys.executable, "-c", script, "watch", "--stall-after", "1"], "ignore-term")
     try:

@@ -1,0 +1,574 @@
+"""The words of a diagnosis: summary, evidence lines, next steps, one line per rank.
+
+``classify`` decides the verdict and returns the facts it found (the types below, one per
+rule outcome); this module turns those facts into sentences and knows nothing of the rules.
+It imports only the model and the views, never ``classify``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ..model import DistOp, RankState, Verdict, compress_ranks
+from .views import RankView
+
+NEXT_STEPS: dict[Verdict, tuple[str, ...]] = {
+    Verdict.NOT_HUNG: (
+        ("The job is moving; if it is slower than expected, profile a step (py-spy record) "
+        "rather than looking for a hang."),
+    ),
+    Verdict.CLEANUP_DEADLOCK: (
+        ("Find the exception on the culprit ranks: it was raised in the training loop and is now "
+        "being handled by cleanup code; look at their logs for a traceback."),
+        ("Do not synchronise (barrier, destroy_process_group, collective checkpointing) in "
+        "__exit__/finally/atexit paths that only some ranks reach; let the launcher tear the job down."),
+        "Relaunch with TORCH_DISTRIBUTED_DEBUG=DETAIL to log every collective with ranks and shapes.",
+    ),
+    Verdict.COLLECTIVE_MISMATCH: (
+        ("Make every rank of the group issue the same collectives in the same order: look for "
+        "rank-dependent branches, uneven batches per rank and early exits around the call sites "
+        "quoted above."),
+        ("Relaunch with TORCH_DISTRIBUTED_DEBUG=DETAIL (checks that collectives match across ranks) "
+        "and NCCL_DEBUG=INFO."),
+        ("For uneven data with DDP, use the Join context manager or drop_last=True in the "
+        "DistributedSampler."),
+    ),
+    Verdict.NCCL_TIMEOUT: (
+        ("Every rank is in the same collective: suspect the transport, not the code. Check the "
+        "network between the nodes (NCCL_DEBUG=INFO, NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME, "
+        "firewalls, link state) and GPU health."),
+        ("Lower the collective timeout so the job fails fast instead of hanging "
+        "(init_process_group(timeout=...), NCCL_TIMEOUT=300)."),
+    ),
+    Verdict.STRAGGLER: (
+        ("Look at what the culprit ranks are doing (quoted above): an endless loop, a lock held "
+        "by another thread, I/O that never returns."),
+        ("Attach to a culprit with `py-spy dump --pid PID --locals` (add --native for C "
+        "extensions) to see the values involved."),
+    ),
+    Verdict.RANK_MISSING: (
+        ("Find out why the missing ranks have no process: their launcher's log, `dmesg` (OOM "
+        "killer), the scheduler's record of the node."),
+        ("Lower the collective timeout so the job fails fast when a rank dies "
+        "(init_process_group(timeout=...), NCCL_TIMEOUT=300), and let the launcher restart it."),
+    ),
+    Verdict.INIT_DEADLOCK: (
+        ("Check that every rank calls init_process_group/new_group with the same arguments, in "
+        "the same order, and that MASTER_ADDR, MASTER_PORT and WORLD_SIZE agree."),
+        ("Relaunch with TORCH_DISTRIBUTED_DEBUG=DETAIL and TORCH_CPP_LOG_LEVEL=INFO to log "
+        "rendezvous."),
+    ),
+    Verdict.UNKNOWN: (
+        "Run again with a longer window (--window) and native frames (--native).",
+    ),
+}
+
+
+# -- the facts the rules found (one type per outcome of ``classify``) -------------------
+
+
+@dataclass(frozen=True)
+class NothingCaptured:
+    """No rank could be captured at all."""
+
+
+@dataclass(frozen=True)
+class Progressing:
+    """These ranks completed distributed operations during the window."""
+
+    ranks: Sequence[RankView]
+
+
+@dataclass(frozen=True)
+class DataMoving:
+    """Nobody waits; these ranks are inside an op and bytes or CPU move."""
+
+    communicating: Sequence[RankView]
+
+
+@dataclass(frozen=True)
+class Working:
+    """Nobody is in a distributed op; these ranks work (CPU, I/O, changing stacks)."""
+
+    busy: Sequence[RankView]
+
+
+@dataclass(frozen=True)
+class RanksGone:
+    """``gone`` (missing or ``exited``) have no process while ``waiting`` wait in an op."""
+
+    gone: Sequence[int]
+    exited: Sequence[int]
+    world: int
+    waiting: Sequence[RankView]
+
+
+@dataclass(frozen=True)
+class InitSplit:
+    """``init`` wait in init/rendezvous; ``others`` went past it or never reached it."""
+
+    init: Sequence[RankView]
+    others: Sequence[RankView]
+    went_past: bool
+
+
+@dataclass(frozen=True)
+class EnvSplit:
+    """Ranks disagree on one rendezvous variable: value -> ranks, in the order first seen."""
+
+    key: str
+    values: Mapping[str | None, Sequence[int]]
+
+
+@dataclass(frozen=True)
+class InitStuck:
+    """Every rank waits in init/rendezvous; ``differ`` are the odd ones out, if any."""
+
+    init: Sequence[RankView]
+    differ: Sequence[int]
+    env: EnvSplit | None = None
+
+
+@dataclass(frozen=True)
+class CleanupStuck:
+    """``cleanup`` left the training loop and wait in cleanup while ``training`` wait in an op."""
+
+    cleanup: Sequence[RankView]
+    training: Sequence[RankView]
+
+
+@dataclass(frozen=True)
+class Straggling:
+    """``outside`` are outside any op (computing, blocked, stopped) while ``waiting`` wait."""
+
+    outside: Sequence[RankView]
+    waiting: Sequence[RankView]
+
+
+@dataclass(frozen=True)
+class Unpaired:
+    """``rank`` sends to / receives from ``peer``, which is in ``peer_op`` (or none)."""
+
+    rank: int
+    op: DistOp
+    receiving: bool
+    peer: int
+    peer_op: DistOp | None
+
+
+@dataclass(frozen=True)
+class AllReceive:
+    """Every rank in an op receives, and none sends."""
+
+    receivers: Sequence[int]
+
+
+P2PFact = Unpaired | AllReceive
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """Ranks wait in different ops: ``groups`` by op, largest first; ``p2p``: unpaired calls."""
+
+    groups: Sequence[Sequence[RankView]]
+    culprits: Sequence[int]
+    p2p: Sequence[P2PFact] = ()
+
+
+@dataclass(frozen=True)
+class SameOp:
+    """Every rank in an op waits in the same one and nothing moves."""
+
+    waiting: Sequence[RankView]
+
+
+@dataclass(frozen=True)
+class Unexplained:
+    """Nobody is in a distributed op and nothing moves."""
+
+    views: Sequence[RankView]
+
+
+Facts = (
+    NothingCaptured | Progressing | DataMoving | Working | RanksGone | InitSplit | InitStuck
+    | CleanupStuck | Straggling | Mismatch | SameOp | Unexplained
+)
+
+
+class Words(NamedTuple):
+    summary: str
+    evidence: list[str]
+
+
+# -- sentences from facts --------------------------------------------------------------
+
+
+def words(facts: Facts) -> Words:
+    """The summary and the evidence lines of one rule's facts (without the quiet line or notes)."""
+    if isinstance(facts, NothingCaptured):
+        return Words("No rank could be captured.", [])
+    if isinstance(facts, Progressing):
+        return _progressing(facts)
+    if isinstance(facts, DataMoving):
+        return _data_moving(facts)
+    if isinstance(facts, Working):
+        return _working(facts)
+    if isinstance(facts, RanksGone):
+        return _ranks_gone(facts)
+    if isinstance(facts, InitSplit):
+        return _init_split(facts)
+    if isinstance(facts, InitStuck):
+        return _init_stuck(facts)
+    if isinstance(facts, CleanupStuck):
+        return _cleanup_stuck(facts)
+    if isinstance(facts, Straggling):
+        return _straggling(facts)
+    if isinstance(facts, Mismatch):
+        return _mismatch(facts)
+    if isinstance(facts, SameOp):
+        return _same_op(facts)
+    return Words(
+        "No rank is in a distributed operation and nothing moves; hangdoc cannot tell why.",
+        [f"rank {v.rank}: {describe_rank(v)}" for v in facts.views],
+    )
+
+
+def next_steps(verdict: Verdict) -> tuple[str, ...]:
+    return NEXT_STEPS[verdict]
+
+
+def notes(unknown: Sequence[int], unreadable: Sequence[RankView]) -> list[str]:
+    """Evidence lines on the ranks hangdoc could not see, added to every verdict."""
+    lines: list[str] = []
+    if unknown:
+        lines.append(f"{_r(unknown)} are on nodes that did not answer: their state is unknown")
+    if unreadable:
+        lines.append(
+            f"{_r([v.rank for v in unreadable])} could not be read: "
+            + "; ".join(sorted({describe_rank(v) for v in unreadable}))
+        )
+    return lines
+
+
+def partial_suffix(unknown: Sequence[int]) -> str:
+    """Appended to a hang's summary when some ranks' state is unknown."""
+    return f" (partial evidence: {_r(unknown)} unknown)"
+
+
+def _ranks(views: Sequence[RankView]) -> list[int]:
+    return [v.rank for v in views]
+
+
+def _progressing(f: Progressing) -> Words:
+    return Words(
+        f"not hung: {_r(_ranks(f.ranks))} completed distributed operations during the window",
+        [progress_line(v) for v in f.ranks[:4]],
+    )
+
+
+def _data_moving(f: DataMoving) -> Words:
+    return Words(
+        f"not hung: {_r(_ranks(f.communicating))} are inside "
+        f"{op_summary(f.communicating)} and data is moving",
+        [move_line(v) for v in f.communicating[:4]],
+    )
+
+
+def _working(f: Working) -> Words:
+    return Words(
+        f"not hung: no rank waits in a distributed operation; {_r(_ranks(f.busy))} "
+        f"{_v(f.busy, 'is', 'are')} working (CPU, I/O or changing stacks)",
+        [f"rank {v.rank} is {describe_rank(v)}" for v in f.busy[:4]],
+    )
+
+
+def _ranks_gone(f: RanksGone) -> Words:
+    gone, waiting = f.gone, f.waiting
+    evidence = [f"{_r(gone)} of world size {f.world} {_v(gone, 'has', 'have')} no process"]
+    if f.exited:
+        evidence.append(f"{_r(f.exited)} exited during the capture")
+    evidence += op_lines(waiting)
+    waiting_on = op_summary(waiting) or "their last operation"
+    return Words(
+        f"rank missing: {_r(gone)} {_v(gone, 'has', 'have')} no process while "
+        f"{_r(_ranks(waiting))} {_v(waiting, 'waits', 'wait')} in {waiting_on}",
+        evidence,
+    )
+
+
+def _init_split(f: InitSplit) -> Words:
+    init_ranks, other_ranks = _ranks(f.init), _ranks(f.others)
+    evidence = op_lines(f.init) + [f"rank {v.rank} is {describe_rank(v)}" for v in f.others]
+    return Words(
+        f"init deadlock: {_r(init_ranks)} {_v(init_ranks, 'waits', 'wait')} in "
+        f"{op_summary(f.init)} while "
+        f"{_r(other_ranks)} {'went past it' if f.went_past else 'never reached it'}",
+        evidence,
+    )
+
+
+def _init_stuck(f: InitStuck) -> Words:
+    evidence = op_lines(f.init)
+    if f.env is not None:
+        evidence.insert(0, env_line(f.env))
+    summary = f"init deadlock: every rank waits in {op_summary(f.init)}"
+    if f.differ:
+        summary += f"; {_r(f.differ)} differ"
+    return Words(summary, evidence)
+
+
+def env_line(env: EnvSplit) -> str:
+    desc = ", ".join(f"{env.key}={val} on {_r(r)}" for val, r in env.values.items())
+    return f"ranks disagree on the rendezvous: {desc}"
+
+
+def _cleanup_stuck(f: CleanupStuck) -> Words:
+    culprits, training = _ranks(f.cleanup), f.training
+    evidence = [f"rank {v.rank} is on a cleanup path: {cleanup_where(v)}" for v in f.cleanup]
+    evidence += op_lines(training)
+    return Words(
+        f"cleanup deadlock: {_r(culprits)} left the training loop and "
+        f"{_v(culprits, 'waits', 'wait')} in cleanup "
+        f"({' / '.join(sorted({cleanup_short(v) for v in f.cleanup}))}) "
+        f"while {_r(_ranks(training))} {_v(training, 'waits', 'wait')} in "
+        f"{op_summary(training)}",
+        evidence,
+    )
+
+
+def _straggling(f: Straggling) -> Words:
+    culprits, waiting = _ranks(f.outside), f.waiting
+    evidence = [f"rank {v.rank} is {describe_rank(v)}" for v in f.outside]
+    evidence += op_lines(waiting)
+    doing = sorted({activity(v) for v in f.outside})
+    return Words(
+        f"straggler: {_r(culprits)} {_v(culprits, 'is', 'are')} {'/'.join(doing)} while "
+        f"{_r(_ranks(waiting))} {_v(waiting, 'waits', 'wait')} in {op_summary(waiting)}",
+        evidence,
+    )
+
+
+def _mismatch(f: Mismatch) -> Words:
+    groups, culprits = f.groups, f.culprits
+    evidence = [
+        f"{_r(_ranks(vs))} {_v(vs, 'waits', 'wait')} in {_where(vs[0].op)}" + frame_tail(vs[0])
+        for vs in groups
+    ]
+    p2p = [p2p_line(p) for p in f.p2p]
+    evidence += p2p
+    if len(groups) > 1:
+        minority = [v for vs in groups[1:] for v in vs] if culprits else []
+        if culprits and minority:
+            majority = groups[0]
+            summary = (
+                f"collective mismatch: {_r(culprits)} "
+                f"{'is' if len(culprits) == 1 else 'are'} in {op_summary(minority)} while "
+                f"{_r(_ranks(majority))} are in {_where(majority[0].op)}"
+            )
+        else:
+            summary = "collective mismatch: " + "; ".join(
+                f"{_r(_ranks(vs))} in {_where(vs[0].op)}" for vs in groups
+            )
+    else:
+        summary = "collective mismatch: point-to-point calls do not pair up: " + (
+            p2p[0] if p2p else ""
+        )
+    return Words(summary, evidence)
+
+
+def p2p_line(p: P2PFact) -> str:
+    """One send/recv that cannot complete."""
+    if isinstance(p, AllReceive):
+        return f"{_r(p.receivers)} all receive and no rank sends"
+    op = p.op
+    return (
+        f"rank {p.rank} {'receives from' if p.receiving else 'sends to'} rank {p.peer} "
+        f"({op.call_site.location if op.call_site else op.name}), but rank {p.peer} "
+        f"is in {_where(p.peer_op) if p.peer_op else 'no distributed op'}"
+    )
+
+
+def _same_op(f: SameOp) -> Words:
+    op = f.waiting[0].op
+    assert op is not None
+    return Words(
+        f"transport hang: every rank ({_r(_ranks(f.waiting))}) waits in the same {_where(op)} "
+        "and no data moves",
+        op_lines(f.waiting),
+    )
+
+
+# -- building blocks: ranks, ops, frames, counters --------------------------------------
+
+
+def _r(ranks: Sequence[int]) -> str:
+    """``rank 3`` or ``ranks 0-2,5``."""
+    ranks = sorted(ranks)
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {compress_ranks(ranks)[1:-1]}"
+
+
+def _v(ranks: Sequence[object], singular: str, plural: str) -> str:
+    """The verb form agreeing with the number of ranks."""
+    return singular if len(ranks) == 1 else plural
+
+
+def _where(op: DistOp | None) -> str:
+    return op.describe() if op is not None else "?"
+
+
+def describe_rank(v: RankView) -> str:
+    """One line on what a rank is doing, quoting its frames."""
+    if v.op is not None:
+        text = f"in {v.op.describe()}"
+        if v.op.via != "c10d call":
+            text += f", recognised by {v.op.via}"
+        if v.op.in_cleanup and v.op.cleanup_frame is not None:
+            text += f", on a cleanup path: {v.op.cleanup_frame}"
+        return text
+    if v.thread is None:
+        errors = [s.error for s in v.snap.samples if s.error]
+        return errors[-1].message if errors else "no stack"
+    return what_outside(v)
+
+
+_LOCK = re.compile(r"(\.acquire\(|\bwith\b.*\block\b|Lock\(|\.wait\(|Condition)", re.IGNORECASE)
+_IO = re.compile(r"(\.read\w*\(|\.recv\w*\(|\.accept\(|\bopen\(|\.readline|select\(|\.get\()")
+
+
+def activity(v: RankView) -> str:
+    """What a rank outside any op is doing, in a few words (computing, blocked on a lock...)."""
+    move = v.move
+    if v.state is RankState.STOPPED:
+        return "stopped (SIGSTOP or a debugger)"
+    if move is not None and move.busy:
+        return f"computing ({move.cpu_fraction:.0%} of a core)"
+    inner = (v.thread.innermost_python if v.thread else None)
+    code = (inner.code or "") if inner else ""
+    func = inner.function if inner else ""
+    if move is not None and move.status == "disk-sleep":
+        return "blocked on I/O (uninterruptible disk sleep)"
+    in_threading = inner is not None and "threading" in inner.filename
+    if func in ("acquire", "wait") and in_threading or _LOCK.search(code):
+        return "blocked on a lock"
+    if _IO.search(code) or func in ("read", "readinto", "recv", "recv_into", "accept", "select"):
+        return "blocked on I/O"
+    if "sleep(" in code:
+        return "sleeping"
+    return "idle outside any distributed op"
+
+
+def what_outside(v: RankView) -> str:
+    """A rank outside any op: its activity, relevant thread, innermost frame, other threads."""
+    inner = (v.thread.innermost_python if v.thread else None)
+    name = v.thread.name if v.thread else "?"
+    where = f" at {inner}" if inner else ""
+    code = f" `{inner.code}`" if inner and inner.code else ""
+    text = f"{activity(v)}, not in any collective: thread '{name}'{where}{code}"
+    others = other_threads(v)
+    return text + (f"; other threads: {others}" if others else "")
+
+
+def other_threads(v: RankView) -> str:
+    """Up to three other threads of the rank's latest sample, where they are."""
+    sample = v.snap.latest
+    if sample is None or v.thread is None:
+        return ""
+    parts = []
+    for th in sample.threads:
+        if th.thread_id == v.thread.thread_id:
+            continue
+        inner = th.innermost_python
+        if inner is not None:
+            parts.append(f"'{th.name}' {'running' if th.active else 'waiting'} at {inner}")
+    return "; ".join(parts[:3])
+
+
+def cleanup_where(v: RankView) -> str:
+    """Where a rank on a cleanup path is: the cleanup frame and its op, or its activity."""
+    if v.op is not None:
+        return f"{v.op.cleanup_frame or v.op.call_site} -> {v.op.describe()}"
+    return f"{v.cleanup}; {what_outside(v)}"
+
+
+def cleanup_short(v: RankView) -> str:
+    """The same, short, for a summary."""
+    if v.op is not None:
+        return v.op.describe()
+    inner = (v.thread.innermost_python if v.thread else None)
+    return f"{activity(v)} in {v.cleanup.location if v.cleanup else '?'}" + (
+        f" at {inner.function}" if inner else ""
+    )
+
+
+def progress_line(v: RankView) -> str:
+    """Why a rank counts as progressing."""
+    m = v.move
+    if m is not None and not (m.op_changed or m.left_op) and m.wakeups is not None:
+        return (
+            f"rank {v.rank} was seen only in {describe_rank(v)}, but its main thread woke "
+            f"{m.wakeups} times on its own over {m.seconds:.1f} s: the call keeps completing "
+            "and being issued again"
+        )
+    return (
+        f"rank {v.rank} went through different operations between samples "
+        f"(last: {describe_rank(v)})"
+    )
+
+
+def frame_tail(v: RankView) -> str:
+    """`` [innermost: frame]`` when the rank's innermost frame says more than its op."""
+    if v.thread is None:
+        return ""
+    inner = (v.thread.innermost_python if v.thread else None)
+    if inner is None or v.op is None or inner == v.op.call_site or inner.function == v.op.name:
+        return ""
+    return f" [innermost: {inner}]"
+
+
+def op_summary(views: Sequence[RankView]) -> str:
+    """The ops the ranks are in, sorted and deduplicated: ``all_gather (a.py:3) / barrier``."""
+    ops = sorted({v.op.describe() for v in views if v.op})
+    return " / ".join(ops) if ops else "?"
+
+
+def op_lines(views: Sequence[RankView]) -> list[str]:
+    """One line per op (and recogniser): which ranks wait in it, in the order first seen."""
+    classes: dict[str, list[int]] = defaultdict(list)
+    tails: dict[str, str] = {}
+    for v in views:
+        if v.op is None:
+            continue
+        key = v.op.describe() + (f" via {v.op.via}" if v.op.via != "c10d call" else "")
+        classes[key].append(v.rank)
+        tails.setdefault(key, frame_tail(v))
+    return [f"{_r(r)} {_v(r, 'waits', 'wait')} in {k}{tails[k]}" for k, r in classes.items()]
+
+
+def move_line(v: RankView) -> str:
+    """A communicating rank's counters."""
+    m = v.move
+    if m is None:
+        return f"rank {v.rank}: no counters"
+    cpu = f"{m.cpu_fraction:.0%} CPU" if m.cpu_fraction is not None else "CPU unknown"
+    io = ""
+    if m.bytes_per_second is not None:
+        io = f"{m.bytes_per_second / 1e6:.1f} MB/s read+written"
+    return f"rank {v.rank} in {describe_rank(v)}: {cpu}, {io} over {m.seconds:.1f} s"
+
+
+def quiet_line(waiting: Sequence[RankView]) -> str:
+    """The counters of the waiting ranks, which show that nothing moved on them."""
+    moves = [v.move for v in waiting if v.move is not None]
+    if not moves:
+        return "no progress counters were available"
+    seconds = min(m.seconds for m in moves)
+    cpu = max((m.cpu_fraction or 0.0) for m in moves)
+    io = max((m.bytes_per_second or 0.0) for m in moves)
+    return (
+        f"nothing moved on the waiting ranks over {seconds:.1f} s: stacks unchanged, "
+        f"at most {cpu:.1%} CPU and {io / 1024:.1f} KiB/s read+written"
+    )

@@ -1,0 +1,82 @@
+"""What one ``hangdoc watch`` is asked to do: ``WatchConfig`` (the CLI builds it; the watch
+reads argparse nowhere) and ``OnHang``, the ``--on-hang`` action.
+
+``check_config`` refuses, before anything is started, the combinations and the numbers
+the watch cannot work with. ``Say`` is where the watch's messages go (the CLI prints them
+on stderr).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..diagnose import CaptureOptions
+from ..errors import UsageError
+from ..fleet.node import Node
+from .stall import StallPolicy
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class OnHang:
+    """``--on-hang``: report (keep watching), kill, or exec a command."""
+
+    action: str = "report"
+    command: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> OnHang:
+        try:
+            words = shlex.split(text)
+        except ValueError as err:  # "No closing quotation", "No escaped character"
+            raise UsageError(f"--on-hang {text!r}: cannot split it like a shell command line: "
+                             f"{str(err).lower()}") from None
+        if words in (["report"], ["kill"]):
+            return cls(words[0])
+        if words == ["exec"]:
+            raise UsageError(f"--on-hang {text!r}: exec needs a command: 'exec CMD [ARGS]'")
+        if len(words) >= 2 and words[0] == "exec":
+            return cls("exec", tuple(words[1:]))
+        raise UsageError(f"--on-hang {text!r}: expected report, kill or 'exec CMD [ARGS]'")
+
+
+@dataclass(frozen=True, slots=True)
+class WatchConfig:
+    command: tuple[str, ...] = ()  # wrap this command; empty: attach to ``job``
+    job: str | None = None  # the job spec (attach), or which job the wrapped command runs
+    out: Path = Path("hangs")
+    policy: StallPolicy = field(default_factory=StallPolicy)
+    check_interval: float | None = None  # default 1 s, or pace.PROBE_INTERVAL when sampling stacks
+    step_regex: str | None = None
+    log: str | None = None
+    on_hang: OnHang = OnHang()
+    kill_grace: float = 10.0
+    max_postpone: int = 3
+    capture: CaptureOptions = field(default_factory=CaptureOptions)
+    nodes: Sequence[Node] | None = None  # agents; None: this node
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+
+
+def check_config(config: WatchConfig) -> None:
+    """Raise ``UsageError`` for a watch that cannot be run as asked."""
+    if config.nodes is not None and config.on_hang.action == "kill" and not config.command:
+        raise UsageError("--on-hang kill cannot end ranks on other nodes through agents",
+                         help="Use --on-hang 'exec CMD' to call your scheduler (scancel, kubectl delete), "
+                         "or wrap the launcher: hangdoc watch --agents ... -- srun ...")
+    if not config.command and not config.job:
+        raise UsageError("watch needs a JOB to attach to or a command after `--`")
+    if config.command and config.nodes is not None and not config.job:
+        raise UsageError("with --agents, say which job the wrapped command runs: --job HOST:PORT")
+    # numbers the loop sleeps and waits on: a NaN would crash ``time.sleep`` or never expire
+    if config.check_interval is not None and not (math.isfinite(config.check_interval) and config.check_interval > 0):
+        raise UsageError(f"--check-interval {config.check_interval!r}: need a finite number above 0")
+    if not (math.isfinite(config.kill_grace) and config.kill_grace >= 0):
+        raise UsageError(f"--kill-grace {config.kill_grace!r}: need a finite number, 0 or more")

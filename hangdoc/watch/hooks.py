@@ -1,0 +1,64 @@
+"""``--on-hang 'exec CMD [ARGS]'``: the commands run when a hang is reported.
+
+Each is started in the background, not through a shell, with the hang directory in its
+arguments (``{report}``, or appended) and environment (``HANGDOC_HANG_DIR``,
+``HANGDOC_REPORT``), and the watch goes on. Their exit is collected at every check (a
+non-zero status is said), ending the job never signals them, and the watchdog waits for
+them before it exits.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from .config import Say
+from .jobcontrol import exit_status
+
+
+class Hooks:
+    """The ``--on-hang exec`` commands started and not yet seen to exit."""
+
+    def __init__(self, command: Sequence[str], env: Mapping[str, str], say: Say) -> None:
+        self.command = tuple(command)
+        self.env = env
+        self.say = say
+        self.running: list[subprocess.Popen[bytes]] = []
+
+    def pids(self) -> list[int]:
+        return [h.pid for h in self.running]
+
+    def start(self, path: Path) -> None:
+        """Run the command for the hang directory ``path``; one line when it cannot run."""
+        words = list(self.command)
+        if any("{report}" in w for w in words):
+            words = [w.replace("{report}", str(path)) for w in words]
+        else:
+            words.append(str(path))
+        env = dict(self.env, HANGDOC_HANG_DIR=str(path), HANGDOC_REPORT=str(path / "report.json"))
+        try:
+            self.running.append(subprocess.Popen(words, env=env, stdin=subprocess.DEVNULL))
+            self.say(f"ran --on-hang exec: {shlex.join(words)}")
+        except (OSError, ValueError, subprocess.SubprocessError) as err:
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            self.say(f"could not run the --on-hang exec command {words[0]!r}: {reason}; keeping watch")
+
+    def reap(self) -> None:
+        """Collect the commands that exited; say a non-zero status."""
+        for hook in list(self.running):
+            if hook.poll() is not None:
+                self.running.remove(hook)
+                if hook.returncode:
+                    self.say(f"--on-hang exec command exited with status {exit_status(hook.returncode)}")
+
+    def end(self, timeout: float = 30.0) -> None:
+        """Give the commands (a pager call) ``timeout`` seconds in all to finish before we exit."""
+        deadline = time.monotonic() + timeout
+        for hook in self.running:
+            try:
+                hook.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.say(f"--on-hang exec command (pid {hook.pid}) still running; left alone")

@@ -1,0 +1,104 @@
+"""The watched job as the watchdog acts on it: the spec a diagnosis runs against,
+``--on-hang`` once a hang is reported, and the ways it is ended (``--on-hang kill``, a
+second signal, a watch that stops on an error).
+
+A wrapped job is its ``Supervisor``'s command (its processes wherever they went); an
+attached job is the ranks on this node and their launchers (``Ranks``). The ``--on-hang
+exec`` commands are never ended with it. The wrapped job never outlives the watch by
+accident: ``abandon`` ends it whatever stops the watch.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from ..errors import HangdocError
+from .config import OnHang, Say
+from .hooks import Hooks
+from .jobcontrol import end_job
+from .ranks import Ranks
+from .supervisor import Supervisor
+
+EXIT_HANG_KILLED = 124  # --on-hang kill ended the job (like timeout(1))
+
+
+class Job:
+    """The wrapped command (``supervisor``) or the attached ``ranks``, to name and to end."""
+
+    def __init__(self, spec: str | None, supervisor: Supervisor | None, ranks: Ranks | None, hooks: Hooks,
+                 grace: float, say: Say) -> None:
+        self._spec = spec  # given; else the wrapped command's pid
+        self.supervisor = supervisor
+        self.ranks = ranks
+        self.hooks = hooks
+        self.grace = grace  # --kill-grace
+        self.say = say
+
+    @property
+    def spec(self) -> str:
+        if self._spec:
+            return self._spec
+        assert self.supervisor is not None
+        return f"pid:{self.supervisor.pid}"
+
+    def exited(self) -> bool:
+        """The wrapped command has exited."""
+        return self.supervisor is not None and self.supervisor.exited()
+
+    def end(self, grace: float) -> None:
+        """End the job's process trees, never the hook commands; collect the command's status."""
+        if (sup := self._started()) is not None:
+            left = sup.end(grace, spare=self.hooks.pids())
+        else:
+            left = end_job(self._roots(), grace, spare=self.hooks.pids())
+        if left:
+            self.say(f"could not end pid(s) {', '.join(map(str, left))}")
+
+    def kill(self) -> int:
+        """``--on-hang kill``: end the job, wait for the hook commands; the exit status."""
+        trees = 1 if self._started() else len(self._roots())
+        self.say(f"--on-hang kill: ending the job ({trees} process tree(s)), grace {self.grace:g} s")
+        self.end(self.grace)
+        self.hooks.end()
+        return EXIT_HANG_KILLED
+
+    def on_hang(self, action: OnHang, path: Path | None) -> int | None:
+        """``--on-hang`` for a hang reported in ``path`` (None: no directory took it)."""
+        if action.action == "kill":
+            return self.kill()
+        if action.action == "exec":
+            if path is not None:
+                self.hooks.start(path)
+            else:
+                self.say("could not run the --on-hang exec command: no directory could take the report")
+        else:
+            self.say("keeping watch (--on-hang report); the job is left as it is")
+        return None
+
+    def stop(self) -> int:
+        """A second signal: end the whole job at 2 s notice; the command's status, else 143."""
+        self.say("second signal: ending the wrapped command and all its processes")
+        self.end(grace=2.0)
+        status = self.supervisor.status() if self.supervisor is not None else None
+        return status if status is not None else 128 + signal.SIGTERM
+
+    def abandon(self, err: BaseException) -> None:
+        """The watch is leaving by an exception: the wrapped job must not outlive it."""
+        sup = self._started()
+        if sup is None:
+            return
+        cause = ("interrupted" if isinstance(err, KeyboardInterrupt) else
+                 "stopping on an error" if isinstance(err, HangdocError) else "internal error")
+        self.say(f"{cause}: ending the wrapped command (pid {sup.pid}) and all its processes")
+        try:
+            self.end(self.grace)
+        except Exception:  # noqa: BLE001 - the way out must not fail: the command's group at least
+            sup.kill()
+
+    def _started(self) -> Supervisor | None:  # the wrapped command's, once it started
+        return self.supervisor if self.supervisor is not None and self.supervisor.child is not None else None
+
+    def _roots(self) -> list[int]:
+        """Attach mode: the ranks on this node and their launchers."""
+        return self.ranks.roots() if self.ranks is not None else []

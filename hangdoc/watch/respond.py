@@ -1,0 +1,127 @@
+"""What the watchdog does about a silence longer than the stall timeout.
+
+The full ``diagnose`` pipeline runs against the still-hung job; then what the job did
+meanwhile is collected. Steps that resumed, or a job that ended, dismiss the stall (the
+next one is timed from those steps). Otherwise ``stall.judge`` decides from the
+diagnosis: dismiss (progress), postpone (a straggler still working), or fire: the hang
+directory is written (``incident``), even for a diagnosis that failed, and ``--on-hang``
+applies: keep watching, end the job, or run the exec command.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from ..diagnose import diagnose
+from ..errors import HangdocError
+from ..model import Diagnosis, Heartbeat, JobSnapshot, RankState
+from .config import Say, WatchConfig
+from .incident import write_failed_incident, write_incident
+from .job import Job
+from .metrics import MetricsBoard
+from .pace import Pace
+from .stall import Action, Alarm, Signal, StallClock, judge, resumed_at
+from .supervisor import LOCAL
+
+
+class Responder:
+    """A stall: diagnose the job, judge, then dismiss, postpone or fire (an exit code when
+    ``--on-hang kill`` ended the job)."""
+
+    def __init__(self, config: WatchConfig, say: Say, board: MetricsBoard, pace: Pace, alarm: Alarm, job: Job,
+                 collect: Callable[[], None]) -> None:
+        self.c = config
+        self.say = say
+        self.board = board
+        self.pace = pace
+        self.alarm = alarm
+        self.job = job
+        self.collect = collect  # the loop's look at the job's activity
+
+    def on_stall(self, sig: Signal, clock: StallClock, now: float) -> int | None:
+        trigger = self.pace.trigger(sig, now, heartbeat_details(self.pace))
+        self.board.count("suspected_total")
+        self.say(f"stall suspected: {trigger.sentence()}; diagnosing {self.job.spec}")
+        started = time.monotonic()
+        try:
+            snapshot, diagnosis = diagnose(self.job.spec, self.c.capture, None, self.c.nodes)
+        except HangdocError as err:
+            self.board.count_diagnosis("failed")
+            if reason := self._moved_on(clock, now, None):
+                return self._dismiss(reason, resumed_at(clock, now))
+            self.say(f"could not diagnose: {err}")
+            path = write_failed_incident(self.c.out, self.job.spec, trigger, str(err), err.help, self.say)
+            self.board.count("reports_total")
+            return self._fire(path, "unknown", f"could not diagnose: {err}")
+        self.board.count_diagnosis(diagnosis.verdict.value)
+        if reason := self._moved_on(clock, now, diagnosis):
+            return self._dismiss(reason, resumed_at(clock, now))
+        decision = judge(diagnosis, self.alarm.postponed, self.c.max_postpone)
+        if decision.action is Action.DISMISS:
+            return self._dismiss(decision.reason)
+        if decision.action is Action.POSTPONE:
+            self.alarm.postpone()
+            self.say(f"not yet: {decision.reason}")
+            return None
+        trigger = replace(trigger, details=heartbeat_details(self.pace, snapshot) or trigger.details)
+        path = write_incident(self.c.out, snapshot, diagnosis, trigger, decision.reason,
+                              time.monotonic() - started, self.say)
+        self.board.count("reports_total")
+        culprits = diagnosis.culprit_ranks
+        head = diagnosis.verdict.value + (f" (culprit ranks {', '.join(map(str, culprits))})" if culprits else "")
+        return self._fire(path, head, diagnosis.summary)
+
+    def _moved_on(self, clock: StallClock, since: float, diagnosis: Diagnosis | None) -> str | None:
+        """Why the stall is over by the time the diagnosis is done, or None: steps resumed,
+        or the job (or every rank the diagnosis saw) exited."""
+        self.collect()  # what the job did while we looked
+        if clock.last is not None and clock.last > since:
+            taken = f" ({diagnosis.verdict.value} taken meanwhile)" if diagnosis else ""
+            return f"steps resumed during the diagnosis{taken}"
+        if self.job.exited() or (
+                diagnosis and diagnosis.ranks and all(ra.state is RankState.EXITED for ra in diagnosis.ranks)):
+            return "the job ended during the diagnosis"
+        return None
+
+    def _dismiss(self, reason: str, since: float | None = None) -> int | None:
+        """Not a hang. The next stall is timed from now, or from ``since`` when the job showed
+        activity then (steps that resumed while the diagnosis ran)."""
+        self.board.count("dismissed_total")
+        self.alarm.dismiss(since)
+        self.say(f"not a hang: {reason}")
+        return None
+
+    def _fire(self, path: Path | None, head: str, summary: str) -> int | None:
+        """``path``: the hang directory, None when no directory could take the report."""
+        self.alarm.fire()
+        self.board.update(stalled=True)
+        self.say(f"HANG {head}: {summary}")
+        if path is not None:
+            self.say(f"report: {path}/report.txt (json: {path}/report.json)")
+        return self.job.on_hang(self.c.on_hang, path)
+
+
+def heartbeat_details(pace: Pace, snapshot: JobSnapshot | None = None) -> tuple[str, ...]:
+    """One line per heartbeat record; ranks named from the fleet or, for a wrapped job's
+    own records, from the diagnosis that found them."""
+    if pace.heartbeats is None or not pace.heartbeats.records:
+        return ()
+    where_is = pace.ranks.where_is() if pace.ranks is not None else {}
+    if snapshot is not None:
+        where_is.update({(LOCAL, r.process.pid): (r.process.rank, r.process.host) for r in snapshot.ranks})
+
+    def order(item: tuple[tuple[str, int], Heartbeat]) -> tuple[bool, int, str, int]:
+        rank = where_is.get(item[0], (None, None))[0]
+        return rank is None, rank or 0, item[0][0], item[0][1]
+
+    out = []
+    for (node, pid), hb in sorted(pace.heartbeats.records.items(), key=order):
+        rank, host = where_is.get((node, pid), (None, None))
+        who = f"rank {rank} (pid {pid} on {host})" if rank is not None else f"pid {pid}"
+        at = f"step {hb.step}" if hb.step is not None else f"beat {hb.beats}"
+        inside = ", inside a step" if hb.in_step else ""
+        out.append(f"{who}: last heartbeat {hb.age_seconds:.1f} s ago at {at}{inside}")
+    return tuple(out)

@@ -1,0 +1,136 @@
+"""The house rules: imports run one way, down the pipeline, and nothing imports in a circle.
+
+Read from the source with ``ast`` (every import counts: module level, inside functions,
+under ``TYPE_CHECKING``), so a rule is broken the moment the line is written, not when a
+code path happens to run. ``docs/architecture.md`` explains the rules.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+import pytest
+from support.paths import REPO
+
+PACKAGE = REPO / "hangdoc"
+GROUND = {"hangdoc", "hangdoc.model", "hangdoc.errors", "hangdoc.bundle", "hangdoc.heartbeat"}
+
+# what each floor may import besides the standard library, third-party packages and itself
+MAY_IMPORT = {
+    "ground": {"ground"},
+    "capture": {"ground"},
+    "analysis": {"ground"},
+    "report": {"ground"},
+    "fleet": {"ground", "capture"},
+    "diagnose": {"ground", "capture", "fleet", "analysis"},
+    "watch": {"ground", "capture", "fleet", "analysis", "report", "diagnose"},
+    "cli": {"ground", "capture", "fleet", "analysis", "report", "diagnose", "watch"},
+}
+# third-party modules only one floor may use
+ONLY_IN = {"networkx": {"analysis"}, "grpc": {"fleet"}, "google.protobuf": {"fleet"}}
+STUB_USERS = {"hangdoc.fleet.wire", "hangdoc.fleet.agent", "hangdoc.fleet.client"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def floor(module: str) -> str:
+    if module in GROUND:
+        return "ground"
+    parts = module.split(".")
+    if parts[1] in ("capture", "fleet", "analysis", "report", "watch", "diagnose"):
+        return parts[1]
+    if parts[1] in ("cli", "cliargs", "__main__"):
+        return "cli"
+    raise AssertionError(f"{module} belongs to no floor: add it to the rules and docs/architecture.md")
+
+
+def is_module(name: str) -> bool:
+    path = REPO.joinpath(*name.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module ``path`` imports: hangdoc modules by full name, others by their name."""
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            for alias in node.names:  # ``from . import wire`` imports a module
+                if is_module(f"{target}.{alias.name}"):
+                    found.add(f"{target}.{alias.name}")
+    return found - {me}
+
+
+def package_sources() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "v1" not in p.relative_to(PACKAGE).parts)
+
+
+GRAPH = {module_name(p): imports_of(p) for p in package_sources()}
+
+
+def internal(names: set[str]) -> set[str]:
+    return {n for n in names if n == "hangdoc" or n.startswith("hangdoc.")}
+
+
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_imports_run_down_the_pipeline(module: str) -> None:
+    mine = floor(module)
+    allowed = MAY_IMPORT[mine] | {mine}
+    wrong = sorted(
+        name for name in internal(GRAPH[module])
+        if not name.startswith("hangdoc.fleet.v1") and floor(name) not in allowed
+    )
+    assert wrong == [], f"{module} ({mine}) may import only {sorted(allowed)}"
+
+
+def test_the_package_root_imports_only_the_heartbeat() -> None:
+    # ``import hangdoc`` in a training script must stay free of every dependency
+    assert internal(GRAPH["hangdoc"]) == {"hangdoc.heartbeat"}
+    assert internal(GRAPH["hangdoc.heartbeat"]) == set()
+
+
+def test_generated_stubs_only_behind_the_wire() -> None:
+    users = {m for m, names in GRAPH.items() if any(n.startswith("hangdoc.fleet.v1") for n in names)}
+    assert users <= STUB_USERS
+
+
+@pytest.mark.parametrize("third_party", sorted(ONLY_IN))
+def test_third_party_stays_on_its_floor(third_party: str) -> None:
+    users = {
+        m for m, names in GRAPH.items()
+        if any(n == third_party or n.startswith(third_party + ".") for n in names)
+    }
+    assert {floor(m) for m in users} <= ONLY_IN[third_party], sorted(users)
+
+
+def test_no_import_circles() -> None:
+    graph = nx.DiGraph()
+    for module, names in GRAPH.items():
+        graph.add_node(module)
+        # a package imports its own submodules to re-export them; that is no circle
+        graph.add_edges_from((module, n) for n in internal(names) if n in GRAPH
+                             and not n.startswith(module + "."))
+    cycles = list(nx.simple_cycles(graph))
+    assert cycles == []
+
+
+def test_the_rules_see_every_import() -> None:
+    # the walk above must not be blind: these edges exist and are allowed
+    assert "hangdoc.model" in GRAPH["hangdoc.analysis.analyse"]
+    assert "hangdoc.fleet.wire" in GRAPH["hangdoc.fleet.agent"]
+    assert "networkx" in GRAPH["hangdoc.analysis.merge"]
+    assert floor("hangdoc.report.terminal") == "report"
