@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TypeVar
 
 from ..capture.discover import Discovery
@@ -25,14 +25,15 @@ ROUND_SLACK = 1.0  # seconds a node may take beyond its dumps' own timeout (netw
 T = TypeVar("T")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Fleet:
-    """The job as found across nodes: which node holds which rank process."""
+    """The job as found across nodes: which node holds which rank process (ranks in order),
+    and the nodes that did not answer when it was found."""
 
-    placed: list[tuple[Node, RankProcess]]
+    placed: tuple[tuple[Node, RankProcess], ...]
     world_size: int | None
-    notes: list[str] = field(default_factory=list)
-    unreachable: list[Unreachable] = field(default_factory=list)
+    notes: tuple[str, ...] = ()
+    unreachable: tuple[Unreachable, ...] = ()
 
     @property
     def procs(self) -> list[RankProcess]:
@@ -108,7 +109,7 @@ def find_ranks(nodes: Sequence[Node], spec: JobSpec, deadline: float | None = No
                           unreachable=tuple(f"{u.target}: {u.reason}" for u in unreachable))
     notes += [f"{e} (no rank there)" for e in empty]
     placed.sort(key=lambda np: (np[1].rank is None, np[1].rank if np[1].rank is not None else 0))
-    return Fleet(placed, max(worlds) if worlds else None, notes, unreachable)
+    return Fleet(tuple(placed), max(worlds) if worlds else None, tuple(notes), tuple(unreachable))
 
 
 @dataclass(frozen=True, slots=True)

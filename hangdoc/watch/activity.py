@@ -175,7 +175,7 @@ class LogTail:
             self._handle.close()
 
 
-class HeartbeatReader:
+class HeartbeatSource:
     """The records written by ``hangdoc.heartbeat()`` in the job's processes, as ``fetch``
     returns them (a directory's records, or the fleet's through its nodes)."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime
 
-from .activity import Event, EventQueue, HeartbeatReader, LogTail, StepPattern
+from .activity import Event, EventQueue, HeartbeatSource, LogTail, StepPattern
 from .config import WatchConfig
 from .ranks import Ranks
 from .stall import Signal, StallClock, Trigger
@@ -29,7 +29,7 @@ class Pace:
         self.wrapped = bool(config.command)  # the command's output is read
         self.queue = EventQueue()  # output events, from the reader threads
         self.log: LogTail | None = None
-        self.heartbeats: HeartbeatReader | None = None
+        self.heartbeats: HeartbeatSource | None = None
         self.ranks = ranks  # their stacks are sampled when ``ranks.probe`` is set
         self.last_step: int | None = None
 

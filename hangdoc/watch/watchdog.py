@@ -27,7 +27,7 @@ from ..capture.pyspy import find_pyspy
 from ..errors import HangdocError, InternalError
 from ..fleet.node import LocalNode
 from ..model import Heartbeat
-from .activity import HeartbeatReader, tee
+from .activity import HeartbeatSource, tee
 from .config import OnHang, Say, WatchConfig, check_config
 from .hooks import Hooks
 from .incident import check_out
@@ -106,7 +106,7 @@ class WrappedRun:
         sup = self.supervisor
         become_subreaper()
         with heartbeat_dir() as hb_dir:
-            self.pace.heartbeats = HeartbeatReader(lambda: self._beats(Path(hb_dir)))
+            self.pace.heartbeats = HeartbeatSource(lambda: self._beats(Path(hb_dir)))
             with sup.signals.installed():
                 try:
                     child = sup.start(self.c.env, hb_dir)
@@ -156,7 +156,7 @@ class AttachedRun:
     def run(self) -> int:
         fleet = self.ranks.find()
         self.say(f"watching {self.c.job}: {len(fleet.placed)} rank process(es); reports go to {self.c.out}/")
-        self.pace.heartbeats = HeartbeatReader(self.ranks.heartbeats)
+        self.pace.heartbeats = HeartbeatSource(self.ranks.heartbeats)
         self.ranks.start()
         code = self.loop.run(self.ranks.gone)
         if code is not None:

@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support.harness import _tagged_pids, launch, load_meta
+from support.harness import _tagged_pids, is_running, launch, load_meta
 from support.tinyjob import write_job
 
 
@@ -28,7 +28,7 @@ def test_launch_then_kill_leaves_no_tagged_process(tmp_path: Path, launch_line: 
         assert _tagged_pids(job.tag) == set(pids)
         spec = job.job_spec()
     assert _tagged_pids(job.tag) == set()
-    assert not any(_exists(pid) for pid in pids)
+    assert not any(is_running(pid) for pid in pids)
     assert spec == (f"127.0.0.1:{job.port}" if meta.mode == "direct"
                     else f"pid:{job.launcher.pid}")
     for rank in range(nproc):
@@ -54,14 +54,6 @@ def _namespaces(prefix: str) -> set[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
     names = {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
     return {name for name in names if name.startswith(prefix)}
-
-
-def _exists(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().split(") ")[1][0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.timeout(60)

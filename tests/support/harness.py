@@ -410,3 +410,12 @@ def kill_tagged(tag: str, timeout: float = 20) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"processes {sorted(victims)} survive SIGKILL")
         time.sleep(0.05)
+
+
+def is_running(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False

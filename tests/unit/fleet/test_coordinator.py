@@ -153,12 +153,12 @@ def test_a_node_lost_mid_capture_is_listed_once_with_its_ranks_and_first_reason(
     up = RecordedNode("n0", ranks_on("n0", {0: "reduce", 1: "reduce"}))
     flaky = FlakyNode("n1", ranks_on("n1", {2: "reduce", 3: "reduce"}))
     fleet = find_ranks([up, flaky], SPEC)
-    assert fleet.unreachable == []
+    assert fleet.unreachable == ()
     snapshot, d = observe("x", fleet, CaptureOptions(window=0.2, interval=0.05), lambda m: None)
     assert flaky.rounds > 1  # asked again every round
     assert snapshot.unreachable == (Unreachable("n1", "ConnectionResetError: reset in round 1", (2, 3)),)
     assert d.partial
-    assert fleet.unreachable == []  # recorded by the capture, not in the fleet
+    assert fleet.unreachable == ()  # recorded by the capture, not in the fleet
 
 
 def test_no_node_has_the_job() -> None:

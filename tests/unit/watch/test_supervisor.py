@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from support.harness import is_running
 
 from hangdoc.errors import HangdocError, JobNotFound, UsageError
 from hangdoc.watch.activity import Event
@@ -28,14 +29,6 @@ from hangdoc.watch.watchdog import OnHang, WatchConfig, Watchdog
 # a command that says when it is ready; IGNORE_TERM: it and its background sleep ignore SIGTERM
 WAITS = "echo ready; exec sleep 60"
 IGNORE_TERM = "trap '' TERM; sleep 60 & echo $!; wait"
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except OSError:
-        return False
 
 
 def _until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
@@ -104,7 +97,7 @@ def test_end_gives_sigterm_its_grace_then_sigkills_every_session(started, sleepe
     assert left == []
     assert 0.5 <= took < 10, took  # the whole grace, then SIGKILL
     assert sup.status() == 128 + signal.SIGKILL
-    assert not _running(worker)
+    assert not is_running(worker)
     assert sleeper.poll() is None, "a spared process (a hook command) was signalled"
 
 
@@ -187,7 +180,7 @@ def test_end_waits_for_hooks_then_leaves_them_alone(tmp_path: Path) -> None:
         assert 0.1 <= time.monotonic() - t0 < 5
         (pid,) = hooks.pids()
         assert said[-1] == f"--on-hang exec command (pid {pid}) still running; left alone"
-        assert _running(pid)
+        assert is_running(pid)
     finally:
         for hook in hooks.running:
             hook.kill()
@@ -250,7 +243,7 @@ def test_abandon_ends_the_wrapped_job(err: BaseException, cause: str, started) -
     sup, line = started(IGNORE_TERM)
     _job(sup, said).abandon(err)
     assert said == [f"{cause}: ending the wrapped command (pid {sup.pid}) and all its processes"]
-    assert sup.status() == 128 + signal.SIGKILL and not _running(int(line))
+    assert sup.status() == 128 + signal.SIGKILL and not is_running(int(line))
 
 
 def test_abandon_still_kills_the_command_s_group_when_ending_it_fails(started, monkeypatch) -> None:

@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from support.harness import corpus, launch
+from support.harness import corpus, is_running, launch
 from support.paths import TESTS
 
 from hangdoc.analysis.analyse import analyse
@@ -24,7 +24,7 @@ from hangdoc.cli import main
 from hangdoc.errors import JobNotFound, UsageError
 from hangdoc.fleet.client import AgentError
 from hangdoc.watch import jobcontrol
-from hangdoc.watch.activity import EventQueue, HeartbeatReader, LogTail, StepPattern, _Scanner
+from hangdoc.watch.activity import EventQueue, HeartbeatSource, LogTail, StepPattern, _Scanner
 from hangdoc.watch.incident import new_dir
 from hangdoc.watch.metrics import MetricsBoard, render, serve
 from hangdoc.watch.stall import Action, Signal, StallClock, StallPolicy, Trigger, judge
@@ -231,7 +231,7 @@ def _beat(directory: Path, code: str) -> int:
 
 
 def test_heartbeat_reader_counts_steps_between_looks(tmp_path: Path) -> None:
-    reader = HeartbeatReader(lambda: read_dir(tmp_path))
+    reader = HeartbeatSource(lambda: read_dir(tmp_path))
     assert reader.poll() == []
     a = _beat(tmp_path, "for s in range(8):\n    with hangdoc.step(s): pass")
     first = reader.poll()
@@ -300,7 +300,7 @@ def test_end_job_reaches_other_sessions_and_escalates(tmp_path: Path) -> None:
         root.wait(timeout=5)
         assert root.returncode == -signal.SIGKILL
         for pid in members:
-            assert not _running(pid), pid
+            assert not is_running(pid), pid
     finally:
         if root.poll() is None:
             root.kill()
@@ -309,14 +309,6 @@ def test_end_job_reaches_other_sessions_and_escalates(tmp_path: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except OSError:
-        return False
 
 
 def test_exit_status_like_a_shell() -> None:
@@ -404,7 +396,7 @@ def test_attach_samples_stacks_fires_and_kills(tmp_path: Path) -> None:
             check=False, capture_output=True, text=True, timeout=150,
         )
         assert result.returncode == 124, result.stderr[-3000:]
-        assert all(not _running(pid) for pid in pids), "--on-hang kill left job processes"
+        assert all(not is_running(pid) for pid in pids), "--on-hang kill left job processes"
     (hang,) = list(out.iterdir())
     report = json.loads((hang / "report.json").read_text())
     assert report["verdict"] == meta.verdict == "cleanup_deadlock"
