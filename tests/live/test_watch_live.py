@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.harness import free_port, kill_tagged, tagged_pids
+from support.harness import corpus, free_port, is_running, kill_tagged, launch, tagged_pids
 from support.paths import TESTS
 
 pytestmark = [pytest.mark.timeout(240)]
@@ -177,3 +177,28 @@ def test_long_but_progressing_pause_is_not_a_hang(watch_run) -> None:
     assert "stall suspected" in err
     assert "not a hang" in err or "not yet" in err
     assert "training done" in run.stdout.read_text()
+
+
+# ----------------------------------------------------- attach to a real hung job
+
+
+@pytest.mark.timeout(180)
+def test_attach_samples_stacks_fires_and_kills(tmp_path: Path) -> None:
+    meta = next(m for m in corpus() if m.name == "cleanup_trainer_exit_barrier")
+    out = tmp_path / "hangs"
+    with launch(meta, tmp_path / "job") as job:
+        job.wait_ready()
+        pids = job.pids()
+        result = subprocess.run(
+            [sys.executable, "-m", "hangdoc", "watch", job.job_spec(), "--stall-after", "2", "--check-interval", "1",
+             "--on-hang", "kill", "--kill-grace", "3", "--out", str(out)],
+            check=False, capture_output=True, text=True, timeout=150,
+        )
+        assert result.returncode == 124, result.stderr[-3000:]
+        assert all(not is_running(pid) for pid in pids), "--on-hang kill left job processes"
+    (hang,) = list(out.iterdir())
+    report = json.loads((hang / "report.json").read_text())
+    assert report["verdict"] == meta.verdict == "cleanup_deadlock"
+    assert report["culprit_ranks"] == sorted(meta.culprits)
+    assert report["watch"]["signal"] == "stacks"
+    assert report["watch"]["silence_seconds"] <= report["watch"]["timeout_seconds"] + report["watch"]["check_interval"]

@@ -1,9 +1,8 @@
 """Discovery: which processes are ranks, with what number, under which launcher.
 
-The rules are checked twice: on hand-built process tables (fast, every shape), and on real
-gloo jobs blocked in a collective (``tests/data/gloo_hang.py``) under torchrun, direct
-launch, ``torch.multiprocessing.spawn`` and a Slurm-style launcher. Each real rank writes
-its pid into a ready file, so the tests know which pid must carry which rank.
+Here on hand-built process tables (fast, every shape) and on this node's own process
+table; the same rules on real gloo jobs under every launcher are in
+``tests/live/test_discover_live.py``.
 """
 
 from __future__ import annotations

@@ -203,9 +203,10 @@ def test_a_user_may_read_only_its_own_dumpable_processes() -> None:
                  sys.executable, "-c", "import time; time.sleep(60)"]
     procs = [subprocess.Popen(as_nobody) for _ in range(2)]
     try:
-        for _ in range(100):
-            creds = ProcCreds.of(procs[0].pid)
-            if creds and creds.uids[0] == 65534:
+        for _ in range(200):  # both switched user and exec'd python (dumpable again after exec)
+            creds = [ProcCreds.of(p.pid) for p in procs]
+            execd = all(os.readlink(f"/proc/{p.pid}/exe") == os.path.realpath(sys.executable) for p in procs)
+            if execd and all(c and c.uids[0] == 65534 for c in creds):
                 break
             threading.Event().wait(0.05)
         nobody = Caller(operator=False, uid=65534, pid=procs[0].pid, _creds=ProcCreds.of(procs[0].pid))

@@ -1,6 +1,6 @@
 """The watchdog's parts: stall clocks, the hang judgement, signals, metrics, job control,
-the hang directory and the command line. The live runs on training jobs are in
-``test_watch_live.py``; the attach-mode run on a corpus job is at the end of this file."""
+the hang directory and the command line. The runs on real training jobs, wrapped and
+attached, are in ``tests/live/test_watch_live.py``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from support.harness import corpus, is_running, launch
+from support.harness import is_running
 from support.paths import TESTS
 
 from hangdoc.analysis.analyse import analyse
@@ -378,31 +378,6 @@ def test_wrapped_exit_status_passes_through(tmp_path: Path) -> None:
 def test_attach_to_a_job_that_does_not_exist(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["watch", "127.0.0.1:1"]) == 3
     assert "no" in capsys.readouterr().err
-
-
-# ----------------------------------------------------- attach to a real hung job
-
-
-@pytest.mark.timeout(180)
-def test_attach_samples_stacks_fires_and_kills(tmp_path: Path) -> None:
-    meta = next(m for m in corpus() if m.name == "cleanup_trainer_exit_barrier")
-    out = tmp_path / "hangs"
-    with launch(meta, tmp_path / "job") as job:
-        job.wait_ready()
-        pids = job.pids()
-        result = subprocess.run(
-            [sys.executable, "-m", "hangdoc", "watch", job.job_spec(), "--stall-after", "2", "--check-interval", "1",
-             "--on-hang", "kill", "--kill-grace", "3", "--out", str(out)],
-            check=False, capture_output=True, text=True, timeout=150,
-        )
-        assert result.returncode == 124, result.stderr[-3000:]
-        assert all(not is_running(pid) for pid in pids), "--on-hang kill left job processes"
-    (hang,) = list(out.iterdir())
-    report = json.loads((hang / "report.json").read_text())
-    assert report["verdict"] == meta.verdict == "cleanup_deadlock"
-    assert report["culprit_ranks"] == sorted(meta.culprits)
-    assert report["watch"]["signal"] == "stacks"
-    assert report["watch"]["silence_seconds"] <= report["watch"]["timeout_seconds"] + report["watch"]["check_interval"]
 
 
 def test_silence_that_cannot_be_diagnosed_still_fires(tmp_path: Path) -> None:
