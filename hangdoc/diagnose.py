@@ -66,6 +66,9 @@ def diagnose(
     say(f"found {len(fleet.placed)} rank process(es) for {spec}{where}{world}")
     return observe(spec, fleet, options, say)
 
+# a Python stack ending here may wait inside the C++ autograd engine (DDP's reducer)
+_ENGINE = ("torch/autograd/graph.py", "torch/autograd/__init__.py", "torch/_tensor.py")
+
 
 class _Capture:
     """The samples, source lines and lost nodes gathered so far, and the snapshot they make.
@@ -82,6 +85,7 @@ class _Capture:
         self.notes = list(fleet.notes)
         self.unreachable: list[Unreachable] = list(fleet.unreachable)
         self.asked: set[tuple[int, str, int | None]] = set()
+        self.deepened: set[int] = set()  # ranks given their one native sample
 
     def live(self) -> set[int]:
         return {i for i, s in enumerate(self.samples) if not (s and s[-1].gone)}
@@ -117,6 +121,31 @@ class _Capture:
                     frames.append(frame)
         return frames
 
+    def deepen(self, options: CaptureOptions, t: float) -> set[int]:
+        """Take one native sample of ranks idle inside the autograd engine (DDP's C++
+        reducer); the indices of the ranks taken.
+
+        Their Python stack ends in ``backward()``; only native frames show whether the
+        engine waits in a gradient all-reduce. Done once per rank, and only when it matters.
+        """
+        if options.native:
+            return set()
+        want = set()
+        for i, samples in enumerate(self.samples):
+            good = [s for s in samples if s.error is None and s.threads]
+            if i in self.deepened or not good:
+                continue
+            main = good[-1].main_thread
+            inner = main.innermost_python if main else None
+            if main and inner and any(inner.filename.endswith(e) for e in _ENGINE) and not main.active:
+                want.add(i)
+        if not want:
+            return set()
+        taken = sample_all(self.fleet, t, native=True, timeout=max(options.timeout, 10.0), only=want)
+        self.deepened |= want
+        self.add(Round({i: s for i, s in taken.samples.items() if s.error is None}, taken.lost))
+        return want
+
     def snapshot(self, elapsed: float) -> JobSnapshot:
         return JobSnapshot(
             spec=self.spec,
@@ -137,7 +166,6 @@ def observe(spec: str, fleet: Fleet, options: CaptureOptions, say: Progress) -> 
     """Sample the fleet's ranks until the verdict is clear or ``max_window`` is reached."""
     cap = _Capture(spec, fleet)
     t0 = time.monotonic()
-    deepened: set[int] = set()
     tick = 0
 
     def wait_for_next_round() -> None:
@@ -158,7 +186,7 @@ def observe(spec: str, fleet: Fleet, options: CaptureOptions, say: Progress) -> 
         if elapsed < options.window:
             wait_for_next_round()
             continue
-        deeper = _deepen(cap, deepened, options, t0)
+        deeper = cap.deepen(options, time.monotonic() - t0)
         if deeper:
             say(f"took native frames of {len(deeper)} rank(s) whose Python stack ends in C++")
             pids = ", ".join(str(fleet.placed[i][1].pid) for i in sorted(deeper))
@@ -188,31 +216,3 @@ def _check_readable(samples: list[list[Sample]]) -> None:
             f"ptrace was refused for all {len(last)} rank process(es): {last[0].error.message}"  # type: ignore[union-attr]
         )
 
-
-_ENGINE = ("torch/autograd/graph.py", "torch/autograd/__init__.py", "torch/_tensor.py")
-
-
-def _deepen(cap: _Capture, done: set[int], options: CaptureOptions, t0: float) -> set[int]:
-    """Take one native sample of ranks idle inside the autograd engine (DDP's C++ reducer).
-
-    Their Python stack ends in ``backward()``; only native frames show whether the engine
-    waits in a gradient all-reduce. Done once per rank, and only when it matters.
-    """
-    if options.native:
-        return set()
-    want = set()
-    for i, samples in enumerate(cap.samples):
-        good = [s for s in samples if s.error is None and s.threads]
-        if i in done or not good:
-            continue
-        main = good[-1].main_thread
-        inner = main.innermost_python if main else None
-        if main and inner and any(inner.filename.endswith(e) for e in _ENGINE) and not main.active:
-            want.add(i)
-    if not want:
-        return set()
-    taken = sample_all(cap.fleet, time.monotonic() - t0, native=True,
-                       timeout=max(options.timeout, 10.0), only=want)
-    done |= want
-    cap.add(Round({i: s for i, s in taken.samples.items() if s.error is None}, taken.lost))
-    return want
