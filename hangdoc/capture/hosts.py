@@ -15,7 +15,7 @@ import socket
 
 import psutil
 
-from .jobspec import JobSpec
+from .jobspec import JobSpec, normalise_host
 from .processes import ProcessTable
 
 
@@ -39,10 +39,6 @@ def _local_names() -> frozenset[str]:
     return frozenset(names)
 
 
-def _normalise_host(host: str) -> str:
-    return host.strip().strip("[]").rstrip(".").lower()
-
-
 def _is_ip(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
@@ -62,7 +58,7 @@ def _is_local(host: str) -> bool:
 
 def same_host(a: str, b: str) -> bool:
     """Loose host equality: the node's own names/addresses are all equal; names resolve."""
-    a, b = _normalise_host(a), _normalise_host(b)
+    a, b = normalise_host(a), normalise_host(b)
     if a == b or (_is_local(a) and _is_local(b)):
         return True
     if _is_ip(a) and _is_ip(b):

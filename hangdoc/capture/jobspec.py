@@ -66,6 +66,11 @@ class JobSpec:
         return f"ray:{self.ray_job}"
 
 
+def normalise_host(host: str) -> str:
+    """A host as compared: no brackets around an IPv6 address, no trailing dot, lower case."""
+    return host.strip().strip("[]").rstrip(".").lower()
+
+
 def _malformed(text: str, reason: str) -> UsageError:
     return UsageError(f"bad job spec {shown(text)}: {reason}; expected {ACCEPTED_FORMS}")
 

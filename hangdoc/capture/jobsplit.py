@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..errors import UsageError
-from .jobspec import parse_job_spec
+from .jobspec import normalise_host, parse_job_spec
 
 _ENDPOINT = ("MASTER_ADDR", "MASTER_PORT")
 _SLURM_STEP = ("SLURM_JOB_ID", "SLURM_STEP_ID")
@@ -94,7 +94,7 @@ def rendezvous_key(env: Mapping[str, str] | None) -> RendezvousKey | None:
     """The key of the first rendezvous ``env`` names (see the module docstring), or None."""
     if not env:
         return None
-    addr = env.get("MASTER_ADDR", "").strip().strip("[]").rstrip(".").lower()
+    addr = normalise_host(env.get("MASTER_ADDR", ""))
     port = env.get("MASTER_PORT", "").strip()
     if addr and port:
         return RendezvousKey(_ENDPOINT, (addr, port))
