@@ -112,7 +112,7 @@ def analyse(snapshot: JobSnapshot) -> Diagnosis:
     tree = build_tree(stacks)
     groups, group_of = _groups(tree, {v.rank: v.op for v in views})
 
-    result = classify.classify(views, sorted(missing), sorted(unknown), snapshot)
+    result = classify.classify(views, sorted(missing), sorted(unknown))
     if elsewhere_note:
         result.evidence.append(elsewhere_note)
     ranks = [

@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..model import JobSnapshot, OpKind, RankState, Verdict
+from ..model import OpKind, RankState, Verdict
 from . import wording
 from .views import RankView
 from .wording import (
@@ -69,7 +69,7 @@ class Finding:
 
 
 def classify(
-    views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[int], snapshot: JobSnapshot
+    views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[int]
 ) -> Classification:
     """The verdict of ``decide``, in words."""
     found = decide(views, missing, unknown)
