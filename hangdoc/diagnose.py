@@ -66,7 +66,8 @@ def diagnose(
     say(f"found {len(fleet.placed)} rank process(es) for {spec}{where}{world}")
     return observe(spec, fleet, options, say)
 
-# a Python stack ending here may wait inside the C++ autograd engine (DDP's reducer)
+# a Python stack ending in these torch modules may wait inside the C++ autograd engine
+# (DDP's reducer)
 _ENGINE = ("torch/autograd/graph.py", "torch/autograd/__init__.py", "torch/_tensor.py")
 
 
@@ -137,7 +138,7 @@ class _Capture:
                 continue
             main = good[-1].main_thread
             inner = main.innermost_python if main else None
-            if main and inner and any(inner.filename.endswith(e) for e in _ENGINE) and not main.active:
+            if main and inner and inner.origin.under(*_ENGINE) and not main.active:
                 want.add(i)
         if not want:
             return set()

@@ -11,6 +11,7 @@ reporter). This module imports nothing else of hangdoc.
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -40,6 +41,64 @@ def bounded_int(text: str, minimum: int, maximum: int) -> int | None:
     return number if minimum <= number <= maximum else None
 
 
+class Origin(enum.Enum):
+    """Where a frame's code comes from, by the layout of the installation it was loaded from."""
+
+    USER = "user"  # the job's own code: anywhere outside an installation's library dirs
+    TORCH = "torch"  # PyTorch itself
+    LIBRARY = "library"  # another installed package (Lightning, accelerate, DeepSpeed, numpy, ...)
+    STDLIB = "stdlib"  # the interpreter's standard library
+    INTERNAL = "internal"  # no file: <frozen ...>, <string>, native code
+
+
+@dataclass(frozen=True, slots=True)
+class FrameOrigin:
+    """A frame's ``Origin``, the top-level package it belongs to (``torch``, ``lightning``;
+    empty for user code and the standard library), and its path inside that package's
+    installation dir (``torch/distributed/distributed_c10d.py``; the whole path for user code)."""
+
+    kind: Origin
+    package: str = ""
+    module_path: str = ""
+
+    def under(self, *prefixes: str) -> bool:
+        """A torch frame whose module path starts with one of ``prefixes``."""
+        return self.kind is Origin.TORCH and self.module_path.startswith(prefixes)
+
+
+# Where an installation keeps packages and its standard library. A path component, never a
+# substring: a checkout in ~/nanotorch/ or lightning/pytorch/ is not torch.
+_PACKAGE_DIRS = frozenset({"site-packages", "dist-packages"})
+_STDLIB_DIR = re.compile(r"python3\.\d+t?")  # lib/python3.11/, lib/python3.13t/
+# torch run from a source checkout (``pip install -e``) has no site-packages above it: its
+# own top-level modules say it is torch.
+_TORCH_TOP = frozenset({
+    "distributed", "nn", "autograd", "multiprocessing", "utils", "cuda", "optim", "amp", "fx",
+    "futures", "jit", "testing", "export", "compiler", "accelerator", "cpu", "backends",
+    "__init__.py", "functional.py", "serialization.py", "overrides.py", "random.py",
+})
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def frame_origin(filename: str) -> FrameOrigin:
+    """The origin of code in ``filename``, from the path's own layout (see ``Origin``)."""
+    if not filename or filename.startswith("<"):
+        return FrameOrigin(Origin.INTERNAL)
+    parts = [p for p in filename.replace("\\", "/").split("/") if p]
+    for i in range(len(parts) - 2, -1, -1):
+        if parts[i] in _PACKAGE_DIRS:
+            package = parts[i + 1].split(".")[0]
+            kind = Origin.TORCH if package == "torch" else Origin.LIBRARY
+            return FrameOrigin(kind, package, "/".join(parts[i + 1:]))
+    for i in range(len(parts) - 2, 0, -1):
+        if parts[i] == "torch" and (parts[i + 1] in _TORCH_TOP or parts[i + 1].startswith("_")):
+            return FrameOrigin(Origin.TORCH, "torch", "/".join(parts[i:]))
+    for i in range(len(parts) - 2, 0, -1):
+        if parts[i - 1] in ("lib", "lib64") and _STDLIB_DIR.fullmatch(parts[i]):
+            return FrameOrigin(Origin.STDLIB, "", "/".join(parts[i + 1:]))
+    return FrameOrigin(Origin.USER, "", filename)
+
+
 @dataclass(frozen=True, slots=True)
 class Frame:
     """One frame of a thread's stack. ``line`` is None for native frames without line info."""
@@ -49,6 +108,11 @@ class Frame:
     line: int | None = None
     native: bool = False
     code: str | None = None  # the source line, read on the node at capture time
+
+    @property
+    def origin(self) -> FrameOrigin:
+        """Where this frame's code comes from (native frames: ``Origin.INTERNAL``)."""
+        return FrameOrigin(Origin.INTERNAL) if self.native else frame_origin(self.filename)
 
     @property
     def short_filename(self) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from ..model import DistOp, Frame, JobSnapshot, OpKind, ThreadStack
+from ..model import DistOp, Frame, JobSnapshot, OpKind, Origin, ThreadStack
 from .source_lines import enclosing_block, issuing_call, waited_name
 
 COLLECTIVES = frozenset(
@@ -57,16 +57,19 @@ _NATIVE_NAMES = {
     "allreduce": "all_reduce", "broadcast": "broadcast", "allgather": "all_gather",
     "reduce_scatter": "reduce_scatter", "barrier": "barrier",
 }  # fmt: skip
+# torch's own modules, by their path inside the torch package (``FrameOrigin.module_path``)
 _TORCH_DIST = "torch/distributed/"
 _FUNCOL = "torch/distributed/_functional_collectives"
-_AUTOGRAD = ("torch/autograd/", "torch/_tensor.py")
 _DDP = "torch/nn/parallel/distributed.py"
+_C10D = "torch/distributed/distributed_c10d"
 _NOT_WORK = frozenset({"os", "proc", "process", "popen", "subprocess", "p"})
 _PEER = re.compile(r"\b(dst|src|group_dst|group_src|peer)\s*=\s*(\d+)")
 
 
 def _in_torch(frame: Frame) -> bool:
-    return "torch/" in frame.filename.replace("\\", "/") and not frame.native
+    """PyTorch's own code, by the layout it was loaded from (never a substring of the path:
+    a job checked out in ~/nanotorch/ is the user's)."""
+    return frame.origin.kind is Origin.TORCH
 
 
 def user_call_site(frames: tuple[Frame, ...], below: int) -> Frame | None:
@@ -116,15 +119,16 @@ def _recognise_call(thread: ThreadStack, snapshot: JobSnapshot | None) -> DistOp
         return None
     # 1. the innermost torch.distributed frame whose function is a known op
     for idx, frame in reversed(pyframes):
-        path = frame.filename.replace("\\", "/")
-        if _TORCH_DIST not in path:
+        origin = frame.origin
+        if not origin.under(_TORCH_DIST):
             continue
+        path = origin.module_path
         name = frame.function.rsplit(".", 1)[-1]
         kind = _kind_of(name, path)
         if kind is None:
             continue
         site = user_call_site(frames, idx)
-        if path.find(_FUNCOL) >= 0 and name in FUNCOL_WAITS:
+        if path.startswith(_FUNCOL) and name in FUNCOL_WAITS:
             return DistOp(kind, _funcol_name(frames, idx), site, "functional collective wait")
         kind, name = _public_op(frames, site, idx, kind, name)
         return DistOp(kind, name, site, "c10d call", peer=_peer(site) if kind is OpKind.P2P else None)
@@ -149,8 +153,7 @@ def _recognise_call(thread: ThreadStack, snapshot: JobSnapshot | None) -> DistOp
         return DistOp(OpKind.COLLECTIVE, native, site, "native frames")
     # 4. no native frames: blocked inside backward() of a DDP model, or DDP forward sync
     for idx, frame in reversed(pyframes):
-        path = frame.filename.replace("\\", "/")
-        if path.endswith(_DDP) and not thread.active:
+        if frame.origin.under(_DDP) and not thread.active:
             return DistOp(OpKind.COLLECTIVE, "all_reduce", user_call_site(frames, idx),
                           "DDP forward/backward sync (no native frames)")
     return None
@@ -165,18 +168,18 @@ def _public_op(
     if site is not None:
         start = max(i for i in range(idx + 1) if frames[i] is site) + 1
     for frame in frames[start:idx]:
-        path = frame.filename.replace("\\", "/")
-        if frame.native or _TORCH_DIST not in path:
+        origin = frame.origin
+        if not origin.under(_TORCH_DIST):
             continue
         outer = frame.function.rsplit(".", 1)[-1]
-        outer_kind = _kind_of(outer, path)
+        outer_kind = _kind_of(outer, origin.module_path)
         if outer_kind is not None:
             return outer_kind, outer
     return kind, name
 
 
 def _kind_of(name: str, path: str) -> OpKind | None:
-    if name in CLEANUP_OPS and "distributed_c10d" in path:
+    if name in CLEANUP_OPS and path.startswith(_C10D):
         return OpKind.CLEANUP
     if name in INIT:
         return OpKind.INIT
@@ -184,7 +187,7 @@ def _kind_of(name: str, path: str) -> OpKind | None:
         return OpKind.P2P
     if name in COLLECTIVES:
         return OpKind.COLLECTIVE
-    if _FUNCOL in path and (name in FUNCOL_WAITS or name in COLLECTIVES):
+    if path.startswith(_FUNCOL) and (name in FUNCOL_WAITS or name in COLLECTIVES):
         return OpKind.COLLECTIVE
     return None
 
@@ -192,7 +195,7 @@ def _kind_of(name: str, path: str) -> OpKind | None:
 def _funcol_name(frames: tuple[Frame, ...], idx: int) -> str:
     """For a functional-collective wait, the collective that produced the tensor if visible."""
     for frame in reversed(frames[:idx]):
-        if _FUNCOL in frame.filename and frame.function in COLLECTIVES:
+        if frame.origin.under(_FUNCOL) and frame.function in COLLECTIVES:
             return frame.function
     return "wait_tensor"
 
@@ -236,8 +239,8 @@ def _is_exit_handler(thread: ThreadStack) -> bool:
     outer = pyframes[0]
     if outer.function == "<module>":
         return False
-    # multiprocessing / runpy bootstraps start with their own frames, not the script's
-    bootstrap = ("runpy.py", "multiprocessing/", "threading.py", "<string>")
-    if any(b in outer.filename for b in bootstrap):
+    # multiprocessing / runpy / threading bootstraps (standard library, ``python -c``)
+    # start with their own frames, not the script's
+    if outer.origin.kind in (Origin.STDLIB, Origin.INTERNAL):
         return any(f.function == "_exit_function" for f in pyframes)
     return True

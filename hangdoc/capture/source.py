@@ -1,8 +1,9 @@
-"""Source lines around user frames, read on the node at capture time.
+"""Source lines around the job's frames, read on the node at capture time.
 
-Capture keeps, for every Python frame outside the interpreter's and torch's own files,
-the lines of its function up to the current line (``collect_sources``), read as the traced
-process could read them (``sourcefs``). Analysis asks its questions of those lines offline
+Capture keeps, for every Python frame of the job's own code and of its libraries (not the
+standard library's or torch's: ``keeps_source``), the lines of its function up to the
+current line (``collect_sources``), read as the traced process could read them
+(``sourcefs``). Analysis asks its questions of those lines offline
 (``hangdoc.analysis.source_lines``).
 """
 
@@ -11,16 +12,19 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from ..model import MAX_LINES_BEFORE, Frame, SourceFile
+from ..model import MAX_LINES_BEFORE, Frame, Origin, SourceFile, frame_origin
 from .sourcefs import SourceReader
 
-_LIBRARY_MARKERS = ("/torch/", "/lib/python3.", "/site-packages/numpy/")
+# torch's and the standard library's own code is recognised by module path and function
+# name; the job's and its libraries' code is read (a library's ``finally:`` is cleanup too)
+_READ = (Origin.USER, Origin.LIBRARY)
 _DEF = re.compile(r"^\s*(async\s+def|def|class)\s")
 
 
-def is_user_file(filename: str) -> bool:
-    """A file worth keeping source for: not torch's, not the standard library's."""
-    return not filename.startswith("<") and not any(m in filename for m in _LIBRARY_MARKERS)
+def keeps_source(filename: str) -> bool:
+    """A file worth keeping source for: the job's own or an installed library's, not
+    torch's or the standard library's."""
+    return frame_origin(filename).kind in _READ
 
 
 def _indent(text: str) -> int:
@@ -47,7 +51,7 @@ def collect_sources(reader: SourceReader, frames: Iterable[Frame]) -> tuple[Sour
     process behind ``reader`` could read them."""
     per_file: dict[str, dict[int, str]] = {}
     for frame in frames:
-        if frame.native or not frame.line or not is_user_file(frame.filename):
+        if frame.native or not frame.line or not keeps_source(frame.filename):
             continue
         lines = per_file.setdefault(frame.filename, {})
         if frame.line in lines:

@@ -16,7 +16,7 @@ import grpc
 from .. import SCHEMA_VERSION
 from ..capture.discover import Discovery
 from ..capture.jobspec import JobSpec
-from ..capture.source import is_user_file
+from ..capture.source import keeps_source
 from ..errors import HangdocError, JobNotFound, PermissionDenied, UsageError
 from ..model import Frame, Heartbeat, RankProcess, Sample, SourceFile
 from . import wire
@@ -108,7 +108,7 @@ class RemoteNode:
     def sources(self, wanted: Mapping[int, Sequence[Frame]]) -> tuple[SourceFile, ...]:
         queries = []
         for pid, frames in wanted.items():
-            kept = {f for f in frames if not f.native and f.line and is_user_file(f.filename)}
+            kept = {f for f in frames if not f.native and f.line and keeps_source(f.filename)}
             if kept:
                 queries.append(pb.SourceQuery(pid=pid, frames=[wire.frame_to_proto(f) for f in kept]))
         if not queries:
