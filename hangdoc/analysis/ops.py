@@ -214,13 +214,21 @@ def cleanup_marker(
 ) -> Frame | None:
     """The frame that puts this thread on a cleanup path, or None.
 
-    Cleanup is: a user frame in ``__exit__``/``close``/``shutdown``/...; a user frame whose
-    current line is inside a ``finally:`` or ``except`` block; exit handlers, recognisable
-    because the main script's ``<module>`` frame is no longer at the bottom of the main
-    thread's stack.
+    Cleanup is: a frame of the job or a library in ``__exit__``/``close``/``shutdown``/...;
+    such a frame whose current line is inside a ``finally:`` or ``except`` block; the
+    standard library's exit-time machinery, and a ``@contextmanager`` exiting with an
+    exception (``_stdlib_cleanup``); exit handlers, recognisable because the main script's
+    ``<module>`` frame is no longer at the bottom of the main thread's stack. The standard
+    library's own ``__exit__``/``shutdown`` is the normal end of a ``with`` block (a
+    ``ThreadPoolExecutor`` joining its workers) as often as cleanup: not by its name alone.
     """
     for frame in reversed(thread.frames):
-        if frame.native or _in_torch(frame):
+        kind = frame.origin.kind
+        if kind in (Origin.TORCH, Origin.INTERNAL):
+            continue
+        if kind is Origin.STDLIB:
+            if _stdlib_cleanup(frame):
+                return frame
             continue
         if frame.function.rsplit(".", 1)[-1] in CLEANUP_FUNCTIONS:
             return frame
@@ -230,6 +238,23 @@ def cleanup_marker(
     if thread.is_main and _is_exit_handler(thread):
         return next((f for f in thread.frames if not f.native), None)
     return None
+
+
+# the standard library's functions that run only while the interpreter exits
+_EXIT_TIME = frozenset({"_exit_function", "_run_finalizers", "_shutdown", "_run_exitfuncs"})
+
+
+def _stdlib_cleanup(frame: Frame) -> bool:
+    """A standard-library frame that puts its thread on a cleanup path: exit-time machinery
+    (atexit, multiprocessing's finalizers, the interpreter joining threads), or
+    ``contextlib``'s ``__exit__`` throwing an exception into a ``@contextmanager`` generator
+    (its normal exit is ``next(self.gen)``: the code after ``yield`` is the normal path)."""
+    name = frame.function.rsplit(".", 1)[-1]
+    if name in _EXIT_TIME:
+        return True
+    if name in ("__exit__", "__aexit__") and frame.origin.module_path == "contextlib.py":
+        return ".throw(" in (frame.code or "") or ".athrow(" in (frame.code or "")
+    return False
 
 
 def _is_exit_handler(thread: ThreadStack) -> bool:
