@@ -35,6 +35,7 @@ from .wording import (
     Straggling,
     Unexplained,
     Unpaired,
+    Unseen,
     Working,
 )
 
@@ -76,7 +77,7 @@ def classify(
     summary, evidence = wording.words(found.facts)
     if found.quiet_over is not None:
         evidence.append(wording.quiet_line(found.quiet_over))
-    unreadable = [v for v in views if v.state is RankState.UNREADABLE]
+    unreadable = [v for v in views if v.state is RankState.UNREADABLE and v.rank not in found.culprits]
     evidence += wording.notes(unknown, unreadable)
     if unknown and found.verdict is not Verdict.NOT_HUNG:
         summary += wording.partial_suffix(unknown)
@@ -145,6 +146,13 @@ def decide(views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[
     p2p_problem = _p2p_unpaired(in_op)
     if len(classes) > 1 or p2p_problem:
         return _mismatch(classes, p2p_problem, in_op)
+    unseen = by_state[RankState.UNREADABLE]
+    if in_op and unseen:
+        # every rank that could be read waits in one op: the ranks not seen there are what
+        # the others wait for, by elimination (a rank in D state on a dead filesystem, one
+        # py-spy cannot pause); the report says it rests on elimination, not a stack
+        return Finding(Verdict.STRAGGLER, [v.rank for v in unseen], Unseen(unseen, in_op),
+                       quiet_over=in_op)
     if in_op:
         return Finding(Verdict.NCCL_TIMEOUT, [], SameOp(in_op), quiet_over=in_op)
     return Finding(Verdict.UNKNOWN, [], Unexplained(views))

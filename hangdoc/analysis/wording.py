@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..model import DistOp, RankState, Verdict, compress_ranks
+from ..model import CaptureErrorKind, DistOp, RankState, Verdict, compress_ranks
 from .views import RankView
 
 NEXT_STEPS: dict[Verdict, tuple[str, ...]] = {
@@ -88,6 +88,14 @@ class DataMoving:
     """Nobody waits; these ranks are inside an op and bytes or CPU move."""
 
     communicating: Sequence[RankView]
+
+
+@dataclass(frozen=True)
+class Unseen:
+    """Every readable rank waits in one op; ``unseen`` could not be read at all."""
+
+    unseen: Sequence[RankView]
+    waiting: Sequence[RankView]
 
 
 @dataclass(frozen=True)
@@ -195,7 +203,7 @@ class Unexplained:
 
 Facts = (
     NothingCaptured | Progressing | DataMoving | Working | RanksGone | InitSplit | InitStuck
-    | CleanupStuck | Straggling | Mismatch | SameOp | Unexplained
+    | CleanupStuck | Straggling | Unseen | Mismatch | SameOp | Unexplained
 )
 
 
@@ -227,6 +235,8 @@ def words(facts: Facts) -> Words:
         return _cleanup_stuck(facts)
     if isinstance(facts, Straggling):
         return _straggling(facts)
+    if isinstance(facts, Unseen):
+        return _unseen(facts)
     if isinstance(facts, Mismatch):
         return _mismatch(facts)
     if isinstance(facts, SameOp):
@@ -348,6 +358,54 @@ def _straggling(f: Straggling) -> Words:
     return Words(
         f"straggler: {_r(culprits)} {_v(culprits, 'is', 'are')} {'/'.join(doing)} while "
         f"{_r(_ranks(waiting))} {_v(waiting, 'waits', 'wait')} in {op_summary(waiting)}",
+        evidence,
+    )
+
+
+_ERROR_MEANS = {
+    CaptureErrorKind.TIMEOUT: "py-spy timed out",
+    CaptureErrorKind.PTRACE_DENIED: "ptrace refused",
+    CaptureErrorKind.NOT_PYTHON: "no Python interpreter found",
+    CaptureErrorKind.PYSPY_FAILED: "py-spy failed",
+    CaptureErrorKind.PYSPY_MISSING: "no py-spy",
+}
+
+# what a process's kernel state says about why py-spy could not read it
+_STATUS_MEANS = {
+    "disk-sleep": "in uninterruptible sleep (D): stuck in the kernel, on a dead filesystem or device",
+    "stopped": "stopped (SIGSTOP or a debugger)",
+    "tracing-stop": "stopped by a tracer",
+    "zombie": "exited, not yet reaped",
+}
+
+
+def unseen_reason(v: RankView) -> str:
+    """Why a rank could not be read, with what its process state says: ``py-spy timed out;
+    process in uninterruptible sleep (D): ...``."""
+    last = v.snap.samples[-1] if v.snap.samples else None
+    error = last.error if last is not None else None
+    reason = _ERROR_MEANS.get(error.kind, error.kind.value) if error is not None else "no stack"
+    status = last.state.status if last is not None and last.state is not None else None
+    if status in _STATUS_MEANS:
+        reason += f"; process {_STATUS_MEANS[status]}"
+    elif status:
+        reason += f"; process {status}"
+    return reason
+
+
+def _unseen(f: Unseen) -> Words:
+    unseen, waiting = _ranks(f.unseen), f.waiting
+    evidence = [f"rank {v.rank} (pid {v.snap.process.pid}) could not be read: {unseen_reason(v)}"
+                for v in f.unseen]
+    evidence += op_lines(waiting)
+    evidence.append(
+        f"every rank that could be read waits in {op_summary(waiting)}; "
+        f"{_r(unseen)} {_v(unseen, 'is', 'are')} the only one{'' if len(unseen) == 1 else 's'} "
+        "not seen there: the likely rank(s) the others wait for, by elimination, not by a stack"
+    )
+    return Words(
+        f"straggler: {_r(unseen)} could not be read while {_r(_ranks(waiting))} "
+        f"{_v(waiting, 'waits', 'wait')} in {op_summary(waiting)}: likely the rank(s) they wait for",
         evidence,
     )
 
