@@ -375,15 +375,33 @@ class DistOp:
     peer: int | None = None  # p2p: the other side's global rank, when known
     in_cleanup: bool = False  # the op runs inside a cleanup path (finally/__exit__/atexit)
     cleanup_frame: Frame | None = None  # the frame that makes it cleanup
+    # the job's and its libraries' frames that led to the op, outermost first, ending at
+    # ``call_site``: a wrapper (deepspeed.comm, an in-house all_reduce_mean) called from
+    # different lines is a different program point
+    path: tuple[Frame, ...] = ()
 
     @property
-    def key(self) -> tuple[str, str | None]:
-        """What must be equal across ranks for them to be in the same collective."""
-        return (self.name, self.call_site.location if self.call_site else None)
+    def key(self) -> tuple[str, tuple[str, ...]]:
+        """What must be equal across ranks for them to be in the same collective: the op and
+        the program point that issued it (the whole path of the job's frames to it)."""
+        if self.path:
+            return (self.name, tuple(f.location for f in self.path))
+        return (self.name, (self.call_site.location,) if self.call_site else ())
+
+    @property
+    def user_frame(self) -> Frame | None:
+        """The innermost frame of the job's own code on the path (below any library)."""
+        for frame in reversed(self.path):
+            if frame.origin.kind is Origin.USER:
+                return frame
+        return None
 
     def describe(self) -> str:
-        where = f" ({self.call_site.location})" if self.call_site else ""
-        return f"{self.name}{where}"
+        if self.call_site is None:
+            return self.name
+        user = self.user_frame
+        via = f" from {user.location}" if user is not None and user is not self.call_site else ""
+        return f"{self.name} ({self.call_site.location}{via})"
 
 
 class RankState(enum.Enum):

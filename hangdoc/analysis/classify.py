@@ -140,7 +140,7 @@ def decide(views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[
         )
 
     # -- collective_mismatch / nccl_timeout
-    classes: dict[tuple[str, str | None], list[RankView]] = defaultdict(list)
+    classes: dict[tuple[str, tuple[str, ...]], list[RankView]] = defaultdict(list)
     for v in in_op:
         classes[v.op.key].append(v)  # type: ignore[union-attr]
     p2p_problem = _p2p_unpaired(in_op)
@@ -194,7 +194,7 @@ def _init_deadlock(
             ambiguous=ambiguous, quiet_over=in_op,
         )
     culprits, env = _env_disagreement(init)
-    classes: dict[tuple[str, str | None], list[int]] = defaultdict(list)
+    classes: dict[tuple[str, tuple[str, ...]], list[int]] = defaultdict(list)
     for v in init:
         classes[v.op.key].append(v.rank)  # type: ignore[union-attr]
     if not culprits and len(classes) > 1:
@@ -228,7 +228,7 @@ def _minority(classes: list[list[int]]) -> list[int]:
 
 
 def _mismatch(
-    classes: dict[tuple[str, str | None], list[RankView]],
+    classes: dict[tuple[str, tuple[str, ...]], list[RankView]],
     p2p_problem: tuple[list[int], list[P2PFact]] | None,
     in_op: list[RankView],
 ) -> Finding:

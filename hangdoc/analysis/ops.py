@@ -12,6 +12,7 @@ script's names, and also decides whether the op runs on a cleanup path.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from ..model import DistOp, Frame, JobSnapshot, OpKind, Origin, ThreadStack
 from .source_lines import enclosing_block, issuing_call, waited_name
@@ -109,7 +110,16 @@ def recognise(thread: ThreadStack, snapshot: JobSnapshot | None = None) -> DistO
     op = _recognise_call(thread, snapshot)
     if op is None:
         return None
-    return _with_cleanup(op, thread, snapshot)
+    return _with_cleanup(replace(op, path=_job_path(thread.frames, op.call_site)), thread, snapshot)
+
+
+def _job_path(frames: tuple[Frame, ...], site: Frame | None) -> tuple[Frame, ...]:
+    """The frames of the job and its libraries from the outermost to ``site`` (the standard
+    library's and torch's own left out): the program point that issued the op."""
+    if site is None:
+        return ()
+    end = max((i for i, f in enumerate(frames) if f is site), default=-1)
+    return tuple(f for f in frames[: end + 1] if f.origin.kind in (Origin.USER, Origin.LIBRARY))
 
 
 def _recognise_call(thread: ThreadStack, snapshot: JobSnapshot | None) -> DistOp | None:
@@ -206,7 +216,7 @@ def _with_cleanup(op: DistOp, thread: ThreadStack, snapshot: JobSnapshot | None)
         marker = op.call_site
     if marker is None:
         return op
-    return DistOp(op.kind, op.name, op.call_site, op.via, op.peer, True, marker)
+    return replace(op, in_cleanup=True, cleanup_frame=marker)
 
 
 def cleanup_marker(

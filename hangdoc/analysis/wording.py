@@ -410,11 +410,32 @@ def _unseen(f: Unseen) -> Words:
     )
 
 
+def _apart(groups: Sequence[Sequence[RankView]]) -> list[str]:
+    """Each group's op in words that tell the groups apart: where two read alike (one wrapper
+    called from different places), the frame where their paths part is named."""
+    plain = [_where(vs[0].op) for vs in groups]
+    if len(set(plain)) == len(plain):
+        return plain
+    paths = [[f.location for f in vs[0].op.path] if vs[0].op else [] for vs in groups]
+    out = []
+    for i, (vs, text) in enumerate(zip(groups, plain)):
+        op = vs[0].op
+        others = [p for j, p in enumerate(paths) if j != i]
+        depth = next((d for d in range(len(paths[i]))
+                      if all(d >= len(p) or p[d] != paths[i][d] for p in others)), None)
+        if op is None or op.call_site is None or depth is None or plain.count(text) == 1:
+            out.append(text)
+        else:
+            out.append(f"{op.name} ({op.call_site.location} from {paths[i][depth]})")
+    return out
+
+
 def _mismatch(f: Mismatch) -> Words:
     groups, culprits = f.groups, f.culprits
+    where = _apart(groups)
     evidence = [
-        f"{_r(_ranks(vs))} {_v(vs, 'waits', 'wait')} in {_where(vs[0].op)}" + frame_tail(vs[0])
-        for vs in groups
+        f"{_r(_ranks(vs))} {_v(vs, 'waits', 'wait')} in {w}" + frame_tail(vs[0])
+        for vs, w in zip(groups, where)
     ]
     p2p = [p2p_line(p) for p in f.p2p]
     evidence += p2p
@@ -422,14 +443,16 @@ def _mismatch(f: Mismatch) -> Words:
         minority = [v for vs in groups[1:] for v in vs] if culprits else []
         if culprits and minority:
             majority = groups[0]
+            apart = len(set(where)) == len(where) and where != [_where(vs[0].op) for vs in groups]
+            minority_where = " / ".join(sorted(set(where[1:]))) if apart else op_summary(minority)
             summary = (
                 f"collective mismatch: {_r(culprits)} "
-                f"{'is' if len(culprits) == 1 else 'are'} in {op_summary(minority)} while "
-                f"{_r(_ranks(majority))} are in {_where(majority[0].op)}"
+                f"{'is' if len(culprits) == 1 else 'are'} in {minority_where} while "
+                f"{_r(_ranks(majority))} are in {where[0]}"
             )
         else:
             summary = "collective mismatch: " + "; ".join(
-                f"{_r(_ranks(vs))} in {_where(vs[0].op)}" for vs in groups
+                f"{_r(_ranks(vs))} in {w}" for vs, w in zip(groups, where)
             )
     else:
         summary = "collective mismatch: point-to-point calls do not pair up: " + (
