@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 .DEFAULT_GOAL := help
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -42,6 +42,9 @@ bench-watch: $(STAMP)  ## hangdoc watch: detection latency and false alarms on r
 bench-fanout: $(STAMP)  ## coordinator fan-out to 8/32/128 replaying agents; appends to docs/benchmarks.md
 	$(BIN)/python bench/bench_fanout.py --sizes 8,32,128 --repeat 5 --write docs/benchmarks.md
 
+bench-accuracy: $(STAMP)  ## every corpus job diagnosed live and replayed: confusion matrix into docs/benchmarks.md
+	$(BIN)/python bench/bench_accuracy.py --live --recorded --write docs/benchmarks.md
+
 lint: $(STAMP)  ## ruff + mypy on the package
 	$(BIN)/ruff check hangdoc tests bench examples
 	$(BIN)/mypy hangdoc
@@ -59,4 +62,4 @@ proto: $(STAMP)  ## regenerate hangdoc/fleet/v1 from proto/ (pinned grpcio-tools
 clean:  ## remove the virtualenv and caches
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help install demo watch-demo test test-fast bench bench-fanout bench-watch lint proto clean
+.PHONY: help install demo watch-demo test test-fast bench bench-fanout bench-watch bench-accuracy lint proto clean
