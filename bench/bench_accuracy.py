@@ -33,10 +33,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from support.harness import JOBS_DIR, corpus, launch, load_meta
+from support.relocate import moved_under
 
 from hangdoc.analysis.analyse import analyse
 from hangdoc.bundle import load_snapshot
-from hangdoc.model import Frame, JobSnapshot, Origin, RankSnapshot, SourceFile, frame_origin
 
 HEADING = "## Accuracy on the corpus (issue 11)"
 
@@ -55,28 +55,13 @@ class Outcome:
         return self.expected == self.got and self.culprits == self.got_culprits
 
 
-def _moved(snapshot: JobSnapshot, root: str) -> JobSnapshot:
-    """The snapshot as if the job's own files lived under ``root``."""
-    def move(name: str) -> str:
-        return f"{root}/{Path(name).name}" if frame_origin(name).kind is Origin.USER else name
-
-    def frames(stack: tuple[Frame, ...]) -> tuple[Frame, ...]:
-        return tuple(f if f.native else dataclasses.replace(f, filename=move(f.filename)) for f in stack)
-
-    ranks = tuple(RankSnapshot(r.process, tuple(
-        dataclasses.replace(s, threads=tuple(dataclasses.replace(t, frames=frames(t.frames)) for t in s.threads))
-        for s in r.samples)) for r in snapshot.ranks)
-    return dataclasses.replace(snapshot, ranks=ranks,
-                               sources=tuple(SourceFile(move(s.filename), s.lines) for s in snapshot.sources))
-
-
 def recorded() -> list[Outcome]:
     out = []
     for path in sorted((ROOT / "tests" / "snapshots").glob("*.json.gz")):
         name = path.name.removesuffix(".json.gz")
         meta = load_meta(JOBS_DIR / f"{name}.py")
         snapshot = load_snapshot(path)
-        for label, snap in ((name, snapshot), (f"{name} (in ~/nanotorch)", _moved(snapshot, "/home/u/nanotorch"))):
+        for label, snap in ((name, snapshot), (f"{name} (in ~/nanotorch)", moved_under(snapshot, "/home/u/nanotorch"))):
             t0 = time.perf_counter()
             d = analyse(snap)
             out.append(Outcome(label, meta.verdict, tuple(sorted(meta.culprits)), d.verdict.value,

@@ -7,17 +7,17 @@ substring, and a substring test once turned a cleanup deadlock into a mismatch t
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 from support.harness import JOBS_DIR, load_meta
 from support.paths import TESTS
+from support.relocate import moved_under
 
 from hangdoc.analysis.analyse import analyse
 from hangdoc.bundle import load_snapshot
 from hangdoc.capture.source import keeps_source
-from hangdoc.model import Frame, JobSnapshot, Origin, RankSnapshot, SourceFile, frame_origin
+from hangdoc.model import Frame, Origin, frame_origin
 
 RECORDED = sorted((TESTS / "snapshots").glob("*.json.gz"))
 SITE = "/venv/lib/python3.11/site-packages"
@@ -62,28 +62,10 @@ def test_native_frames_are_internal_and_sources_kept_for_job_and_libraries() -> 
     assert not keeps_source("<string>")
 
 
-def _moved(snapshot: JobSnapshot, root: str) -> JobSnapshot:
-    """The snapshot as if the job's own files lived under ``root``."""
-    def move(name: str) -> str:
-        return f"{root}/{Path(name).name}" if frame_origin(name).kind is Origin.USER else name
-
-    def frames(stack: tuple[Frame, ...]) -> tuple[Frame, ...]:
-        return tuple(dataclasses.replace(f, filename=move(f.filename)) if not f.native else f for f in stack)
-
-    ranks = tuple(
-        RankSnapshot(r.process, tuple(
-            dataclasses.replace(s, threads=tuple(dataclasses.replace(t, frames=frames(t.frames)) for t in s.threads))
-            for s in r.samples))
-        for r in snapshot.ranks
-    )
-    sources = tuple(SourceFile(move(s.filename), s.lines) for s in snapshot.sources)
-    return dataclasses.replace(snapshot, ranks=ranks, sources=sources)
-
-
 @pytest.mark.parametrize("root", ["/home/u/nanotorch", "/srv/lightning/pytorch/examples"])
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.name.removesuffix(".json.gz"))
 def test_the_checkout_directory_does_not_change_the_verdict(path: Path, root: str) -> None:
     meta = load_meta(JOBS_DIR / path.name.replace(".json.gz", ".py"))
-    moved = analyse(_moved(load_snapshot(path), root))
+    moved = analyse(moved_under(load_snapshot(path), root))
     assert moved.verdict.value == meta.verdict, moved.summary
     assert list(moved.culprit_ranks) == sorted(meta.culprits), moved.summary
