@@ -71,6 +71,13 @@ def diagnose(
 _ENGINE = ("torch/autograd/graph.py", "torch/autograd/__init__.py", "torch/_tensor.py")
 
 
+
+def _in_engine(thread: ThreadStack) -> bool:
+    """Idle with its Python stack ending inside the autograd engine, whatever its name."""
+    inner = thread.innermost_python
+    return inner is not None and inner.origin.under(*_ENGINE) and not thread.active
+
+
 class _Capture:
     """The samples, source lines and lost nodes gathered so far, and the snapshot they make.
 
@@ -126,8 +133,10 @@ class _Capture:
         """Take one native sample of ranks idle inside the autograd engine (DDP's C++
         reducer); the indices of the ranks taken.
 
-        Their Python stack ends in ``backward()``; only native frames show whether the
-        engine waits in a gradient all-reduce. Done once per rank, and only when it matters.
+        A thread's Python stack ends in ``backward()`` (the main thread's, or a training loop
+        run in another thread: Ray Train's ``TrainingThread``); only native frames show
+        whether the engine waits in a gradient all-reduce. Done once per rank, and only when
+        it matters.
         """
         if options.native:
             return set()
@@ -136,9 +145,7 @@ class _Capture:
             good = [s for s in samples if s.error is None and s.threads]
             if i in self.deepened or not good:
                 continue
-            main = good[-1].main_thread
-            inner = main.innermost_python if main else None
-            if main and inner and inner.origin.under(*_ENGINE) and not main.active:
+            if any(_in_engine(thread) for thread in good[-1].threads):
                 want.add(i)
         if not want:
             return set()

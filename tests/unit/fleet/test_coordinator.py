@@ -164,3 +164,32 @@ def test_a_node_lost_mid_capture_is_listed_once_with_its_ranks_and_first_reason(
 def test_no_node_has_the_job() -> None:
     with pytest.raises(JobNotFound, match="no node has a rank"):
         find_ranks([RecordedNode("n0", []), RecordedNode("n1", [])], SPEC)
+
+
+class NativeAskingNode(RecordedNode):
+    """Records which pids it was asked to sample with native frames."""
+
+    def __init__(self, name: str, ranks) -> None:
+        super().__init__(name, ranks)
+        self.native_for: list[int] = []
+
+    def sample(self, procs: Sequence[RankProcess], t: float, *, native: bool, timeout: float) -> list[Sample]:
+        if native:
+            self.native_for += [p.pid for p in procs]
+        return super().sample(procs, t, native=native, timeout=timeout)
+
+
+@pytest.mark.parametrize("loop_thread", ["MainThread", "TrainingThread(train_func)"])
+def test_a_loop_idle_in_backward_gets_its_native_frames_whatever_its_thread(loop_thread: str) -> None:
+    backward = ["train.py:train_func:30", "torch/_tensor.py:backward:626",
+                "torch/autograd/__init__.py:backward:347", "torch/autograd/graph.py:_engine_run_backward:823"]
+    idle_main = ["threading.py:Thread.join:1112", "threading.py:_wait_for_tstate_lock:1132"]
+    in_main = loop_thread == "MainThread"
+    ranks = [make_rank(r, backward if in_main else idle_main, host="n0", pid=100 + r, world_size=2,
+                       samples=8, threads=None if in_main else {loop_thread: backward})
+             for r in (0, 1)]
+    node = NativeAskingNode("n0", ranks)
+    fleet = find_ranks([node], SPEC)
+    snapshot, _ = observe("x", fleet, CaptureOptions(window=0.2, interval=0.05), lambda m: None)
+    assert sorted(node.native_for) == [100, 101]  # once per rank
+    assert any(n.startswith("native frames taken of pid(s) 100, 101") for n in snapshot.notes)
