@@ -66,10 +66,10 @@ def diagnose(
     say(f"found {len(fleet.placed)} rank process(es) for {spec}{where}{world}")
     return observe(spec, fleet, options, say)
 
+
 # a Python stack ending in these torch modules may wait inside the C++ autograd engine
 # (DDP's reducer)
 _ENGINE = ("torch/autograd/graph.py", "torch/autograd/__init__.py", "torch/_tensor.py")
-
 
 
 def _in_engine(thread: ThreadStack) -> bool:

@@ -66,6 +66,8 @@ class FrameOrigin:
         return self.kind is Origin.TORCH and self.module_path.startswith(prefixes)
 
 
+_NO_FILE = FrameOrigin(Origin.INTERNAL)
+
 # Where an installation keeps packages and its standard library. A path component, never a
 # substring: a checkout in ~/nanotorch/ or lightning/pytorch/ is not torch.
 _PACKAGE_DIRS = frozenset({"site-packages", "dist-packages"})
@@ -83,7 +85,7 @@ _TORCH_TOP = frozenset({
 def frame_origin(filename: str) -> FrameOrigin:
     """The origin of code in ``filename``, from the path's own layout (see ``Origin``)."""
     if not filename or filename.startswith("<"):
-        return FrameOrigin(Origin.INTERNAL)
+        return _NO_FILE
     parts = [p for p in filename.replace("\\", "/").split("/") if p]
     for i in range(len(parts) - 2, -1, -1):
         if parts[i] in _PACKAGE_DIRS:
@@ -112,7 +114,7 @@ class Frame:
     @property
     def origin(self) -> FrameOrigin:
         """Where this frame's code comes from (native frames: ``Origin.INTERNAL``)."""
-        return FrameOrigin(Origin.INTERNAL) if self.native else frame_origin(self.filename)
+        return _NO_FILE if self.native else frame_origin(self.filename)
 
     @property
     def short_filename(self) -> str:
@@ -494,9 +496,11 @@ class CallTree:
 
     nodes: tuple[TreeNode, ...]
     # the equivalence classes (ranks, stack), largest class first, then by lowest rank
-    stack_classes: tuple[tuple[tuple[int, ...], Stack], ...]
+    classes: tuple[tuple[tuple[int, ...], Stack], ...]
     divergence: tuple[int, ...]  # ids of the divergence points, in depth-first preorder
-    outliers: frozenset[int]  # ids of the nodes on outlier branches
+    # ids of the nodes on branches that hold a minority of the ranks at a divergence point
+    # (none where the largest branches tie)
+    outliers: frozenset[int]
 
     def node(self, node_id: int) -> TreeNode:
         """The node with id ``node_id``."""
@@ -511,18 +515,9 @@ class CallTree:
         """Every rank in the tree, sorted."""
         return self.nodes[ROOT].ranks
 
-    def classes(self) -> tuple[tuple[tuple[int, ...], Stack], ...]:
-        """Equivalence classes: (ranks, stack), largest class first, then by lowest rank."""
-        return self.stack_classes
-
     def divergence_points(self) -> tuple[TreeNode, ...]:
         """Nodes where ranks split into different branches (STAT's first places to look)."""
         return tuple(self.nodes[n] for n in self.divergence)
-
-    def outlier_nodes(self) -> frozenset[int]:
-        """Nodes on branches that hold a minority of the ranks at a divergence point (none
-        where the largest branches tie)."""
-        return self.outliers
 
     def __len__(self) -> int:
         """The number of nodes, the root included."""

@@ -168,7 +168,7 @@ def _groups(
 ) -> tuple[list[StackGroup], dict[int, int]]:
     groups: list[StackGroup] = []
     group_of: dict[int, int] = {}
-    for gid, (ranks, stack) in enumerate(tree.classes()):
+    for gid, (ranks, stack) in enumerate(tree.classes):
         groups.append(StackGroup(gid, ranks, stack, ops.get(ranks[0])))
         for r in ranks:
             group_of[r] = gid

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..model import CaptureErrorKind, DistOp, RankState, Verdict, compress_ranks
 from .views import RankView
@@ -217,34 +217,7 @@ class Words(NamedTuple):
 
 def words(facts: Facts) -> Words:
     """The summary and the evidence lines of one rule's facts (without the quiet line or notes)."""
-    if isinstance(facts, NothingCaptured):
-        return Words("No rank could be captured.", [])
-    if isinstance(facts, Progressing):
-        return _progressing(facts)
-    if isinstance(facts, DataMoving):
-        return _data_moving(facts)
-    if isinstance(facts, Working):
-        return _working(facts)
-    if isinstance(facts, RanksGone):
-        return _ranks_gone(facts)
-    if isinstance(facts, InitSplit):
-        return _init_split(facts)
-    if isinstance(facts, InitStuck):
-        return _init_stuck(facts)
-    if isinstance(facts, CleanupStuck):
-        return _cleanup_stuck(facts)
-    if isinstance(facts, Straggling):
-        return _straggling(facts)
-    if isinstance(facts, Unseen):
-        return _unseen(facts)
-    if isinstance(facts, Mismatch):
-        return _mismatch(facts)
-    if isinstance(facts, SameOp):
-        return _same_op(facts)
-    return Words(
-        "No rank is in a distributed operation and nothing moves; hangdoc cannot tell why.",
-        [f"rank {v.rank}: {describe_rank(v)}" for v in facts.views],
-    )
+    return _SAY[type(facts)](facts)
 
 
 def next_steps(verdict: Verdict) -> tuple[str, ...]:
@@ -271,6 +244,17 @@ def partial_suffix(unknown: Sequence[int]) -> str:
 
 def _ranks(views: Sequence[RankView]) -> list[int]:
     return [v.rank for v in views]
+
+
+def _nothing_captured(_f: NothingCaptured) -> Words:
+    return Words("No rank could be captured.", [])
+
+
+def _unexplained(f: Unexplained) -> Words:
+    return Words(
+        "No rank is in a distributed operation and nothing moves; hangdoc cannot tell why.",
+        [f"rank {v.rank}: {describe_rank(v)}" for v in f.views],
+    )
 
 
 def _progressing(f: Progressing) -> Words:
@@ -443,8 +427,8 @@ def _mismatch(f: Mismatch) -> Words:
         minority = [v for vs in groups[1:] for v in vs] if culprits else []
         if culprits and minority:
             majority = groups[0]
-            apart = len(set(where)) == len(where) and where != [_where(vs[0].op) for vs in groups]
-            minority_where = " / ".join(sorted(set(where[1:]))) if apart else op_summary(minority)
+            told_apart = where != [_where(vs[0].op) for vs in groups]  # a wrapper's callers named
+            minority_where = " / ".join(sorted(set(where[1:]))) if told_apart else op_summary(minority)
             summary = (
                 f"collective mismatch: {_r(culprits)} "
                 f"{'is' if len(culprits) == 1 else 'are'} in {minority_where} while "
@@ -481,6 +465,15 @@ def _same_op(f: SameOp) -> Words:
         "and no data moves",
         op_lines(f.waiting),
     )
+
+
+# the sentences of each rule outcome
+_SAY: dict[type, Callable[[Any], Words]] = {
+    NothingCaptured: _nothing_captured, Progressing: _progressing, DataMoving: _data_moving,
+    Working: _working, RanksGone: _ranks_gone, InitSplit: _init_split, InitStuck: _init_stuck,
+    CleanupStuck: _cleanup_stuck, Straggling: _straggling, Unseen: _unseen,
+    Mismatch: _mismatch, SameOp: _same_op, Unexplained: _unexplained,
+}
 
 
 # -- building blocks: ranks, ops, frames, counters --------------------------------------
@@ -524,7 +517,7 @@ def activity(v: RankView) -> str:
     """What a rank outside any op is doing, in a few words (computing, blocked on a lock...)."""
     move = v.move
     if v.state is RankState.STOPPED:
-        return "stopped (SIGSTOP or a debugger)"
+        return _STATUS_MEANS["stopped"]
     if move is not None and move.busy:
         return f"computing ({move.cpu_fraction:.0%} of a core)"
     inner = (v.thread.innermost_python if v.thread else None)

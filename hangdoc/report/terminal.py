@@ -118,14 +118,14 @@ def _header(diagnosis: Diagnosis, snapshot: JobSnapshot) -> Text:
 
 
 def _call_tree(tree: CallTree, culprits: frozenset[int], max_frames: int) -> Tree:
-    distinct = len(tree.classes())
+    distinct = len(tree.classes)
     title = Text.assemble(
         ("Merged stacks", "bold"),
         f" of {len(tree.ranks)} ranks {compress_ranks(tree.ranks)}, "
         f"{distinct} distinct stack{'s' if distinct != 1 else ''}",
     )
     top = Tree(title, guide_style="dim")
-    outliers = tree.outlier_nodes()
+    outliers = tree.outliers
     # branches to render: (parent rich node, first tree node of the stretch)
     todo = [(top, kid) for kid in reversed(tree.children(ROOT))]
     while todo:

@@ -305,7 +305,7 @@ def make_diagnosis(
     stacks = main_stacks(snapshot)
     call_tree = build_tree(stacks) if tree is True else (tree or None)
     if groups is None:
-        classes = (call_tree or build_tree(stacks)).classes()
+        classes = (call_tree or build_tree(stacks)).classes
         groups = [
             StackGroup(i, members, stack, ops.get(members[0]))
             for i, (members, stack) in enumerate(classes)

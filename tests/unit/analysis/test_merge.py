@@ -62,13 +62,13 @@ def test_nodes_children_ranks_and_depth() -> None:
 def test_identical_stacks_are_interned() -> None:
     tree = tree_of({0: AR, 1: AR, 2: AR, 3: AR})
     assert len(tree) == 1 + len(AR)  # one path, however many ranks share it
-    assert tree.classes() == (((0, 1, 2, 3), stack(AR)),)
-    assert tree.divergence_points() == () and tree.outlier_nodes() == frozenset()
+    assert tree.classes == (((0, 1, 2, 3), stack(AR)),)
+    assert tree.divergence_points() == () and tree.outliers == frozenset()
 
 
 def test_classes_largest_first_then_lowest_rank() -> None:
     tree = tree_of({0: BAR, 1: AR, 2: AR, 3: SAVE, 4: AR, 5: BAR, 6: []})
-    assert tree.classes() == (
+    assert tree.classes == (
         ((1, 2, 4), stack(AR)),
         ((0, 5), stack(BAR)),
         ((3,), stack(SAVE)),
@@ -81,14 +81,14 @@ def test_divergence_points_and_outliers() -> None:
     tree = tree_of({0: AR, 1: AR, 2: AR, 3: BAR})
     (div,) = tree.divergence_points()
     assert div.frame is not None and div.frame.function == "main"
-    assert functions(tree, tree.outlier_nodes()) == {"evaluate", "barrier"}
+    assert functions(tree, tree.outliers) == {"evaluate", "barrier"}
 
 
 def test_no_outlier_when_the_largest_branches_tie() -> None:
     tree = tree_of({0: AR, 1: BAR, 2: AR, 3: BAR, 4: SAVE})
     (div,) = tree.divergence_points()
     assert div.frame is not None and div.frame.function == "main"
-    assert tree.outlier_nodes() == frozenset()  # 2 against 2: no side is the odd one out
+    assert tree.outliers == frozenset()  # 2 against 2: no side is the odd one out
 
 
 def test_divergence_points_in_depth_first_preorder() -> None:
@@ -97,12 +97,12 @@ def test_divergence_points_in_depth_first_preorder() -> None:
     names = [n.frame.function if n.frame else "<root>" for n in tree.divergence_points()]
     assert names == ["<root>", "main", "step"]
     # at the root rank 5 is the minority, at main rank 4, under step rank 3
-    assert functions(tree, tree.outlier_nodes()) == {"run", "evaluate", "barrier", "broadcast"}
+    assert functions(tree, tree.outliers) == {"run", "evaluate", "barrier", "broadcast"}
 
 
 def test_an_empty_tree_is_just_the_root() -> None:
     tree = build_tree({})
-    assert len(tree) == 1 and tree.ranks == () and tree.classes() == ()
+    assert len(tree) == 1 and tree.ranks == () and tree.classes == ()
     assert tree.children(ROOT) == () and tree.divergence_points() == ()
 
 
@@ -110,7 +110,7 @@ def test_ten_thousand_ranks_with_three_stacks_make_a_small_tree() -> None:
     kinds = [stack(AR), stack(BAR), stack(SAVE)]
     tree = build_tree({rank: kinds[rank % 3] for rank in range(10_000)})
     assert len(tree) == 1 + 2 + 3 * 2  # the shared trunk once, three short branches
-    assert [len(ranks) for ranks, _ in tree.classes()] == [3334, 3333, 3333]
+    assert [len(ranks) for ranks, _ in tree.classes] == [3334, 3333, 3333]
     assert tree.ranks == tuple(range(10_000))
     assert functions(tree, (n.node_id for n in tree.divergence_points())) == {"main"}
-    assert functions(tree, tree.outlier_nodes()) == {"evaluate", "barrier", "save"}
+    assert functions(tree, tree.outliers) == {"evaluate", "barrier", "save"}
