@@ -44,9 +44,11 @@ from .model import (
     MAX_WORLD_SIZE,
     PID_MAX,
     Frame,
+    FrameLocals,
     JobSnapshot,
     ProcessState,
     RankProcess,
+    ThreadCounters,
     Unreachable,
 )
 
@@ -81,6 +83,8 @@ _FIELD_RANGES: dict[tuple[type, str], tuple[int, int]] = {
     (Unreachable, "ranks"): (0, MAX_WORLD_SIZE - 1),
     (Frame, "line"): (0, 2**31 - 1),
     (ProcessState, "num_threads"): (0, 2**31 - 1),
+    (ThreadCounters, "native_id"): (0, PID_MAX),
+    (FrameLocals, "index"): (0, MAX_STACK_DEPTH - 1),
 }
 
 

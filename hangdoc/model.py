@@ -141,6 +141,22 @@ Stack = tuple[Frame, ...]
 
 
 @dataclass(frozen=True, slots=True)
+class FrameLocals:
+    """Selected arguments of one frame of torch.distributed, as ``py-spy --locals`` showed
+    them and capture cleaned them on the node (``hangdoc.capture.pyspy``): numbers, None,
+    booleans and bare type names (``<ProcessGroup>``), never a string the job holds."""
+
+    index: int  # the frame's position in ``ThreadStack.frames`` (outermost first)
+    values: tuple[tuple[str, str], ...]  # (argument name, value), in the frame's order
+
+    def get(self, name: str) -> str | None:
+        for key, value in self.values:
+            if key == name:
+                return value
+        return None
+
+
+@dataclass(frozen=True, slots=True)
 class ThreadStack:
     """One thread as py-spy saw it in one sample."""
 
@@ -150,6 +166,15 @@ class ThreadStack:
     native_id: int | None = None
     active: bool = False  # running (on CPU) rather than idle/waiting
     owns_gil: bool = False
+    # the kept arguments of torch.distributed frames (empty when captured without locals)
+    locals: tuple[FrameLocals, ...] = ()
+
+    def locals_at(self, index: int) -> FrameLocals | None:
+        """The kept arguments of ``frames[index]``, if any were captured."""
+        for found in self.locals:
+            if found.index == index:
+                return found
+        return None
 
     @property
     def is_main(self) -> bool:
@@ -173,6 +198,18 @@ STOPPED_STATUSES = ("stopped", "tracing-stop")
 
 
 @dataclass(frozen=True, slots=True)
+class ThreadCounters:
+    """Kernel-side counters of one thread (``/proc/PID/task/TID``): progress is judged per
+    thread, so that a busy side thread neither hides a hang nor fakes progress."""
+
+    native_id: int  # the kernel's thread id (py-spy's ``ThreadStack.native_id``)
+    cpu_seconds: float  # user + system
+    ctx_switches: int | None = None  # voluntary + involuntary
+    read_chars: int | None = None  # /proc/PID/task/TID/io rchar
+    write_chars: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ProcessState:
     """Kernel-side counters of one process at one instant, used to decide progress."""
 
@@ -181,8 +218,15 @@ class ProcessState:
     num_threads: int
     read_chars: int | None = None  # /proc/PID/io rchar (includes socket reads)
     write_chars: int | None = None  # /proc/PID/io wchar
-    ctx_switches: int | None = None  # voluntary + involuntary
+    ctx_switches: int | None = None  # voluntary + involuntary, of the main thread
     rss_bytes: int | None = None
+    threads: tuple[ThreadCounters, ...] = ()  # per thread, where /proc/PID/task was readable
+
+    def thread(self, native_id: int | None) -> ThreadCounters | None:
+        for counters in self.threads:
+            if counters.native_id == native_id:
+                return counters
+        return None
 
 
 class CaptureErrorKind(enum.Enum):
@@ -442,6 +486,21 @@ class Verdict(enum.Enum):
     """Not enough evidence; the report says what is missing."""
 
 
+class Confidence(enum.Enum):
+    """How sure a verdict is (docs/verdicts.md#confidence); ``Diagnosis.basis`` says why."""
+
+    HIGH = "high"
+    """Act on it: every rank that matters was read in several samples, their ops were read
+    from torch.distributed frames, and the culprits are named by their own stacks."""
+    MEDIUM = "medium"
+    """Likely right, but check the basis first: some evidence is indirect or incomplete
+    (a node did not answer, an op recognised from a .wait() line or native frames, one
+    sample only, a rank still working that may only be slow)."""
+    LOW = "low"
+    """A lead, not a conclusion: the verdict rests on elimination, on no evidence at all
+    (``unknown``), or cannot name whom to blame; the basis says what would settle it."""
+
+
 @dataclass(frozen=True, slots=True)
 class RankAnalysis:
     """Per-rank conclusions the report prints."""
@@ -542,6 +601,11 @@ class Diagnosis:
     # the evidence fits a hang and slow progress alike (one rank busy while the others
     # wait): capture should watch longer, up to its max window, before this is final
     ambiguous: bool = False
+    # how sure the verdict is (``analysis.confidence``); LOW unless judged: a diagnosis
+    # nobody weighed (hand-built, a failed run's report) must not claim certainty
+    confidence: Confidence = Confidence.LOW
+    # short phrases: the evidence the verdict rests on, then what lowers the confidence
+    basis: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,15 +30,28 @@ from typing import IO, Any, NamedTuple
 import psutil
 
 from ..errors import PySpyMissing
-from ..model import CaptureError, CaptureErrorKind, Frame, ThreadStack
+from ..model import CaptureError, CaptureErrorKind, Frame, FrameLocals, ThreadStack, frame_origin
 from .sourcefs import SourceReader
 
-# Locals worth keeping (with --locals): what a p2p or collective call was asked to do.
+# Arguments worth keeping (with --locals), and only in torch.distributed's own frames: what
+# a p2p or collective call was asked to do (peers, tags, the group's name), and the world
+# size and rank ``init_process_group`` was given in code. A value is kept only as a number,
+# None, a boolean or a bare type name (``_clean``): a string the job holds never leaves the
+# node, and addresses (which differ per process) are dropped.
 LOCAL_NAMES = frozenset((
-    "dst", "src", "group_dst", "group_src", "global_dst", "global_src", "peer", "tag", "op",
-    "async_op", "timeout", "group_name", "rank", "world_size",
+    "dst", "src", "group_dst", "group_src", "global_dst", "global_src", "peer", "tag",
+    "async_op", "group", "group_name", "group_size", "group_rank", "rank", "world_size",
 ))
-_MAX_REPR = 80
+_TORCH_DIST = "torch/distributed/"
+# torch wraps its public c10d functions (``_exception_logger``) in a frame whose ``args``
+# and ``kwargs`` are the call as the caller made it, before c10d replaces ``group=None``
+# with the default group: the one place that tells "no group given" (WORLD) apart.
+_CALL_WRAPPER = "torch/distributed/c10d_logger.py"
+_TYPE = re.compile(r"<(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*)(?: at 0x[0-9a-fA-F]+| object)?>")
+_LITERAL = re.compile(r"-?[0-9]{1,20}|None|True|False", re.ASCII)
+_GROUP_NAME = re.compile(r'"([\w.:-]{1,64})"', re.ASCII)
+_GROUP_KWARG = re.compile(r'"group":\s*(None|<[^>]*ProcessGroup[^>]*>)')
+DEFAULT_GROUP = "(default)"  # the wrapper shows no group argument: the call is on WORLD
 
 _DENIED = ("permission denied", "operation not permitted", "elevated permissions",
            "(os error 1)", "(os error 13)", "ptrace_scope")
@@ -46,16 +59,11 @@ _NOT_PYTHON = ("failed to find python version", "failed to find a python interpr
                "failed to find python interpreter", "not a python", "couldn't find python")
 _PYTHON_EXE = re.compile(r"^(python|pypy)(\d+(\.\d+)*)?[dmu]*$")
 
-Locals = dict[tuple[int, int], dict[str, str]]
-"""(thread_id, frame index in the outermost-first stack) -> {argument name: short repr}."""
-
-
 class DumpResult(NamedTuple):
-    """One py-spy dump: the threads, or why there are none, and selected locals."""
+    """One py-spy dump: the threads, or why there are none."""
 
     threads: tuple[ThreadStack, ...]
     error: CaptureError | None
-    locals: Locals
 
 
 # ------------------------------------------------------------------ finding py-spy
@@ -95,11 +103,6 @@ def source_line(filename: str, line: int | None, reader: SourceReader | None = N
     return (text or "").strip() or None
 
 
-def _short_repr(value: Any) -> str:
-    text = str(value)
-    return text if len(text) <= _MAX_REPR else text[: _MAX_REPR - 3] + "..."
-
-
 def _frame(raw: dict[str, Any], reader: SourceReader) -> Frame:
     native = raw.get("module") is not None
     line = raw.get("line") or None
@@ -109,15 +112,52 @@ def _frame(raw: dict[str, Any], reader: SourceReader) -> Frame:
                  code=code)
 
 
-def _frame_locals(raw: dict[str, Any]) -> dict[str, str]:
-    return {var["name"]: _short_repr(var.get("repr"))
-            for var in raw.get("locals") or () if var.get("name") in LOCAL_NAMES}
+def _clean(name: str, text: str) -> str | None:
+    """A local's py-spy repr as it may leave the node, or None to drop it."""
+    text = text.strip()
+    if _LITERAL.fullmatch(text):
+        return text
+    if name == "group_name" and (m := _GROUP_NAME.fullmatch(text)):
+        return m.group(1)
+    if m := _TYPE.fullmatch(text):
+        return f"<{m.group(1)}>"
+    return None
 
 
-def parse_dump(text: str | bytes, pid: int | None = None) -> tuple[tuple[ThreadStack, ...],
-                                                                    Locals]:
+def _call_group(values: dict[str, str]) -> str | None:
+    """The group a wrapped c10d call was given: ``<ProcessGroup>``, ``None`` or
+    ``DEFAULT_GROUP``; None when the wrapper's reprs were cut short before saying."""
+    kwargs, args = values.get("kwargs", ""), values.get("args", "")
+    if m := _GROUP_KWARG.search(kwargs):
+        return "None" if m.group(1) == "None" else "<ProcessGroup>"
+    if "ProcessGroup" in args:
+        return "<ProcessGroup>"
+    if kwargs.endswith("...") or args.endswith("..."):
+        return None
+    return DEFAULT_GROUP if "kwargs" in values else None
+
+
+def _frame_locals(index: int, raw: dict[str, Any]) -> FrameLocals | None:
+    """The kept arguments of a torch.distributed frame (see ``LOCAL_NAMES``)."""
+    variables = raw.get("locals")
+    if not variables or raw.get("module") is not None:
+        return None
+    origin = frame_origin(raw.get("filename") or "")
+    if not origin.under(_TORCH_DIST):
+        return None
+    reprs = {str(v.get("name")): str(v.get("repr") or "") for v in variables if isinstance(v, dict)}
+    if origin.module_path == _CALL_WRAPPER:
+        group = _call_group(reprs)
+        return FrameLocals(index, (("group", group),)) if group else None
+    kept = tuple((name, value) for name, text in reprs.items()
+                 if name in LOCAL_NAMES and (value := _clean(name, text)) is not None)
+    return FrameLocals(index, kept) if kept else None
+
+
+def parse_dump(text: str | bytes, pid: int | None = None) -> tuple[ThreadStack, ...]:
     """Parse ``py-spy dump --json`` output; ``Frame.code`` is read as process ``pid`` could
-    (hangdoc.sourcefs; this process when ``pid`` is None).
+    (hangdoc.sourcefs; this process when ``pid`` is None), and torch.distributed frames keep
+    their cleaned arguments when py-spy ran with ``--locals``.
 
     Raises ValueError when the text is not py-spy's JSON.
     """
@@ -126,26 +166,23 @@ def parse_dump(text: str | bytes, pid: int | None = None) -> tuple[tuple[ThreadS
         raise ValueError("py-spy JSON is not a list of threads")  # noqa: TRY004
     reader = SourceReader(pid)
     threads = []
-    found_locals: Locals = {}
     for raw in data:
         frames_raw = list(reversed(raw.get("frames") or ()))
-        tid = int(raw["thread_id"])
         native_id = raw.get("os_thread_id")
         name = raw.get("thread_name")
         if name is None and native_id is not None and native_id == (pid or raw.get("pid")):
             name = "MainThread"  # threading was never imported; the main thread's tid is the pid
+        found = (_frame_locals(i, f) for i, f in enumerate(frames_raw))
         threads.append(ThreadStack(
-            thread_id=tid,
+            thread_id=int(raw["thread_id"]),
             name=name,
             frames=tuple(_frame(f, reader) for f in frames_raw),
             native_id=native_id,
             active=bool(raw.get("active")),
             owns_gil=bool(raw.get("owns_gil")),
+            locals=tuple(f for f in found if f is not None),
         ))
-        for index, frame in enumerate(frames_raw):
-            if kept := _frame_locals(frame):
-                found_locals[(tid, index)] = kept
-    return tuple(threads), found_locals
+    return tuple(threads)
 
 
 # ------------------------------------------------------------------ failures
@@ -253,9 +290,9 @@ class DumpHandle:
         except (OSError, AttributeError):
             self._pidfd = None  # old kernel: fall back to Popen.wait's polling
 
-    def _finish(self, error: CaptureError | None, threads: tuple[ThreadStack, ...] = (),
-                found_locals: Locals | None = None) -> DumpResult:
-        self._result = DumpResult(threads, error, found_locals or {})
+    def _finish(self, error: CaptureError | None,
+                threads: tuple[ThreadStack, ...] = ()) -> DumpResult:
+        self._result = DumpResult(threads, error)
         self._close()
         return self._result
 
@@ -300,11 +337,11 @@ class DumpHandle:
                 return self.result()
             return self._finish(classify_failure(self.pid, returncode, stderr))
         try:
-            threads, found_locals = parse_dump(self._read(self._out), self.pid)
+            threads = parse_dump(self._read(self._out), self.pid)
         except (ValueError, KeyError, TypeError) as exc:
             return self._finish(CaptureError(CaptureErrorKind.PYSPY_FAILED,
                                              f"unreadable py-spy output: {exc}"))
-        return self._finish(None, threads, found_locals)
+        return self._finish(None, threads)
 
     def _should_retry_nonblocking(self, stderr: str) -> bool:
         """py-spy read the process but could not pause it: another tracer (a debugger, a
@@ -331,7 +368,7 @@ class DumpHandle:
             self._finish(CaptureError(CaptureErrorKind.TIMEOUT, "dump abandoned"))
 
 
-def start_dump(pid: int, *, native: bool = False, locals_: bool = False,
+def start_dump(pid: int, *, native: bool = False, locals_: bool = True,
                nonblocking: bool = False, timeout: float = 5.0,
                pyspy: str | None = None) -> DumpHandle:
     """Start ``py-spy dump`` on ``pid`` and return at once; ``.result()`` collects it.
@@ -343,8 +380,8 @@ def start_dump(pid: int, *, native: bool = False, locals_: bool = False,
     return DumpHandle(pid, argv, timeout)
 
 
-def dump(pid: int, *, native: bool = False, locals_: bool = False, nonblocking: bool = False,
+def dump(pid: int, *, native: bool = False, locals_: bool = True, nonblocking: bool = False,
          timeout: float = 5.0, pyspy: str | None = None) -> DumpResult:
-    """Dump every thread of ``pid``: ``(threads, error, locals)``; failures are in ``error``."""
+    """Dump every thread of ``pid``: ``(threads, error)``; failures are in ``error``."""
     return start_dump(pid, native=native, locals_=locals_, nonblocking=nonblocking,
                       timeout=timeout, pyspy=pyspy).result()

@@ -97,6 +97,6 @@ def sample_round(procs: Sequence[RankProcess], t: float, *, native: bool = False
         elif index not in results:
             samples.append(Sample(t=t, state=state, error=missing))
         else:
-            threads, error, _ = results[index]
+            threads, error = results[index]
             samples.append(Sample(t=t, threads=threads, state=state, error=error))
     return samples

@@ -25,6 +25,7 @@ from ..model import (
     CaptureError,
     CaptureErrorKind,
     Frame,
+    FrameLocals,
     Heartbeat,
     ProcessState,
     RankProcess,
@@ -32,6 +33,7 @@ from ..model import (
     Sample,
     SourceFile,
     Stack,
+    ThreadCounters,
     ThreadStack,
 )
 from .v1 import agent_pb2 as pb
@@ -197,6 +199,9 @@ def _state_to_proto(state: ProcessState) -> pb.ProcessState:
         write_chars=state.write_chars,
         ctx_switches=state.ctx_switches,
         rss_bytes=state.rss_bytes,
+        threads=[pb.ThreadCounters(native_id=c.native_id, cpu_seconds=c.cpu_seconds,
+                                   ctx_switches=c.ctx_switches, read_chars=c.read_chars,
+                                   write_chars=c.write_chars) for c in state.threads],
     )
 
 
@@ -209,14 +214,32 @@ def _state_from_proto(msg: pb.ProcessState) -> ProcessState:
         write_chars=_opt_int(msg, "write_chars"),
         ctx_switches=_opt_int(msg, "ctx_switches"),
         rss_bytes=_opt_int(msg, "rss_bytes"),
+        threads=tuple(
+            ThreadCounters(native_id=c.native_id, cpu_seconds=c.cpu_seconds,
+                           ctx_switches=_opt_int(c, "ctx_switches"),
+                           read_chars=_opt_int(c, "read_chars"),
+                           write_chars=_opt_int(c, "write_chars"))
+            for c in msg.threads),
     )
+
+
+def _locals_to_proto(found: FrameLocals) -> pb.FrameLocals:
+    return pb.FrameLocals(index=found.index, values=[pb.LocalValue(name=k, value=v)
+                                                     for k, v in found.values])
+
+
+def _locals_from_proto(msg: pb.FrameLocals, depth: int) -> FrameLocals:
+    if msg.index >= depth:
+        raise AgentApiError(f"locals of frame {msg.index} of a stack of {depth} frames")
+    return FrameLocals(msg.index, tuple((v.name, v.value) for v in msg.values))
 
 
 def _sample_to_proto(sample: Sample, out: pb.Sample, table: StackTable) -> None:
     out.t = sample.t
     for th in sample.threads:
         out.threads.add(thread_id=th.thread_id, name=th.name, stack=table.stack_id(th.frames),
-                        native_id=th.native_id, active=th.active, owns_gil=th.owns_gil)
+                        native_id=th.native_id, active=th.active, owns_gil=th.owns_gil,
+                        locals=[_locals_to_proto(found) for found in th.locals])
     if sample.state is not None:
         out.state.CopyFrom(_state_to_proto(sample.state))
     if sample.error is not None:
@@ -271,6 +294,7 @@ def _sample_from_proto(msg: pb.Sample, stacks: list[Stack]) -> Sample:
             native_id=_opt_int(th, "native_id"),
             active=th.active,
             owns_gil=th.owns_gil,
+            locals=tuple(_locals_from_proto(found, len(stacks[th.stack])) for found in th.locals),
         ))
     error = None
     if msg.HasField("error"):

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16hangdoc/v1/agent.proto\x12\nhangdoc.v1\"\x10\n\x0eGetInfoRequest\"\xce\x01\n\tAgentInfo\x12\x17\n\x0fhangdoc_version\x18\x01 \x01(\t\x12\x16\n\x0eschema_version\x18\x02 \x01(\r\x12\x13\n\x0b\x61pi_version\x18\x03 \x01(\t\x12\x0c\n\x04host\x18\x04 \x01(\t\x12\x0b\n\x03pid\x18\x05 \x01(\x03\x12\x17\n\npyspy_path\x18\x06 \x01(\tH\x00\x88\x01\x01\x12\x0e\n\x06native\x18\x07 \x01(\x08\x12\x10\n\x08\x66\x65\x61tures\x18\x08 \x03(\t\x12\x16\n\x0epython_version\x18\t \x01(\tB\r\n\x0b_pyspy_path\"\x1f\n\x10\x46indRanksRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"|\n\tDiscovery\x12&\n\x05ranks\x18\x01 \x03(\x0b\x32\x17.hangdoc.v1.RankProcess\x12\x17\n\nworld_size\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\r\n\x05notes\x18\x03 \x03(\t\x12\x10\n\x08searched\x18\x04 \x01(\tB\r\n\x0b_world_size\"%\n\x06\x45nvVar\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\xb6\x02\n\x0bRankProcess\x12\x0b\n\x03pid\x18\x01 \x01(\x03\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x11\n\x04rank\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12+\n\x0brank_source\x18\x04 \x01(\x0e\x32\x16.hangdoc.v1.RankSource\x12\x15\n\rrank_evidence\x18\x05 \x01(\t\x12\x17\n\nworld_size\x18\x06 \x01(\x03H\x01\x88\x01\x01\x12\x17\n\nlocal_rank\x18\x07 \x01(\x03H\x02\x88\x01\x01\x12\x0f\n\x07\x63mdline\x18\x08 \x03(\t\x12\x1f\n\x03\x65nv\x18\t \x03(\x0b\x32\x12.hangdoc.v1.EnvVar\x12\x19\n\x0clauncher_pid\x18\n \x01(\x03H\x03\x88\x01\x01\x42\x07\n\x05_rankB\r\n\x0b_world_sizeB\r\n\x0b_local_rankB\x0f\n\r_launcher_pid\"=\n\x0fRankProcessList\x12*\n\tprocesses\x18\x01 \x03(\x0b\x32\x17.hangdoc.v1.RankProcess\"\xa7\x01\n\rSampleRequest\x12\r\n\x03job\x18\x01 \x01(\tH\x00\x12\x30\n\tprocesses\x18\x02 \x01(\x0b\x32\x1b.hangdoc.v1.RankProcessListH\x00\x12\t\n\x01t\x18\x03 \x01(\x01\x12\x0e\n\x06native\x18\x04 \x01(\x08\x12\x1c\n\x0ftimeout_seconds\x18\x05 \x01(\x01H\x01\x88\x01\x01\x42\x08\n\x06targetB\x12\n\x10_timeout_seconds\"s\n\x05\x46rame\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\x12\x10\n\x08\x66ilename\x18\x02 \x01(\t\x12\x11\n\x04line\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x0e\n\x06native\x18\x04 \x01(\x08\x12\x11\n\x04\x63ode\x18\x05 \x01(\tH\x01\x88\x01\x01\x42\x07\n\x05_lineB\x07\n\x05_code\"\x17\n\x05Stack\x12\x0e\n\x06\x66rames\x18\x01 \x03(\r\"\x93\x01\n\x0bThreadStack\x12\x11\n\tthread_id\x18\x01 \x01(\x04\x12\x11\n\x04name\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\r\n\x05stack\x18\x03 \x01(\r\x12\x16\n\tnative_id\x18\x04 \x01(\x03H\x01\x88\x01\x01\x12\x0e\n\x06\x61\x63tive\x18\x05 \x01(\x08\x12\x10\n\x08owns_gil\x18\x06 \x01(\x08\x42\x07\n\x05_nameB\x0c\n\n_native_id\"\xec\x01\n\x0cProcessState\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x13\n\x0b\x63pu_seconds\x18\x02 \x01(\x01\x12\x13\n\x0bnum_threads\x18\x03 \x01(\x03\x12\x17\n\nread_chars\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x0bwrite_chars\x18\x05 \x01(\x03H\x01\x88\x01\x01\x12\x19\n\x0c\x63tx_switches\x18\x06 \x01(\x03H\x02\x88\x01\x01\x12\x16\n\trss_bytes\x18\x07 \x01(\x03H\x03\x88\x01\x01\x42\r\n\x0b_read_charsB\x0e\n\x0c_write_charsB\x0f\n\r_ctx_switchesB\x0c\n\n_rss_bytes\"K\n\x0c\x43\x61ptureError\x12*\n\x04kind\x18\x01 \x01(\x0e\x32\x1c.hangdoc.v1.CaptureErrorKind\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x8f\x01\n\x06Sample\x12\t\n\x01t\x18\x01 \x01(\x01\x12(\n\x07threads\x18\x02 \x03(\x0b\x32\x17.hangdoc.v1.ThreadStack\x12\'\n\x05state\x18\x03 \x01(\x0b\x32\x18.hangdoc.v1.ProcessState\x12\'\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x18.hangdoc.v1.CaptureError\"<\n\tPidSample\x12\x0b\n\x03pid\x18\x01 \x01(\x03\x12\"\n\x06sample\x18\x02 \x01(\x0b\x32\x12.hangdoc.v1.Sample\"\xa8\x01\n\x0eSampleResponse\x12!\n\x06\x66rames\x18\x01 \x03(\x0b\x32\x11.hangdoc.v1.Frame\x12!\n\x06stacks\x18\x02 \x03(\x0b\x32\x11.hangdoc.v1.Stack\x12&\n\x07samples\x18\x03 \x03(\x0b\x32\x15.hangdoc.v1.PidSample\x12(\n\tdiscovery\x18\x04 \x01(\x0b\x32\x15.hangdoc.v1.Discovery\"=\n\x0bSourceQuery\x12\x0b\n\x03pid\x18\x01 \x01(\x03\x12!\n\x06\x66rames\x18\x02 \x03(\x0b\x32\x11.hangdoc.v1.Frame\"c\n\x14SampleSourcesRequest\x12!\n\x06\x66rames\x18\x01 \x03(\x0b\x32\x11.hangdoc.v1.Frame\x12(\n\x07queries\x18\x02 \x03(\x0b\x32\x17.hangdoc.v1.SourceQuery\"*\n\nSourceLine\x12\x0e\n\x06number\x18\x01 \x01(\x03\x12\x0c\n\x04text\x18\x02 \x01(\t\"E\n\nSourceFile\x12\x10\n\x08\x66ilename\x18\x01 \x01(\t\x12%\n\x05lines\x18\x02 \x03(\x0b\x32\x16.hangdoc.v1.SourceLine\">\n\x15SampleSourcesResponse\x12%\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x16.hangdoc.v1.SourceFile\"!\n\x11HeartbeatsRequest\x12\x0c\n\x04pids\x18\x01 \x03(\x03\"i\n\tHeartbeat\x12\x0b\n\x03pid\x18\x01 \x01(\x03\x12\x11\n\x04step\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\r\n\x05\x62\x65\x61ts\x18\x03 \x01(\x03\x12\x0f\n\x07in_step\x18\x04 \x01(\x08\x12\x13\n\x0b\x61ge_seconds\x18\x05 \x01(\x01\x42\x07\n\x05_step\"?\n\x12HeartbeatsResponse\x12)\n\nheartbeats\x18\x01 \x03(\x0b\x32\x15.hangdoc.v1.Heartbeat*X\n\nRankSource\x12\x1b\n\x17RANK_SOURCE_UNSPECIFIED\x10\x00\x12\x13\n\x0fRANK_SOURCE_ENV\x10\x01\x12\x18\n\x14RANK_SOURCE_INFERRED\x10\x02*\x8f\x02\n\x10\x43\x61ptureErrorKind\x12\"\n\x1e\x43\x41PTURE_ERROR_KIND_UNSPECIFIED\x10\x00\x12#\n\x1f\x43\x41PTURE_ERROR_KIND_PROCESS_GONE\x10\x01\x12$\n CAPTURE_ERROR_KIND_PTRACE_DENIED\x10\x02\x12!\n\x1d\x43\x41PTURE_ERROR_KIND_NOT_PYTHON\x10\x03\x12\x1e\n\x1a\x43\x41PTURE_ERROR_KIND_TIMEOUT\x10\x04\x12$\n CAPTURE_ERROR_KIND_PYSPY_MISSING\x10\x05\x12#\n\x1f\x43\x41PTURE_ERROR_KIND_PYSPY_FAILED\x10\x06\x32\xeb\x02\n\x05\x41gent\x12<\n\x07GetInfo\x12\x1a.hangdoc.v1.GetInfoRequest\x1a\x15.hangdoc.v1.AgentInfo\x12@\n\tFindRanks\x12\x1c.hangdoc.v1.FindRanksRequest\x1a\x15.hangdoc.v1.Discovery\x12?\n\x06Sample\x12\x19.hangdoc.v1.SampleRequest\x1a\x1a.hangdoc.v1.SampleResponse\x12T\n\rSampleSources\x12 .hangdoc.v1.SampleSourcesRequest\x1a!.hangdoc.v1.SampleSourcesResponse\x12K\n\nHeartbeats\x12\x1d.hangdoc.v1.HeartbeatsRequest\x1a\x1e.hangdoc.v1.HeartbeatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16hangdoc/v1/agent.proto\x12\nhangdoc.v1\"\x10\n\x0eGetInfoRequest\"\xce\x01\n\tAgentInfo\x12\x17\n\x0fhangdoc_version\x18\x01 \x01(\t\x12\x16\n\x0eschema_version\x18\x02 \x01(\r\x12\x13\n\x0b\x61pi_version\x18\x03 \x01(\t\x12\x0c\n\x04host\x18\x04 \x01(\t\x12\x0b\n\x03pid\x18\x05 \x01(\x03\x12\x17\n\npyspy_path\x18\x06 \x01(\tH\x00\x88\x01\x01\x12\x0e\n\x06native\x18\x07 \x01(\x08\x12\x10\n\x08\x66\x65\x61tures\x18\x08 \x03(\t\x12\x16\n\x0epython_version\x18\t \x01(\tB\r\n\x0b_pyspy_path\"\x1f\n\x10\x46indRanksRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"|\n\tDiscovery\x12&\n\x05ranks\x18\x01 \x03(\x0b\x32\x17.hangdoc.v1.RankProcess\x12\x17\n\nworld_size\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\r\n\x05notes\x18\x03 \x03(\t\x12\x10\n\x08searched\x18\x04 \x01(\tB\r\n\x0b_world_size\"%\n\x06\x45nvVar\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\xb6\x02\n\x0bRankProcess\x12\x0b\n\x03pid\x18\x01 \x01(\x03\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x11\n\x04rank\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12+\n\x0brank_source\x18\x04 \x01(\x0e\x32\x16.hangdoc.v1.RankSource\x12\x15\n\rrank_evidence\x18\x05 \x01(\t\x12\x17\n\nworld_size\x18\x06 \x01(\x03H\x01\x88\x01\x01\x12\x17\n\nlocal_rank\x18\x07 \x01(\x03H\x02\x88\x01\x01\x12\x0f\n\x07\x63mdline\x18\x08 \x03(\t\x12\x1f\n\x03\x65nv\x18\t \x03(\x0b\x32\x12.hangdoc.v1.EnvVar\x12\x19\n\x0clauncher_pid\x18\n \x01(\x03H\x03\x88\x01\x01\x42\x07\n\x05_rankB\r\n\x0b_world_sizeB\r\n\x0b_local_rankB\x0f\n\r_launcher_pid\"=\n\x0fRankProcessList\x12*\n\tprocesses\x18\x01 \x03(\x0b\x32\x17.hangdoc.v1.RankProcess\"\xa7\x01\n\rSampleRequest\x12\r\n\x03job\x18\x01 \x01(\tH\x00\x12\x30\n\tprocesses\x18\x02 \x01(\x0b\x32\x1b.hangdoc.v1.RankProcessListH\x00\x12\t\n\x01t\x18\x03 \x01(\x01\x12\x0e\n\x06native\x18\x04 \x01(\x08\x12\x1c\n\x0ftimeout_seconds\x18\x05 \x01(\x01H\x01\x88\x01\x01\x42\x08\n\x06targetB\x12\n\x10_timeout_seconds\"s\n\x05\x46rame\x12\x10\n\x08\x66unction\x18\x01 \x01(\t\x12\x10\n\x08\x66ilename\x18\x02 \x01(\t\x12\x11\n\x04line\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x0e\n\x06native\x18\x04 \x01(\x08\x12\x11\n\x04\x63ode\x18\x05 \x01(\tH\x01\x88\x01\x01\x42\x07\n\x05_lineB\x07\n\x05_code\"\x17\n\x05Stack\x12\x0e\n\x06\x66rames\x18\x01 \x03(\r\"\xbc\x01\n\x0bThreadStack\x12\x11\n\tthread_id\x18\x01 \x01(\x04\x12\x11\n\x04name\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\r\n\x05stack\x18\x03 \x01(\r\x12\x16\n\tnative_id\x18\x04 \x01(\x03H\x01\x88\x01\x01\x12\x0e\n\x06\x61\x63tive\x18\x05 \x01(\x08\x12\x10\n\x08owns_gil\x18\x06 \x01(\x08\x12\'\n\x06locals\x18\x07 \x03(\x0b\x32\x17.hangdoc.v1.FrameLocalsB\x07\n\x05_nameB\x0c\n\n_native_id\"D\n\x0b\x46rameLocals\x12\r\n\x05index\x18\x01 \x01(\r\x12&\n\x06values\x18\x02 \x03(\x0b\x32\x16.hangdoc.v1.LocalValue\")\n\nLocalValue\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\xb6\x01\n\x0eThreadCounters\x12\x11\n\tnative_id\x18\x01 \x01(\x03\x12\x13\n\x0b\x63pu_seconds\x18\x02 \x01(\x01\x12\x19\n\x0c\x63tx_switches\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x17\n\nread_chars\x18\x04 \x01(\x03H\x01\x88\x01\x01\x12\x18\n\x0bwrite_chars\x18\x05 \x01(\x03H\x02\x88\x01\x01\x42\x0f\n\r_ctx_switchesB\r\n\x0b_read_charsB\x0e\n\x0c_write_chars\"\x99\x02\n\x0cProcessState\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x13\n\x0b\x63pu_seconds\x18\x02 \x01(\x01\x12\x13\n\x0bnum_threads\x18\x03 \x01(\x03\x12\x17\n\nread_chars\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x0bwrite_chars\x18\x05 \x01(\x03H\x01\x88\x01\x01\x12\x19\n\x0c\x63tx_switches\x18\x06 \x01(\x03H\x02\x88\x01\x01\x12\x16\n\trss_bytes\x18\x07 \x01(\x03H\x03\x88\x01\x01\x12+\n\x07threads\x18\x08 \x03(\x0b\x32\x1a.hangdoc.v1.ThreadCountersB\r\n\x0b_read_charsB\x0e\n\x0c_write_charsB\x0f\n\r_ctx_switchesB\x0c\n\n_rss_bytes\"K\n\x0c\x43\x61ptureError\x12*\n\x04kind\x18\x01 \x01(\x0e\x32\x1c.hangdoc.v1.CaptureErrorKind\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x8f\x01\n\x06Sample\x12\t\n\x01t\x18\x01 \x01(\x01\x12(\n\x07threads\x18\x02 \x03(\x0b\x32\x17.hangdoc.v1.ThreadStack\x12\'\n\x05state\x18\x03 \x01(\x0b\x32\x18.hangdoc.v1.ProcessState\x12\'\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x18.hangdoc.v1.CaptureError\"<\n\tPidSample\x12\x0b\n\x03pid\x18\x01 \x01(\x03\x12\"\n\x06sample\x18\x02 \x01(\x0b\x32\x12.hangdoc.v1.Sample\"\xa8\x01\n\x0eSampleResponse\x12!\n\x06\x66rames\x18\x01 \x03(\x0b\x32\x11.hangdoc.v1.Frame\x12!\n\x06stacks\x18\x02 \x03(\x0b\x32\x11.hangdoc.v1.Stack\x12&\n\x07samples\x18\x03 \x03(\x0b\x32\x15.hangdoc.v1.PidSample\x12(\n\tdiscovery\x18\x04 \x01(\x0b\x32\x15.hangdoc.v1.Discovery\"=\n\x0bSourceQuery\x12\x0b\n\x03pid\x18\x01 \x01(\x03\x12!\n\x06\x66rames\x18\x02 \x03(\x0b\x32\x11.hangdoc.v1.Frame\"c\n\x14SampleSourcesRequest\x12!\n\x06\x66rames\x18\x01 \x03(\x0b\x32\x11.hangdoc.v1.Frame\x12(\n\x07queries\x18\x02 \x03(\x0b\x32\x17.hangdoc.v1.SourceQuery\"*\n\nSourceLine\x12\x0e\n\x06number\x18\x01 \x01(\x03\x12\x0c\n\x04text\x18\x02 \x01(\t\"E\n\nSourceFile\x12\x10\n\x08\x66ilename\x18\x01 \x01(\t\x12%\n\x05lines\x18\x02 \x03(\x0b\x32\x16.hangdoc.v1.SourceLine\">\n\x15SampleSourcesResponse\x12%\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x16.hangdoc.v1.SourceFile\"!\n\x11HeartbeatsRequest\x12\x0c\n\x04pids\x18\x01 \x03(\x03\"i\n\tHeartbeat\x12\x0b\n\x03pid\x18\x01 \x01(\x03\x12\x11\n\x04step\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\r\n\x05\x62\x65\x61ts\x18\x03 \x01(\x03\x12\x0f\n\x07in_step\x18\x04 \x01(\x08\x12\x13\n\x0b\x61ge_seconds\x18\x05 \x01(\x01\x42\x07\n\x05_step\"?\n\x12HeartbeatsResponse\x12)\n\nheartbeats\x18\x01 \x03(\x0b\x32\x15.hangdoc.v1.Heartbeat*X\n\nRankSource\x12\x1b\n\x17RANK_SOURCE_UNSPECIFIED\x10\x00\x12\x13\n\x0fRANK_SOURCE_ENV\x10\x01\x12\x18\n\x14RANK_SOURCE_INFERRED\x10\x02*\x8f\x02\n\x10\x43\x61ptureErrorKind\x12\"\n\x1e\x43\x41PTURE_ERROR_KIND_UNSPECIFIED\x10\x00\x12#\n\x1f\x43\x41PTURE_ERROR_KIND_PROCESS_GONE\x10\x01\x12$\n CAPTURE_ERROR_KIND_PTRACE_DENIED\x10\x02\x12!\n\x1d\x43\x41PTURE_ERROR_KIND_NOT_PYTHON\x10\x03\x12\x1e\n\x1a\x43\x41PTURE_ERROR_KIND_TIMEOUT\x10\x04\x12$\n CAPTURE_ERROR_KIND_PYSPY_MISSING\x10\x05\x12#\n\x1f\x43\x41PTURE_ERROR_KIND_PYSPY_FAILED\x10\x06\x32\xeb\x02\n\x05\x41gent\x12<\n\x07GetInfo\x12\x1a.hangdoc.v1.GetInfoRequest\x1a\x15.hangdoc.v1.AgentInfo\x12@\n\tFindRanks\x12\x1c.hangdoc.v1.FindRanksRequest\x1a\x15.hangdoc.v1.Discovery\x12?\n\x06Sample\x12\x19.hangdoc.v1.SampleRequest\x1a\x1a.hangdoc.v1.SampleResponse\x12T\n\rSampleSources\x12 .hangdoc.v1.SampleSourcesRequest\x1a!.hangdoc.v1.SampleSourcesResponse\x12K\n\nHeartbeats\x12\x1d.hangdoc.v1.HeartbeatsRequest\x1a\x1e.hangdoc.v1.HeartbeatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'hangdoc.v1.agent_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RANKSOURCE']._serialized_start=2546
-  _globals['_RANKSOURCE']._serialized_end=2634
-  _globals['_CAPTUREERRORKIND']._serialized_start=2637
-  _globals['_CAPTUREERRORKIND']._serialized_end=2908
+  _globals['_RANKSOURCE']._serialized_start=2930
+  _globals['_RANKSOURCE']._serialized_end=3018
+  _globals['_CAPTUREERRORKIND']._serialized_start=3021
+  _globals['_CAPTUREERRORKIND']._serialized_end=3292
   _globals['_GETINFOREQUEST']._serialized_start=38
   _globals['_GETINFOREQUEST']._serialized_end=54
   _globals['_AGENTINFO']._serialized_start=57
@@ -56,33 +56,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STACK']._serialized_start=1126
   _globals['_STACK']._serialized_end=1149
   _globals['_THREADSTACK']._serialized_start=1152
-  _globals['_THREADSTACK']._serialized_end=1299
-  _globals['_PROCESSSTATE']._serialized_start=1302
-  _globals['_PROCESSSTATE']._serialized_end=1538
-  _globals['_CAPTUREERROR']._serialized_start=1540
-  _globals['_CAPTUREERROR']._serialized_end=1615
-  _globals['_SAMPLE']._serialized_start=1618
-  _globals['_SAMPLE']._serialized_end=1761
-  _globals['_PIDSAMPLE']._serialized_start=1763
-  _globals['_PIDSAMPLE']._serialized_end=1823
-  _globals['_SAMPLERESPONSE']._serialized_start=1826
-  _globals['_SAMPLERESPONSE']._serialized_end=1994
-  _globals['_SOURCEQUERY']._serialized_start=1996
-  _globals['_SOURCEQUERY']._serialized_end=2057
-  _globals['_SAMPLESOURCESREQUEST']._serialized_start=2059
-  _globals['_SAMPLESOURCESREQUEST']._serialized_end=2158
-  _globals['_SOURCELINE']._serialized_start=2160
-  _globals['_SOURCELINE']._serialized_end=2202
-  _globals['_SOURCEFILE']._serialized_start=2204
-  _globals['_SOURCEFILE']._serialized_end=2273
-  _globals['_SAMPLESOURCESRESPONSE']._serialized_start=2275
-  _globals['_SAMPLESOURCESRESPONSE']._serialized_end=2337
-  _globals['_HEARTBEATSREQUEST']._serialized_start=2339
-  _globals['_HEARTBEATSREQUEST']._serialized_end=2372
-  _globals['_HEARTBEAT']._serialized_start=2374
-  _globals['_HEARTBEAT']._serialized_end=2479
-  _globals['_HEARTBEATSRESPONSE']._serialized_start=2481
-  _globals['_HEARTBEATSRESPONSE']._serialized_end=2544
-  _globals['_AGENT']._serialized_start=2911
-  _globals['_AGENT']._serialized_end=3274
+  _globals['_THREADSTACK']._serialized_end=1340
+  _globals['_FRAMELOCALS']._serialized_start=1342
+  _globals['_FRAMELOCALS']._serialized_end=1410
+  _globals['_LOCALVALUE']._serialized_start=1412
+  _globals['_LOCALVALUE']._serialized_end=1453
+  _globals['_THREADCOUNTERS']._serialized_start=1456
+  _globals['_THREADCOUNTERS']._serialized_end=1638
+  _globals['_PROCESSSTATE']._serialized_start=1641
+  _globals['_PROCESSSTATE']._serialized_end=1922
+  _globals['_CAPTUREERROR']._serialized_start=1924
+  _globals['_CAPTUREERROR']._serialized_end=1999
+  _globals['_SAMPLE']._serialized_start=2002
+  _globals['_SAMPLE']._serialized_end=2145
+  _globals['_PIDSAMPLE']._serialized_start=2147
+  _globals['_PIDSAMPLE']._serialized_end=2207
+  _globals['_SAMPLERESPONSE']._serialized_start=2210
+  _globals['_SAMPLERESPONSE']._serialized_end=2378
+  _globals['_SOURCEQUERY']._serialized_start=2380
+  _globals['_SOURCEQUERY']._serialized_end=2441
+  _globals['_SAMPLESOURCESREQUEST']._serialized_start=2443
+  _globals['_SAMPLESOURCESREQUEST']._serialized_end=2542
+  _globals['_SOURCELINE']._serialized_start=2544
+  _globals['_SOURCELINE']._serialized_end=2586
+  _globals['_SOURCEFILE']._serialized_start=2588
+  _globals['_SOURCEFILE']._serialized_end=2657
+  _globals['_SAMPLESOURCESRESPONSE']._serialized_start=2659
+  _globals['_SAMPLESOURCESRESPONSE']._serialized_end=2721
+  _globals['_HEARTBEATSREQUEST']._serialized_start=2723
+  _globals['_HEARTBEATSREQUEST']._serialized_end=2756
+  _globals['_HEARTBEAT']._serialized_start=2758
+  _globals['_HEARTBEAT']._serialized_end=2863
+  _globals['_HEARTBEATSRESPONSE']._serialized_start=2865
+  _globals['_HEARTBEATSRESPONSE']._serialized_end=2928
+  _globals['_AGENT']._serialized_start=3295
+  _globals['_AGENT']._serialized_end=3658
 # @@protoc_insertion_point(module_scope)

@@ -150,23 +150,55 @@ class Stack(_message.Message):
     def __init__(self, frames: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ThreadStack(_message.Message):
-    __slots__ = ("thread_id", "name", "stack", "native_id", "active", "owns_gil")
+    __slots__ = ("thread_id", "name", "stack", "native_id", "active", "owns_gil", "locals")
     THREAD_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STACK_FIELD_NUMBER: _ClassVar[int]
     NATIVE_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_FIELD_NUMBER: _ClassVar[int]
     OWNS_GIL_FIELD_NUMBER: _ClassVar[int]
+    LOCALS_FIELD_NUMBER: _ClassVar[int]
     thread_id: int
     name: str
     stack: int
     native_id: int
     active: bool
     owns_gil: bool
-    def __init__(self, thread_id: _Optional[int] = ..., name: _Optional[str] = ..., stack: _Optional[int] = ..., native_id: _Optional[int] = ..., active: _Optional[bool] = ..., owns_gil: _Optional[bool] = ...) -> None: ...
+    locals: _containers.RepeatedCompositeFieldContainer[FrameLocals]
+    def __init__(self, thread_id: _Optional[int] = ..., name: _Optional[str] = ..., stack: _Optional[int] = ..., native_id: _Optional[int] = ..., active: _Optional[bool] = ..., owns_gil: _Optional[bool] = ..., locals: _Optional[_Iterable[_Union[FrameLocals, _Mapping]]] = ...) -> None: ...
+
+class FrameLocals(_message.Message):
+    __slots__ = ("index", "values")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    values: _containers.RepeatedCompositeFieldContainer[LocalValue]
+    def __init__(self, index: _Optional[int] = ..., values: _Optional[_Iterable[_Union[LocalValue, _Mapping]]] = ...) -> None: ...
+
+class LocalValue(_message.Message):
+    __slots__ = ("name", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: str
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+
+class ThreadCounters(_message.Message):
+    __slots__ = ("native_id", "cpu_seconds", "ctx_switches", "read_chars", "write_chars")
+    NATIVE_ID_FIELD_NUMBER: _ClassVar[int]
+    CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CTX_SWITCHES_FIELD_NUMBER: _ClassVar[int]
+    READ_CHARS_FIELD_NUMBER: _ClassVar[int]
+    WRITE_CHARS_FIELD_NUMBER: _ClassVar[int]
+    native_id: int
+    cpu_seconds: float
+    ctx_switches: int
+    read_chars: int
+    write_chars: int
+    def __init__(self, native_id: _Optional[int] = ..., cpu_seconds: _Optional[float] = ..., ctx_switches: _Optional[int] = ..., read_chars: _Optional[int] = ..., write_chars: _Optional[int] = ...) -> None: ...
 
 class ProcessState(_message.Message):
-    __slots__ = ("status", "cpu_seconds", "num_threads", "read_chars", "write_chars", "ctx_switches", "rss_bytes")
+    __slots__ = ("status", "cpu_seconds", "num_threads", "read_chars", "write_chars", "ctx_switches", "rss_bytes", "threads")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     NUM_THREADS_FIELD_NUMBER: _ClassVar[int]
@@ -174,6 +206,7 @@ class ProcessState(_message.Message):
     WRITE_CHARS_FIELD_NUMBER: _ClassVar[int]
     CTX_SWITCHES_FIELD_NUMBER: _ClassVar[int]
     RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
     status: str
     cpu_seconds: float
     num_threads: int
@@ -181,7 +214,8 @@ class ProcessState(_message.Message):
     write_chars: int
     ctx_switches: int
     rss_bytes: int
-    def __init__(self, status: _Optional[str] = ..., cpu_seconds: _Optional[float] = ..., num_threads: _Optional[int] = ..., read_chars: _Optional[int] = ..., write_chars: _Optional[int] = ..., ctx_switches: _Optional[int] = ..., rss_bytes: _Optional[int] = ...) -> None: ...
+    threads: _containers.RepeatedCompositeFieldContainer[ThreadCounters]
+    def __init__(self, status: _Optional[str] = ..., cpu_seconds: _Optional[float] = ..., num_threads: _Optional[int] = ..., read_chars: _Optional[int] = ..., write_chars: _Optional[int] = ..., ctx_switches: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., threads: _Optional[_Iterable[_Union[ThreadCounters, _Mapping]]] = ...) -> None: ...
 
 class CaptureError(_message.Message):
     __slots__ = ("kind", "message")

@@ -28,11 +28,18 @@ from support.stacks import C10D, main_thread
 
 from hangdoc.capture import pyspy
 from hangdoc.capture.procstate import parse_ss, read_state, socket_bytes, socket_bytes_many
-from hangdoc.capture.pyspy import clean_message, dump, find_pyspy, parse_dump, source_line
+from hangdoc.capture.pyspy import (
+    DEFAULT_GROUP,
+    clean_message,
+    dump,
+    find_pyspy,
+    parse_dump,
+    source_line,
+)
 from hangdoc.capture.sample import sample_round
 from hangdoc.diagnose import CaptureOptions, diagnose
 from hangdoc.errors import PySpyMissing
-from hangdoc.model import CaptureErrorKind, Frame, ProcessState, RankProcess
+from hangdoc.model import CaptureErrorKind, Frame, FrameLocals, ProcessState, RankProcess
 
 DATA = TESTS / "data"
 
@@ -45,7 +52,7 @@ def fixture(name: str) -> str:
 
 
 def test_parse_dump_orders_frames_outermost_first() -> None:
-    threads, found_locals = parse_dump(fixture("pyspy_rank0_allreduce.json"))
+    threads = parse_dump(fixture("pyspy_rank0_allreduce.json"))
     assert [t.name for t in threads] == ["QueueFeederThread", "MainThread"]
     main = main_thread(threads)
     assert (main.thread_id, main.native_id, main.active, main.owns_gil) == \
@@ -59,11 +66,11 @@ def test_parse_dump_orders_frames_outermost_first() -> None:
     feeder = threads[0]
     assert (feeder.frames[0].function, feeder.innermost.function) == \
         ("Thread._bootstrap", "Condition.wait")
-    assert found_locals == {}
+    assert all(t.locals == () for t in threads)  # dumped without --locals
 
 
 def test_parse_dump_marks_native_frames() -> None:
-    (main,) = parse_dump(fixture("pyspy_rank1_barrier_native.json"))[0]
+    (main,) = parse_dump(fixture("pyspy_rank1_barrier_native.json"))
     functions = [f.function for f in main.frames]
     assert functions[0] == "0x7fbf65a4524a"  # libc's start, outermost
     assert functions[-2:] == ["pthread_cond_wait", "0x7fbf65aa3f16"]
@@ -80,12 +87,67 @@ def test_parse_dump_marks_native_frames() -> None:
 
 
 def test_parse_dump_keeps_selected_locals_by_frame_index() -> None:
-    threads, found_locals = parse_dump(fixture("pyspy_recv_locals.json"))
-    main = main_thread(threads)
+    main = main_thread(parse_dump(fixture("pyspy_recv_locals.json")))
     assert main.innermost.function == "recv"
     recv_index = len(main.frames) - 1
-    assert found_locals == {(main.thread_id, recv_index):
-                            {"src": "1", "tag": "7", "group_src": "None"}}
+    # the tensor and the Work handle are dropped; the wrapper says no group was given
+    assert main.locals == (
+        FrameLocals(recv_index - 1, (("group", DEFAULT_GROUP),)),
+        FrameLocals(recv_index, (("src", "1"), ("group", "None"), ("tag", "7"),
+                                 ("group_src", "None"))),
+    )
+    assert main.locals_at(recv_index).get("src") == "1"
+    assert main.locals_at(0) is None
+
+
+@pytest.mark.parametrize(("name", "call_group", "kept"), [
+    # real dumps of one hung 4-rank gloo job (py-spy 0.4.3 --locals, torch 2.13)
+    ("pyspy_locals_subgroup_allreduce.json", "<ProcessGroup>",
+     (("group", "<ProcessGroup>"), ("async_op", "False"))),
+    ("pyspy_locals_world_allreduce.json", DEFAULT_GROUP,
+     (("group", "<ProcessGroup>"), ("async_op", "False"))),
+    ("pyspy_locals_send_world.json", DEFAULT_GROUP,
+     (("dst", "2"), ("group", "<ProcessGroup>"), ("tag", "0"), ("group_dst", "2"))),
+])
+def test_parse_dump_tells_a_given_group_from_the_default_one(name: str, call_group: str,
+                                                            kept: tuple) -> None:
+    # c10d replaces group=None with the default group before it blocks: only the call
+    # wrapper's args/kwargs still say whether the caller passed a group
+    main = main_thread(parse_dump(fixture(name)))
+    inner = len(main.frames) - 1
+    assert main.locals_at(inner - 1).values == (("group", call_group),)
+    assert main.locals_at(inner).values == kept
+
+
+def _one_frame_dump(filename: str, variables: list[dict]) -> str:
+    return json.dumps([{"pid": 9, "thread_id": 1, "thread_name": "MainThread",
+                        "os_thread_id": 9, "active": False, "owns_gil": False,
+                        "frames": [{"name": "f", "filename": filename, "module": None,
+                                    "line": 3, "locals": variables}]}])
+
+
+_C10D_PATH = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+
+
+@pytest.mark.parametrize(("filename", "variables", "kept"), [
+    # a user's frame: nothing is kept, whatever its names
+    ("/home/u/train.py", [{"name": "src", "repr": '"s3://bucket/key?token=abc"'},
+                          {"name": "rank", "repr": "3"}], ()),
+    # a c10d frame: strings, floats and containers are dropped, numbers and types kept
+    (_C10D_PATH, [{"name": "src", "repr": '"/secret/path"'},
+                  {"name": "tag", "repr": "[1, 2]"},
+                  {"name": "world_size", "repr": "4"},
+                  {"name": "rank", "repr": "-1"},
+                  {"name": "group", "repr": "<torch._C._distributed_c10d.ProcessGroup at 0x7f00>"},
+                  {"name": "group_name", "repr": '"tp:1"'},
+                  {"name": "store", "repr": "<TCPStore at 0x1>"}],
+     (("world_size", "4"), ("rank", "-1"), ("group", "<ProcessGroup>"), ("group_name", "tp:1"))),
+    (_C10D_PATH, [{"name": "group_name", "repr": '"has space"'}], ()),
+])
+def test_parse_dump_keeps_only_clean_values_of_torch_distributed_frames(
+        filename: str, variables: list[dict], kept: tuple) -> None:
+    (thread,) = parse_dump(_one_frame_dump(filename, variables))
+    assert (thread.locals[0].values if thread.locals else ()) == kept
 
 
 def test_parse_dump_names_the_main_thread_when_threading_was_never_imported() -> None:
@@ -95,7 +157,7 @@ def test_parse_dump_names_the_main_thread_when_threading_was_never_imported() ->
                         "line": 3, "locals": None}]},
            {"pid": 77, "thread_id": 2, "thread_name": None, "os_thread_id": 78,
             "active": False, "owns_gil": False, "frames": []}]
-    threads, _ = parse_dump(json.dumps(raw))
+    threads = parse_dump(json.dumps(raw))
     assert [t.name for t in threads] == ["MainThread", None]
     assert threads[0].frames == (Frame("f", "/nonexistent/x.py", 3, False, None),)
     assert (threads[0].active, threads[0].owns_gil) == (True, True)
@@ -113,9 +175,9 @@ def test_source_lines_follow_file_changes(tmp_path: Path) -> None:
     raw = json.dumps([{"thread_id": 1, "thread_name": "MainThread", "os_thread_id": 1,
                        "frames": [{"name": "f", "filename": str(src), "module": None,
                                    "line": 2, "locals": None}]}])
-    assert parse_dump(raw)[0][0].frames[0].code == "loss = step()"
+    assert parse_dump(raw)[0].frames[0].code == "loss = step()"
     src.write_text("import os\n    dist.barrier()  # changed, longer\n")
-    assert parse_dump(raw)[0][0].frames[0].code == "dist.barrier()  # changed, longer"
+    assert parse_dump(raw)[0].frames[0].code == "dist.barrier()  # changed, longer"
     assert source_line(str(src), 99) is None
     assert source_line("relative.py", 1) is None
     assert source_line(str(src), None) is None
@@ -383,3 +445,45 @@ def test_a_round_never_runs_more_py_spy_processes_than_its_slots(monkeypatch) ->
             p.wait()
     assert peak == 2
     assert all(s.error is None and s.threads for s in samples)
+
+
+# ------------------------------------------------------------------ per-thread counters
+
+
+def test_thread_counters_tell_a_busy_side_thread_from_the_waiting_main_thread() -> None:
+    import threading
+
+    stop = threading.Event()
+    native: list[int] = []
+
+    def spin() -> None:
+        native.append(threading.get_native_id())
+        while not stop.is_set():
+            sum(range(1000))
+
+    side = threading.Thread(target=spin, daemon=True)
+    side.start()
+    try:
+        while not native:
+            time.sleep(0.01)
+        before = read_state(os.getpid())
+        time.sleep(0.5)  # the main thread sleeps; the side thread spins
+        after = read_state(os.getpid())
+    finally:
+        stop.set()
+        side.join()
+    assert isinstance(before, ProcessState) and isinstance(after, ProcessState)
+    main_before, main_after = before.thread(os.getpid()), after.thread(os.getpid())
+    side_before, side_after = before.thread(native[0]), after.thread(native[0])
+    assert None not in (main_before, main_after, side_before, side_after)
+    assert side_after.cpu_seconds - side_before.cpu_seconds >= 0.1
+    assert main_after.cpu_seconds - main_before.cpu_seconds < 0.1
+    assert main_after.ctx_switches is not None and main_after.read_chars is not None
+
+
+def test_stat_cpu_counts_fields_after_the_last_parenthesis() -> None:
+    from hangdoc.capture.procstate import _CLOCK_TICKS, _stat_cpu
+
+    fields = " ".join(str(n) for n in range(3, 20))  # fields 3.. of /proc/PID/task/TID/stat
+    assert _stat_cpu(f"42 (a) (b c) {fields}") == (14 + 15) / _CLOCK_TICKS
+    assert _stat_cpu("42 (truncated") is None
