@@ -7,6 +7,10 @@ compiled code), in C++ under the autograd engine where DDP's reducer all-reduces
 frames tell), in rendezvous / process-group creation, or in ``destroy_process_group``.
 Recognition reads module paths and torch's own function names, never a training
 script's names, and also decides whether the op runs on a cleanup path.
+
+In a job the same few stacks repeat across thousands of ranks: a ``Recogniser``, made once
+per analysis, works each distinct thread out once (``thread_key`` says what makes two
+threads the same to recognition) and finds source lines through one ``SourceIndex``.
 """
 
 from __future__ import annotations
@@ -14,8 +18,8 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from ..model import DistOp, Frame, JobSnapshot, OpKind, Origin, ThreadStack
-from .source_lines import enclosing_block, issuing_call, waited_name
+from ..model import DistOp, Frame, FrameLocals, JobSnapshot, OpKind, Origin, Stack, ThreadStack
+from .source_lines import SourceIndex, enclosing_block, issuing_call, waited_name
 
 COLLECTIVES = frozenset(
     {
@@ -105,12 +109,102 @@ def _peer(call_site: Frame | None) -> int | None:
     return int(m.group(2)) if m else None
 
 
+# What recognition reads of a thread: see ``thread_key``.
+ThreadKey = tuple[Stack, tuple[FrameLocals, ...], bool, bool]
+_BLOCKS = ("finally", "except")
+_UNSEEN = object()  # not in a cache yet (None is an answer: no op, no cleanup marker)
+
+
+def thread_key(thread: ThreadStack) -> ThreadKey:
+    """Everything recognition (``recognise``, ``cleanup_marker``) reads of a thread, and
+    nothing else: two threads with equal keys get the same answers within one snapshot.
+
+    That is its frames (all their fields: names, files, lines, native or not, the source
+    line), the arguments kept of them (``locals``: the group and peer of a call), whether it
+    is on CPU (``active``: a busy thread's ``.wait()`` line or DDP frame is not a wait) and
+    whether it is the main thread (exit handlers are looked for there), but not its ids,
+    its name beyond that, nor ``owns_gil``. Keep it complete: a field that recognition
+    starts reading must be added here, or threads that differ only in it would share one
+    answer (``test_recognise_once.py`` fails on such a read, and on a new field).
+    """
+    return (thread.frames, thread.locals, thread.active, thread.is_main)
+
+
+class Recogniser:
+    """Recognition for one snapshot (``None``: no source lines), each distinct thread
+    (``thread_key``) worked out once. ``analyse`` makes one per snapshot and hands it to
+    every rank's view, so that the cost grows with the number of distinct stacks rather
+    than with ranks x samples x threads."""
+
+    def __init__(self, snapshot: JobSnapshot | None = None) -> None:
+        self.snapshot = snapshot
+        self.sources = SourceIndex(snapshot.sources if snapshot is not None else ())
+        self._ops: dict[ThreadKey, DistOp | None] = {}
+        self._markers: dict[tuple[ThreadKey, tuple[str, ...]], Frame | None] = {}
+        # by the identity of the key's parts, in front of the value lookup above (which
+        # hashes whole stacks): snapshots share stack tuples (bundles intern them, a rank
+        # keeps its stack across samples). Each entry holds its key, so that no id is reused
+        # while this recogniser lives.
+        self._by_id: dict[tuple[int, ...], tuple[ThreadKey, DistOp | None]] = {}
+        self._op_keys: dict[int, tuple[DistOp, tuple[str, tuple[str, ...]]]] = {}
+        self._python: dict[int, tuple[Stack, Stack]] = {}
+
+    def recognise(self, thread: ThreadStack) -> DistOp | None:
+        """The distributed op ``thread`` is blocked in, or None if it is in none."""
+        key = thread_key(thread)
+        ident = tuple(map(id, key))
+        seen = self._by_id.get(ident)
+        if seen is not None:
+            return seen[1]
+        op = self._ops.get(key, _UNSEEN)
+        if op is _UNSEEN:
+            op = self._ops[key] = _recognise(thread, self.sources)
+        assert op is None or isinstance(op, DistOp)
+        self._by_id[ident] = (key, op)
+        return op
+
+    def cleanup_marker(
+        self, thread: ThreadStack, blocks: tuple[str, ...] = _BLOCKS
+    ) -> Frame | None:
+        """``cleanup_marker`` of ``thread`` in this snapshot."""
+        key = (thread_key(thread), blocks)
+        marker = self._markers.get(key, _UNSEEN)
+        if marker is _UNSEEN:
+            marker = self._markers[key] = _cleanup_marker(thread, self.sources, blocks)
+        assert marker is None or isinstance(marker, Frame)
+        return marker
+
+    def python_frames(self, frames: Stack) -> Stack:
+        """``frames`` without its native frames (``frames`` itself when it has none), worked
+        out once per stack object, and the same object each time: a stack shared by ranks
+        stays shared, and recognised once."""
+        seen = self._python.get(id(frames))  # each entry holds its stack: ids are not reused
+        if seen is None:
+            python = tuple(f for f in frames if not f.native)
+            seen = self._python[id(frames)] = (frames, frames if len(python) == len(frames) else python)
+        return seen[1]
+
+    def op_key(self, op: DistOp) -> tuple[str, tuple[str, ...]]:
+        """``op.key``, worked out once per op this recogniser returned (the same object for
+        every thread with the same key)."""
+        seen = self._op_keys.get(id(op))  # each entry holds its op: ids are not reused
+        if seen is None:
+            seen = self._op_keys[id(op)] = (op, op.key)
+        return seen[1]
+
+
 def recognise(thread: ThreadStack, snapshot: JobSnapshot | None = None) -> DistOp | None:
-    """The distributed op this thread is blocked in, or None if it is in none."""
-    op = _recognise_call(thread, snapshot)
+    """The distributed op this thread is blocked in, or None if it is in none. For one
+    thread; an analysis of many asks its ``Recogniser``."""
+    return Recogniser(snapshot).recognise(thread)
+
+
+def _recognise(thread: ThreadStack, sources: SourceIndex) -> DistOp | None:
+    """``recognise`` itself, uncached: reads of ``thread`` only what ``thread_key`` holds."""
+    op = _recognise_call(thread, sources)
     if op is None:
         return None
-    return _with_cleanup(replace(op, path=_job_path(thread.frames, op.call_site)), thread, snapshot)
+    return _with_cleanup(replace(op, path=_job_path(thread.frames, op.call_site)), thread, sources)
 
 
 def _job_path(frames: tuple[Frame, ...], site: Frame | None) -> tuple[Frame, ...]:
@@ -122,7 +216,7 @@ def _job_path(frames: tuple[Frame, ...], site: Frame | None) -> tuple[Frame, ...
     return tuple(f for f in frames[: end + 1] if f.origin.kind in (Origin.USER, Origin.LIBRARY))
 
 
-def _recognise_call(thread: ThreadStack, snapshot: JobSnapshot | None) -> DistOp | None:
+def _recognise_call(thread: ThreadStack, sources: SourceIndex) -> DistOp | None:
     frames = thread.frames
     pyframes = _python_frames(thread)
     if not pyframes:
@@ -147,8 +241,7 @@ def _recognise_call(thread: ThreadStack, snapshot: JobSnapshot | None) -> DistOp
     _, inner = pyframes[-1]
     waited = waited_name(inner.code)
     if not _in_torch(inner) and waited and waited not in _NOT_WORK and not thread.active:
-        src = snapshot.source(inner.filename) if snapshot else None
-        issued = issuing_call(src, inner)
+        issued = issuing_call(sources.lines(inner.filename), inner)
         if issued is not None:
             name, line = issued
             kind = OpKind.P2P if name in P2P else OpKind.COLLECTIVE
@@ -210,8 +303,8 @@ def _funcol_name(frames: tuple[Frame, ...], idx: int) -> str:
     return "wait_tensor"
 
 
-def _with_cleanup(op: DistOp, thread: ThreadStack, snapshot: JobSnapshot | None) -> DistOp:
-    marker = cleanup_marker(thread, snapshot)
+def _with_cleanup(op: DistOp, thread: ThreadStack, sources: SourceIndex) -> DistOp:
+    marker = _cleanup_marker(thread, sources, _BLOCKS)
     if op.kind is OpKind.CLEANUP and marker is None:
         marker = op.call_site
     if marker is None:
@@ -220,7 +313,7 @@ def _with_cleanup(op: DistOp, thread: ThreadStack, snapshot: JobSnapshot | None)
 
 
 def cleanup_marker(
-    thread: ThreadStack, snapshot: JobSnapshot | None, blocks: tuple[str, ...] = ("finally", "except")
+    thread: ThreadStack, snapshot: JobSnapshot | None, blocks: tuple[str, ...] = _BLOCKS
 ) -> Frame | None:
     """The frame that puts this thread on a cleanup path, or None.
 
@@ -231,7 +324,15 @@ def cleanup_marker(
     ``<module>`` frame is no longer at the bottom of the main thread's stack. The standard
     library's own ``__exit__``/``shutdown`` is the normal end of a ``with`` block (a
     ``ThreadPoolExecutor`` joining its workers) as often as cleanup: not by its name alone.
+    For one thread; an analysis of many asks its ``Recogniser``.
     """
+    return Recogniser(snapshot).cleanup_marker(thread, blocks)
+
+
+def _cleanup_marker(
+    thread: ThreadStack, sources: SourceIndex, blocks: tuple[str, ...]
+) -> Frame | None:
+    """``cleanup_marker`` itself, uncached: reads of ``thread`` only what ``thread_key`` holds."""
     for frame in reversed(thread.frames):
         kind = frame.origin.kind
         if kind in (Origin.TORCH, Origin.INTERNAL):
@@ -242,8 +343,7 @@ def cleanup_marker(
             continue
         if frame.function.rsplit(".", 1)[-1] in CLEANUP_FUNCTIONS:
             return frame
-        src = snapshot.source(frame.filename) if snapshot else None
-        if frame.line and enclosing_block(src, frame.line) in blocks:
+        if frame.line and enclosing_block(sources.lines(frame.filename), frame.line) in blocks:
             return frame
     if thread.is_main and _is_exit_handler(thread):
         return next((f for f in thread.frames if not f.native), None)

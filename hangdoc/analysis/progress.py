@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..model import DistOp, JobSnapshot, RankSnapshot, Sample, ThreadStack
-from .ops import recognise
+from .ops import Recogniser
 
 # A rank using less than this share of one core is idle (a gloo/NCCL wait uses ~0).
 CPU_BUSY_FRACTION = 0.20
@@ -63,31 +63,42 @@ class Movement:
         return cpu or io
 
 
-def relevant_thread(sample: Sample, snapshot: JobSnapshot | None = None) -> tuple[ThreadStack | None, DistOp | None]:
-    """The thread that matters for a rank: the one in a distributed op (main first), else main."""
+def relevant_thread(
+    sample: Sample, snapshot: JobSnapshot | None = None, recogniser: Recogniser | None = None
+) -> tuple[ThreadStack | None, DistOp | None]:
+    """The thread that matters for a rank: the one in a distributed op (main first), else main.
+
+    An analysis passes its ``recogniser`` (of ``snapshot``); without one, one is made."""
+    rec = recogniser if recogniser is not None else Recogniser(snapshot)
     main = sample.main_thread
     ordered = ([main] if main else []) + [t for t in sample.threads if t is not main]
     for thread in ordered:
-        op = recognise(thread, snapshot)
+        op = rec.recognise(thread)
         if op is not None:
             return thread, op
     return main, None
 
 
-def _python_only(sample: Sample) -> Sample:
-    if not any(f.native for th in sample.threads for f in th.frames):
-        return sample
+def _python_only(sample: Sample, rec: Recogniser) -> Sample:
+    """``sample`` with its Python frames only (``sample`` itself when it has no native ones)."""
     threads = tuple(
-        replace(th, frames=tuple(f for f in th.frames if not f.native)) for th in sample.threads
+        th if (frames := rec.python_frames(th.frames)) is th.frames else replace(th, frames=frames)
+        for th in sample.threads
     )
+    if all(new is old for new, old in zip(threads, sample.threads)):
+        return sample
     return replace(sample, threads=threads)
 
 
-def movement(rank: RankSnapshot, snapshot: JobSnapshot | None = None) -> Movement | None:
-    """None when the rank has fewer than one good sample."""
+def movement(
+    rank: RankSnapshot, snapshot: JobSnapshot | None = None, recogniser: Recogniser | None = None
+) -> Movement | None:
+    """None when the rank has fewer than one good sample. An analysis passes its
+    ``recogniser`` (of ``snapshot``); without one, one is made."""
     good = rank.good_samples
     if not good:
         return None
+    rec = recogniser if recogniser is not None else Recogniser(snapshot)
     first, last = good[0], good[-1]
     with_state = [s for s in rank.samples if s.state is not None]
     seconds = last.t - first.t
@@ -111,8 +122,8 @@ def movement(rank: RankSnapshot, snapshot: JobSnapshot | None = None) -> Movemen
     stacks = []
     for sample in good:
         # compare Python frames only: a native sample taken on demand must not look like motion
-        thread, op = relevant_thread(_python_only(sample), snapshot)
-        ops.append(op.key if op else None)
+        thread, op = relevant_thread(_python_only(sample, rec), recogniser=rec)
+        ops.append(rec.op_key(op) if op else None)
         stacks.append(thread.frames if thread else ())
     status = with_state[-1].state.status if with_state and with_state[-1].state else None
     return Movement(
@@ -123,6 +134,6 @@ def movement(rank: RankSnapshot, snapshot: JobSnapshot | None = None) -> Movemen
         dumps=max(len(with_state) - 1, 0),
         op_changed=len(set(ops)) > 1,
         left_op=any(o is None for o in ops) and any(o is not None for o in ops),
-        stack_changed=len(set(stacks)) > 1,
+        stack_changed=any(s != stacks[0] for s in stacks[1:]),  # no hashing of whole stacks
         status=status,
     )

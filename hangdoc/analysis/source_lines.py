@@ -2,14 +2,42 @@
 
 Is this line inside a ``finally:``/``except`` block of its function (``enclosing_block``)?
 Which call issued the async work a ``.wait()`` waits for (``issuing_call``)? Indentation is
-enough for both, and works on the fragments capture keeps, where ``ast`` would not.
+enough for both, and works on the fragments capture keeps, where ``ast`` would not. Both
+read a file's lines as a ``{line number: text}`` mapping; a ``SourceIndex`` finds a file's
+by name and builds that mapping once per analysis.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 
 from ..model import MAX_LINES_BEFORE, Frame, SourceFile
+
+Lines = Mapping[int, str]  # a file's captured lines: line number -> text
+
+
+class SourceIndex:
+    """A snapshot's source files by file name, each one's lines as a ``Lines`` mapping built
+    the first time it is asked for: one per analysis, so that a lookup costs a dict access
+    whatever the number of files and ranks. Where two files share a name, the first counts
+    (as ``JobSnapshot.source``)."""
+
+    def __init__(self, sources: Iterable[SourceFile] = ()) -> None:
+        self._files: dict[str, SourceFile] = {}
+        for src in sources:
+            self._files.setdefault(src.filename, src)
+        self._lines: dict[str, Lines] = {}
+
+    def lines(self, filename: str) -> Lines | None:
+        """The captured lines of ``filename``, or None when capture kept none."""
+        lines = self._lines.get(filename)
+        if lines is None:
+            src = self._files.get(filename)
+            if src is None:
+                return None
+            lines = self._lines[filename] = dict(src.lines)
+        return lines
 
 _DEF = re.compile(r"^\s*(async\s+def|def|class)\s")
 
@@ -18,11 +46,10 @@ def _indent(text: str) -> int:
     return len(text) - len(text.lstrip())
 
 
-def enclosing_block(src: SourceFile | None, lineno: int) -> str | None:
+def enclosing_block(lines: Lines | None, lineno: int) -> str | None:
     """``"finally"`` or ``"except"`` when ``lineno`` sits in such a block of its function."""
-    if src is None:
+    if lines is None:
         return None
-    lines = dict(src.lines)
     current = lines.get(lineno)
     if current is None:
         return None
@@ -61,15 +88,14 @@ def waited_name(code: str | None) -> str | None:
     return m.group(1) if m else None
 
 
-def issuing_call(src: SourceFile | None, frame: Frame) -> tuple[str, int] | None:
+def issuing_call(lines: Lines | None, frame: Frame) -> tuple[str, int] | None:
     """(collective name, line) of the async call whose handle ``frame``'s line waits on.
 
     Looks backwards in the function for ``x = dist.all_reduce(..., async_op=True)``,
     ``x = dist.isend(...)``; prefers the assignment to the waited-on name.
     """
-    if src is None or frame.line is None:
+    if lines is None or frame.line is None:
         return None
-    lines = dict(src.lines)
     waited = waited_name(lines.get(frame.line) or frame.code)
     fallback: tuple[str, int] | None = None
     for n in range(frame.line - 1, frame.line - MAX_LINES_BEFORE, -1):

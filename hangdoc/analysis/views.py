@@ -19,7 +19,7 @@ from ..model import (
     RankState,
     ThreadStack,
 )
-from .ops import cleanup_marker
+from .ops import Recogniser
 from .progress import Movement, movement, relevant_thread
 
 
@@ -53,12 +53,17 @@ def rank_state(snap: RankSnapshot, op: DistOp | None, move: Movement | None) -> 
     return RankState.BUSY if move.busy else RankState.BLOCKED
 
 
-def view_rank(snap: RankSnapshot, snapshot: JobSnapshot) -> RankView:
+def view_rank(
+    snap: RankSnapshot, snapshot: JobSnapshot, recogniser: Recogniser | None = None
+) -> RankView:
+    """One rank's view. ``analyse`` passes the ``recogniser`` of ``snapshot`` it made for all
+    ranks (each distinct thread is recognised once); without one, one is made."""
+    rec = recogniser if recogniser is not None else Recogniser(snapshot)
     latest = snap.latest
-    thread, op = relevant_thread(latest, snapshot) if latest else (None, None)
-    move = movement(snap, snapshot)
+    thread, op = relevant_thread(latest, recogniser=rec) if latest else (None, None)
+    move = movement(snap, recogniser=rec)
     state = rank_state(snap, op, move)
     # outside any op, an ``except`` block is as often a retry loop as error handling: only
     # __exit__/close-like functions, ``finally:`` and exit handlers count as cleanup there
-    cleanup = cleanup_marker(thread, snapshot, ("finally",)) if thread and op is None else None
+    cleanup = rec.cleanup_marker(thread, ("finally",)) if thread and op is None else None
     return RankView(snap.rank if snap.rank is not None else -1, snap, state, op, thread, move, cleanup)
