@@ -425,6 +425,9 @@ class DistOp:
     # ``call_site``: a wrapper (deepspeed.comm, an in-house all_reduce_mean) called from
     # different lines is a different program point
     path: tuple[Frame, ...] = ()
+    # the process group it runs on, from the call's arguments (``FrameLocals``): WORLD_GROUP,
+    # GIVEN_GROUP, ``name:NAME`` for a group known by name; None when not captured
+    group: str | None = None
 
     @property
     def key(self) -> tuple[str, tuple[str, ...]]:
@@ -448,6 +451,10 @@ class DistOp:
         user = self.user_frame
         via = f" from {user.location}" if user is not None and user is not self.call_site else ""
         return f"{self.name} ({self.call_site.location}{via})"
+
+
+WORLD_GROUP = "WORLD"  # no group argument (or ``group=None``): the default group of all ranks
+GIVEN_GROUP = "given"  # the caller passed a ProcessGroup object; which one is not visible
 
 
 class RankState(enum.Enum):

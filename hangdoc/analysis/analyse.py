@@ -22,8 +22,9 @@ from ..model import (
     bounded_int,
     compress_ranks,
 )
-from . import classify, wording
+from . import classify, confidence, wording
 from .merge import build_tree
+from .ops import Recogniser
 from .views import RankView, view_rank
 
 
@@ -96,7 +97,8 @@ def off_node_ranks(snapshot: JobSnapshot, absent: set[int]) -> tuple[set[int], s
 
 def analyse(snapshot: JobSnapshot) -> Diagnosis:
     """Diagnose a snapshot. Deterministic for a given snapshot."""
-    views = [view_rank(r, snapshot) for r in snapshot.ranks if r.rank is not None]
+    recogniser = Recogniser(snapshot)  # each distinct thread recognised once, for all ranks
+    views = [view_rank(r, snapshot, recogniser) for r in snapshot.ranks if r.rank is not None]
     present = {v.rank for v in views}
     unknown: set[int] = set()
     for u in snapshot.unreachable:
@@ -139,6 +141,7 @@ def analyse(snapshot: JobSnapshot) -> Diagnosis:
     ]
     ranks.sort(key=lambda r: (r.rank is None, r.rank))
     observed = max((v.move.seconds for v in views if v.move), default=0.0)
+    judged = confidence.judge(result.finding, views, sorted(unknown), len(snapshot.unreachable))
     return Diagnosis(
         verdict=result.verdict,
         culprit_ranks=tuple(sorted(result.culprits)),
@@ -151,6 +154,8 @@ def analyse(snapshot: JobSnapshot) -> Diagnosis:
         partial=bool(unknown) or any(v.state is RankState.UNREADABLE for v in views),
         tree=tree,
         ambiguous=result.ambiguous,
+        confidence=judged.confidence,
+        basis=judged.basis,
     )
 
 

@@ -45,12 +45,25 @@ OUTSIDE = (RankState.BUSY, RankState.BLOCKED, RankState.STOPPED)
 
 @dataclass
 class Classification:
-    verdict: Verdict
-    culprits: list[int]
+    """A ``Finding`` in words (what ``classify`` returns); ``confidence.judge`` weighs the
+    finding."""
+
+    finding: Finding
     summary: str
     evidence: list[str] = field(default_factory=list)
     next_steps: tuple[str, ...] = ()
-    ambiguous: bool = False
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.finding.verdict
+
+    @property
+    def culprits(self) -> list[int]:
+        return self.finding.culprits
+
+    @property
+    def ambiguous(self) -> bool:
+        return self.finding.ambiguous
 
 
 @dataclass(frozen=True)
@@ -81,10 +94,7 @@ def classify(
     evidence += wording.notes(unknown, unreadable)
     if unknown and found.verdict is not Verdict.NOT_HUNG:
         summary += wording.partial_suffix(unknown)
-    return Classification(
-        found.verdict, found.culprits, summary, evidence,
-        wording.next_steps(found.verdict), found.ambiguous,
-    )
+    return Classification(found, summary, evidence, wording.next_steps(found.verdict))
 
 
 def decide(views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[int]) -> Finding:

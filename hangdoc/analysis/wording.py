@@ -485,6 +485,9 @@ def _r(ranks: Sequence[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {compress_ranks(ranks)[1:-1]}"
 
 
+rank_words = _r  # for the other modules of analysis that name ranks (``confidence``)
+
+
 def _v(ranks: Sequence[object], singular: str, plural: str) -> str:
     """The verb form agreeing with the number of ranks."""
     return singular if len(ranks) == 1 else plural

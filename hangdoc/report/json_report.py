@@ -25,6 +25,7 @@ from typing import Any
 from .. import SCHEMA_VERSION, __version__
 from ..errors import UNSAFE_CHARACTERS
 from ..model import (
+    Confidence,
     Diagnosis,
     DistOp,
     Frame,
@@ -90,6 +91,8 @@ def _report(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
         "verdict": diagnosis.verdict.value,
         "culprit_ranks": sorted(diagnosis.culprit_ranks),
         "summary": diagnosis.summary,
+        "confidence": diagnosis.confidence.value,
+        "basis": list(diagnosis.basis),
         "evidence": list(diagnosis.evidence),
         "next_steps": list(diagnosis.next_steps),
         "ranks": [_rank(ra, _process_of(ra, processes)) for ra in diagnosis.ranks],
@@ -112,7 +115,8 @@ def undiagnosed_to_json_dict(
     """The report of a job that stopped making progress but could not be diagnosed (what
     ``hangdoc watch`` writes when its diagnosis fails), with every key of ``to_json_dict``.
 
-    The verdict is ``unknown`` and partial, no rank, group or unreachable node is known;
+    The verdict is ``unknown``, partial and of low confidence, no rank, group or unreachable
+    node is known;
     ``noticed`` (how the stop was seen) and ``error`` are the evidence, ``help`` ("" when
     none) the next step, ``captured_at`` the time the stop was seen.
     """
@@ -120,6 +124,8 @@ def undiagnosed_to_json_dict(
         "verdict": Verdict.UNKNOWN.value,
         "culprit_ranks": [],
         "summary": f"the job stopped making progress but could not be diagnosed: {error}",
+        "confidence": Confidence.LOW.value,
+        "basis": ["the diagnosis failed: no stack backs a verdict"],
         "evidence": [noticed, error],
         "next_steps": [help] if help else [],
         "ranks": [],

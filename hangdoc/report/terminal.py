@@ -1,4 +1,5 @@
-"""The human report: verdict, merged stack tree, per-rank table, evidence, next steps.
+"""The human report: verdict and its confidence, merged stack tree, per-rank table, evidence,
+next steps.
 
 Everything is printed through the caller's ``rich`` ``Console``, so ``NO_COLOR``, the
 terminal width and output capture are the console's business. Data from the job (function
@@ -29,6 +30,7 @@ from ..errors import printable
 from ..model import (
     ROOT,
     CallTree,
+    Confidence,
     Diagnosis,
     DistOp,
     Frame,
@@ -41,6 +43,8 @@ from ..model import (
 
 _VERDICT_STYLE = {Verdict.NOT_HUNG: "bold green", Verdict.UNKNOWN: "bold yellow"}
 _HANG_STYLE = "bold red"
+_CONFIDENCE_STYLE = {Confidence.HIGH: "green", Confidence.MEDIUM: "yellow",
+                     Confidence.LOW: "bold yellow"}  # fmt: skip
 _STATE_STYLE = {
     RankState.WAITING: "yellow",
     RankState.COMMUNICATING: "cyan",
@@ -101,10 +105,15 @@ def _header(diagnosis: Diagnosis, snapshot: JobSnapshot) -> Text:
         head.append(compress_ranks(diagnosis.culprit_ranks), _CULPRIT_STYLE)
     elif diagnosis.verdict is not Verdict.NOT_HUNG:
         head.append("   no culprit ranks")
+    head.append("   confidence: ")
+    head.append(diagnosis.confidence.value, _CONFIDENCE_STYLE[diagnosis.confidence])
     if diagnosis.partial:
-        head.append("   (partial: some evidence is missing)", "yellow")
+        head.append("   (partial evidence)", "yellow")
     head.append("\n")
     head.append(printable(diagnosis.summary))
+    if diagnosis.basis:
+        head.append("\nbasis: ", "bold")
+        head.append(printable(" · ".join(diagnosis.basis)), "dim")
     found = len(snapshot.ranks)
     size = f" of {snapshot.world_size}" if snapshot.world_size is not None else ""
     job = f"\njob {printable(snapshot.spec)} · {found}{size} rank processes found"

@@ -13,6 +13,7 @@ from support.paths import REPO
 
 from hangdoc import SCHEMA_VERSION, __version__
 from hangdoc.model import (
+    Confidence,
     Diagnosis,
     JobSnapshot,
     OpKind,
@@ -35,7 +36,8 @@ AR = [*TRUNK, "train.py:step:30", "torch/distributed/distributed_c10d.py:all_red
 BAR = [*TRUNK, "train.py:evaluate:48", "torch/distributed/distributed_c10d.py:barrier:4100"]
 
 REQUIRED = {
-    "verdict": str, "culprit_ranks": list, "summary": str, "evidence": list,
+    "verdict": str, "culprit_ranks": list, "summary": str, "confidence": str, "basis": list,
+    "evidence": list,
     "next_steps": list, "ranks": list, "groups": list, "unreachable": list,
     "hangdoc_version": str, "schema_version": int, "spec": str, "world_size": int,
     "observed_seconds": float, "partial": bool, "captured_at": str, "notes": list,
@@ -84,6 +86,47 @@ def test_required_keys_and_types() -> None:
     assert data["partial"] is True  # the snapshot has an unreachable node
     assert data["notes"] == ["window extended to 4.0 s"]
     assert data["captured_at"] == "2025-01-01T12:00:00Z"
+
+
+def test_confidence_and_basis_follow_the_summary() -> None:
+    diagnosis, snap = scenario()
+    basis = ("stacks of ranks 0-5 in 3 samples", "1 of 2 nodes did not answer: ranks 6-7 unknown")
+    weighed = dataclasses.replace(diagnosis, confidence=Confidence.MEDIUM, basis=basis)
+    data = to_json_dict(weighed, snap)
+    assert list(data)[:6] == ["verdict", "culprit_ranks", "summary", "confidence", "basis",
+                              "evidence"]  # fmt: skip
+    assert data["confidence"] == "medium"
+    assert data["basis"] == list(basis)
+    # a diagnosis nobody weighed (built by hand) claims no certainty
+    assert to_json_dict(diagnosis, snap)["confidence"] == "low"
+    assert to_json_dict(diagnosis, snap)["basis"] == []
+
+
+@pytest.mark.parametrize("confidence", list(Confidence))
+def test_every_confidence_serialises(confidence: Confidence) -> None:
+    diagnosis, snap = scenario()
+    text = render_json(dataclasses.replace(diagnosis, confidence=confidence), snap)
+    assert json.loads(text)["confidence"] == confidence.value
+
+
+def test_analysed_report_carries_the_judgement() -> None:
+    from hangdoc.analysis.analyse import analyse
+
+    snap = make_snapshot({r: AR for r in range(4)})
+    data = to_json_dict(analyse(snap), snap)
+    assert data["verdict"] == "nccl_timeout" and data["confidence"] == "high"
+    assert data["basis"][0] == "stacks of all 4 ranks in 3 samples agree"
+
+
+def test_old_saved_snapshot_is_weighed_on_replay(capsys: pytest.CaptureFixture[str]) -> None:
+    from hangdoc.cli import main
+
+    # recorded before confidence existed: nothing of it is stored, analysis recomputes it
+    path = REPO / "tests" / "snapshots" / "nccl_timeout_teacher_broadcast.json.gz"
+    assert main(["analyze", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["verdict"] == "nccl_timeout" and data["confidence"] == "high"
+    assert "stacks of all 4 ranks in 5 samples agree" in data["basis"]
 
 
 def test_culprit_ranks_sorted_even_if_diagnosis_is_not() -> None:
@@ -302,6 +345,8 @@ def test_undiagnosed_report_values() -> None:
         "culprit_ranks": [],
         "summary": "the job stopped making progress but could not be diagnosed: "
                    "no rank process of pid:1",
+        "confidence": "low",
+        "basis": ["the diagnosis failed: no stack backs a verdict"],
         "evidence": ["no output for 2.0 s; stall timeout 1.0 s (--stall-after)",
                      "no rank process of pid:1"],
         "next_steps": ["Start hangdoc where it can see the ranks."],

@@ -21,6 +21,7 @@ from hangdoc.analysis.merge import build_tree
 from hangdoc.errors import printable
 from hangdoc.model import (
     CaptureErrorKind,
+    Confidence,
     Diagnosis,
     Frame,
     JobSnapshot,
@@ -62,6 +63,11 @@ def mismatch() -> tuple[Diagnosis, JobSnapshot]:
         ],
         ops={0: ar, 1: ar, 2: ar, 3: bar, 5: ar},
     )
+    diagnosis = dataclasses.replace(diagnosis, confidence=Confidence.HIGH, basis=(
+        "stacks of ranks 0-3,5 in 5 samples",
+        "rank 3 named by its stack: the minority op",
+        "no waiting rank's CPU, bytes or stack moved over 4.2 s",
+    ))
     return diagnosis, snap
 
 
@@ -131,6 +137,43 @@ def test_header_names_verdict_culprits_and_summary() -> None:
     assert "job 127.0.0.1:29500 · 5 of 6 rank processes found" in out
 
 
+def test_header_shows_confidence_beside_the_verdict_and_the_basis_below() -> None:
+    lines = rendered(*mismatch()).splitlines()
+    assert lines[0] == "verdict: collective_mismatch   culprit ranks [3]   confidence: high"
+    assert lines[2].startswith("basis: stacks of ranks 0-3,5 in 5 samples · rank 3 named by")
+    assert "no waiting rank's CPU" in lines[2] + lines[3]
+    assert lines[4].startswith("job 127.0.0.1:29500")
+
+
+def test_no_basis_line_when_nothing_was_weighed() -> None:
+    out = rendered(*cleanup_without_tree())
+    assert "confidence: low   (partial evidence)" in out.splitlines()[0]
+    assert not any(line.startswith("basis:") for line in out.splitlines())
+
+
+def test_an_analysed_snapshot_shows_its_confidence() -> None:
+    from hangdoc.analysis.analyse import analyse
+
+    snap = make_snapshot({r: AR for r in range(4)})
+    out = rendered(analyse(snap), snap)
+    assert out.splitlines()[0] == "verdict: nccl_timeout   no culprit ranks   confidence: high"
+    assert "basis: stacks of all 4 ranks in 3 samples agree · every op read from a" in out
+
+
+@pytest.mark.parametrize(("confidence", "code"), [
+    (Confidence.HIGH, "\x1b[32mhigh"), (Confidence.MEDIUM, "\x1b[33mmedium"),
+    (Confidence.LOW, "\x1b[1;33mlow"),
+])  # fmt: skip
+def test_confidence_is_coloured(
+    confidence: Confidence, code: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    diagnosis, snap = mismatch()
+    console = Console(file=StringIO(), width=100, force_terminal=True)
+    render(dataclasses.replace(diagnosis, confidence=confidence), snap, console)
+    assert code in console.file.getvalue()
+
+
 def test_tree_marks_the_outlier_branch_and_compresses_ranks() -> None:
     out = rendered(*mismatch())
     outlier = _line_with(out, "evaluate (train.py:48)")
@@ -184,7 +227,7 @@ def test_rank_table_marks_culprits() -> None:
 
 def test_sections() -> None:
     out = rendered(*cleanup_without_tree())
-    assert "(partial: some evidence is missing)" in out.splitlines()[0]
+    assert "(partial evidence)" in out.splitlines()[0]
     assert "• rank 1 is in destroy_process_group inside a finally block" in out
     assert "1. Find the exception rank 1 raised" in out
     assert "✗ node1:50051: deadline exceeded after 5.0 s (ranks [4-7] unknown)" in out
@@ -263,7 +306,7 @@ def test_nothing_captured_still_renders() -> None:
     snap = make_snapshot([], world_size=4, notes=["no rank could be read"])
     diagnosis = make_diagnosis(snap, verdict=Verdict.UNKNOWN, summary="No rank could be read.")
     out = rendered(diagnosis, snap)
-    assert out.splitlines()[0] == "verdict: unknown   no culprit ranks"
+    assert out.splitlines()[0] == "verdict: unknown   no culprit ranks   confidence: low"
     assert "0 of 4 rank processes found" in out
     assert "• observed for 0.0 s over 0 samples" in out
     assert "• no rank could be read" in out
@@ -311,7 +354,7 @@ def _evil_report() -> tuple[Diagnosis, JobSnapshot]:
         snap, summary=f"summary {EVIL}", evidence=[f"evidence {EVIL}"],
         next_steps=[f"step {EVIL}"], ops={0: op}, details={1: f"detail {EVIL}"},
     )
-    return diagnosis, snap
+    return dataclasses.replace(diagnosis, basis=(f"basis {EVIL}",)), snap
 
 
 @pytest.mark.parametrize("tree", [True, False])
@@ -322,7 +365,7 @@ def test_control_characters_never_reach_the_terminal(tree: bool) -> None:
     out = rendered(diagnosis, snap, max_frames=40)
     assert not RAW_CONTROLS & set(out), repr(out)
     shown = "\\x1b[2J\\x1b]0;pwned\\x07\\rX\\x7f\\x9b31m\\u202eexe.txt\\u2066\\u2028\\ud800\\t"
-    for where in ("summary ", "evidence ", "step ", "note ", "refused "):  # not wrapped
+    for where in ("summary ", "basis ", "evidence ", "step ", "note ", "refused "):  # not wrapped
         assert f"{where}{shown}" in out.replace("\n", ""), where
     assert f"job pid:{shown}" in out
 

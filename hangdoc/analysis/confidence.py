@@ -1,0 +1,367 @@
+"""How sure a verdict is, and the evidence it rests on.
+
+``classify.decide`` names the verdict; ``judge`` weighs it. The basis starts with what the
+verdict rests on (how many ranks were read in how many samples, how the culprits were
+named, what stayed still), then each rule of ``RULES`` that applies lowers the confidence
+to its level and adds its phrase, which says what is missing or conflicts and, where it
+can, what would settle it. No rule applies: ``HIGH``.
+
+The rules are general: they read the ``Finding`` and the rank views (samples read, how
+each op was recognised, whether culprits were seen or inferred, what moved), never a
+verdict's name alone. A ``nccl_timeout`` read in five samples of every rank is as sure as
+a ``collective_mismatch``; any verdict that rests on elimination is not. The rules and
+their phrases live together here: each phrase is the reason of one rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..model import Confidence, RankState, Verdict
+from .classify import IN_OP, OUTSIDE, Finding
+from .views import RankView
+from .wording import (
+    CleanupStuck,
+    DataMoving,
+    InitSplit,
+    InitStuck,
+    Mismatch,
+    NothingCaptured,
+    Progressing,
+    RanksGone,
+    SameOp,
+    Straggling,
+    Unexplained,
+    Unseen,
+    Working,
+    rank_words,
+    unseen_reason,
+)
+
+DIRECT_VIA = "c10d call"  # ``ops``: the op is a torch.distributed function on the stack
+# A rank idle outside any op while the others wait, watched this long (capture watches an
+# ambiguous job up to --max-window, 12 s by default), is stuck, not slow: a slow read or a
+# contended lock returns sooner. Watched less, it may still return.
+STILL_FOR = 10.0
+_LEVEL = {Confidence.LOW: 0, Confidence.MEDIUM: 1, Confidence.HIGH: 2}
+
+
+@dataclass(frozen=True)
+class Judgement:
+    confidence: Confidence
+    basis: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Case:
+    """What the rules read: the finding, the views, and what follows from them."""
+
+    found: Finding
+    views: Sequence[RankView]
+    unknown: Sequence[int]  # ranks on nodes that did not answer or were not asked
+    silent_nodes: int  # nodes that did not answer
+    read: Sequence[RankView]  # ranks with at least one good sample
+    in_op: Sequence[RankView]  # waiting or communicating in a distributed op
+    outside: Sequence[RankView]  # busy, blocked or stopped outside any op
+
+    @classmethod
+    def of(
+        cls, found: Finding, views: Sequence[RankView], unknown: Sequence[int], silent_nodes: int
+    ) -> Case:
+        return cls(
+            found, views, unknown, silent_nodes,
+            read=[v for v in views if v.state not in (RankState.UNREADABLE, RankState.EXITED)],
+            in_op=[v for v in views if v.state in IN_OP],
+            outside=[v for v in views if v.state in OUTSIDE],
+        )
+
+    @property
+    def hang(self) -> bool:
+        """The verdict says the job is stuck (not ``not_hung``, not ``unknown``)."""
+        return self.found.verdict not in (Verdict.NOT_HUNG, Verdict.UNKNOWN)
+
+
+def judge(
+    found: Finding, views: Sequence[RankView], unknown: Sequence[int] = (), silent_nodes: int = 0
+) -> Judgement:
+    """The confidence of ``found`` and its basis: what it rests on, then what lowers it."""
+    case = Case.of(found, views, unknown, silent_nodes)
+    level = Confidence.HIGH
+    basis = rests_on(case)
+    for cap, rule in RULES:
+        phrase = rule(case)
+        if phrase is not None:
+            basis.append(phrase)
+            level = min(level, cap, key=_LEVEL.__getitem__)
+    return Judgement(level, tuple(basis))
+
+
+# -- what the verdict rests on ----------------------------------------------------------
+
+
+def rests_on(case: Case) -> list[str]:
+    """The evidence behind the verdict, in phrases (no judgement)."""
+    basis: list[str] = []
+    if case.read:
+        samples = sorted(len(v.snap.good_samples) for v in case.read)
+        count = f"{samples[0]}" if samples[0] == samples[-1] else f"{samples[0]}-{samples[-1]}"
+        complete = len(case.read) == len(case.views) and not case.unknown
+        n = len(case.read)
+        ranks = _who(case.read) if not complete or n == 1 else (
+            "both ranks" if n == 2 else f"all {n} ranks")
+        agree = " agree" if isinstance(case.found.facts, SameOp) and complete else ""
+        plural = "" if count == "1" else "s"
+        basis.append(f"stacks of {ranks} in {count} sample{plural}{agree}")
+    named = _named_by(case)
+    if named:
+        basis.append(named)
+    if case.hang and case.in_op and all(v.op and v.op.via == DIRECT_VIA for v in case.in_op):
+        basis.append("every op read from a torch.distributed frame")
+    quiet = case.found.quiet_over
+    if case.hang and quiet and not any(_moves_in_op(v) for v in quiet):
+        seconds = _seconds(quiet)
+        if seconds:  # one sample compares nothing: _one_sample says so
+            basis.append(f"no waiting rank's CPU, bytes or stack moved over {seconds:.1f} s")
+    idle = _idle_for(case)
+    if idle is not None and idle >= STILL_FOR:
+        basis.append(f"{_who(case.outside)} stayed off CPU, without I/O, on one stack over "
+                     f"{idle:.1f} s: stuck, not slow")
+    return basis
+
+
+def _named_by(case: Case) -> str | None:
+    """How the culprits (or the progress) were found: a stack, an absence, an environment."""
+    f = case.found.facts
+    culprits = case.found.culprits
+    if isinstance(f, Progressing):
+        moved = [v for v in f.ranks if v.move and (v.move.op_changed or v.move.left_op)]
+        if moved:
+            return f"{_who(moved)} went through different distributed ops between samples"
+    elif isinstance(f, RanksGone):
+        parts = []
+        never = sorted(set(f.gone) - set(f.exited))
+        if never:
+            parts.append(f"{rank_words(never)} of world size {f.world} "
+                         f"{_verb(never, 'has', 'have')} no process")
+        if f.exited:
+            parts.append(f"{rank_words(f.exited)} exited during the capture")
+        return "; ".join(parts)
+    elif isinstance(f, InitSplit):
+        where = "went past" if f.went_past else "never reached"
+        return (f"{rank_words(culprits)} named by {_their(culprits)}: the smaller side "
+                f"({_who(f.others)} {where} init)")
+    elif isinstance(f, InitStuck) and f.differ:
+        if f.env is not None:
+            return f"{rank_words(f.differ)} named by the rendezvous environment ({f.env.key})"
+        return f"{rank_words(f.differ)} named by {_their(f.differ)}: a different init call"
+    elif isinstance(f, CleanupStuck):
+        return f"{_who(f.cleanup)} named by {_their(f.cleanup)}: on a cleanup path"
+    elif isinstance(f, Straggling):
+        return f"{_who(f.outside)} named by {_their(f.outside)}: outside any distributed op"
+    elif isinstance(f, Mismatch) and culprits:
+        if _has_minority(f):
+            return f"{rank_words(culprits)} named by {_their(culprits)}: the minority op"
+        return f"{rank_words(culprits)} named by the send/recv calls that do not pair up"
+    return None
+
+
+# -- what lowers it: the rules, most severe first -----------------------------------------
+
+
+def _nothing_to_go_on(case: Case) -> str | None:
+    f = case.found.facts
+    if isinstance(f, NothingCaptured):
+        return "no rank could be captured"
+    if isinstance(f, Unexplained):
+        return ("no rank is in a distributed op and nothing moves: native frames (--native) "
+                "or a longer --window may settle it")
+    return None
+
+
+def _by_elimination(case: Case) -> str | None:
+    f = case.found.facts
+    if not isinstance(f, Unseen):
+        return None
+    reasons = "; ".join(sorted({unseen_reason(v) for v in f.unseen}))
+    return (f"{_who(f.unseen)} could not be read ({reasons}): culprit by elimination, "
+            "not by a stack; reading it would settle it")
+
+
+def _no_minority(case: Case) -> str | None:
+    f = case.found.facts
+    if isinstance(f, Mismatch) and len(f.groups) > 1 and not case.found.culprits:
+        return (f"ranks split evenly between {len(f.groups)} ops: no minority to blame, "
+                "and ops of different process groups are not told apart")
+    if isinstance(f, InitStuck) and not f.differ:
+        calls = {v.op.key for v in f.init if v.op is not None}
+        if len(calls) > 1:
+            return f"ranks split evenly between {len(calls)} init calls: no minority to blame"
+    return None
+
+
+def _silent_nodes(case: Case) -> str | None:
+    if not case.unknown:
+        return None
+    if case.silent_nodes:
+        answered = len({v.snap.process.host for v in case.views})
+        return (f"{case.silent_nodes} of {answered + case.silent_nodes} nodes did not answer: "
+                f"{rank_words(case.unknown)} unknown")
+    return f"{rank_words(case.unknown)} unknown: their nodes were not asked"
+
+
+def _unread(case: Case) -> str | None:
+    if isinstance(case.found.facts, Unseen):
+        return None  # said by _by_elimination
+    unread = [v for v in case.views if v.state is RankState.UNREADABLE]
+    if not unread:
+        return None
+    return f"{_who(unread)} could not be read: what {_verb(unread, 'it does', 'they do')} is unknown"
+
+
+def _one_sample(case: Case) -> str | None:
+    few = [v for v in case.read if len(v.snap.good_samples) < 2]
+    if not few:
+        return None
+    return (f"{_who(few)} read in 1 sample only: nothing to compare; a longer --window "
+            "would show whether it moves")
+
+
+def _indirect_ops(case: Case) -> str | None:
+    if not case.hang:
+        return None
+    by_via: dict[str, list[RankView]] = {}
+    for v in case.in_op:
+        if v.op is not None and v.op.via != DIRECT_VIA:
+            by_via.setdefault(v.op.via, []).append(v)
+    if not by_via:
+        return None
+    return "; ".join(
+        f"{_who(vs)}: {'/'.join(sorted({v.op.name for v in vs if v.op}))} recognised by {via}; "
+        "the call that issued it is not on the stack"
+        for via, vs in by_via.items()
+    )
+
+
+def _still_working(case: Case) -> str | None:
+    if not case.hang:
+        return None
+    working = [v for v in case.outside if _working(v)]
+    if not working:
+        return None
+    return (f"{_who(working)} still {_verb(working, 'works', 'work')} (CPU, I/O or stack): "
+            "it may be slow, not stuck")
+
+
+def _briefly_idle(case: Case) -> str | None:
+    idle = _idle_for(case)
+    if idle is None or idle >= STILL_FOR:
+        return None
+    return (f"{_who(case.outside)} idle for only {idle:.1f} s: a slow read or lock may still "
+            "return; a longer --max-window would settle it")
+
+
+def _waiting_moves(case: Case) -> str | None:
+    if not case.hang:
+        return None
+    moving = [v for v in case.in_op if _moves_in_op(v)]
+    if not moving:
+        return None
+    return (f"{_who(moving)} still {_verb(moving, 'moves', 'move')} data or stack inside "
+            f"{_verb(moving, 'its', 'their')} op: the op may yet complete")
+
+
+def _counters_only(case: Case) -> str | None:
+    f = case.found.facts
+    if isinstance(f, Progressing):
+        if any(v.move and (v.move.op_changed or v.move.left_op) for v in f.ranks):
+            return None
+        return (f"{_who(f.ranks)} stayed in one op: progress rests on wake-up counters, "
+                "not a completed op")
+    if isinstance(f, DataMoving):
+        return (f"{_who(f.communicating)} stayed in one op: progress rests on byte and CPU "
+                "counters, not a completed op")
+    if isinstance(f, Working):
+        return ("no rank is in a distributed op: progress rests on CPU and changing stacks, "
+                "not a completed op")
+    return None
+
+
+Rule = tuple[Confidence, Callable[[Case], str | None]]
+
+RULES: tuple[Rule, ...] = (
+    # unknown: nothing was captured, or nothing points anywhere; no verdict to trust
+    (Confidence.LOW, _nothing_to_go_on),
+    # the culprits were never seen: named only because every rank that was read waits, and
+    # a rank py-spy cannot read may be waiting too
+    (Confidence.LOW, _by_elimination),
+    # the ranks split evenly between ops: nobody to blame, and ops in different process
+    # groups (not told apart from stacks) may each be legitimate
+    (Confidence.LOW, _no_minority),
+    # ranks on nodes that did not answer may be anywhere, the culprits' place included
+    (Confidence.MEDIUM, _silent_nodes),
+    # a rank that could not be read may be the one the others wait for
+    (Confidence.MEDIUM, _unread),
+    # one sample shows where a rank is, not whether it moves
+    (Confidence.MEDIUM, _one_sample),
+    # an op inferred from a .wait() line, native frames or DDP's sync may not be the
+    # collective, or the call site, the rank actually waits in
+    (Confidence.MEDIUM, _indirect_ops),
+    # a rank outside the op still works: the others may be waiting for a slow rank
+    (Confidence.MEDIUM, _still_working),
+    # a rank outside the op idle for a short while only: a slow read or lock may return
+    (Confidence.MEDIUM, _briefly_idle),
+    # a rank of the hang still moves inside its op: the evidence conflicts with "stuck"
+    (Confidence.MEDIUM, _waiting_moves),
+    # not_hung without a completed op: counters also move in a spin or a retry loop
+    (Confidence.MEDIUM, _counters_only),
+)
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def _working(v: RankView) -> bool:
+    """On CPU, moving bytes or changing its stack (wake-ups alone are not work: a rank
+    polling a stale lock wakes forever without getting anywhere)."""
+    move = v.move
+    return v.state is RankState.BUSY or (
+        move is not None and (move.moving or move.stack_changed))
+
+
+def _moves_in_op(v: RankView) -> bool:
+    """A rank in an op whose counters or stack move: it is not simply stuck."""
+    return v.state is RankState.COMMUNICATING or (v.move is not None and v.move.stack_changed)
+
+
+def _idle_for(case: Case) -> float | None:
+    """How long the ranks outside any op of an ambiguous hang were watched doing nothing;
+    None when the finding is not ambiguous or one of them works (``_still_working``)."""
+    if not (case.hang and case.found.ambiguous and case.outside):
+        return None
+    if any(_working(v) for v in case.outside):
+        return None
+    return _seconds(case.outside) or 0.0
+
+
+def _seconds(views: Sequence[RankView]) -> float | None:
+    moves = [v.move.seconds for v in views if v.move is not None]
+    return min(moves) if moves else None
+
+
+def _has_minority(f: Mismatch) -> bool:
+    sizes = sorted((len(g) for g in f.groups), reverse=True)
+    return len(sizes) > 1 and sizes[0] > sizes[1]
+
+
+def _who(views: Sequence[RankView]) -> str:
+    return rank_words([v.rank for v in views])
+
+
+def _their(ranks: Sequence[object]) -> str:
+    return "its stack" if len(ranks) == 1 else "their stacks"
+
+
+def _verb(ranks: Sequence[object], singular: str, plural: str) -> str:
+    return singular if len(ranks) == 1 else plural
+
