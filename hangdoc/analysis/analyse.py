@@ -7,6 +7,8 @@ ranks' stacks into one ``CallTree`` (``merge``), then ``classify`` names the ver
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..model import (
     MAX_WORLD_SIZE,
     CallTree,
@@ -34,11 +36,15 @@ def tree_stack(thread: ThreadStack) -> Stack:
     return tuple(f for f in thread.frames if not (f.native and f.function.startswith("0x")))
 
 
-def expected_ranks(snapshot: JobSnapshot) -> set[int]:
+def expected_ranks(snapshot: JobSnapshot, views: Sequence[RankView] = ()) -> set[int]:
+    """Every rank number the job should have: from the world size in the ranks' environment,
+    the snapshot's, or the one the job's code passed to ``init_process_group`` (``mp.spawn``
+    jobs often set it nowhere else)."""
     sizes = {r.process.world_size for r in snapshot.ranks if r.process.world_size}
+    sizes |= {v.code_world for v in views if v.code_world}
     if snapshot.world_size:
         sizes.add(snapshot.world_size)
-    return set(range(max(sizes))) if sizes else set()
+    return set(range(min(max(sizes), MAX_WORLD_SIZE))) if sizes else set()
 
 
 def _env_int(snap: RankSnapshot, *keys: str, minimum: int = 0) -> int | None:
@@ -51,7 +57,9 @@ def _env_int(snap: RankSnapshot, *keys: str, minimum: int = 0) -> int | None:
     return None
 
 
-def off_node_ranks(snapshot: JobSnapshot, absent: set[int]) -> tuple[set[int], str]:
+def off_node_ranks(
+    snapshot: JobSnapshot, absent: set[int], views: Sequence[RankView] = ()
+) -> tuple[set[int], str]:
     """Absent ranks that may live on nodes this snapshot did not look at.
 
     A multi-node job seen from some of its nodes (LOCAL_WORLD_SIZE / SLURM_NTASKS_PER_NODE
@@ -69,7 +77,7 @@ def off_node_ranks(snapshot: JobSnapshot, absent: set[int]) -> tuple[set[int], s
     if not absent or len(local_sizes) != 1:
         return set(), ""
     per_node = local_sizes.pop()
-    world = max(expected_ranks(snapshot), default=-1) + 1
+    world = max(expected_ranks(snapshot, views), default=-1) + 1
     hosts: dict[str, list[RankSnapshot]] = {}
     for r in snapshot.ranks:
         hosts.setdefault(r.process.host, []).append(r)
@@ -98,15 +106,15 @@ def off_node_ranks(snapshot: JobSnapshot, absent: set[int]) -> tuple[set[int], s
 def analyse(snapshot: JobSnapshot) -> Diagnosis:
     """Diagnose a snapshot. Deterministic for a given snapshot."""
     recogniser = Recogniser(snapshot)  # each distinct thread recognised once, for all ranks
-    views = [view_rank(r, snapshot, recogniser) for r in snapshot.ranks if r.rank is not None]
+    views = [v for r in snapshot.ranks if (v := view_rank(r, snapshot, recogniser)).rank >= 0]
     present = {v.rank for v in views}
     unknown: set[int] = set()
     for u in snapshot.unreachable:
         unknown.update(u.ranks)
-    absent = expected_ranks(snapshot) - present
+    absent = expected_ranks(snapshot, views) - present
     if any(not u.ranks for u in snapshot.unreachable):
         unknown |= absent  # an unreachable node could hold any absent rank
-    elsewhere, elsewhere_note = off_node_ranks(snapshot, absent - unknown)
+    elsewhere, elsewhere_note = off_node_ranks(snapshot, absent - unknown, views)
     unknown |= elsewhere
     missing = absent - unknown
 

@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..model import OpKind, RankState, Verdict
+from ..model import GIVEN_GROUP, OpKind, RankState, Verdict
 from . import wording
 from .views import RankView
 from .wording import (
@@ -245,12 +245,18 @@ def _mismatch(
     groups = sorted(classes.values(), key=lambda vs: (-len(vs), vs[0].rank))
     culprits = _minority([[v.rank for v in vs] for vs in groups])
     p2p: list[P2PFact] = []
+    by_peers = False
     if p2p_problem is not None:
         p2p_culprits, p2p = p2p_problem
-        if not culprits:
-            culprits = p2p_culprits
+        # a minority whose ops run on groups their callers passed may be a pipeline stage
+        # in its own group's collective, legitimately apart from the others: p2p peers that
+        # cannot pair are direct evidence, and name the culprits instead
+        if not culprits or all(v.op is not None and v.op.group == GIVEN_GROUP
+                               for v in in_op if v.rank in culprits):
+            culprits, by_peers = p2p_culprits, True
     return Finding(
-        Verdict.COLLECTIVE_MISMATCH, culprits, Mismatch(groups, culprits, p2p), quiet_over=in_op
+        Verdict.COLLECTIVE_MISMATCH, culprits, Mismatch(groups, culprits, p2p, by_peers),
+        quiet_over=in_op,
     )
 
 

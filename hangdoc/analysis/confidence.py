@@ -160,7 +160,7 @@ def _named_by(case: Case) -> str | None:
     elif isinstance(f, Straggling):
         return f"{_who(f.outside)} named by {_their(f.outside)}: outside any distributed op"
     elif isinstance(f, Mismatch) and culprits:
-        if _has_minority(f):
+        if _has_minority(f) and not f.by_peers:
             return f"{rank_words(culprits)} named by {_their(culprits)}: the minority op"
         return f"{rank_words(culprits)} named by the send/recv calls that do not pair up"
     return None

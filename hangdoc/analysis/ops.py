@@ -18,7 +18,18 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from ..model import DistOp, Frame, FrameLocals, JobSnapshot, OpKind, Origin, Stack, ThreadStack
+from ..model import (
+    GIVEN_GROUP,
+    WORLD_GROUP,
+    DistOp,
+    Frame,
+    FrameLocals,
+    JobSnapshot,
+    OpKind,
+    Origin,
+    Stack,
+    ThreadStack,
+)
 from .source_lines import SourceIndex, enclosing_block, issuing_call, waited_name
 
 COLLECTIVES = frozenset(
@@ -68,7 +79,11 @@ _FUNCOL = "torch/distributed/_functional_collectives"
 _DDP = "torch/nn/parallel/distributed.py"
 _C10D = "torch/distributed/distributed_c10d"
 _NOT_WORK = frozenset({"os", "proc", "process", "popen", "subprocess", "p"})
-_PEER = re.compile(r"\b(dst|src|group_dst|group_src|peer)\s*=\s*(\d+)")
+# a literal global peer on the call line, for snapshots taken without locals (``group_dst=``
+# is a rank inside the group, not a global rank: never read as one)
+_PEER = re.compile(r"\b(dst|src|peer)\s*=\s*(\d+)")
+_CALL_WRAPPER = "torch/distributed/c10d_logger.py"
+_DEFAULT_GROUP = ("(default)", "None")  # capture.pyspy.DEFAULT_GROUP, or group=None given
 
 
 def _in_torch(frame: Frame) -> bool:
@@ -107,6 +122,63 @@ def _peer(call_site: Frame | None) -> int | None:
         return None
     m = _PEER.search(call_site.code)
     return int(m.group(2)) if m else None
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value is not None and value.lstrip("-").isdigit() else None
+
+
+def _call_group(thread: ThreadStack, op_index: int) -> str | None:
+    """The process group of the call at ``frames[op_index]``, from its arguments: the call
+    wrapper just outside it says whether the caller gave a group (c10d itself replaces
+    ``None`` with the default group before blocking); a functional collective names its
+    group. None when the snapshot has no arguments for it."""
+    own = thread.locals_at(op_index)
+    if own is not None and (name := own.get("group_name")) is not None:
+        return f"name:{name}"
+    for index in range(op_index - 1, -1, -1):
+        frame = thread.frames[index]
+        if frame.native:
+            continue
+        if frame.origin.module_path != _CALL_WRAPPER:
+            break
+        given = thread.locals_at(index)
+        if given is not None and (group := given.get("group")) is not None:
+            return WORLD_GROUP if group in _DEFAULT_GROUP else GIVEN_GROUP
+    return None
+
+
+def _locals_peer(thread: ThreadStack, op_index: int, group: str | None) -> int | None:
+    """The other side of a p2p call, as a global rank, from its arguments: ``dst``/``src``
+    are global ranks; ``group_dst``/``group_src`` are ranks inside the group, the same
+    numbers only on the default group."""
+    found = thread.locals_at(op_index)
+    if found is None:
+        return None
+    for name in ("dst", "src", "global_dst", "global_src", "peer"):
+        if (rank := _int(found.get(name))) is not None and rank >= 0:
+            return rank
+    if group == WORLD_GROUP:
+        for name in ("group_dst", "group_src"):
+            if (rank := _int(found.get(name))) is not None and rank >= 0:
+                return rank
+    return None
+
+
+def init_arguments(thread: ThreadStack) -> tuple[int | None, int | None]:
+    """(rank, world size) that the job's code passed to ``init_process_group``, where its
+    frame is on the stack with arguments; -1 (torch's "read it from the environment") and
+    absent values are None."""
+    for index, frame in enumerate(thread.frames):
+        if frame.function != "init_process_group" or not frame.origin.under(_C10D):
+            continue
+        found = thread.locals_at(index)
+        if found is None:
+            return None, None
+        rank, world = _int(found.get("rank")), _int(found.get("world_size"))
+        return (rank if rank is not None and rank >= 0 else None,
+                world if world is not None and world > 0 else None)
+    return None, None
 
 
 # What recognition reads of a thread: see ``thread_key``.
@@ -234,8 +306,12 @@ def _recognise_call(thread: ThreadStack, sources: SourceIndex) -> DistOp | None:
         site = user_call_site(frames, idx)
         if path.startswith(_FUNCOL) and name in FUNCOL_WAITS:
             return DistOp(kind, _funcol_name(frames, idx), site, "functional collective wait")
-        kind, name = _public_op(frames, site, idx, kind, name)
-        return DistOp(kind, name, site, "c10d call", peer=_peer(site) if kind is OpKind.P2P else None)
+        kind, name, op_index = _public_op(frames, site, idx, kind, name)
+        group = _call_group(thread, op_index)
+        peer = None
+        if kind is OpKind.P2P:
+            peer = _locals_peer(thread, op_index, group) if thread.locals else _peer(site)
+        return DistOp(kind, name, site, "c10d call", peer=peer, group=group)
     # 2. a user line that waits on an async handle (Work.wait / Future.wait are C++: no
     #    Python frame of their own, so the innermost frame is the user's ``.wait()`` line)
     _, inner = pyframes[-1]
@@ -264,21 +340,23 @@ def _recognise_call(thread: ThreadStack, sources: SourceIndex) -> DistOp | None:
 
 def _public_op(
     frames: tuple[Frame, ...], site: Frame | None, idx: int, kind: OpKind, name: str
-) -> tuple[OpKind, str]:
+) -> tuple[OpKind, str, int]:
     """The outermost known op between the user's call site and ``idx``: the API the user
-    called (``recv_object_list``, ``init_process_group``), not the helper that blocks."""
+    called (``recv_object_list``, ``init_process_group``), not the helper that blocks; and
+    its frame's index."""
     start = 0
     if site is not None:
         start = max(i for i in range(idx + 1) if frames[i] is site) + 1
-    for frame in frames[start:idx]:
+    for index in range(start, idx):
+        frame = frames[index]
         origin = frame.origin
         if not origin.under(_TORCH_DIST):
             continue
         outer = frame.function.rsplit(".", 1)[-1]
         outer_kind = _kind_of(outer, origin.module_path)
         if outer_kind is not None:
-            return outer_kind, outer
-    return kind, name
+            return outer_kind, outer, index
+    return kind, name, idx
 
 
 def _kind_of(name: str, path: str) -> OpKind | None:

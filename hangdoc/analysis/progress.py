@@ -4,13 +4,19 @@ Stacks alone lie both ways: a healthy rank can sit in one long collective while 
 move, and a rank spinning in a tight loop changes line numbers without progressing. So a
 rank's movement is judged from its CPU time, its read/write byte counters (socket traffic
 included) and whether its *distributed* op changed between samples.
+
+Counters are read per thread where capture has them (``ProcessState.threads``): for a rank
+in a distributed op, the CPU and bytes of its other Python threads that are in no op (a
+metrics or pin-memory thread, an async checkpoint writer) are not the op's, and do not make
+a stuck wait look like data moving; the threads py-spy does not list (gloo's and NCCL's
+workers, which do the op's work) still count. Wake-ups are those of the op's own thread.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..model import DistOp, JobSnapshot, RankSnapshot, Sample, ThreadStack
+from ..model import DistOp, JobSnapshot, ProcessState, RankSnapshot, Sample, Stack, ThreadStack
 from .ops import Recogniser
 
 # A rank using less than this share of one core is idle (a gloo/NCCL wait uses ~0).
@@ -36,14 +42,19 @@ class Movement:
     """What changed for one rank between its first and last good sample."""
 
     seconds: float
-    cpu_fraction: float | None  # CPU seconds per wall second, all threads
-    bytes_per_second: float | None
-    wakeups: int | None  # main-thread context switches beyond those hangdoc's pauses cause
+    # CPU seconds per wall second: all threads, or for a rank in an op, all but its side
+    # threads (Python threads in no distributed op) where per-thread counters exist
+    cpu_fraction: float | None
+    bytes_per_second: float | None  # read + written, side threads left out as for the CPU
+    # context switches of the relevant thread (the main thread without per-thread
+    # counters) beyond those hangdoc's pauses cause
+    wakeups: int | None
     dumps: int  # blocking py-spy dumps between the first and last counters
     op_changed: bool  # the distributed op (name/call site) differed between samples
     left_op: bool  # some sample had the relevant thread outside any distributed op
     stack_changed: bool  # the relevant thread's stack differed between samples
     status: str | None  # last seen process status
+    side_cpu_fraction: float | None = None  # the side threads' CPU, left out of cpu_fraction
 
     @property
     def busy(self) -> bool:
@@ -79,10 +90,23 @@ def relevant_thread(
     return main, None
 
 
+def _without_native(thread: ThreadStack, frames: Stack) -> ThreadStack:
+    """``thread`` with its Python ``frames`` only; its kept arguments follow their frames."""
+    if not thread.locals:
+        return replace(thread, frames=frames)
+    position: dict[int, int] = {}
+    for index, frame in enumerate(thread.frames):
+        if not frame.native:
+            position[index] = len(position)
+    kept = tuple(replace(found, index=position[found.index])
+                 for found in thread.locals if found.index in position)
+    return replace(thread, frames=frames, locals=kept)
+
+
 def _python_only(sample: Sample, rec: Recogniser) -> Sample:
     """``sample`` with its Python frames only (``sample`` itself when it has no native ones)."""
     threads = tuple(
-        th if (frames := rec.python_frames(th.frames)) is th.frames else replace(th, frames=frames)
+        th if (frames := rec.python_frames(th.frames)) is th.frames else _without_native(th, frames)
         for th in sample.threads
     )
     if all(new is old for new, old in zip(threads, sample.threads)):
@@ -120,20 +144,84 @@ def movement(
             wakeups = b.state.ctx_switches - a.state.ctx_switches - pauses
     ops = []
     stacks = []
+    thread = op = None
     for sample in good:
         # compare Python frames only: a native sample taken on demand must not look like motion
         thread, op = relevant_thread(_python_only(sample, rec), recogniser=rec)
         ops.append(rec.op_key(op) if op else None)
         stacks.append(thread.frames if thread else ())
+    side_cpu = None
+    if len(with_state) >= 2 and thread is not None:
+        a_state, b_state = with_state[0].state, with_state[-1].state
+        assert a_state is not None and b_state is not None
+        dt = max(with_state[-1].t - with_state[0].t, 1e-6)
+        own = _delta(a_state, b_state, {thread.native_id})
+        if own is not None and own.switches is not None:
+            wakeups = own.switches - SWITCHES_PER_DUMP * (len(with_state) - 1)
+        if op is not None and cpu is not None:
+            side = _delta(a_state, b_state, _side_threads(last, thread, rec))
+            if side is not None:
+                side_cpu = side.cpu / dt
+                cpu = max(cpu - side_cpu, 0.0)
+                if io is not None and side.chars is not None:
+                    io = max(io - side.chars / dt, 0.0)
     status = with_state[-1].state.status if with_state and with_state[-1].state else None
     return Movement(
         seconds=seconds,
         cpu_fraction=cpu,
         bytes_per_second=io,
         wakeups=wakeups,
+        side_cpu_fraction=side_cpu,
         dumps=max(len(with_state) - 1, 0),
         op_changed=len(set(ops)) > 1,
         left_op=any(o is None for o in ops) and any(o is not None for o in ops),
         stack_changed=any(s != stacks[0] for s in stacks[1:]),  # no hashing of whole stacks
         status=status,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Delta:
+    """How much some threads' counters grew between two samples."""
+
+    cpu: float
+    switches: int | None
+    chars: int | None
+
+
+def _side_threads(sample: Sample, relevant: ThreadStack, rec: Recogniser) -> set[int | None]:
+    """Native ids of the Python threads of ``sample`` in no distributed op, but the relevant
+    one: a rank's side work (metrics, pin-memory, an async checkpoint writer)."""
+    return {
+        th.native_id for th in sample.threads
+        if th.thread_id != relevant.thread_id and th.native_id is not None
+        and rec.recognise(th) is None
+    }
+
+
+def _delta(a: ProcessState, b: ProcessState, tids: set[int | None]) -> _Delta | None:
+    """The growth of the counters of the threads ``tids`` seen in both states; None when
+    the states have no per-thread counters (older captures, an unreadable /proc/PID/task)."""
+    if not a.threads or not b.threads:
+        return None
+    cpu, switches, chars = 0.0, 0, 0
+    known_switches = known_chars = True
+    seen = False
+    for tid in tids:
+        before, after = a.thread(tid), b.thread(tid)
+        if before is None or after is None:
+            continue  # started or ended during the window
+        seen = True
+        cpu += max(after.cpu_seconds - before.cpu_seconds, 0.0)
+        if before.ctx_switches is None or after.ctx_switches is None:
+            known_switches = False
+        else:
+            switches += after.ctx_switches - before.ctx_switches
+        if None in (before.read_chars, after.read_chars, before.write_chars, after.write_chars):
+            known_chars = False
+        else:
+            chars += (after.read_chars or 0) - (before.read_chars or 0)
+            chars += (after.write_chars or 0) - (before.write_chars or 0)
+    if not seen and len(tids) == 1:
+        return None  # the one thread asked for has no counters
+    return _Delta(cpu, switches if known_switches and seen else None, chars if known_chars else None)

@@ -10,16 +10,16 @@ from dataclasses import dataclass
 
 from ..model import (
     STOPPED_STATUSES,
-    CaptureErrorKind,
     DistOp,
     Frame,
     JobSnapshot,
     OpKind,
     RankSnapshot,
+    RankSource,
     RankState,
     ThreadStack,
 )
-from .ops import Recogniser
+from .ops import Recogniser, init_arguments
 from .progress import Movement, movement, relevant_thread
 
 
@@ -34,13 +34,14 @@ class RankView:
     thread: ThreadStack | None
     move: Movement | None
     cleanup: Frame | None = None  # outside any op, but on a cleanup path (joins, waits in __exit__)
+    # the world size the job's code passed to init_process_group, when its frame shows it
+    code_world: int | None = None
 
 
 def rank_state(snap: RankSnapshot, op: DistOp | None, move: Movement | None) -> RankState:
+    if snap.samples and snap.samples[-1].gone:
+        return RankState.EXITED  # also when it was seen alive earlier in the window
     if not snap.good_samples:
-        errors = [s.error for s in snap.samples if s.error is not None]
-        if errors and errors[-1].kind is CaptureErrorKind.PROCESS_GONE:
-            return RankState.EXITED
         return RankState.UNREADABLE
     assert move is not None
     if move.status in STOPPED_STATUSES:
@@ -66,4 +67,12 @@ def view_rank(
     # outside any op, an ``except`` block is as often a retry loop as error handling: only
     # __exit__/close-like functions, ``finally:`` and exit handlers count as cleanup there
     cleanup = rec.cleanup_marker(thread, ("finally",)) if thread and op is None else None
-    return RankView(snap.rank if snap.rank is not None else -1, snap, state, op, thread, move, cleanup)
+    rank, code_world = snap.rank, None
+    if thread is not None and op is not None and op.kind is OpKind.INIT:
+        code_rank, code_world = init_arguments(thread)
+        # a rank number the launcher did not put in the environment (inferred from the
+        # spawn order, or not known at all) yields to the one the code gave init_process_group
+        if code_rank is not None and snap.process.rank_source is not RankSource.ENV:
+            rank = code_rank
+    return RankView(-1 if rank is None else rank, snap, state, op, thread, move, cleanup,
+                    code_world)

@@ -185,6 +185,7 @@ class Mismatch:
     groups: Sequence[Sequence[RankView]]
     culprits: Sequence[int]
     p2p: Sequence[P2PFact] = ()
+    by_peers: bool = False  # the culprits are named by the p2p calls, not as the minority
 
 
 @dataclass(frozen=True)
@@ -423,7 +424,9 @@ def _mismatch(f: Mismatch) -> Words:
     ]
     p2p = [p2p_line(p) for p in f.p2p]
     evidence += p2p
-    if len(groups) > 1:
+    if f.by_peers and p2p:
+        summary = "collective mismatch: point-to-point calls do not pair up: " + "; ".join(p2p[:2])
+    elif len(groups) > 1:
         minority = [v for vs in groups[1:] for v in vs] if culprits else []
         if culprits and minority:
             majority = groups[0]

@@ -188,6 +188,7 @@ def _op(op: DistOp | None) -> dict[str, Any] | None:
         "function": site.function if site else None,
         "via": op.via,
         "peer": op.peer,
+        "group": op.group,
         "in_cleanup": op.in_cleanup,
         "cleanup_site": str(op.cleanup_frame) if op.cleanup_frame else None,
     }

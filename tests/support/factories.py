@@ -29,6 +29,7 @@ from hangdoc.model import (
     Diagnosis,
     DistOp,
     Frame,
+    FrameLocals,
     JobSnapshot,
     OpKind,
     ProcessState,
@@ -41,6 +42,7 @@ from hangdoc.model import (
     SourceFile,
     Stack,
     StackGroup,
+    ThreadCounters,
     ThreadStack,
     Unreachable,
     Verdict,
@@ -154,6 +156,8 @@ def make_rank(
     ctx_per_sample: int = 0,
     error: CaptureErrorKind | CaptureError | None = None,
     gone_after: int | None = None,
+    thread_cpu: Mapping[str, float] | None = None,
+    arguments: Sequence[tuple[int, Mapping[str, str]]] = (),
     world_size: int | None = None,
     local_rank: int | None = None,
     rank_source: RankSource | None = RankSource.ENV,
@@ -169,7 +173,10 @@ def make_rank(
     Counters grow by ``cpu_per_sample`` CPU seconds, ``io_per_sample`` bytes read and
     written, and ``ctx_per_sample`` context switches per sample (all zero: nothing moves).
     ``error`` makes every sample a capture failure; ``gone_after=n`` makes samples from
-    index ``n`` on fail with ``PROCESS_GONE``.
+    index ``n`` on fail with ``PROCESS_GONE``. ``thread_cpu`` (thread name -> CPU seconds
+    per sample) gives every state per-thread counters, the process's CPU growing by their
+    sum plus ``cpu_per_sample``; ``arguments`` are the main thread's kept call arguments
+    (frame index -> {name: value}; a negative index counts from the innermost frame).
     """
     pid = 1000 + (rank or 0) if pid is None else pid
     per_sample = [make_stack(s) for s in stacks] if stacks is not None else None
@@ -187,14 +194,24 @@ def make_rank(
             taken.append(Sample(t=t, error=err))
             continue
         main_i = per_sample[i] if per_sample is not None else main
-        thread_list = [ThreadStack(pid, thread_name, main_i, pid, active, active)]
+        kept = tuple(FrameLocals(index % len(main_i), tuple(values.items()))
+                     for index, values in arguments)
+        thread_list = [ThreadStack(pid, thread_name, main_i, pid, active, active, kept)]
         thread_list += [
             ThreadStack(pid + 100 * (j + 1), name, s, pid + 100 * (j + 1))
             for j, (name, s) in enumerate(extra.items())
         ]
+        counters: tuple[ThreadCounters, ...] = ()
+        if thread_cpu is not None:
+            counters = tuple(
+                ThreadCounters(th.native_id or 0, round(1.0 + i * thread_cpu.get(th.name or "", 0.0), 6),
+                               ctx_switches=200 + i * ctx_per_sample if th.name == thread_name else 50,
+                               read_chars=0, write_chars=0)
+                for th in thread_list)
         state = ProcessState(
             status=status,
-            cpu_seconds=round(cpu_start + i * cpu_per_sample, 6),
+            threads=counters,
+            cpu_seconds=round(cpu_start + i * (cpu_per_sample + sum((thread_cpu or {}).values())), 6),
             num_threads=len(thread_list),
             read_chars=1_000_000 + i * io_per_sample,
             write_chars=500_000 + i * io_per_sample,

@@ -144,8 +144,8 @@ def test_ranks() -> None:
     by_rank = {r["rank"]: r for r in ranks}
     assert by_rank[0]["op"] == {
         "kind": "collective", "name": "all_reduce", "call_site": "train.py:30",
-        "function": "step", "via": "c10d call", "peer": None, "in_cleanup": False,
-        "cleanup_site": None,
+        "function": "step", "via": "c10d call", "peer": None, "group": None,
+        "in_cleanup": False, "cleanup_site": None,
     }  # fmt: skip
     assert by_rank[3]["op"]["in_cleanup"] is True
     assert by_rank[3]["op"]["cleanup_site"] == "main (train.py:55)"
