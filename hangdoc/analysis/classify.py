@@ -174,16 +174,28 @@ def _not_hung(
     outside: Sequence[RankView],
     waiting: Sequence[RankView],
 ) -> Finding | None:
-    """A job where something moves the way a healthy job moves; None when it is not."""
+    """A job where something moves the way a healthy job moves; None when it is not.
+
+    Progress counts only where it can be what the waiting ranks wait for: with ranks that
+    wait and a rank outside any op that does not move at all (off CPU, no bytes, the same
+    stack, no wake-ups: a lock, a dead filesystem, a stopped process), the ranks that
+    complete ops elsewhere (a subgroup's loop, a polling wait) say nothing about the ones
+    stuck, and the straggler rule decides instead. A few ranks progressing among many that
+    wait is reported as such, and watched longer.
+    """
+    busy = [v for v in outside if v.state is RankState.BUSY or (
+        v.move is not None and (v.move.moving or v.move.stack_changed or v.move.woke))]
     if progressing:
-        return Finding(Verdict.NOT_HUNG, [], Progressing(progressing))
+        still = [v for v in outside if v not in busy]
+        if waiting and still:
+            return None
+        return Finding(Verdict.NOT_HUNG, [], Progressing(progressing, waiting),
+                       ambiguous=len(waiting) > len(progressing))
     communicating = [v for v in in_op if v.state is RankState.COMMUNICATING]
     if communicating and not waiting:
         return Finding(
             Verdict.NOT_HUNG, [], DataMoving(communicating), ambiguous=bool(outside)
         )
-    busy = [v for v in outside if v.state is RankState.BUSY or (
-        v.move is not None and (v.move.moving or v.move.stack_changed or v.move.woke))]
     if not in_op and busy:
         return Finding(Verdict.NOT_HUNG, [], Working(busy))
     return None

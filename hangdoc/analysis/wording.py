@@ -78,9 +78,11 @@ class NothingCaptured:
 
 @dataclass(frozen=True)
 class Progressing:
-    """These ranks completed distributed operations during the window."""
+    """These ranks completed distributed operations during the window (``waiting``: the
+    ranks that did not, and sat in one op the whole window)."""
 
     ranks: Sequence[RankView]
+    waiting: Sequence[RankView] = ()
 
 
 @dataclass(frozen=True)
@@ -259,9 +261,19 @@ def _unexplained(f: Unexplained) -> Words:
 
 
 def _progressing(f: Progressing) -> Words:
+    evidence = [progress_line(v) for v in f.ranks[:4]]
+    if len(f.waiting) > len(f.ranks):
+        # a few moving among many stuck: say so, not "the job progresses"
+        return Words(
+            f"not hung, for now: only {_r(_ranks(f.ranks))} completed distributed operations "
+            f"during the window while {_r(_ranks(f.waiting))} waited in "
+            f"{op_summary(f.waiting)} throughout",
+            [*evidence, f"{_r(_ranks(f.waiting))} did not move: if they wait for "
+             f"{_r(_ranks(f.ranks))}, they are slow; if not, the job is stuck around them"],
+        )
     return Words(
         f"not hung: {_r(_ranks(f.ranks))} completed distributed operations during the window",
-        [progress_line(v) for v in f.ranks[:4]],
+        evidence,
     )
 
 
