@@ -395,7 +395,8 @@ def cleanup_marker(
 ) -> Frame | None:
     """The frame that puts this thread on a cleanup path, or None.
 
-    Cleanup is: a frame of the job or a library in ``__exit__``/``close``/``shutdown``/...;
+    Cleanup is: a frame of the job or a library in ``__exit__`` called with an exception
+    (by its name alone where capture kept no arguments), ``close``/``shutdown``/...;
     such a frame whose current line is inside a ``finally:`` or ``except`` block; the
     standard library's exit-time machinery, and a ``@contextmanager`` exiting with an
     exception (``_stdlib_cleanup``); exit handlers, recognisable because the main script's
@@ -411,7 +412,8 @@ def _cleanup_marker(
     thread: ThreadStack, sources: SourceIndex, blocks: tuple[str, ...]
 ) -> Frame | None:
     """``cleanup_marker`` itself, uncached: reads of ``thread`` only what ``thread_key`` holds."""
-    for frame in reversed(thread.frames):
+    for index in range(len(thread.frames) - 1, -1, -1):
+        frame = thread.frames[index]
         kind = frame.origin.kind
         if kind in (Origin.TORCH, Origin.INTERNAL):
             continue
@@ -419,13 +421,27 @@ def _cleanup_marker(
             if _stdlib_cleanup(frame):
                 return frame
             continue
-        if frame.function.rsplit(".", 1)[-1] in CLEANUP_FUNCTIONS:
+        name = frame.function.rsplit(".", 1)[-1]
+        exception = _exit_exception(thread, index) if name in ("__exit__", "__aexit__") else None
+        if exception is not None:
+            # what the with-block is doing, where capture kept it: unwinding an error is
+            # cleanup; ending normally is the program's own path (a barrier after training)
+            if exception != "None":
+                return frame
+        elif name in CLEANUP_FUNCTIONS:
             return frame
         if frame.line and enclosing_block(sources.lines(frame.filename), frame.line) in blocks:
             return frame
     if thread.is_main and _is_exit_handler(thread):
         return next((f for f in thread.frames if not f.native), None)
     return None
+
+
+def _exit_exception(thread: ThreadStack, index: int) -> str | None:
+    """The exception (``<TypeName>`` or ``"None"``) the ``__exit__`` at ``frames[index]``
+    was called with, when capture kept its arguments."""
+    found = thread.locals_at(index)
+    return found.get("exception") if found is not None else None
 
 
 # the standard library's functions that run only while the interpreter exits

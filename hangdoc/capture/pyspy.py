@@ -52,6 +52,11 @@ _LITERAL = re.compile(r"-?[0-9]{1,20}|None|True|False", re.ASCII)
 _GROUP_NAME = re.compile(r'"([\w.:-]{1,64})"', re.ASCII)
 _GROUP_KWARG = re.compile(r'"group":\s*(None|<[^>]*ProcessGroup[^>]*>)')
 DEFAULT_GROUP = "(default)"  # the wrapper shows no group argument: the call is on WORLD
+# A ``with`` block's ``__exit__`` (any code's) keeps one thing: the type of the exception it
+# was called with, or None for the block's normal end. That tells a with-block that unwinds
+# an error (cleanup) from one that simply ends.
+_EXIT_METHODS = ("__exit__", "__aexit__")
+_INSTANCE = re.compile(r"<([A-Za-z_]\w*) at 0x[0-9a-fA-F]+>")
 
 _DENIED = ("permission denied", "operation not permitted", "elevated permissions",
            "(os error 1)", "(os error 13)", "ptrace_scope")
@@ -137,11 +142,33 @@ def _call_group(values: dict[str, str]) -> str | None:
     return DEFAULT_GROUP if "kwargs" in values else None
 
 
+def _exit_exception(variables: list[Any]) -> str | None:
+    """``None`` or ``<TypeName>`` of the exception an ``__exit__(self, type, value, tb)``
+    (or ``__exit__(self, *args)``) was called with; None when its arguments do not say."""
+    args = [v for v in variables if isinstance(v, dict) and v.get("arg")]
+    if len(args) >= 3:
+        text = str(args[2].get("repr") or "").strip()
+    elif len(args) == 2 and args[1].get("name") == "args":
+        text = str(args[1].get("repr") or "").strip().lstrip("(")
+        text = "None" if text.startswith("None") else text.split(",")[1] if "," in text else ""
+    else:
+        return None
+    text = text.strip()
+    if text == "None":
+        return "None"
+    m = _INSTANCE.match(text)
+    return f"<{m.group(1)}>" if m else None
+
+
 def _frame_locals(index: int, raw: dict[str, Any]) -> FrameLocals | None:
-    """The kept arguments of a torch.distributed frame (see ``LOCAL_NAMES``)."""
+    """The kept arguments of a torch.distributed frame (see ``LOCAL_NAMES``), and the
+    exception an ``__exit__`` was called with."""
     variables = raw.get("locals")
     if not variables or raw.get("module") is not None:
         return None
+    if str(raw.get("name") or "").rsplit(".", 1)[-1] in _EXIT_METHODS:
+        exception = _exit_exception(variables)
+        return FrameLocals(index, (("exception", exception),)) if exception else None
     origin = frame_origin(raw.get("filename") or "")
     if not origin.under(_TORCH_DIST):
         return None

@@ -74,3 +74,37 @@ def test_exit_time_machinery_of_the_standard_library_is_cleanup() -> None:
     own = make_thread([*LOOP, "train.py:Trainer.__exit__:90", BARRIER])
     marker = cleanup_marker(own, None)
     assert marker is not None and marker.function == "Trainer.__exit__"
+
+
+def _trainer_exit(exception: str | None) -> object:
+    """Rank 1 in the barrier of ``Trainer.__exit__`` (the job's own context manager),
+    with what capture kept of the exception ``__exit__`` was called with."""
+    stack = [*LOOP, "train.py:main:170", "trainer.py:Trainer.__exit__:55",
+             "trainer.py:Trainer._sync:61", BARRIER]
+    kept = [(3, {"exception": exception})] if exception is not None else []
+    return make_rank(1, stack, world_size=3, arguments=kept)
+
+
+def _in_training(rank: int) -> object:
+    return make_rank(rank, [*LOOP, "train.py:train_step:40", f"{C10D}:all_reduce:2800"],
+                     world_size=3)
+
+
+def test_an_exit_called_with_an_exception_is_cleanup() -> None:
+    d = analyse(make_snapshot([_in_training(0), _trainer_exit("<ValueError>"), _in_training(2)]))
+    assert d.verdict is Verdict.CLEANUP_DEADLOCK
+    assert d.culprit_ranks == (1,)
+
+
+def test_an_exit_at_the_normal_end_of_its_block_is_not_cleanup() -> None:
+    # the same frames, __exit__(None, None, None): the with-block ended; rank 1 finished
+    # training early and waits in a barrier the others have not reached: a mismatch
+    d = analyse(make_snapshot([_in_training(0), _trainer_exit("None"), _in_training(2)]))
+    assert d.verdict is Verdict.COLLECTIVE_MISMATCH
+    assert d.culprit_ranks == (1,)
+
+
+def test_an_exit_with_no_kept_arguments_is_cleanup_by_its_name() -> None:
+    # snapshots taken without arguments (older captures): the name is all there is
+    d = analyse(make_snapshot([_in_training(0), _trainer_exit(None), _in_training(2)]))
+    assert d.verdict is Verdict.CLEANUP_DEADLOCK

@@ -487,3 +487,24 @@ def test_stat_cpu_counts_fields_after_the_last_parenthesis() -> None:
     fields = " ".join(str(n) for n in range(3, 20))  # fields 3.. of /proc/PID/task/TID/stat
     assert _stat_cpu(f"42 (a) (b c) {fields}") == (14 + 15) / _CLOCK_TICKS
     assert _stat_cpu("42 (truncated") is None
+
+
+@pytest.mark.parametrize(("variables", "kept"), [
+    # real py-spy 0.4.3 reprs of __exit__(self, exc_type, exc, tb) during `raise ValueError`
+    ([{"name": "self", "arg": True, "repr": "<T at 0x7f4900ccc9d0>"},
+      {"name": "exc_type", "arg": True, "repr": "<type at 0x7f490164e900>"},
+      {"name": "exc", "arg": True, "repr": "<ValueError at 0x7f4900c6b940>"},
+      {"name": "tb", "arg": True, "repr": "<traceback at 0x7f4900cccf40>"},
+      {"name": "token", "arg": False, "repr": '"secret"'}], (("exception", "<ValueError>"),)),
+    ([{"name": "self", "arg": True, "repr": "<T at 0x1>"}, {"name": "t", "arg": True, "repr": "None"},
+      {"name": "v", "arg": True, "repr": "None"}, {"name": "b", "arg": True, "repr": "None"}],
+     (("exception", "None"),)),
+    ([{"name": "self", "arg": True, "repr": "<T at 0x1>"}], ()),  # __exit__(self, *args)
+])
+def test_an_exit_keeps_only_the_type_of_its_exception(variables: list[dict], kept: tuple) -> None:
+    raw = json.dumps([{"pid": 9, "thread_id": 1, "thread_name": "MainThread", "os_thread_id": 9,
+                       "active": False, "owns_gil": False,
+                       "frames": [{"name": "Trainer.__exit__", "filename": "/job/trainer.py",
+                                   "module": None, "line": 55, "locals": variables}]}])
+    (thread,) = parse_dump(raw)
+    assert (thread.locals[0].values if thread.locals else ()) == kept
