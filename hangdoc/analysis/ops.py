@@ -330,11 +330,17 @@ def _recognise_call(thread: ThreadStack, sources: SourceIndex) -> DistOp | None:
     if native is not None:
         site = user_call_site(frames, len(frames) - 1)
         return DistOp(OpKind.COLLECTIVE, native, site, "native frames")
-    # 4. no native frames: blocked inside backward() of a DDP model, or DDP forward sync
+    # 4. no native frames: blocked in DDP's own code (its forward's buffer/parameter sync),
+    #    only when nothing but torch runs inside it: a DDP-wrapped forward that blocks in the
+    #    job's own module (a lock, a read) is the job's code blocking, not DDP
     for idx, frame in reversed(pyframes):
-        if frame.origin.under(_DDP) and not thread.active:
+        if frame.origin.under(_DDP):
+            if thread.active:
+                break
             return DistOp(OpKind.COLLECTIVE, "all_reduce", user_call_site(frames, idx),
                           "DDP forward/backward sync (no native frames)")
+        if frame.origin.kind is not Origin.TORCH:
+            break
     return None
 
 

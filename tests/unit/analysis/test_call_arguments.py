@@ -138,3 +138,28 @@ def test_a_minority_on_the_default_group_stays_the_culprit_beside_an_unpaired_re
     d = analyse(make_snapshot([*world, recv]))
     assert d.verdict is Verdict.COLLECTIVE_MISMATCH
     assert d.culprit_ranks == (3,)
+
+
+DDP = "torch/nn/parallel/distributed.py"
+
+
+def test_a_lock_inside_a_ddp_wrapped_forward_is_the_job_blocking_not_ddp() -> None:
+    # rank 1's model forward (run by DDP's forward) waits on a lock: a straggler, not DDP
+    forward = ["train.py:<module>:200", "train.py:main:150", f"{DDP}:DistributedDataParallel.forward:1644",
+               f"{DDP}:DistributedDataParallel._run_ddp_forward:1460", "model.py:Net.forward:33",
+               "cache.py:Cache.get:12", "threading.py:Lock.acquire:88"]
+    thread = make_rank(1, forward).samples[0].threads[0]
+    assert recognise(thread) is None
+    waiting = [make_rank(r, ["train.py:<module>:200", "train.py:main:160", f"{C10D}:all_reduce:2800"],
+                         world_size=3) for r in (0, 2)]
+    d = analyse(make_snapshot([waiting[0], make_rank(1, forward, world_size=3), waiting[1]]))
+    assert d.verdict is Verdict.STRAGGLER
+    assert d.culprit_ranks == (1,)
+
+
+def test_ddp_s_own_code_blocking_in_its_forward_is_its_sync() -> None:
+    # nothing but torch inside DDP's forward, no native frames: DDP's own sync blocks
+    sync = ["train.py:<module>:200", "train.py:main:150", f"{DDP}:DistributedDataParallel.forward:1644",
+            f"{DDP}:DistributedDataParallel._pre_forward:1520"]
+    op = recognise(make_rank(1, sync).samples[0].threads[0])
+    assert op is not None and op.name == "all_reduce" and op.via.startswith("DDP")
