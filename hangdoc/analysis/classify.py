@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..model import GIVEN_GROUP, OpKind, RankState, Verdict
+from ..model import GIVEN_GROUP, Frame, OpKind, RankState, Verdict
 from . import wording
 from .views import RankView
 from .wording import (
@@ -266,10 +266,41 @@ def _mismatch(
         if not culprits or all(v.op is not None and v.op.group == GIVEN_GROUP
                                for v in in_op if v.rank in culprits):
             culprits, by_peers = p2p_culprits, True
+    parted: list[tuple[Frame, list[RankView]]] = []
+    if not culprits:
+        parted = _parting(in_op)
+        culprits = _minority([[v.rank for v in vs] for _, vs in parted])
+        if not culprits:
+            parted = []
     return Finding(
-        Verdict.COLLECTIVE_MISMATCH, culprits, Mismatch(groups, culprits, p2p, by_peers),
+        Verdict.COLLECTIVE_MISMATCH, culprits, Mismatch(groups, culprits, p2p, by_peers, parted),
         quiet_over=in_op,
     )
+
+
+def _parting(views: Sequence[RankView]) -> list[tuple[Frame, list[RankView]]]:
+    """Where the ranks' paths first part, as in STAT's merged call tree: the ranks grouped
+    by the function each calls at the first depth where they call different ones (lines
+    within one function do not part them: one loop body at two lines is one path), largest
+    group first. Ranks stuck in three different ops can still be two paths: two ranks in
+    one training step (a broadcast and the reducer's all_reduce) and one that left it for
+    validation. Empty when the paths never part."""
+    stacks = {v.rank: [f for f in v.thread.frames if not f.native] if v.thread else []
+              for v in views}
+    depth = 0
+    while True:
+        at: dict[tuple[str, str] | None, list[RankView]] = defaultdict(list)
+        for v in views:
+            stack = stacks[v.rank]
+            at[(stack[depth].function, stack[depth].filename) if depth < len(stack) else None].append(v)
+        if len(at) > 1:
+            parts = [(stacks[vs[0].rank][depth], vs) for key, vs in at.items() if key is not None]
+            if len(parts) < len(at):
+                return []  # some path ends here: one is the other's caller, not apart
+            return sorted(parts, key=lambda p: (-len(p[1]), p[1][0].rank))
+        if None in at:
+            return []
+        depth += 1
 
 
 def _p2p_unpaired(in_op: Sequence[RankView]) -> tuple[list[int], list[P2PFact]] | None:

@@ -160,6 +160,9 @@ def _named_by(case: Case) -> str | None:
     elif isinstance(f, Straggling):
         return f"{_who(f.outside)} named by {_their(f.outside)}: outside any distributed op"
     elif isinstance(f, Mismatch) and culprits:
+        if f.parted:
+            return (f"{rank_words(culprits)} named by where the stacks part: the smaller path "
+                    f"({f.parted[1][0]})")
         if _has_minority(f) and not f.by_peers:
             return f"{rank_words(culprits)} named by {_their(culprits)}: the minority op"
         return f"{rank_words(culprits)} named by the send/recv calls that do not pair up"
@@ -287,6 +290,22 @@ def _counters_only(case: Case) -> str | None:
     return None
 
 
+def _by_parting(case: Case) -> str | None:
+    f = case.found.facts
+    if isinstance(f, Mismatch) and f.parted:
+        return ("the ops name no minority: the culprits are the smaller path where the stacks "
+                "part, and ranks in different ops on one path may still wait for each other")
+    return None
+
+
+def _few_moving(case: Case) -> str | None:
+    f = case.found.facts
+    if isinstance(f, Progressing) and len(f.waiting) > len(f.ranks):
+        return (f"only {_who(f.ranks)} completed ops while {_who(f.waiting)} waited "
+                "throughout: they may be stuck around the ones moving")
+    return None
+
+
 Rule = tuple[Confidence, Callable[[Case], str | None]]
 
 RULES: tuple[Rule, ...] = (
@@ -315,6 +334,10 @@ RULES: tuple[Rule, ...] = (
     (Confidence.MEDIUM, _waiting_moves),
     # not_hung without a completed op: counters also move in a spin or a retry loop
     (Confidence.MEDIUM, _counters_only),
+    # culprits from where the stacks part, not from the ops they wait in
+    (Confidence.MEDIUM, _by_parting),
+    # a few ranks completed ops while more waited: the job may be stuck around them
+    (Confidence.MEDIUM, _few_moving),
 )
 
 

@@ -36,6 +36,7 @@ COLLECTIVES = frozenset(
     {
         "all_reduce", "all_reduce_coalesced", "all_reduce_multigpu",
         "all_gather", "all_gather_into_tensor", "_all_gather_base", "all_gather_object",
+        "all_gather_single", "reduce_scatter_single",  # torch 2.13: FSDP2 calls them directly
         "all_gather_coalesced", "all_gather_multigpu",
         "gather", "gather_object", "scatter", "scatter_object_list",
         "broadcast", "broadcast_object_list", "broadcast_multigpu", "_broadcast_coalesced",
@@ -54,10 +55,12 @@ INIT = frozenset(
         "new_subgroups_by_enumeration", "_new_process_group_helper", "_store_based_barrier",
         "rendezvous", "_create_c10d_store", "_env_rendezvous_handler",
         "_tcp_rendezvous_handler", "_file_rendezvous_handler", "init_device_mesh",
-        "split_group", "_init_process_groups",
+        "split_group", "_init_process_groups", "_new_group_via_split_group", "shrink_group",
     }
 )  # fmt: skip
-CLEANUP_OPS = frozenset({"destroy_process_group", "_shutdown_backend", "shutdown", "abort"})
+CLEANUP_OPS = frozenset(
+    {"destroy_process_group", "_shutdown_backend", "shutdown", "abort", "_abort_process_group"}
+)
 FUNCOL_WAITS = frozenset({"wait_tensor", "wait", "trigger_wait", "_wait_tensor"})
 CLEANUP_FUNCTIONS = frozenset(
     {"__exit__", "__aexit__", "__del__", "close", "shutdown", "cleanup", "teardown",

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..model import CaptureErrorKind, DistOp, RankState, Verdict, compress_ranks
+from ..model import CaptureErrorKind, DistOp, Frame, RankState, Verdict, compress_ranks
 from .views import RankView
 
 NEXT_STEPS: dict[Verdict, tuple[str, ...]] = {
@@ -188,6 +188,8 @@ class Mismatch:
     culprits: Sequence[int]
     p2p: Sequence[P2PFact] = ()
     by_peers: bool = False  # the culprits are named by the p2p calls, not as the minority
+    # where the ranks' paths part when their ops name no minority: (frame, ranks), largest first
+    parted: Sequence[tuple[Frame, Sequence[RankView]]] = ()
 
 
 @dataclass(frozen=True)
@@ -268,8 +270,9 @@ def _progressing(f: Progressing) -> Words:
             f"not hung, for now: only {_r(_ranks(f.ranks))} completed distributed operations "
             f"during the window while {_r(_ranks(f.waiting))} waited in "
             f"{op_summary(f.waiting)} throughout",
-            [*evidence, f"{_r(_ranks(f.waiting))} did not move: if they wait for "
-             f"{_r(_ranks(f.ranks))}, they are slow; if not, the job is stuck around them"],
+            [*evidence, (f"{_r(_ranks(f.waiting))} did not move: if they wait for "
+                         f"{_r(_ranks(f.ranks))}, they are slow; if not, the job is stuck "
+                         "around them")],
         )
     return Words(
         f"not hung: {_r(_ranks(f.ranks))} completed distributed operations during the window",
@@ -438,6 +441,14 @@ def _mismatch(f: Mismatch) -> Words:
     evidence += p2p
     if f.by_peers and p2p:
         summary = "collective mismatch: point-to-point calls do not pair up: " + "; ".join(p2p[:2])
+    elif f.parted:
+        (_, common), *others = f.parted
+        left = " / ".join(str(frame) for frame, _ in others)
+        summary = (f"collective mismatch: {_r(culprits)} left the others' path into {left} "
+                   f"while {_r(_ranks(common))} are in {f.parted[0][0]}")
+        evidence.append("the paths part at the first frame where the ranks call different "
+                        "functions: " + "; ".join(f"{_r(_ranks(vs))} in {frame}"
+                                                  for frame, vs in f.parted))
     elif len(groups) > 1:
         minority = [v for vs in groups[1:] for v in vs] if culprits else []
         if culprits and minority:

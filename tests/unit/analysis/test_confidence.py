@@ -186,6 +186,22 @@ def init_env_split() -> JobSnapshot:
                           for r in range(3)])  # fmt: skip
 
 
+def parted_paths() -> JobSnapshot:
+    # three ops, no minority by op; ranks 0-1 in one training step, rank 2 left for eval
+    step = [*LOOP, "loop.py:Loop.advance:300"]
+    return make_snapshot([
+        make_rank(0, [*step, "loop.py:sync_sigterm:265", f"{C10D}:broadcast:2700"]),
+        make_rank(1, [*step, "loop.py:backward:320", f"{C10D}:all_reduce:2800"]),
+        make_rank(2, [*LOOP, "loop.py:Loop.on_advance_end:406", "eval.py:epoch_end:9",
+                      f"{C10D}:barrier:4100"]),
+    ])
+
+
+def few_moving() -> JobSnapshot:
+    moving = [in_op("all_reduce", 40), in_op("broadcast", 50), in_op("all_reduce", 40)]
+    return make_snapshot([make_rank(0, stacks=moving)] + [waiting(r) for r in (1, 2, 3)])
+
+
 # (snapshot, verdict, confidence, phrases the basis must hold)
 CASES: dict[str, tuple[Callable[[], JobSnapshot], Verdict, Confidence, tuple[str, ...]]] = {
     "transport_hang": (transport_hang, Verdict.NCCL_TIMEOUT, HIGH, (
@@ -241,6 +257,11 @@ CASES: dict[str, tuple[Callable[[], JobSnapshot], Verdict, Confidence, tuple[str
         "rank 3 named by its stack: on a cleanup path",)),
     "init_env_split": (init_env_split, Verdict.INIT_DEADLOCK, HIGH, (
         "rank 2 named by the rendezvous environment (MASTER_PORT)",)),
+    "parted_paths": (parted_paths, Verdict.COLLECTIVE_MISMATCH, MEDIUM, (
+        "rank 2 named by where the stacks part: the smaller path (Loop.on_advance_end",
+        "the ops name no minority")),
+    "few_moving": (few_moving, Verdict.NOT_HUNG, MEDIUM, (
+        "only rank 0 completed ops while ranks 1-3 waited throughout",)),
 }  # fmt: skip
 
 
