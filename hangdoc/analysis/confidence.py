@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..model import Confidence, RankState, Verdict
+from ..model import GIVEN_GROUP, Confidence, RankState, Verdict
 from .classify import IN_OP, OUTSIDE, Finding
 from .views import RankView
 from .wording import (
@@ -290,6 +290,18 @@ def _counters_only(case: Case) -> str | None:
     return None
 
 
+def _groups_unseen(case: Case) -> str | None:
+    f = case.found.facts
+    if not isinstance(f, Mismatch) or not f.culprits or f.by_peers or f.parted:
+        return None
+    common = f.groups[0]
+    if not all(v.op is not None and v.op.group == GIVEN_GROUP for v in common):
+        return None  # the others wait on WORLD (or a group hangdoc cannot see): it needs everyone
+    return (f"{_who(common)} wait on a process group their caller passed, whose members "
+            "py-spy cannot see: the minority may be in its own group's collective "
+            "(the flight recorder would tell)")
+
+
 def _by_parting(case: Case) -> str | None:
     f = case.found.facts
     if isinstance(f, Mismatch) and f.parted:
@@ -334,6 +346,9 @@ RULES: tuple[Rule, ...] = (
     (Confidence.MEDIUM, _waiting_moves),
     # not_hung without a completed op: counters also move in a spin or a retry loop
     (Confidence.MEDIUM, _counters_only),
+    # the majority waits on a passed group: the minority's different op may be its own
+    # group's, legitimately apart (a WORLD op, by contrast, needs every rank)
+    (Confidence.MEDIUM, _groups_unseen),
     # culprits from where the stacks part, not from the ops they wait in
     (Confidence.MEDIUM, _by_parting),
     # a few ranks completed ops while more waited: the job may be stuck around them

@@ -202,6 +202,18 @@ def few_moving() -> JobSnapshot:
     return make_snapshot([make_rank(0, stacks=moving)] + [waiting(r) for r in (1, 2, 3)])
 
 
+def groups_unseen(majority: str = "<ProcessGroup>") -> JobSnapshot:
+    # ranks 0-2 in an all_reduce on a group their caller passed, rank 3 in another op
+    wrapper = "torch/distributed/c10d_logger.py:_exception_logger.<locals>.wrapper:83"
+
+    def on_group(rank: int, line: int, group: str) -> object:
+        return make_rank(rank, [*LOOP, f"train.py:train_step:{line}", wrapper,
+                                f"{C10D}:all_reduce:2800"], world_size=4,
+                         arguments=[(-2, {"group": group})])
+    return make_snapshot([*(on_group(r, 40, majority) for r in range(3)),
+                          on_group(3, 55, "<ProcessGroup>")])
+
+
 # (snapshot, verdict, confidence, phrases the basis must hold)
 CASES: dict[str, tuple[Callable[[], JobSnapshot], Verdict, Confidence, tuple[str, ...]]] = {
     "transport_hang": (transport_hang, Verdict.NCCL_TIMEOUT, HIGH, (
@@ -260,6 +272,11 @@ CASES: dict[str, tuple[Callable[[], JobSnapshot], Verdict, Confidence, tuple[str
     "parted_paths": (parted_paths, Verdict.COLLECTIVE_MISMATCH, MEDIUM, (
         "rank 2 named by where the stacks part: the smaller path (Loop.on_advance_end",
         "the ops name no minority")),
+    "groups_unseen": (groups_unseen, Verdict.COLLECTIVE_MISMATCH, MEDIUM, (
+        "ranks 0-2 wait on a process group their caller passed",)),
+    # the other side: the majority's op is on WORLD, which needs rank 3 whatever its group
+    "world_majority": (lambda: groups_unseen("(default)"), Verdict.COLLECTIVE_MISMATCH, HIGH, (
+        "rank 3 named by its stack: the minority op",)),
     "few_moving": (few_moving, Verdict.NOT_HUNG, MEDIUM, (
         "only rank 0 completed ops while ranks 1-3 waited throughout",)),
 }  # fmt: skip
