@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..diagnose import diagnose
-from ..errors import HangdocError
+from ..errors import HangdocError, JobNotFound
 from ..model import Diagnosis, Heartbeat, JobSnapshot, RankState
 from .config import Say, WatchConfig
 from .incident import write_failed_incident, write_incident
@@ -25,6 +25,10 @@ from .metrics import MetricsBoard
 from .pace import Pace
 from .stall import Action, Alarm, Signal, StallClock, judge, resumed_at
 from .supervisor import LOCAL
+
+# seconds a wrapped launcher whose ranks have all exited gets to exit itself, before the
+# missing ranks are reported (see ``Responder._let_it_end``)
+LAUNCHER_EXIT_GRACE = 10.0
 
 
 class Responder:
@@ -50,6 +54,8 @@ class Responder:
             snapshot, diagnosis = diagnose(self.job.spec, self.c.capture, None, self.c.nodes)
         except HangdocError as err:
             self.board.count_diagnosis("failed")
+            if isinstance(err, JobNotFound):
+                self._let_it_end()
             if reason := self._moved_on(clock, now, None):
                 return self._dismiss(reason, resumed_at(clock, now))
             self.say(f"could not diagnose: {err}")
@@ -73,6 +79,17 @@ class Responder:
         culprits = diagnosis.culprit_ranks
         head = diagnosis.verdict.value + (f" (culprit ranks {', '.join(map(str, culprits))})" if culprits else "")
         return self._fire(path, head, diagnosis.summary)
+
+    def _let_it_end(self) -> None:
+        """No rank left to diagnose while the wrapped command still runs: its ranks have
+        exited and the launcher is on its way out (torchrun reaps its workers and closes
+        its rendezvous, which took up to a few seconds on a loaded 2-core machine). Give it
+        ``LAUNCHER_EXIT_GRACE`` seconds before calling it a hang."""
+        deadline = time.monotonic() + LAUNCHER_EXIT_GRACE
+        sup = self.job.supervisor
+        while sup is not None and sup.child is not None and not sup.exited() \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
 
     def _moved_on(self, clock: StallClock, since: float, diagnosis: Diagnosis | None) -> str | None:
         """Why the stall is over by the time the diagnosis is done, or None: steps resumed,

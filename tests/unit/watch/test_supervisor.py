@@ -385,3 +385,30 @@ def test_ranks_are_looked_for_again_when_due_or_all_gone() -> None:
     ranks.probe = None
     ranks.checked = time.monotonic() - 10.5
     assert ranks.gone() and time.monotonic() - ranks.checked < 1
+
+
+def test_ranks_gone_while_the_launcher_exits_is_the_job_ending(tmp_path: Path, monkeypatch) -> None:
+    # the workers have exited and torchrun is on its way out when the stall is diagnosed:
+    # "no rank" is the job ending, not a hang, once the launcher exits within the grace
+    import subprocess
+    import sys
+
+    said: list[str] = []
+    dog = _dog(tmp_path, said)
+    clock = dog.pace.clocks[Signal.OUTPUT]
+    now = time.monotonic()
+    clock.activity(now - 4.0)
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.6)"])
+    monkeypatch.setattr(dog.job.supervisor, "child", launcher)
+
+    def diagnose(*_args: object) -> None:
+        raise JobNotFound("pid 7 and its 0 descendants matched 1 processes but none is a rank")
+
+    monkeypatch.setattr("hangdoc.watch.respond.diagnose", diagnose)
+    try:
+        assert dog.loop.responder.on_stall(Signal.OUTPUT, clock, now) is None
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert said[1:] == ["not a hang: the job ended during the diagnosis"]
+    assert not (tmp_path / "hangs").exists()
