@@ -98,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--timeout", type=seconds(DUMP_TIMEOUT_SECONDS), default=5.0,
                       help="seconds allowed per py-spy dump (default 5)")
     diag.add_argument("-q", "--quiet", action="store_true", help="no progress messages on stderr")
+    ray = diag.add_argument_group("Ray (ray:JOB)")
+    ray.add_argument("--ray-address", metavar="ADDRESS",
+                     help="the cluster: GCS HOST:6379, auto, ray://HOST:10001 (default: RAY_ADDRESS, else auto)")
+    ray.add_argument("--workers", metavar="PATTERNS", default="",
+                     help="comma-separated shell patterns over actor class/name (default: the training workers)")
+    ray.add_argument("--keep-agents", action="store_true",
+                     help="leave the agent actors running after the diagnosis")
     remote = diag.add_argument_group("agents (multi-node)")
     remote.add_argument("--agents", type=agent_list, metavar="HOST[:PORT],...",
                         help="ask these `hangdoc agent`s instead of reading this node")
@@ -243,13 +250,29 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     options = CaptureOptions(args.window, args.interval, args.max_window, args.native, args.timeout)
     progress = None if args.quiet else _stderr
     nodes = _remote_nodes(args)
-    snapshot, diagnosis = diagnose(args.job, options, progress, nodes)
+    snapshot, diagnosis = diagnose(args.job, options, progress, nodes, _ray_source(args, nodes))
     if args.save:
         save_snapshot(snapshot, args.save)
         if progress:
             progress(f"snapshot saved to {args.save}; replay with `hangdoc analyze {args.save}`")
     _emit(args, snapshot, diagnosis)
     return EXIT_OK
+
+
+def _ray_source(args: argparse.Namespace, nodes: object):
+    """For a ``ray:`` job, where its ranks come from: the cluster, agents placed by Ray."""
+    from .capture.jobspec import JobKind, parse_job_spec
+
+    if parse_job_spec(args.job).kind is not JobKind.RAY:
+        if args.ray_address or args.workers or args.keep_agents:
+            raise _usage("--ray-address/--workers/--keep-agents are for ray:JOB jobs")
+        return None
+    if nodes is not None:
+        raise _usage("a ray: job places its own agents; leave out --agents/--hostfile")
+    from .capture.ray_job import parse_patterns
+    from .ray import RayOptions, fleet_source
+
+    return fleet_source(RayOptions(args.ray_address, parse_patterns(args.workers), args.keep_agents))
 
 
 def _remote_nodes(args: argparse.Namespace):

@@ -13,11 +13,12 @@ import dataclasses
 import datetime
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from . import __version__
 from .analysis.analyse import analyse
-from .capture.jobspec import parse_job_spec
+from .capture.jobspec import JobSpec, parse_job_spec
 from .capture.pyspy import find_pyspy
 from .errors import PermissionDenied
 from .fleet.coordinator import Fleet, Round, fan_out, find_ranks, sample_all
@@ -48,15 +49,27 @@ class CaptureOptions:
     timeout: float = 5.0  # per py-spy dump
 
 
+# Finds a job's ranks some other way than asking nodes (a Ray job: from the cluster's state,
+# with agents placed for the diagnosis and removed after it): a context manager's Fleet.
+FleetSource = Callable[[JobSpec, Progress], AbstractContextManager[Fleet]]
+
+
 def diagnose(
     spec: str,
     options: CaptureOptions = CaptureOptions(),
     progress: Progress | None = None,
     nodes: Sequence[Node] | None = None,
+    source: FleetSource | None = None,
 ) -> tuple[JobSnapshot, Diagnosis]:
-    """Find the job's ranks (on this node unless ``nodes`` are given), watch them, diagnose."""
+    """Find the job's ranks (on this node unless ``nodes`` are given, through ``source``
+    when it is given), watch them, diagnose."""
     say = progress or (lambda _msg: None)
     job = parse_job_spec(spec)
+    if source is not None:
+        with source(job, say) as fleet:
+            nodes_seen = len({n.name for n, _ in fleet.placed})
+            say(f"found {len(fleet.placed)} rank process(es) for {spec} on {nodes_seen} node(s)")
+            return observe(spec, fleet, options, say)
     if nodes is None:
         find_pyspy()  # fail fast, with install help, before looking at any process
         nodes = [LocalNode()]

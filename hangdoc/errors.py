@@ -111,6 +111,50 @@ class BundleError(HangdocError):
     help = "Pass a file written by `hangdoc diagnose --save`; it is JSON with a `schema_version`."
 
 
+class RayNotInstalled(HangdocError):
+    """``ray:JOB_ID`` needs Ray in hangdoc's environment and it is not there."""
+
+    exit_code = 4  # like PySpyMissing: a tool hangdoc needs is missing
+    help = (
+        "Install hangdoc's Ray extra into hangdoc's environment: `pip install 'hangdoc[ray]'` "
+        "(Ray with its dashboard client, `ray[default]`); use the Ray version the cluster runs."
+    )
+
+
+class RayUnreachable(HangdocError):
+    """The Ray cluster (its GCS or its dashboard) did not answer at the address tried."""
+
+    exit_code = 7  # like AgentError: something hangdoc must talk to did not answer
+    help = (
+        "Pass the cluster's address with --ray-address or RAY_ADDRESS: the dashboard URL "
+        "(http://HEAD:8265), the GCS address HEAD:6379, ray://HEAD:10001, or `auto` on a node "
+        "of the cluster. The cluster must run the dashboard (`ray[default]`, "
+        "`ray start --head --include-dashboard=true`): hangdoc reads Ray's state API through it."
+    )
+
+
+class RayJobNotFound(JobNotFound):
+    """``ray:JOB_ID`` names no job the Ray cluster knows (by hex job id or submission id)."""
+
+    exit_code = 3
+    help = (
+        "Pass a job id as `ray job list` or the dashboard shows it: the hex job id "
+        "(02000000) or the submission id (raysubmit_...), and check --ray-address / RAY_ADDRESS "
+        "names the cluster that runs it."
+    )
+
+
+class RayWorkersNotFound(JobNotFound):
+    """The Ray job has no live actor that is a training worker (or that --workers matched)."""
+
+    exit_code = 3
+    help = (
+        "Name the job's worker actors with --workers PATTERNS: comma-separated shell patterns "
+        "over an actor's class name or name (RayTrainWorker, 'Trainer*'). Without --workers "
+        "hangdoc takes Ray Train's workers, or else every actor of the job but Ray's own."
+    )
+
+
 class CommandNotFound(HangdocError):
     """``hangdoc watch -- CMD``: the command to wrap could not be started."""
 

@@ -287,6 +287,7 @@ class RankSource(enum.Enum):
 
     ENV = "env"  # RANK / SLURM_PROCID / OMPI_COMM_WORLD_RANK / PMI_RANK in its environment
     INFERRED = "inferred"  # not in its start-up environment; derived from other evidence
+    RAY = "ray"  # Ray Train's own record of its workers (run state or controller log)
 
 
 @dataclass(frozen=True, slots=True)

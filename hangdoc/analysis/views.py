@@ -70,9 +70,10 @@ def view_rank(
     rank, code_world = snap.rank, None
     if thread is not None and op is not None and op.kind is OpKind.INIT:
         code_rank, code_world = init_arguments(thread)
-        # a rank number the launcher did not put in the environment (inferred from the
-        # spawn order, or not known at all) yields to the one the code gave init_process_group
-        if code_rank is not None and snap.process.rank_source is not RankSource.ENV:
+        # a rank number the launcher did not put in the environment nor Ray Train record
+        # (inferred from the spawn order, or not known at all) yields to the one the code
+        # gave init_process_group
+        if code_rank is not None and snap.process.rank_source not in (RankSource.ENV, RankSource.RAY):
             rank = code_rank
     return RankView(-1 if rank is None else rank, snap, state, op, thread, move, cleanup,
                     code_world)

@@ -18,7 +18,7 @@ import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from ..errors import JobNotFound, UsageError
+from ..errors import JobNotFound
 from ..model import RankProcess
 from .hosts import endpoint_scope
 from .jobspec import JobKind, JobSpec
@@ -36,6 +36,7 @@ from .ranks import (
     unreadable_notes,
     world_size,
 )
+from .ray_job import job_processes_here
 from .slurm import slurm_scope
 
 __all__ = ["Discovery", "MultipleJobs", "discover"]  # MultipleJobs: discover() raises it
@@ -121,10 +122,15 @@ def discover(spec: JobSpec, host: str | None = None, table: ProcessTable | None 
     ``table`` is for callers that already read the process table (and for tests);
     ``readable`` is the caller's access policy (see ``read_process_table``).
     """
-    if spec.kind is JobKind.RAY:
-        raise UsageError(f"{spec}: Ray job discovery is not implemented yet; name the job by "
-                         "its MASTER_ADDR:MASTER_PORT or a worker's pid:PID for now")
     host = host or socket.gethostname()
+    if spec.kind is JobKind.RAY:
+        assert spec.ray_job is not None
+        found = job_processes_here(spec.ray_job, host)
+        if readable is not None:
+            found = tuple(p for p in found if readable(p.pid))
+        if not found:
+            raise JobNotFound(f"{spec}: no live actor of the job on this Ray node ({host})")
+        return Discovery(found, None, (), f"the live actors of {spec} on this Ray node")
     if table is None:
         table = read_process_table(readable=readable)
     elif readable is not None:

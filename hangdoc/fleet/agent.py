@@ -10,6 +10,9 @@ dump does not stall other callers.
 Without a token or certificate a caller is identified by the kernel (hangdoc.callers) and
 sees only the processes it could read with py-spy itself. Every request, denied and
 invalid ones included, gets one audit line on stderr (logger ``hangdoc.audit``).
+
+``serve_in_thread`` runs the same server, under the same listen policy, from a thread of a
+process that has other work to do (a Ray actor: ``hangdoc.fleet.ray_agents``).
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ import ipaddress
 import logging
 import math
 import os
+import queue
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -352,8 +357,11 @@ def _credentials(config: AgentConfig) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
 
 
-async def serve(config: AgentConfig, ready: Callable[[int], None] | None = None) -> None:
-    """Run until SIGTERM/SIGINT. ``ready(port)`` is called once the port is bound."""
+async def serve(config: AgentConfig, ready: Callable[[int], None] | None = None,
+                stop: asyncio.Event | None = None) -> None:
+    """Run until SIGTERM/SIGINT, or until ``stop`` is set when one is given (then no signal
+    handler is installed: see ``serve_in_thread``). ``ready(port)`` is called once the port
+    is bound."""
     check_listen_policy(config)
     interceptors = [TokenAuth(config.token, config.open_health)] if config.token else []
     server = grpc.aio.server(interceptors=interceptors)
@@ -373,10 +381,11 @@ async def serve(config: AgentConfig, ready: Callable[[int], None] | None = None)
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set("hangdoc.v1.Agent", health_pb2.HealthCheckResponse.SERVING)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
     auth = "token" if config.token else "mTLS" if creds else "none"
     log.info("hangdoc agent %s on %s (port %d, auth: %s, host %s)", __version__, config.listen,
              port, auth, socket.gethostname())
@@ -386,6 +395,55 @@ async def serve(config: AgentConfig, ready: Callable[[int], None] | None = None)
     log.info("shutting down")
     await health_servicer.enter_graceful_shutdown()
     await server.stop(grace=2.0)
+
+
+class BackgroundAgent:
+    """An agent served by a thread of this process (``serve_in_thread``); ``stop()`` ends it."""
+
+    def __init__(self, port: int, loop: asyncio.AbstractEventLoop, stop: asyncio.Event,
+                 thread: threading.Thread) -> None:
+        self.port = port
+        self._loop, self._stop, self._thread = loop, stop, thread
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving (in-flight calls get the server's grace period) and join the thread."""
+        if self._thread.is_alive():
+            try:
+                self._loop.call_soon_threadsafe(self._stop.set)
+            except RuntimeError:
+                pass  # the loop has already closed
+            self._thread.join(timeout)
+
+
+def serve_in_thread(config: AgentConfig, timeout: float = 30.0) -> BackgroundAgent:
+    """Start ``serve(config)`` in a daemon thread with its own event loop and return once
+    its port is bound, for a process that must go on with other work (a Ray actor). The
+    listen policy is checked as for ``hangdoc agent``; no signal handler is installed."""
+    check_listen_policy(config)
+    started: queue.Queue[tuple[int, asyncio.AbstractEventLoop, asyncio.Event] | BaseException] = queue.Queue()
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        await serve(config, lambda port: started.put((port, loop, stop)), stop)
+
+    def run() -> None:
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller still waiting
+            started.put(exc)
+
+    thread = threading.Thread(target=run, name="hangdoc-agent", daemon=True)
+    thread.start()
+    try:
+        got = started.get(timeout=timeout)
+    except queue.Empty:
+        raise UsageError(f"the agent on {config.listen} did not start within {timeout:g} s") from None
+    if isinstance(got, BaseException):
+        thread.join(timeout)
+        raise got
+    port, loop, stop = got
+    return BackgroundAgent(port, loop, stop, thread)
 
 
 def run_agent(config: AgentConfig) -> int:
@@ -400,4 +458,5 @@ def run_agent(config: AgentConfig) -> int:
     return 0
 
 
-__all__ = ["AgentConfig", "check_listen_policy", "read_token", "run_agent", "serve"]
+__all__ = ["AgentConfig", "BackgroundAgent", "check_listen_policy", "read_token", "run_agent", "serve",
+           "serve_in_thread"]

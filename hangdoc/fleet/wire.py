@@ -59,6 +59,7 @@ class AgentApiError(HangdocError):
 _RANK_SOURCE_TO_PB = {
     RankSource.ENV: pb.RANK_SOURCE_ENV,
     RankSource.INFERRED: pb.RANK_SOURCE_INFERRED,
+    RankSource.RAY: pb.RANK_SOURCE_RAY,
 }
 _RANK_SOURCE_FROM_PB = {v: k for k, v in _RANK_SOURCE_TO_PB.items()}
 

@@ -44,6 +44,7 @@ class Responder:
         self.alarm = alarm
         self.job = job
         self.collect = collect  # the loop's look at the job's activity
+        self.ranks_seen = False  # an earlier diagnosis found the job's ranks
 
     def on_stall(self, sig: Signal, clock: StallClock, now: float) -> int | None:
         trigger = self.pace.trigger(sig, now, heartbeat_details(self.pace))
@@ -54,7 +55,7 @@ class Responder:
             snapshot, diagnosis = diagnose(self.job.spec, self.c.capture, None, self.c.nodes)
         except HangdocError as err:
             self.board.count_diagnosis("failed")
-            if isinstance(err, JobNotFound):
+            if isinstance(err, JobNotFound) and self.ranks_seen:
                 self._let_it_end()
             if reason := self._moved_on(clock, now, None):
                 return self._dismiss(reason, resumed_at(clock, now))
@@ -62,6 +63,7 @@ class Responder:
             path = write_failed_incident(self.c.out, self.job.spec, trigger, str(err), err.help, self.say)
             self.board.count("reports_total")
             return self._fire(path, "unknown", f"could not diagnose: {err}")
+        self.ranks_seen = True
         self.board.count_diagnosis(diagnosis.verdict.value)
         if reason := self._moved_on(clock, now, diagnosis):
             return self._dismiss(reason, resumed_at(clock, now))
@@ -81,8 +83,8 @@ class Responder:
         return self._fire(path, head, diagnosis.summary)
 
     def _let_it_end(self) -> None:
-        """No rank left to diagnose while the wrapped command still runs: its ranks have
-        exited and the launcher is on its way out (torchrun reaps its workers and closes
+        """No rank left to diagnose, where an earlier diagnosis found them, while the wrapped
+        command still runs: its ranks have exited and the launcher is on its way out (torchrun reaps its workers and closes
         its rendezvous, which took up to a few seconds on a loaded 2-core machine). Give it
         ``LAUNCHER_EXIT_GRACE`` seconds before calling it a hang."""
         deadline = time.monotonic() + LAUNCHER_EXIT_GRACE

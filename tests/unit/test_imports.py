@@ -26,10 +26,12 @@ MAY_IMPORT = {
     "fleet": {"ground", "capture"},
     "diagnose": {"ground", "capture", "fleet", "analysis"},
     "watch": {"ground", "capture", "fleet", "analysis", "report", "diagnose"},
-    "cli": {"ground", "capture", "fleet", "analysis", "report", "diagnose", "watch"},
+    "ray": {"ground", "capture", "fleet", "analysis", "diagnose"},  # hangdoc.ray: ray:JOB
+    "cli": {"ground", "capture", "fleet", "analysis", "report", "diagnose", "watch", "ray"},
 }
 # third-party modules only one floor may use
-ONLY_IN = {"networkx": {"analysis"}, "grpc": {"fleet"}, "google.protobuf": {"fleet"}}
+ONLY_IN = {"networkx": {"analysis"}, "grpc": {"fleet"}, "google.protobuf": {"fleet"},
+           "ray": {"capture", "fleet", "ray"}}
 STUB_USERS = {"hangdoc.fleet.wire", "hangdoc.fleet.agent", "hangdoc.fleet.client"}
 
 
@@ -42,7 +44,7 @@ def floor(module: str) -> str:
     if module in GROUND:
         return "ground"
     parts = module.split(".")
-    if parts[1] in ("capture", "fleet", "analysis", "report", "watch", "diagnose"):
+    if parts[1] in ("capture", "fleet", "analysis", "report", "watch", "diagnose", "ray"):
         return parts[1]
     if parts[1] in ("cli", "cliargs", "__main__"):
         return "cli"

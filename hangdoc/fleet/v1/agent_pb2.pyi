@@ -12,6 +12,7 @@ class RankSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RANK_SOURCE_UNSPECIFIED: _ClassVar[RankSource]
     RANK_SOURCE_ENV: _ClassVar[RankSource]
     RANK_SOURCE_INFERRED: _ClassVar[RankSource]
+    RANK_SOURCE_RAY: _ClassVar[RankSource]
 
 class CaptureErrorKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -25,6 +26,7 @@ class CaptureErrorKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 RANK_SOURCE_UNSPECIFIED: RankSource
 RANK_SOURCE_ENV: RankSource
 RANK_SOURCE_INFERRED: RankSource
+RANK_SOURCE_RAY: RankSource
 CAPTURE_ERROR_KIND_UNSPECIFIED: CaptureErrorKind
 CAPTURE_ERROR_KIND_PROCESS_GONE: CaptureErrorKind
 CAPTURE_ERROR_KIND_PTRACE_DENIED: CaptureErrorKind

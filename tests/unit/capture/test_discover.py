@@ -215,8 +215,12 @@ def test_no_match_says_what_was_searched_and_what_exists() -> None:
                                "processes, 3 unreadable on n1; endpoints seen here: h:9 (1)")
 
 
-def test_ray_is_not_implemented_yet() -> None:
-    with pytest.raises(UsageError, match="Ray job discovery is not implemented yet"):
+def test_ray_jobs_are_found_only_by_agents_placed_as_ray_actors(monkeypatch) -> None:
+    # a standalone agent (or `hangdoc diagnose` with --agents) has no Ray node of its own:
+    # it says how a ray: job is diagnosed instead of guessing from the process table
+    monkeypatch.delenv("HANGDOC_RAY_NODE_ID", raising=False)
+    monkeypatch.delenv("HANGDOC_RAY_ADDRESS", raising=False)
+    with pytest.raises(UsageError, match="Ray jobs are found by the agents hangdoc places as Ray actors"):
         discover(parse_job_spec("ray:02000000"), table=table())
 
 

@@ -400,6 +400,7 @@ def test_ranks_gone_while_the_launcher_exits_is_the_job_ending(tmp_path: Path, m
     clock.activity(now - 4.0)
     launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.6)"])
     monkeypatch.setattr(dog.job.supervisor, "child", launcher)
+    dog.loop.responder.ranks_seen = True  # an earlier stall's diagnosis found the ranks
 
     def diagnose(*_args: object) -> None:
         raise JobNotFound("pid 7 and its 0 descendants matched 1 processes but none is a rank")
