@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -127,16 +128,21 @@ def _driver(address: str | None) -> Iterator[None]:
     if ray.is_initialized():
         yield  # a caller inside a Ray driver already: its connection serves
         return
-    try:
-        ray.init(address=address or "auto", namespace="hangdoc", log_to_driver=False,
-                 logging_level=logging.WARNING, configure_logging=False)
-    except Exception as exc:  # noqa: BLE001 - Ray raises many kinds; the user gets one line
-        raise RayUnreachable(one_line(f"cannot connect to the Ray cluster at {address or 'auto'} "
-                                      f"as a driver: {exc}"), help=RayUnreachable.help) from None
-    try:
-        yield
-    finally:
-        ray.shutdown()
+    # a driver's error listener prints the cluster's warnings ("(raylet) WARNING: ...") to
+    # sys.stdout whatever log_to_driver says: stdout carries the report alone (--json), so
+    # they go to stderr; ray.shutdown() joins that thread before stdout is given back
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            ray.init(address=address or "auto", namespace="hangdoc", log_to_driver=False,
+                     logging_level=logging.WARNING, configure_logging=False)
+        except Exception as exc:  # noqa: BLE001 - Ray raises many kinds; the user gets one line
+            raise RayUnreachable(one_line(f"cannot connect to the Ray cluster at "
+                                          f"{address or 'auto'} as a driver: {exc}"),
+                                 help=RayUnreachable.help) from None
+        try:
+            yield
+        finally:
+            ray.shutdown()
 
 
 def diagnose(job: str, *, address: str | None = None, workers: Sequence[str] = (),

@@ -14,9 +14,19 @@ workers, which do the op's work) still count. Wake-ups are those of the op's own
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ..model import DistOp, JobSnapshot, ProcessState, RankSnapshot, Sample, Stack, ThreadStack
+from ..model import (
+    DistOp,
+    JobSnapshot,
+    Origin,
+    ProcessState,
+    RankSnapshot,
+    Sample,
+    Stack,
+    ThreadStack,
+)
 from .ops import Recogniser
 
 # A rank using less than this share of one core is idle (a gloo/NCCL wait uses ~0).
@@ -87,7 +97,19 @@ def relevant_thread(
         op = rec.recognise(thread)
         if op is not None:
             return thread, op
-    return main, None
+    return _running_the_job(main, ordered), None
+
+
+def _running_the_job(main: ThreadStack | None, ordered: Sequence[ThreadStack]) -> ThreadStack | None:
+    """With no thread in a distributed op: the main thread, unless it runs none of the job's
+    own code (a Ray actor's main thread idles in Ray's task loop while the training function
+    runs in a thread of its own); then the first thread that does."""
+    if main is None or any(f.origin.kind is Origin.USER for f in main.frames if not f.native):
+        return main
+    for thread in ordered:
+        if any(f.origin.kind is Origin.USER for f in thread.frames if not f.native):
+            return thread
+    return main
 
 
 def _without_native(thread: ThreadStack, frames: Stack) -> ThreadStack:

@@ -69,3 +69,24 @@ def test_wake_ups_are_counted_on_the_op_thread() -> None:
     assert analyse(make_snapshot(woke)).verdict is Verdict.NOT_HUNG
     still = [_rank(r, WAIT, thread_cpu={"metrics": 0.0}, ctx_per_sample=2) for r in range(3)]
     assert analyse(make_snapshot(still)).verdict is Verdict.NCCL_TIMEOUT
+
+
+RAY_MAIN = ["ray/_private/workers/default_worker.py:<module>:330",
+            "ray/_private/worker.py:Worker.main_loop:1005"]
+
+
+def test_a_ray_worker_outside_any_op_is_read_in_its_training_thread() -> None:
+    # Ray Train: the actor's main thread idles in Ray's task loop; the training function,
+    # in its own thread, waits on a lock outside any collective: that thread is the rank's
+    train = ["threading.py:Thread._bootstrap:1002", "train.py:train_func:58",
+             "train.py:load_latest_shard:34", "threading.py:Lock.acquire:88"]
+    waiting = ["threading.py:Thread._bootstrap:1002", "train.py:train_func:60",
+               f"{C10D}:all_reduce:2800"]
+    ranks = [make_rank(r, RAY_MAIN, world_size=3, threads={"TrainingThread(train_func)": waiting})
+             for r in (0, 2)]
+    ranks.insert(1, make_rank(1, RAY_MAIN, world_size=3, threads={"TrainingThread(train_func)": train}))
+    d = analyse(make_snapshot(ranks))
+    assert d.verdict is Verdict.STRAGGLER and d.culprit_ranks == (1,)
+    rank1 = next(ra for ra in d.ranks if ra.rank == 1)
+    assert rank1.thread == "TrainingThread(train_func)"
+    assert "load_latest_shard" in rank1.detail or "acquire" in rank1.detail
