@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         "job",
         metavar="JOB",
         help="HOST:PORT (the ranks' MASTER_ADDR:MASTER_PORT), pid:PID (launcher or rank), "
-        "slurm:JOBID[.STEP]",
+        "slurm:JOBID[.STEP], ray:JOB_ID (a Ray job id or submission id)",
     )
     diag.add_argument("--save", metavar="FILE", help="also save the raw snapshot (replay with analyze)")
     diag.add_argument("--window", type=seconds(WINDOW_SECONDS), default=2.0,
@@ -98,13 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--timeout", type=seconds(DUMP_TIMEOUT_SECONDS), default=5.0,
                       help="seconds allowed per py-spy dump (default 5)")
     diag.add_argument("-q", "--quiet", action="store_true", help="no progress messages on stderr")
-    ray = diag.add_argument_group("Ray (ray:JOB)")
-    ray.add_argument("--ray-address", metavar="ADDRESS",
-                     help="the cluster: GCS HOST:6379, auto, ray://HOST:10001 (default: RAY_ADDRESS, else auto)")
-    ray.add_argument("--workers", metavar="PATTERNS", default="",
-                     help="comma-separated shell patterns over actor class/name (default: the training workers)")
-    ray.add_argument("--keep-agents", action="store_true",
-                     help="leave the agent actors running after the diagnosis")
+    _add_ray(diag, "the diagnosis")
     remote = diag.add_argument_group("agents (multi-node)")
     remote.add_argument("--agents", type=agent_list, metavar="HOST[:PORT],...",
                         help="ask these `hangdoc agent`s instead of reading this node")
@@ -146,6 +140,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_ray(command: argparse.ArgumentParser, after: str) -> None:
+    ray = command.add_argument_group("Ray (ray:JOB)")
+    ray.add_argument("--ray-address", metavar="ADDRESS",
+                     help="the cluster: GCS HOST:6379, auto, ray://HOST:10001 (default: RAY_ADDRESS, else auto)")
+    ray.add_argument("--workers", metavar="PATTERNS", default="",
+                     help="comma-separated shell patterns over actor class/name (default: the training workers)")
+    ray.add_argument("--keep-agents", action="store_true", help=f"leave the agent actors running after {after}")
+
+
 def _add_watch(sub, auth: argparse.ArgumentParser) -> None:
     watch = sub.add_parser(
         "watch",
@@ -158,7 +161,7 @@ def _add_watch(sub, auth: argparse.ArgumentParser) -> None:
         "command's own; 124 when --on-hang kill ended the job; 0 when an attached job ended.",
     )
     watch.add_argument("job", metavar="JOB", nargs="?",
-                       help="attach to this running job (HOST:PORT, pid:PID, slurm:JOBID[.STEP])")
+                       help="attach to this running job (HOST:PORT, pid:PID, slurm:JOBID[.STEP], ray:JOB_ID)")
     watch.add_argument("--job", dest="job_of_command", metavar="JOB",
                        help="with a wrapped command: the job it runs, when its ranks are not its "
                        "descendants on this node (with --agents)")
@@ -182,7 +185,8 @@ def _add_watch(sub, auth: argparse.ArgumentParser) -> None:
     act = watch.add_argument_group("on a hang")
     act.add_argument("--on-hang", default="report", metavar="ACTION",
                      help="report (default: keep watching), kill (end the job), or 'exec CMD [ARGS]' "
-                     "(run CMD with the report directory; {report} in ARGS is replaced by it)")
+                     "(run CMD with the report directory: where ARGS say {report}, else appended unless "
+                     "they say {job}, the job's id: 'exec ray job stop {job}')")
     act.add_argument("--kill-grace", type=seconds(KILL_GRACE_SECONDS), default=10.0, metavar="SECONDS",
                      help="after SIGTERM, wait this long before SIGKILL (default 10)")
     act.add_argument("--max-postpone", type=bounded_int(MAX_POSTPONE), default=3, metavar="N",
@@ -201,6 +205,7 @@ def _add_watch(sub, auth: argparse.ArgumentParser) -> None:
                      help="serve Prometheus metrics on this port (0: any free port)")
     met.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
                      help="address for the metrics server (default loopback)")
+    _add_ray(watch, "the watch")
     remote = watch.add_argument_group("agents (multi-node)")
     remote.add_argument("--agents", type=agent_list, metavar="HOST[:PORT],...",
                         help="diagnose through these `hangdoc agent`s")
@@ -250,7 +255,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     options = CaptureOptions(args.window, args.interval, args.max_window, args.native, args.timeout)
     progress = None if args.quiet else _stderr
     nodes = _remote_nodes(args)
-    snapshot, diagnosis = diagnose(args.job, options, progress, nodes, _ray_source(args, nodes))
+    snapshot, diagnosis = diagnose(args.job, options, progress, nodes, _ray_source(args, args.job, nodes))
     if args.save:
         save_snapshot(snapshot, args.save)
         if progress:
@@ -259,11 +264,11 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _ray_source(args: argparse.Namespace, nodes: object):
+def _ray_source(args: argparse.Namespace, job: str | None, nodes: object):
     """For a ``ray:`` job, where its ranks come from: the cluster, agents placed by Ray."""
     from .capture.jobspec import JobKind, parse_job_spec
 
-    if parse_job_spec(args.job).kind is not JobKind.RAY:
+    if job is None or parse_job_spec(job).kind is not JobKind.RAY:
         if args.ray_address or args.workers or args.keep_agents:
             raise _usage("--ray-address/--workers/--keep-agents are for ray:JOB jobs")
         return None
@@ -308,13 +313,15 @@ def _cmd_watch(args: argparse.Namespace) -> int:
             re.compile(args.step_regex)
         except re.error as err:
             raise _usage(f"--step-regex {args.step_regex!r}: {err}") from None
+    nodes = _remote_nodes(args)
     policy = StallPolicy(args.stall_after, args.warmup_steps, args.warmup_timeout, args.stall_factor, args.min_stall)
     config = WatchConfig(
         command=tuple(args.command_argv), job=args.job or args.job_of_command, out=Path(args.out),
         policy=policy, check_interval=args.check_interval, step_regex=args.step_regex, log=args.log,
         on_hang=OnHang.parse(args.on_hang), kill_grace=args.kill_grace, max_postpone=args.max_postpone,
         capture=CaptureOptions(args.window, args.interval, args.max_window, False, args.timeout),
-        nodes=_remote_nodes(args), metrics_host=args.metrics_host, metrics_port=args.metrics_port,
+        nodes=nodes, source=_ray_source(args, args.job or args.job_of_command, nodes),
+        metrics_host=args.metrics_host, metrics_port=args.metrics_port,
     )
     say = _stderr_watch if not args.quiet else _stderr_hang_only
     return run_watch(config, say)

@@ -50,8 +50,12 @@ class CaptureOptions:
 
 
 # Finds a job's ranks some other way than asking nodes (a Ray job: from the cluster's state,
-# with agents placed for the diagnosis and removed after it): a context manager's Fleet.
-FleetSource = Callable[[JobSpec, Progress], AbstractContextManager[Fleet]]
+# through agents placed on its nodes): the job's fleet as it is now.
+FleetFinder = Callable[[JobSpec, Progress], Fleet]
+# Such a finder for the length of a block: what it holds (the agents it placed, its
+# connection to the cluster) is let go when the block ends. ``diagnose`` holds one for a
+# diagnosis, ``watch`` for the whole watch.
+FleetSource = Callable[[Progress], AbstractContextManager[FleetFinder]]
 
 
 def diagnose(
@@ -66,7 +70,8 @@ def diagnose(
     say = progress or (lambda _msg: None)
     job = parse_job_spec(spec)
     if source is not None:
-        with source(job, say) as fleet:
+        with source(say) as find:
+            fleet = find(job, say)
             nodes_seen = len({n.name for n, _ in fleet.placed})
             say(f"found {len(fleet.placed)} rank process(es) for {spec} on {nodes_seen} node(s)")
             return observe(spec, fleet, options, say)

@@ -76,11 +76,15 @@ class JobNotFound(HangdocError):
         "Check the spec: HOST:PORT must equal the ranks' MASTER_ADDR/MASTER_PORT, pid:PID "
         "must be a launcher or rank on this node. Run as the job's user or root."
     )
-    def __init__(self, message: str, help: str | None = None, unreachable: tuple[str, ...] = ()) -> None:
+    def __init__(self, message: str, help: str | None = None, unreachable: tuple[str, ...] = (),
+                 running: bool = False) -> None:
         super().__init__(message, help)
         # nodes that did not answer the search: with any, "not found" only means "not found
         # where we could look"
         self.unreachable = unreachable
+        # the job itself is still running without ranks for now (a scheduler restarting its
+        # workers): they may come back, so a watch keeps watching
+        self.running = running
 
 
 class PySpyMissing(HangdocError):

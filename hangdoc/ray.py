@@ -1,12 +1,13 @@
-"""Diagnose a Ray job (``ray:JOB``): its workers found on the cluster, agents placed by Ray.
+"""Diagnose or watch a Ray job (``ray:JOB``): its workers found on the cluster, agents placed by Ray.
 
-``fleet_source`` is what ``diagnose`` uses for a ``ray:`` job. It reads the job's training
-workers and their world ranks from the cluster (``capture.ray_job``), connects as a Ray
-driver, starts one hangdoc agent actor on each Ray node that holds a worker
-(``fleet.ray_agents``: pinned to its node, zero CPUs, a token made for this diagnosis),
-asks each agent for the job's processes on its node, and hands ``diagnose`` the fleet:
-the selected workers, numbered by Ray Train, each reached through its node's agent. On
-the way out the agents are removed (unless ``keep_agents``) and the driver disconnects.
+``fleet_source`` is what ``diagnose`` and ``watch`` use for a ``ray:`` job. For as long as
+its block runs (one diagnosis, or a whole watch) it reads the job's training workers and
+their world ranks from the cluster (``capture.ray_job``), connects as a Ray driver, starts
+one hangdoc agent actor on each Ray node that holds a worker (``fleet.ray_agents``: pinned
+to its node, zero CPUs, a token made for this block), asks each agent for the job's
+processes on its node, and hands over the fleet: the selected workers, numbered by Ray
+Train, each reached through its node's agent. On the way out the agents are removed
+(unless ``keep_agents``) and the driver disconnects.
 
 From Python::
 
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from .capture.discover import Discovery
 from .capture.jobspec import JobSpec, parse_job_spec
 from .capture.ray_job import RayJob, RayWorker, find_ray_job
-from .diagnose import CaptureOptions, FleetSource, Progress
+from .diagnose import CaptureOptions, FleetFinder, FleetSource, Progress
 from .diagnose import diagnose as diagnose_job
 from .errors import RayNotInstalled, RayUnreachable, UsageError, one_line
 from .fleet.client import AgentAuth, RemoteNode
@@ -47,25 +48,56 @@ class RayOptions:
 
 
 def fleet_source(options: RayOptions) -> FleetSource:
-    """The ``diagnose`` fleet source for ``ray:`` jobs."""
+    """The fleet source for ``ray:`` jobs: agents placed for as long as its block runs (a
+    diagnosis, or a whole watch)."""
+    return lambda say: _Session(options, say)
 
-    @contextlib.contextmanager
-    def source(job: JobSpec, say: Progress) -> Iterator[Fleet]:
+
+class _Session:
+    """The cluster as one diagnosis or one watch uses it. Its finder reads the job's workers
+    again each time and places an agent on every node that holds one and has none yet
+    (Ray Train may restart its workers elsewhere). Leaving the block removes the agents
+    (unless ``keep_agents``) and then disconnects. The driver connects only when a first
+    agent is needed: a job id that names nothing is told without it."""
+
+    def __init__(self, options: RayOptions, say: Progress) -> None:
+        self.options = options
+        self.say = say
+        self.token = secrets.token_hex(32)  # made for this session: every call to its agents carries it
+        self.auth = AgentAuth(self.token)
+        self.nodes: dict[str, _RayNode] = {}
+        self.failed: dict[str, str] = {}  # node id -> why it has no agent; not tried again
+        self.stack = contextlib.ExitStack()
+        self.connected = False
+
+    def __enter__(self) -> FleetFinder:
+        return self.find
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.close()  # agents first, then the driver
+
+    def find(self, job: JobSpec, say: Progress) -> Fleet:
         assert job.ray_job is not None
-        found = find_ray_job(job.ray_job, address=options.address, patterns=options.workers)
+        found = find_ray_job(job.ray_job, address=self.options.address, patterns=self.options.workers)
         say(f"Ray job {found.job_id}: {len(found.workers)} worker(s) on "
             f"{len(found.node_ids)} node(s)")
-        with _driver(options.address):
-            token = secrets.token_hex(32)
-            with ray_agents(found.node_ids, token=token, keep=options.keep_agents,
-                            partial=True) as agents:
-                say(f"started {len(agents)} hangdoc agent actor(s)"
-                    + (" (kept after the diagnosis: --keep-agents)" if options.keep_agents else ""))
-                auth = AgentAuth(token)
-                nodes = {node_id: _RayNode(node_id, address, auth) for node_id, address in agents.items()}
-                yield _fleet(found, nodes, agents.failed, parse_job_spec(f"ray:{found.job_id}"))
+        self._place([n for n in found.node_ids if n not in self.nodes and n not in self.failed], say)
+        nodes = {n: self.nodes[n] for n in found.node_ids if n in self.nodes}
+        failed = {n: self.failed[n] for n in found.node_ids if n in self.failed}
+        return _fleet(found, nodes, failed, parse_job_spec(f"ray:{found.job_id}"))
 
-    return source
+    def _place(self, node_ids: list[str], say: Progress) -> None:
+        if not node_ids:
+            return
+        if not self.connected:
+            self.stack.enter_context(_driver(self.options.address))
+            self.connected = True
+        keep = self.options.keep_agents
+        agents = self.stack.enter_context(ray_agents(node_ids, token=self.token, keep=keep, partial=True))
+        say(f"started {len(agents)} hangdoc agent actor(s)"
+            + (" (kept after the diagnosis: --keep-agents)" if keep else ""))
+        self.nodes.update({node_id: _RayNode(node_id, address, self.auth) for node_id, address in agents.items()})
+        self.failed.update(agents.failed)
 
 
 class _RayNode(RemoteNode):

@@ -65,6 +65,17 @@ class JobSpec:
             return f"slurm:{self.slurm_job}{step}"
         return f"ray:{self.ray_job}"
 
+    @property
+    def job_id(self) -> str:
+        """The job as its scheduler names it (``{job}`` in ``--on-hang exec``): the Slurm job
+        (and step) id, the Ray job id; other kinds have none but their spelling."""
+        if self.kind is JobKind.SLURM:
+            step = f".{self.slurm_step}" if self.slurm_step is not None else ""
+            return f"{self.slurm_job}{step}"
+        if self.kind is JobKind.RAY:
+            return str(self.ray_job)
+        return str(self)
+
 
 def normalise_host(host: str) -> str:
     """A host as compared: no brackets around an IPv6 address, no trailing dot, lower case."""

@@ -670,6 +670,10 @@ def _ranks_from_controller(api: StateApi, actors: Sequence[ActorInfo]) -> dict[s
 # ------------------------------------------------------------------ the entry point
 
 
+# a job in one of these states has ended (Ray's JobStatus): its workers will not come back
+ENDED_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+
+
 def find_ray_job(job: str, *, address: str | None = None,
                  patterns: Sequence[str] = ()) -> RayJob:
     """The training workers of Ray job ``job`` (hex job id or submission id) on the cluster
@@ -700,15 +704,17 @@ def _no_workers(info: JobInfo, actors: Sequence[ActorInfo],
                 patterns: Sequence[str]) -> RayWorkersNotFound:
     classes = sorted({a.class_name for a in actors})
     where = f"Ray job {info.job_id} (status {info.status})"
+    running = info.status.upper() not in ENDED_STATUSES
     if not actors:
         return RayWorkersNotFound(f"{where} has no live actor",
                                   help="A job that has finished or not yet started its "
-                                  "workers has nothing to diagnose. " + RayWorkersNotFound.help)
+                                  "workers has nothing to diagnose. " + RayWorkersNotFound.help,
+                                  running=running)
     what = (f"no live actor matches --workers {','.join(patterns)}" if patterns
             else "no live actor is a training worker")
     return RayWorkersNotFound(
         one_line(f"{where}: {what}; its actor classes: {', '.join(classes)}"),
-        help=RayWorkersNotFound.help)
+        help=RayWorkersNotFound.help, running=running)
 
 
 # ------------------------------------------------------------------ on one node (agents)

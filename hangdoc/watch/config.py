@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..diagnose import CaptureOptions
+from ..diagnose import CaptureOptions, FleetSource
 from ..errors import UsageError
 from ..fleet.node import Node
 from .stall import StallPolicy
@@ -60,6 +60,7 @@ class WatchConfig:
     max_postpone: int = 3
     capture: CaptureOptions = field(default_factory=CaptureOptions)
     nodes: Sequence[Node] | None = None  # agents; None: this node
+    source: FleetSource | None = None  # where the job's ranks come from instead (a ray: job)
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
@@ -71,6 +72,12 @@ def check_config(config: WatchConfig) -> None:
         raise UsageError("--on-hang kill cannot end ranks on other nodes through agents",
                          help="Use --on-hang 'exec CMD' to call your scheduler (scancel, kubectl delete), "
                          "or wrap the launcher: hangdoc watch --agents ... -- srun ...")
+    if config.source is not None and config.command:
+        raise UsageError("a ray: job is watched by attaching to it: hangdoc watch ray:JOB",
+                         help="Submit the job first (`ray job submit`), then watch its id.")
+    if config.source is not None and config.on_hang.action == "kill":
+        raise UsageError("--on-hang kill cannot end a ray: job's workers from here",
+                         help="Stop it through Ray: --on-hang 'exec ray job stop {job}'.")
     if not config.command and not config.job:
         raise UsageError("watch needs a JOB to attach to or a command after `--`")
     if config.command and config.nodes is not None and not config.job:

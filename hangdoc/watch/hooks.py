@@ -1,8 +1,10 @@
 """``--on-hang 'exec CMD [ARGS]'``: the commands run when a hang is reported.
 
 Each is started in the background, not through a shell, with the hang directory in its
-arguments (``{report}``, or appended) and environment (``HANGDOC_HANG_DIR``,
-``HANGDOC_REPORT``), and the watch goes on. Their exit is collected at every check (a
+environment (``HANGDOC_HANG_DIR``, ``HANGDOC_REPORT``) and in its arguments: where they
+say ``{report}``, else appended, unless they name the job instead: ``{job}`` is the job's
+id (the Slurm or Ray job id, else the job spec: ``ray job stop {job}``, ``scancel {job}``),
+also in ``HANGDOC_JOB``. The watch goes on. Their exit is collected at every check (a
 non-zero status is said), ending the job never signals them, and the watchdog waits for
 them before it exits.
 """
@@ -31,14 +33,16 @@ class Hooks:
     def pids(self) -> list[int]:
         return [h.pid for h in self.running]
 
-    def start(self, path: Path) -> None:
-        """Run the command for the hang directory ``path``; one line when it cannot run."""
-        words = list(self.command)
+    def start(self, path: Path, job: str) -> None:
+        """Run the command for the hang directory ``path`` of job ``job`` (its id); one line
+        when it cannot run."""
+        words = [w.replace("{job}", job) for w in self.command]
         if any("{report}" in w for w in words):
             words = [w.replace("{report}", str(path)) for w in words]
-        else:
+        elif not any("{job}" in w for w in self.command):  # a command about the job takes no path
             words.append(str(path))
-        env = dict(self.env, HANGDOC_HANG_DIR=str(path), HANGDOC_REPORT=str(path / "report.json"))
+        env = dict(self.env, HANGDOC_HANG_DIR=str(path), HANGDOC_REPORT=str(path / "report.json"),
+                   HANGDOC_JOB=job)
         try:
             self.running.append(subprocess.Popen(words, env=env, stdin=subprocess.DEVNULL))
             self.say(f"ran --on-hang exec: {shlex.join(words)}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+from ..capture.jobspec import parse_job_spec
 from ..errors import HangdocError
 from .config import OnHang, Say
 from .hooks import Hooks
@@ -69,7 +70,7 @@ class Job:
             return self.kill()
         if action.action == "exec":
             if path is not None:
-                self.hooks.start(path)
+                self.hooks.start(path, parse_job_spec(self.spec).job_id)
             else:
                 self.say("could not run the --on-hang exec command: no directory could take the report")
         else:

@@ -2,8 +2,10 @@
 a wrapped job named with ``--job`` and ``--agents``.
 
 They are looked for at the start and again every ``FLEET_REFRESH`` seconds, because
-restarted workers get new pids and ranks start late. An attached job has ended when every
-node answered and none has a rank any more. ``Ranks`` also reads their heartbeats,
+restarted workers get new pids and ranks start late: through the nodes, or through the
+``finder`` of a fleet source the watch holds (a ``ray:`` job's, which places agents as
+workers appear on new nodes). An attached job has ended when every node answered and none
+has a rank any more, and the job is not known to be running still. ``Ranks`` also reads their heartbeats,
 samples their stacks when nothing else shows activity, and names the process trees of
 the job on this node (what ``--on-hang kill`` ends).
 """
@@ -14,6 +16,7 @@ import time
 from collections.abc import Sequence
 
 from ..capture.jobspec import parse_job_spec
+from ..diagnose import FleetFinder
 from ..errors import HangdocError, JobNotFound
 from ..fleet.coordinator import Fleet, find_ranks
 from ..fleet.node import LocalNode, Node
@@ -36,11 +39,19 @@ class Ranks:
         self.fleet: Fleet | None = None
         self.probe: StackProbe | None = None
         self.checked = -FLEET_REFRESH  # when they were last looked for
+        self.finder: FleetFinder | None = None  # set while the watch holds a fleet source
+        self.absent = False  # the last search found a running job without ranks (said once)
 
     def find(self) -> Fleet:
         """The first search; raises ``JobNotFound`` when no node has a rank."""
-        self.fleet = find_ranks(self.nodes, parse_job_spec(self.job), deadline=self.timeout + 10.0)
+        self.fleet = self._search(self.say)
         return self.fleet
+
+    def _search(self, say: Say) -> Fleet:
+        job = parse_job_spec(self.job)
+        if self.finder is not None:
+            return self.finder(job, say)
+        return find_ranks(self.nodes, job, deadline=self.timeout + 10.0)
 
     def start(self) -> None:
         """Start sampling stacks (when asked to), and the time to the next search."""
@@ -65,17 +76,21 @@ class Ranks:
 
     def refresh(self) -> bool:
         """Look for the job's ranks again (restarted workers get new pids). True only when
-        every node answered and none has a rank: an agent that is down is not a job that ended."""
-        job = parse_job_spec(self.job)
+        every node answered and none has a rank: an agent that is down is not a job that
+        ended, nor is a job that its scheduler says is running (its workers restarting)."""
         try:
-            fleet = find_ranks(self.nodes, job, deadline=self.timeout + 10.0)
+            fleet = self._search(lambda _message: None)
         except JobNotFound as err:
             if err.unreachable:
                 self.say(f"could not look for the job's ranks on {err.unreachable[0]}")
-            return not err.unreachable
+            elif err.running and not self.absent:
+                self.say(f"no rank process now, the job still runs: {err}; watching for its ranks")
+            self.absent = err.running
+            return not err.unreachable and not err.running
         except HangdocError as err:  # no node answered at all
             self.say(f"could not look for the job's ranks: {err}")
             return False
+        self.absent = False
         if self.fleet is None or {p.pid for p in fleet.procs} != {p.pid for p in self.fleet.procs}:
             self.fleet = fleet
             if self.probe is not None:

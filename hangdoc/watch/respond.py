@@ -10,12 +10,13 @@ applies: keep watching, end the job, or run the exec command.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from ..diagnose import diagnose
+from ..diagnose import FleetSource, diagnose
 from ..errors import HangdocError, JobNotFound
 from ..model import Diagnosis, Heartbeat, JobSnapshot, RankState
 from .config import Say, WatchConfig
@@ -52,7 +53,7 @@ class Responder:
         self.say(f"stall suspected: {trigger.sentence()}; diagnosing {self.job.spec}")
         started = time.monotonic()
         try:
-            snapshot, diagnosis = diagnose(self.job.spec, self.c.capture, None, self.c.nodes)
+            snapshot, diagnosis = diagnose(self.job.spec, self.c.capture, None, self.c.nodes, self._source())
         except HangdocError as err:
             self.board.count_diagnosis("failed")
             if isinstance(err, JobNotFound) and self.ranks_seen:
@@ -81,6 +82,13 @@ class Responder:
         culprits = diagnosis.culprit_ranks
         head = diagnosis.verdict.value + (f" (culprit ranks {', '.join(map(str, culprits))})" if culprits else "")
         return self._fire(path, head, diagnosis.summary)
+
+    def _source(self) -> FleetSource | None:
+        """The fleet source the watch holds (a ray: job's agents), lent to one diagnosis."""
+        finder = self.job.ranks.finder if self.job.ranks is not None else None
+        if finder is None:
+            return None
+        return lambda _say: contextlib.nullcontext(finder)
 
     def _let_it_end(self) -> None:
         """No rank left to diagnose, where an earlier diagnosis found them, while the wrapped

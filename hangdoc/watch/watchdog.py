@@ -16,6 +16,7 @@ unexpected error is then one line, ``WatchFailed``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import sys
@@ -80,8 +81,17 @@ class Watchdog:
             raise WatchFailed(f"internal error: {_where(err)}{ended}") from err
 
     def _run(self) -> int:
-        if self.c.nodes is None:
+        if self.c.nodes is None and self.c.source is None:
             find_pyspy()  # fail before starting anything, with install help
+        with contextlib.ExitStack() as held:
+            if self.c.source is not None:
+                # held for the whole watch: a ray: job's agents stay placed, and are removed
+                # however the watch ends
+                assert self.ranks is not None
+                self.ranks.finder = held.enter_context(self.c.source(self.say))
+            return self._watch()
+
+    def _watch(self) -> int:
         if self.c.metrics_port is not None:
             server = serve(self.board, self.c.metrics_host, self.c.metrics_port)
             host, port = server.server_address[:2]
@@ -172,7 +182,8 @@ def _ranks(config: WatchConfig, say: Say) -> Ranks | None:
     if not config.job:
         return None
     if not config.command:
-        return Ranks(config.nodes or [LocalNode()], config.job, config.capture.timeout, say, sample=not config.log)
+        nodes = [] if config.source is not None else config.nodes or [LocalNode()]
+        return Ranks(nodes, config.job, config.capture.timeout, say, sample=not config.log)
     if config.nodes is not None:
         return Ranks(config.nodes, config.job, config.capture.timeout, say)
     return None

@@ -2,15 +2,16 @@
 nodes, ``support.raycluster``): the CLI places its agents, finds the job's workers and
 their world ranks, samples them and names the hang.
 
-Five Ray jobs (``tests/jobs/ray/``), all submitted at once when the module starts (a Ray
+Six Ray jobs (``tests/jobs/ray/``), all submitted at once when the module starts (a Ray
 Train job takes about a minute to reach its train loop) and stopped when it ends:
 
 * three Ray Train ``TorchTrainer`` jobs (gloo, 3 workers, half a CPU each, spread over the
   nodes): rank 2 in ``all_gather`` while 0-1 ``all_reduce`` (mismatch), rank 1 blocked on a
   lock outside any collective (straggler), and one that keeps training (not hung);
-* two plain-actor jobs: a driver whose actors ``w0``-``w2`` join a gloo group themselves as
+* three plain-actor jobs: a driver whose actors ``w0``-``w2`` join a gloo group themselves as
   ranks 0-2 (actor order equals the rank they were given): ``w0`` in ``broadcast`` while the
-  others ``all_reduce`` (mismatch), ``w2`` polling for a file (straggler).
+  others ``all_reduce`` (mismatch), ``w2`` polling for a file (straggler), and a second
+  mismatch for ``hangdoc watch ray:JOB``, which reports it and stops it with ``ray job stop``.
 
 Each worker writes ``ready.<rank>`` (its pid) right before the call it hangs in; a test
 then only runs ``python -m hangdoc diagnose ray:ID --ray-address GCS --json``, and checks
@@ -43,6 +44,7 @@ RAY_JOBS = REPO / "tests" / "jobs" / "ray"
 READY_TIMEOUT_S = 300  # 3 Train jobs and 2 actor jobs starting at once on a small machine
 DIAGNOSE_TIMEOUT_S = 180
 STOP_TIMEOUT_S = 60
+WATCH_TIMEOUT_S = 240  # 8 s of stall, a diagnosis, `ray job stop`, the workers seen gone
 
 
 @dataclass
@@ -74,6 +76,7 @@ def _jobs(root: Path) -> dict[str, RayJobUnderTest]:
                                str(free_port())),
         "actors_straggler": job("actors_straggler", "actors_hang.py", "straggler",
                                 str(free_port())),
+        "actors_watched": job("actors_watched", "actors_hang.py", "mismatch", str(free_port())),
     }
 
 
@@ -306,3 +309,45 @@ def test_plain_actors_straggler(ray_cluster: RayCluster, submitted: Submitted,  
     assert [op_name(ranks[r]) for r in (0, 1, 2)] == ["all_reduce", "all_reduce", None]
     assert any("wait_for_shard" in line for line in report["evidence"]), report["evidence"]
 
+
+
+# ------------------------------------------------------------------ watch
+
+
+def test_watch_reports_the_hang_and_stops_the_job_through_ray(
+        ray_cluster: RayCluster, submitted: Submitted,  # noqa: F811
+        ready_jobs: dict[str, RayJobUnderTest], tmp_path: Path) -> None:
+    """``hangdoc watch ray:JOB --on-hang 'exec ray job stop {job}'`` on a hung plain-actor
+    job: the stall (stacks still for 8 s) is diagnosed through the agents the watch placed,
+    the report is written, the hook stops the job, the watch sees its workers gone and exits
+    0; no agent actor is left."""
+    from ray.job_submission import JobStatus
+
+    job = ready_jobs["actors_watched"]
+    _fail_if_ended(submitted.client, job)
+    out = tmp_path / "hangs"
+    ray_cli = Path(sys.executable).with_name("ray")
+    stop = f"exec {ray_cli} job stop --address {ray_cluster.dashboard_url} {{job}}"
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "hangdoc", "watch", f"ray:{job.submission_id}",
+             "--ray-address", ray_cluster.address, "--stall-after", "8", "--check-interval", "2",
+             "--out", str(out), "--on-hang", stop],
+            check=False, cwd=REPO, capture_output=True, text=True, timeout=WATCH_TIMEOUT_S,
+            stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        said = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr
+        pytest.fail(f"hangdoc watch still running after {WATCH_TIMEOUT_S} s; it said:\n{(said or '')[-4000:]}")
+    print(f"hangdoc watch: exit {done.returncode} in {time.monotonic() - started:.1f} s\n"
+          f"stderr: {done.stderr[-4000:]}")
+    assert_no_agent_left(ray_cluster)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "HANG collective_mismatch (culprit ranks 0): " in done.stderr
+    assert f"job stop --address {ray_cluster.dashboard_url} {job.submission_id}" in done.stderr
+    assert "the job's rank processes are gone: stopped watching" in done.stderr
+    (hang,) = out.iterdir()
+    report = json.loads((hang / "report.json").read_text())
+    assert (report["verdict"], report["culprit_ranks"]) == ("collective_mismatch", [0])
+    assert {r: e["pid"] for r, e in ranks_of(report).items()} == job.pids
+    assert submitted.client.get_job_status(job.submission_id) == JobStatus.STOPPED

@@ -125,3 +125,15 @@ def test_long_spec_is_shown_cut_and_escaped() -> None:
         parse_job_spec("\x1b[2J" + "x" * 2**20)
     message = str(info.value)
     assert len(message) < 400 and "\x1b" not in message and "(1048580 characters)" in message
+
+
+@pytest.mark.parametrize(("text", "job_id"), [
+    ("ray:raysubmit_Ab12", "raysubmit_Ab12"),
+    ("ray:02000000", "02000000"),
+    ("slurm:1234.0", "1234.0"),
+    ("slurm:1234_7", "1234_7"),
+    ("pid:42", "pid:42"),
+    ("node1:29500", "node1:29500"),
+])
+def test_job_id_is_what_the_scheduler_calls_the_job(text: str, job_id: str) -> None:
+    assert parse_job_spec(text).job_id == job_id

@@ -152,7 +152,7 @@ def test_a_hook_gets_the_report_and_a_failure_is_said_when_it_is_reaped(tmp_path
     said: list[str] = []
     script = 'echo "$1|$HANGDOC_HANG_DIR|$HANGDOC_REPORT" > "$0"; exit 3'
     hooks = Hooks(["sh", "-c", script, str(out), "{report}"], dict(os.environ), said.append)
-    hooks.start(hang)
+    hooks.start(hang, "pid:1")
     assert said == [f"ran --on-hang exec: sh -c '{script}' {out} {hang}"]
     assert len(hooks.pids()) == 1
     assert _until(lambda: (hooks.reap(), not hooks.running)[1])
@@ -163,17 +163,28 @@ def test_a_hook_gets_the_report_and_a_failure_is_said_when_it_is_reaped(tmp_path
 def test_without_report_in_its_arguments_the_directory_is_appended(tmp_path: Path) -> None:
     out = tmp_path / "out.txt"
     hooks = Hooks(["sh", "-c", 'echo "$1" > "$0"', str(out)], dict(os.environ), lambda _m: None)
-    hooks.start(tmp_path / "hang-1")
+    hooks.start(tmp_path / "hang-1", "pid:1")
     hooks.end()
     assert out.read_text() == f"{tmp_path / 'hang-1'}\n"
     hooks.reap()
     assert hooks.running == []  # exit status 0: nothing said
 
 
+def test_job_in_a_hook_is_the_scheduler_job_id(tmp_path: Path) -> None:
+    """``ray job stop {job}``: the Ray job id, not the ``ray:`` spec; also in HANGDOC_JOB."""
+    out = tmp_path / "out.txt"
+    hooks = Hooks(["sh", "-c", 'echo "$# $1 $HANGDOC_JOB" > "$0"', str(out), "stop={job}"], dict(os.environ),
+                  lambda _m: None)
+    hooks.start(tmp_path / "hang-1", "raysubmit_Ab12")
+    hooks.end()
+    # no directory appended: `ray job stop {job}` takes one argument
+    assert out.read_text() == "1 stop=raysubmit_Ab12 raysubmit_Ab12\n"
+
+
 def test_end_waits_for_hooks_then_leaves_them_alone(tmp_path: Path) -> None:
     said: list[str] = []
     hooks = Hooks(["sh", "-c", "sleep 60"], dict(os.environ), said.append)  # the directory: $0
-    hooks.start(tmp_path)
+    hooks.start(tmp_path, "pid:1")
     try:
         t0 = time.monotonic()
         hooks.end(timeout=0.3)
@@ -191,7 +202,7 @@ def test_a_hook_that_cannot_run_is_one_line(tmp_path: Path) -> None:
     said: list[str] = []
     missing = str(tmp_path / "no-such-pager")
     hooks = Hooks([missing], dict(os.environ), said.append)
-    hooks.start(tmp_path)
+    hooks.start(tmp_path, "pid:1")
     assert said == [f"could not run the --on-hang exec command {missing!r}: No such file or directory; keeping watch"]
     assert hooks.running == []
 

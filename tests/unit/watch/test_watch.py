@@ -393,3 +393,113 @@ def test_silence_that_cannot_be_diagnosed_still_fires(tmp_path: Path) -> None:
     assert report["watch"]["fired_because"].startswith("no output for ")
     assert (hang / "report.txt").exists()
     assert "could not diagnose" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["watch", "--job", "ray:raysubmit_x", "--", "true"], "watched by attaching"),
+        (["watch", "ray:raysubmit_x", "--on-hang", "kill"], "exec ray job stop {job}"),
+        (["watch", "ray:raysubmit_x", "--agents", "127.0.0.1:1"], "places its own agents"),
+        (["watch", "10.0.0.1:29500", "--workers", "Trainer*"], "are for ray:JOB"),
+    ],
+)
+def test_ray_watch_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+
+
+# ------------------------------------------------------------ a fleet source (ray:)
+
+
+class _Source:
+    """A fleet source as a ray: job's: entered once for the whole watch, its finder asked
+    at every search; records what happened to it."""
+
+    def __init__(self, answers: list[object]) -> None:
+        self.answers = answers  # each search's Fleet, or the error it raises
+        self.entered = self.exited = 0
+        self.searches: list[str] = []
+
+    def __call__(self, _say):
+        import contextlib
+
+        @contextlib.contextmanager
+        def held():
+            self.entered += 1
+            try:
+                yield self.find
+            finally:
+                self.exited += 1
+
+        return held()
+
+    def find(self, job, _say):
+        self.searches.append(str(job))
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def _one_rank_fleet():
+    from hangdoc.fleet.coordinator import Fleet
+    from hangdoc.fleet.node import LocalNode
+    from hangdoc.model import RankProcess
+
+    return Fleet(((LocalNode(), RankProcess(os.getpid(), "here", 0)),), 1)
+
+
+def test_ranks_found_through_a_source_a_running_job_without_workers_is_not_gone() -> None:
+    from hangdoc.watch.ranks import Ranks
+
+    said: list[str] = []
+    ranks = Ranks([], "ray:raysubmit_x", 5.0, said.append)
+    source = _Source([_one_rank_fleet(),
+                      JobNotFound("Ray job 02 (status RUNNING) has no live actor", running=True),
+                      JobNotFound("Ray job 02 (status RUNNING) has no live actor", running=True),
+                      _one_rank_fleet(),
+                      JobNotFound("Ray job 02 (status SUCCEEDED) has no live actor")])
+    with source(said.append) as ranks.finder:
+        assert len(ranks.find().placed) == 1
+        assert ranks.refresh() is False and ranks.refresh() is False  # workers restarting
+        assert [m for m in said if "still runs" in m] == [
+            ("no rank process now, the job still runs: Ray job 02 (status RUNNING) has no live actor; "
+             "watching for its ranks")]  # said once, not at every search
+        assert ranks.refresh() is False and ranks.absent is False  # back
+        assert ranks.refresh() is True  # ended
+    assert source.searches == ["ray:raysubmit_x"] * 5
+
+
+def test_a_watch_holds_its_source_for_the_whole_watch_and_lets_it_go_on_error(tmp_path: Path) -> None:
+    from hangdoc.watch.watchdog import WatchConfig, run_watch
+
+    source = _Source([JobNotFound("Ray job raysubmit_x has no live actor")])
+    config = WatchConfig(job="ray:raysubmit_x", out=tmp_path / "hangs", source=source)
+    with pytest.raises(JobNotFound):
+        run_watch(config, lambda _m: None)
+    assert (source.entered, source.exited) == (1, 1)
+
+
+def test_a_stall_is_diagnosed_through_the_held_source(tmp_path: Path, monkeypatch) -> None:
+    """The responder lends the watch's source to the diagnosis: no second set of agents."""
+    from hangdoc.watch.stall import Signal
+    from hangdoc.watch.watchdog import WatchConfig, Watchdog
+
+    source = _Source([_one_rank_fleet()])
+    dog = Watchdog(WatchConfig(job="ray:raysubmit_x", out=tmp_path / "hangs", source=source), lambda _m: None)
+    seen: list[object] = []
+
+    def diagnose(spec, _options, _progress, nodes, lent):
+        with lent(None) as find:
+            seen.append((spec, nodes, find))
+        raise JobNotFound("gone")
+
+    monkeypatch.setattr("hangdoc.watch.respond.diagnose", diagnose)
+    with source(None) as dog.ranks.finder:
+        clock = dog.pace.clocks[Signal.STACKS]
+        dog.loop.responder.on_stall(Signal.STACKS, clock, time.monotonic())
+    assert seen == [("ray:raysubmit_x", None, source.find)]
+    assert source.entered == 1  # the diagnosis borrowed it; it did not open another
