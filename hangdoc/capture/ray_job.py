@@ -681,12 +681,8 @@ def find_ray_job(job: str, *, address: str | None = None,
 
     Raises ``RayNotInstalled``, ``RayUnreachable``, ``RayJobNotFound`` or
     ``RayWorkersNotFound``; never one of Ray's own exceptions."""
-    _import_state_api()
-    api = StateApi(dashboard_url(ray_address(address)))
-    info = resolve_job(api.jobs(), job.strip())
-    if info.job_id is None:
-        raise RayJobNotFound(f"Ray job {shown(job)} has not started its driver yet "
-                             f"(status {info.status})", help=RayJobNotFound.help)
+    api, info = _started_job(job, address)
+    assert info.job_id is not None
     actors = api.actors(info.job_id)
     train_job = has_train_run(actors)
     train = train_ranks(api, info.job_id, actors) if train_job else TrainRanks({}, "")
@@ -698,6 +694,17 @@ def find_ray_job(job: str, *, address: str | None = None,
     if left_out:
         notes += (one_line(f"actors of the job left out: {', '.join(left_out)}", 1000),)
     return RayJob(info.job_id, info.submission_id, workers, notes)
+
+
+def _started_job(job: str, address: str | None) -> tuple[StateApi, JobInfo]:
+    """The cluster's state API and job ``job``, whose driver has started (it has a job id)."""
+    _import_state_api()
+    api = StateApi(dashboard_url(ray_address(address)))
+    info = resolve_job(api.jobs(), job.strip())
+    if info.job_id is None:
+        raise RayJobNotFound(f"Ray job {shown(job)} has not started its driver yet "
+                             f"(status {info.status})", help=RayJobNotFound.help)
+    return api, info
 
 
 def _no_workers(info: JobInfo, actors: Sequence[ActorInfo],
@@ -739,12 +746,8 @@ def job_processes_here(job: str, host: str) -> tuple[RankProcess, ...]:
             f"ray:{job}: Ray jobs are found by the agents hangdoc places as Ray actors",
             help="Run `hangdoc diagnose ray:JOB --ray-address ADDRESS` from a machine that can "
                  "reach the cluster; it starts one agent actor per node and removes it after.")
-    _import_state_api()
-    api = StateApi(dashboard_url(ray_address(address)))
-    info = resolve_job(api.jobs(), job.strip())
-    if info.job_id is None:
-        raise RayJobNotFound(f"Ray job {shown(job)} has not started its driver yet "
-                             f"(status {info.status})", help=RayJobNotFound.help)
+    api, info = _started_job(job, address)
+    assert info.job_id is not None
     own = os.getpid()
     return tuple(
         RankProcess(pid=a.pid, host=host, rank=None,

@@ -41,6 +41,10 @@ QUIET_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_DISABLE_DOCKER_CPU_WARNING": "1",
     "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+    # Ray turns token authentication on for a new cluster when RAY_AUTH_MODE is unset and
+    # ~/.ray/auth_token exists, which any local `ray.init()` on the machine leaves behind;
+    # a job driver that does not read the token then cannot connect. Said explicitly.
+    "RAY_AUTH_MODE": "disabled",
 }
 
 

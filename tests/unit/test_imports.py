@@ -136,3 +136,25 @@ def test_the_rules_see_every_import() -> None:
     assert "hangdoc.fleet.wire" in GRAPH["hangdoc.fleet.agent"]
     assert "networkx" in GRAPH["hangdoc.analysis.merge"]
     assert floor("hangdoc.report.terminal") == "report"
+
+
+def test_every_module_imports_without_ray() -> None:
+    """Ray is an optional extra: with ``import ray`` failing, every hangdoc module imports
+    and the CLI answers; only a ray: job asks for Ray (then RayNotInstalled, exit 4)."""
+    import subprocess
+    import sys
+
+    modules = sorted(m for m in GRAPH if not m.startswith("hangdoc.fleet.v1") and m != "hangdoc.__main__")
+    script = (
+        "import importlib, sys\n"
+        "sys.modules['ray'] = None\n"  # import ray -> ImportError
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "assert 'ray' in sys.modules and sys.modules['ray'] is None\n"
+        "from hangdoc.cli import main\n"
+        "sys.exit(main(['diagnose', 'ray:raysubmit_x']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          check=False, cwd=REPO)
+    assert done.returncode == 4, done.stderr
+    assert "hangdoc[ray]" in done.stderr and "Traceback" not in done.stderr
