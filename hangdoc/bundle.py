@@ -535,15 +535,30 @@ def _gunzip(raw: bytes, path: Path) -> bytes:
     return b"".join(chunks)
 
 
+def read_input(path: str | Path) -> bytes:
+    """The bytes of the regular file ``path``, inflated when they are gzip data (recognised
+    by their content), within the caps above: what ``load_snapshot`` reads, and what
+    ``hangdoc analyze`` reads before it knows whether the file is a snapshot or a dump.
+
+    Raises ``BundleError`` and nothing else.
+    """
+    path = Path(path)
+    raw = _read_file(path)
+    return _gunzip(raw, path) if raw.startswith(_GZIP_MAGIC) else raw
+
+
 def load_snapshot(path: str | Path) -> JobSnapshot:
     """Read a bundle written by ``save_snapshot`` (gzip recognised by its content).
 
     Raises ``BundleError`` and nothing else, whatever the file holds.
     """
     path = Path(path)
-    raw = _read_file(path)
-    if raw.startswith(_GZIP_MAGIC):
-        raw = _gunzip(raw, path)
+    return snapshot_from_bytes(read_input(path), path)
+
+
+def snapshot_from_bytes(raw: bytes, path: Path) -> JobSnapshot:
+    """The snapshot in ``raw``, the (inflated) bytes of the file ``path``; ``BundleError``
+    naming ``path`` when they are not one."""
     if not raw.strip():
         raise BundleError(f"{path}: the file is empty, not a hangdoc snapshot")
     try:

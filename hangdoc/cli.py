@@ -133,9 +133,16 @@ def build_parser() -> argparse.ArgumentParser:
         "analyze",
         aliases=["analyse"],
         parents=[output],
-        help="diagnose a snapshot saved with --save, offline",
+        help="diagnose a snapshot saved with --save, or stack dumps you already have, offline",
+        description="Diagnose a snapshot written by `hangdoc diagnose --save`, or the stack "
+        "dumps of the manual debugging loop: the text of `py-spy dump` for one or many "
+        "processes (--native and --locals too), `py-spy dump --json` output (concatenated or "
+        "in a JSON list), or `ray stack` output. The format is told by the content; gzip is "
+        "read too. Several dumps of one pid are its samples; the notes say what a dump "
+        "cannot show (ranks taken from command lines or file order, progress with one dump).",
     )
-    ana.add_argument("bundle", metavar="FILE", help="a snapshot written by `hangdoc diagnose --save`")
+    ana.add_argument("bundle", metavar="FILE", help="a snapshot written by `hangdoc diagnose "
+                     "--save`, or py-spy / ray stack dumps")
     ana.set_defaults(func=_cmd_analyze)
     return parser
 
@@ -349,9 +356,9 @@ def _cmd_agent(args: argparse.Namespace) -> int:
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from .analysis.analyse import analyse
-    from .bundle import load_snapshot
+    from .capture.dumpfile import load_evidence
 
-    snapshot = load_snapshot(args.bundle)
+    snapshot = load_evidence(args.bundle)  # a saved snapshot, or py-spy / ray stack dumps
     _emit(args, snapshot, analyse(snapshot))
     return EXIT_OK
 

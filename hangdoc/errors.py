@@ -115,6 +115,18 @@ class BundleError(HangdocError):
     help = "Pass a file written by `hangdoc diagnose --save`; it is JSON with a `schema_version`."
 
 
+class DumpFileError(BundleError):
+    """A file given to ``hangdoc analyze`` is neither a snapshot nor a stack dump it reads."""
+
+    exit_code = 6  # like BundleError: the input file cannot be read
+    help = (
+        "`hangdoc analyze` reads a snapshot written by `hangdoc diagnose --save`, the text "
+        "`py-spy dump` prints (one or more processes, with --native or --locals too), "
+        "`py-spy dump --json` output (one or more dumps, concatenated or in a JSON list), "
+        "or `ray stack` output."
+    )
+
+
 class RayNotInstalled(HangdocError):
     """``ray:JOB_ID`` needs Ray in hangdoc's environment and it is not there."""
 

@@ -313,11 +313,64 @@ class RankProcess:
 
 
 @dataclass(frozen=True, slots=True)
+class FlightEntry:
+    """One collective or p2p op as a rank's flight recorder (torch's ``TORCH_FR_BUFFER_SIZE``
+    ring) holds it. ``seq`` counts the group's collectives (its p2p ops when ``p2p``) on
+    this rank: the same number on every member of the group is meant to be the same call."""
+
+    group: str  # the process group's name ("0" is WORLD's)
+    seq: int  # collective_seq_id, or p2p_seq_id for a p2p op
+    op: str  # "all_reduce", "broadcast", "send", ... (the backend prefix dropped)
+    input_sizes: tuple[tuple[int, ...], ...] = ()
+    input_dtypes: tuple[str, ...] = ()
+    output_sizes: tuple[tuple[int, ...], ...] = ()
+    output_dtypes: tuple[str, ...] = ()
+    p2p: bool = False
+    group_desc: str = ""  # "default_pg", a group_desc given at creation, or ""
+    state: str = ""  # "scheduled", "started", "completed" (NCCL); gloo records "scheduled"
+    retired: bool = False  # the op finished and left the ring's live part
+
+    @property
+    def signature(self) -> tuple[object, ...]:
+        """What must agree across the group's members for the call to match."""
+        return (self.op, self.input_sizes, self.input_dtypes)
+
+    def describe(self) -> str:
+        """``all_reduce Float[4]``, ``broadcast Long[3]+Long[3]``."""
+        shapes = "+".join(f"{d}[{','.join(map(str, s))}]"
+                          for d, s in zip(self.input_dtypes, self.input_sizes, strict=False))
+        return f"{self.op} {shapes}".strip()
+
+
+@dataclass(frozen=True, slots=True)
+class FlightGroup:
+    """A process group as the flight recorder's dump describes it."""
+
+    name: str
+    desc: str  # "default_pg", a user's group_desc, or ""
+    ranks: tuple[int, ...]  # its members, as global ranks
+
+
+@dataclass(frozen=True, slots=True)
+class FlightRecord:
+    """One rank's flight recorder dump: its recent ops and the groups they ran on."""
+
+    entries: tuple[FlightEntry, ...]
+    groups: tuple[FlightGroup, ...] = ()
+    version: str = ""
+    source: str = ""  # where it came from ("file trace_3", ...)
+
+    def group(self, name: str) -> FlightGroup | None:
+        return next((g for g in self.groups if g.name == name), None)
+
+
+@dataclass(frozen=True, slots=True)
 class RankSnapshot:
     """Everything captured about one rank over the sampling window."""
 
     process: RankProcess
     samples: tuple[Sample, ...]
+    flight: FlightRecord | None = None  # its flight recorder dump, when one was had
 
     @property
     def rank(self) -> int | None:

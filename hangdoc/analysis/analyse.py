@@ -25,6 +25,8 @@ from ..model import (
     compress_ranks,
 )
 from . import classify, confidence, wording
+from .device import waits_for_device
+from .flight import apply_flight, match_flight
 from .merge import build_tree
 from .ops import Recogniser
 from .views import RankView, view_rank
@@ -150,7 +152,7 @@ def analyse(snapshot: JobSnapshot) -> Diagnosis:
     ranks.sort(key=lambda r: (r.rank is None, r.rank))
     observed = max((v.move.seconds for v in views if v.move), default=0.0)
     judged = confidence.judge(result.finding, views, sorted(unknown), len(snapshot.unreachable))
-    return Diagnosis(
+    diagnosis = Diagnosis(
         verdict=result.verdict,
         culprit_ranks=tuple(sorted(result.culprits)),
         summary=result.summary,
@@ -165,6 +167,8 @@ def analyse(snapshot: JobSnapshot) -> Diagnosis:
         confidence=judged.confidence,
         basis=judged.basis,
     )
+    # the ranks' flight recorder dumps, when had, sharpen or override what the stacks say
+    return apply_flight(diagnosis, match_flight(snapshot), stacks=any(r.samples for r in snapshot.ranks))
 
 
 _WORKING = (RankState.BUSY, RankState.PROGRESSING, RankState.COMMUNICATING)
@@ -172,7 +176,10 @@ _WORKING = (RankState.BUSY, RankState.PROGRESSING, RankState.COMMUNICATING)
 
 def _working(v: RankView) -> bool:
     """On CPU, moving bytes or changing its stack: by its state, or by its counters when it
-    waits (CPU or I/O, not wake-ups alone)."""
+    waits (CPU or I/O, not wake-ups alone; at a host sync, I/O only: it spins while it
+    waits)."""
+    if waits_for_device(v.op) and v.state is RankState.WAITING:
+        return v.move is not None and (v.move.moving_bytes or v.move.stack_changed)
     return v.state in _WORKING or (v.move is not None and v.move.moving)
 
 

@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 
 from ..model import GIVEN_GROUP, Frame, OpKind, RankState, Verdict
 from . import wording
+from .device import waits_for_device
 from .views import RankView
 from .wording import (
     AllReceive,
     CleanupStuck,
     DataMoving,
+    DeviceWaits,
     EnvSplit,
     Facts,
     InitSplit,
@@ -92,9 +94,14 @@ def classify(
         evidence.append(wording.quiet_line(found.quiet_over))
     unreadable = [v for v in views if v.state is RankState.UNREADABLE and v.rank not in found.culprits]
     evidence += wording.notes(unknown, unreadable)
+    evidence += wording.lock_notes(views, evidence)
+    device = [v for v in views if v.state in IN_OP and waits_for_device(v.op)]
+    if device and isinstance(found.facts, Mismatch):
+        # the mismatch is among the ops stacks name; the ranks at host syncs are in neither
+        evidence += wording.op_lines(device) + [wording.NOT_VISIBLE]
     if unknown and found.verdict is not Verdict.NOT_HUNG:
         summary += wording.partial_suffix(unknown)
-    return Classification(found, summary, evidence, wording.next_steps(found.verdict))
+    return Classification(found, summary, evidence, wording.next_steps(found.verdict, found.facts))
 
 
 def decide(views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[int]) -> Finding:
@@ -145,18 +152,32 @@ def decide(views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[
     if outside and in_op:
         return Finding(
             Verdict.STRAGGLER, [v.rank for v in outside], Straggling(outside, in_op),
-            ambiguous=True,  # a slow rank may still finish: observe longer
+            # a slow rank may still finish: observe longer; a lock-order deadlock seen in
+            # two samples cannot
+            ambiguous=not all(v.deadlocked for v in outside),
             quiet_over=in_op,
         )
 
-    # -- collective_mismatch / nccl_timeout
+    # -- collective_mismatch / nccl_timeout. A rank at a host sync waits for device work in
+    #    a collective its stack does not name: it is compared with no one (ranks that stop
+    #    at different host syncs may wait in the same collective)
+    known = [v for v in in_op if not waits_for_device(v.op)]
+    device = [v for v in in_op if waits_for_device(v.op)]
     classes: dict[tuple[str, tuple[str, ...]], list[RankView]] = defaultdict(list)
-    for v in in_op:
+    for v in known:
         classes[v.op.key].append(v)  # type: ignore[union-attr]
-    p2p_problem = _p2p_unpaired(in_op)
+    p2p_problem = _p2p_unpaired(known)
     if len(classes) > 1 or p2p_problem:
-        return _mismatch(classes, p2p_problem, in_op)
+        return _mismatch(classes, p2p_problem, known)
     unseen = by_state[RankState.UNREADABLE]
+    if device:
+        facts = DeviceWaits(device, known)
+        if not (unseen and facts.one_site):
+            # every rank at one host sync: the devices wait in some collective that does
+            # not complete (transport-like, said with low confidence); anything else: what
+            # is missing, not a guess
+            verdict = Verdict.NCCL_TIMEOUT if facts.one_site else Verdict.UNKNOWN
+            return Finding(verdict, [], facts, quiet_over=in_op)
     if in_op and unseen:
         # every rank that could be read waits in one op: the ranks not seen there are what
         # the others wait for, by elimination (a rank in D state on a dead filesystem, one

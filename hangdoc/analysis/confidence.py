@@ -20,10 +20,13 @@ from dataclasses import dataclass
 
 from ..model import GIVEN_GROUP, Confidence, RankState, Verdict
 from .classify import IN_OP, OUTSIDE, Finding
+from .device import sync_call, waits_for_device
 from .views import RankView
 from .wording import (
+    NOT_VISIBLE,
     CleanupStuck,
     DataMoving,
+    DeviceWaits,
     InitSplit,
     InitStuck,
     Mismatch,
@@ -35,6 +38,7 @@ from .wording import (
     Unexplained,
     Unseen,
     Working,
+    deadlock_short,
     rank_words,
     unseen_reason,
 )
@@ -121,12 +125,22 @@ def rests_on(case: Case) -> list[str]:
     quiet = case.found.quiet_over
     if case.hang and quiet and not any(_moves_in_op(v) for v in quiet):
         seconds = _seconds(quiet)
-        if seconds:  # one sample compares nothing: _one_sample says so
+        spinning = [v for v in quiet if waits_for_device(v.op)]
+        if seconds and spinning:
+            basis.append(f"no waiting rank's bytes or stack moved over {seconds:.1f} s "
+                         f"({_who(spinning)} at a host sync: CPU there is no progress)")
+        elif seconds:  # one sample compares nothing: _one_sample says so
             basis.append(f"no waiting rank's CPU, bytes or stack moved over {seconds:.1f} s")
     idle = _idle_for(case)
     if idle is not None and idle >= STILL_FOR:
         basis.append(f"{_who(case.outside)} stayed off CPU, without I/O, on one stack over "
                      f"{idle:.1f} s: stuck, not slow")
+    for v in case.outside if case.hang else ():
+        if v.deadlocked and v.locks is not None and v.thread is not None:
+            cycle = v.locks.cycle_of(v.thread)
+            assert cycle is not None
+            basis.append(f"rank {v.rank} {deadlock_short(cycle)} in {v.deadlock_seen} samples: "
+                         "stuck, not slow (waiting cannot resolve it)")
     return basis
 
 
@@ -230,12 +244,51 @@ def _one_sample(case: Case) -> str | None:
             "would show whether it moves")
 
 
+def _device_collective_unseen(case: Case) -> str | None:
+    f = case.found.facts
+    if not isinstance(f, DeviceWaits):
+        return None
+    return (f"{_who(f.device)} {_verb(f.device, 'waits', 'wait')} for device work at a host "
+            f"sync: {NOT_VISIBLE}; the flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE) would tell")
+
+
+def _device_waiters(case: Case) -> str | None:
+    if not case.hang or isinstance(case.found.facts, DeviceWaits):
+        return None
+    device = [v for v in case.in_op if waits_for_device(v.op)]
+    if not device:
+        return None
+    return (f"{_who(device)} {_verb(device, 'waits', 'wait')} for device work at a host sync, "
+            "not in a torch.distributed frame: which collective is not visible from stacks")
+
+
+def _maybe_device(case: Case) -> str | None:
+    spinning = [v for v in case.views if _spins_at_sync(v)]
+    if not spinning:
+        return None
+    inner = spinning[0].thread.innermost_python if spinning[0].thread else None
+    line = f" (`{inner.code}`)" if inner is not None and inner.code else ""
+    return (f"{_who(spinning)} {_verb(spinning, 'spins', 'spin')} on one line that waits for "
+            f"a GPU if its tensors are on one{line}, and nothing shows whether the rank uses "
+            "one: it may be waiting for device work, not computing; --native would show a "
+            "CUDA call")
+
+
+def _spins_at_sync(v: RankView) -> bool:
+    """Outside any op, on CPU, on one unchanged stack whose line syncs with a device: read
+    as computing only because nothing showed a GPU (``device.gpu_evidence``)."""
+    inner = v.thread.innermost_python if v.thread is not None else None
+    return (v.op is None and v.state is RankState.BUSY and inner is not None
+            and sync_call(inner.code) is not None and v.move is not None
+            and not v.move.stack_changed and len(v.snap.good_samples) >= 2)
+
+
 def _indirect_ops(case: Case) -> str | None:
     if not case.hang:
         return None
     by_via: dict[str, list[RankView]] = {}
     for v in case.in_op:
-        if v.op is not None and v.op.via != DIRECT_VIA:
+        if v.op is not None and v.op.via != DIRECT_VIA and not waits_for_device(v.op):
             by_via.setdefault(v.op.via, []).append(v)
     if not by_via:
         return None
@@ -329,6 +382,14 @@ RULES: tuple[Rule, ...] = (
     # the ranks split evenly between ops: nobody to blame, and ops in different process
     # groups (not told apart from stacks) may each be legitimate
     (Confidence.LOW, _no_minority),
+    # every rank waits for device work at a host sync (or some in one c10d op): which
+    # collective the GPUs wait in is not on any stack; a transport hang and ranks that
+    # queued different collectives before the same line look the same
+    (Confidence.LOW, _device_collective_unseen),
+    # a rank spinning on one line that syncs with a GPU, with nothing showing a GPU: read
+    # as computing, it may be waiting for device work (the culprits or the progress may be
+    # wrong)
+    (Confidence.LOW, _maybe_device),
     # ranks on nodes that did not answer may be anywhere, the culprits' place included
     (Confidence.MEDIUM, _silent_nodes),
     # a rank that could not be read may be the one the others wait for
@@ -338,6 +399,9 @@ RULES: tuple[Rule, ...] = (
     # an op inferred from a .wait() line, native frames or DDP's sync may not be the
     # collective, or the call site, the rank actually waits in
     (Confidence.MEDIUM, _indirect_ops),
+    # ranks of the hang wait for device work at a host sync: they wait, but for which
+    # collective is not visible
+    (Confidence.MEDIUM, _device_waiters),
     # a rank outside the op still works: the others may be waiting for a slow rank
     (Confidence.MEDIUM, _still_working),
     # a rank outside the op idle for a short while only: a slow read or lock may return

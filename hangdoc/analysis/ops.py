@@ -30,6 +30,7 @@ from ..model import (
     Stack,
     ThreadStack,
 )
+from .device import device_wait
 from .source_lines import SourceIndex, enclosing_block, issuing_call, waited_name
 
 COLLECTIVES = frozenset(
@@ -201,8 +202,28 @@ def thread_key(thread: ThreadStack) -> ThreadKey:
     its name beyond that, nor ``owns_gil``. Keep it complete: a field that recognition
     starts reading must be added here, or threads that differ only in it would share one
     answer (``test_recognise_once.py`` fails on such a read, and on a new field).
+
+    Of the kept locals, the lock identities of the job's frames (``@NAME``, read by
+    ``locks`` only) are left out: they hold per-process addresses, and would make every
+    rank's thread a stack of its own.
     """
-    return (thread.frames, thread.locals, thread.active, thread.is_main)
+    return (thread.frames, recognised_locals(thread.locals), thread.active, thread.is_main)
+
+
+_OBJECT = "@"  # ``locks.OBJECT_PREFIX``: capture's lock identities, not read here
+
+
+def recognised_locals(found: tuple[FrameLocals, ...]) -> tuple[FrameLocals, ...]:
+    """``found`` without the lock identities (``@NAME`` entries), which recognition never
+    reads; ``found`` itself when it has none."""
+    if not any(name.startswith(_OBJECT) for each in found for name, _ in each.values):
+        return found
+    kept = []
+    for each in found:
+        values = tuple((name, value) for name, value in each.values if not name.startswith(_OBJECT))
+        if values:
+            kept.append(each if len(values) == len(each.values) else FrameLocals(each.index, values))
+    return tuple(kept)
 
 
 class Recogniser:
@@ -216,6 +237,7 @@ class Recogniser:
         self.sources = SourceIndex(snapshot.sources if snapshot is not None else ())
         self._ops: dict[ThreadKey, DistOp | None] = {}
         self._markers: dict[tuple[ThreadKey, tuple[str, ...]], Frame | None] = {}
+        self._device: dict[tuple[ThreadKey, bool], DistOp | None] = {}
         # by the identity of the key's parts, in front of the value lookup above (which
         # hashes whole stacks): snapshots share stack tuples (bundles intern them, a rank
         # keeps its stack across samples). Each entry holds its key, so that no id is reused
@@ -223,10 +245,22 @@ class Recogniser:
         self._by_id: dict[tuple[int, ...], tuple[ThreadKey, DistOp | None]] = {}
         self._op_keys: dict[int, tuple[DistOp, tuple[str, tuple[str, ...]]]] = {}
         self._python: dict[int, tuple[Stack, Stack]] = {}
+        # the locals part of keys, each value kept once: ranks whose locals differ only in
+        # their lock identities' addresses share one object (and the lookup by identity)
+        self._interned: dict[tuple[FrameLocals, ...], tuple[FrameLocals, ...]] = {}
+
+    def key(self, thread: ThreadStack) -> ThreadKey:
+        """``thread_key(thread)``, with its locals part shared between equal values."""
+        key = thread_key(thread)
+        if len(key) == 4 and key[1]:
+            plain = self._interned.setdefault(key[1], key[1])
+            if plain is not key[1]:
+                key = (key[0], plain, key[2], key[3])
+        return key
 
     def recognise(self, thread: ThreadStack) -> DistOp | None:
         """The distributed op ``thread`` is blocked in, or None if it is in none."""
-        key = thread_key(thread)
+        key = self.key(thread)
         ident = tuple(map(id, key))
         seen = self._by_id.get(ident)
         if seen is not None:
@@ -238,11 +272,24 @@ class Recogniser:
         self._by_id[ident] = (key, op)
         return op
 
+    def device_wait(self, thread: ThreadStack, lines: bool = False) -> DistOp | None:
+        """``device.device_wait`` of ``thread`` (a host sync: waiting for device work), with
+        its cleanup path like any op's; worked out once per distinct thread."""
+        key = (self.key(thread), lines)
+        op = self._device.get(key, _UNSEEN)
+        if op is _UNSEEN:
+            op = device_wait(thread, lines)
+            if op is not None:
+                op = _with_cleanup(op, thread, self.sources)
+            self._device[key] = op
+        assert op is None or isinstance(op, DistOp)
+        return op
+
     def cleanup_marker(
         self, thread: ThreadStack, blocks: tuple[str, ...] = _BLOCKS
     ) -> Frame | None:
         """``cleanup_marker`` of ``thread`` in this snapshot."""
-        key = (thread_key(thread), blocks)
+        key = (self.key(thread), blocks)
         marker = self._markers.get(key, _UNSEEN)
         if marker is _UNSEEN:
             marker = self._markers[key] = _cleanup_marker(thread, self.sources, blocks)

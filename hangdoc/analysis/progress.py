@@ -78,6 +78,11 @@ class Movement:
         return self.wakeups / max(self.seconds, 1e-3) <= WAKEUPS_POLLING_PER_SECOND
 
     @property
+    def moving_bytes(self) -> bool:
+        """Bytes read or written at a rate that counts as data moving."""
+        return self.bytes_per_second is not None and self.bytes_per_second >= BYTES_MOVING_PER_SECOND
+
+    @property
     def moving(self) -> bool:
         cpu = self.cpu_fraction is not None and self.cpu_fraction >= CPU_MOVING_FRACTION
         io = self.bytes_per_second is not None and self.bytes_per_second >= BYTES_MOVING_PER_SECOND
@@ -85,9 +90,14 @@ class Movement:
 
 
 def relevant_thread(
-    sample: Sample, snapshot: JobSnapshot | None = None, recogniser: Recogniser | None = None
+    sample: Sample, snapshot: JobSnapshot | None = None, recogniser: Recogniser | None = None,
+    gpu: bool = False,
 ) -> tuple[ThreadStack | None, DistOp | None]:
-    """The thread that matters for a rank: the one in a distributed op (main first), else main.
+    """The thread that matters for a rank: the one in a distributed op (main first), else
+    main (or the thread running the job's code), with the device work it waits for at a
+    host sync, if any (``device``; ``gpu``: the rank runs on a GPU, so a host-syncing line
+    of the job's code counts). Only that thread's host sync counts: a side thread's
+    ``.item()`` (a metrics thread) is not what the rank waits in.
 
     An analysis passes its ``recogniser`` (of ``snapshot``); without one, one is made."""
     rec = recogniser if recogniser is not None else Recogniser(snapshot)
@@ -97,7 +107,8 @@ def relevant_thread(
         op = rec.recognise(thread)
         if op is not None:
             return thread, op
-    return _running_the_job(main, ordered), None
+    job = _running_the_job(main, ordered)
+    return job, rec.device_wait(job, gpu) if job is not None else None
 
 
 def _running_the_job(main: ThreadStack | None, ordered: Sequence[ThreadStack]) -> ThreadStack | None:
@@ -137,10 +148,12 @@ def _python_only(sample: Sample, rec: Recogniser) -> Sample:
 
 
 def movement(
-    rank: RankSnapshot, snapshot: JobSnapshot | None = None, recogniser: Recogniser | None = None
+    rank: RankSnapshot, snapshot: JobSnapshot | None = None, recogniser: Recogniser | None = None,
+    gpu: bool = False,
 ) -> Movement | None:
     """None when the rank has fewer than one good sample. An analysis passes its
-    ``recogniser`` (of ``snapshot``); without one, one is made."""
+    ``recogniser`` (of ``snapshot``); without one, one is made. ``gpu``: as for
+    ``relevant_thread``."""
     good = rank.good_samples
     if not good:
         return None
@@ -169,7 +182,7 @@ def movement(
     thread = op = None
     for sample in good:
         # compare Python frames only: a native sample taken on demand must not look like motion
-        thread, op = relevant_thread(_python_only(sample, rec), recogniser=rec)
+        thread, op = relevant_thread(_python_only(sample, rec), recogniser=rec, gpu=gpu)
         ops.append(rec.op_key(op) if op else None)
         stacks.append(thread.frames if thread else ())
     side_cpu = None

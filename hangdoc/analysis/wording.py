@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..model import CaptureErrorKind, DistOp, Frame, RankState, Verdict, compress_ranks
+from ..model import CaptureErrorKind, DistOp, Frame, RankState, ThreadStack, Verdict, compress_ranks
+from .device import waits_for_device
+from .locks import REENTRANT, LockEdge, LockGraph
 from .views import RankView
 
 NEXT_STEPS: dict[Verdict, tuple[str, ...]] = {
@@ -200,6 +202,21 @@ class SameOp:
 
 
 @dataclass(frozen=True)
+class DeviceWaits:
+    """Every rank in an op waits in it or at a host sync, at least one at a host sync
+    (``device``), and their ops do not disagree: ``device`` wait for device work whose
+    collective stacks do not show; ``known`` are in a torch.distributed op (one)."""
+
+    device: Sequence[RankView]
+    known: Sequence[RankView] = ()
+
+    @property
+    def one_site(self) -> bool:
+        """Every rank waits at the same host sync (none in a torch.distributed op)."""
+        return not self.known and len({v.op.key for v in self.device if v.op}) == 1
+
+
+@dataclass(frozen=True)
 class Unexplained:
     """Nobody is in a distributed op and nothing moves."""
 
@@ -208,7 +225,7 @@ class Unexplained:
 
 Facts = (
     NothingCaptured | Progressing | DataMoving | Working | RanksGone | InitSplit | InitStuck
-    | CleanupStuck | Straggling | Unseen | Mismatch | SameOp | Unexplained
+    | CleanupStuck | Straggling | Unseen | Mismatch | SameOp | DeviceWaits | Unexplained
 )
 
 
@@ -225,7 +242,9 @@ def words(facts: Facts) -> Words:
     return _SAY[type(facts)](facts)
 
 
-def next_steps(verdict: Verdict) -> tuple[str, ...]:
+def next_steps(verdict: Verdict, facts: Facts | None = None) -> tuple[str, ...]:
+    if isinstance(facts, DeviceWaits):
+        return DEVICE_NEXT_STEPS
     return NEXT_STEPS[verdict]
 
 
@@ -268,8 +287,8 @@ def _progressing(f: Progressing) -> Words:
         # a few moving among many stuck: say so, not "the job progresses"
         return Words(
             f"not hung, for now: only {_r(_ranks(f.ranks))} completed distributed operations "
-            f"during the window while {_r(_ranks(f.waiting))} waited in "
-            f"{op_summary(f.waiting)} throughout",
+            f"during the window while {_r(_ranks(f.waiting))} waited "
+            f"{in_ops(f.waiting)} throughout",
             [*evidence, (f"{_r(_ranks(f.waiting))} did not move: if they wait for "
                          f"{_r(_ranks(f.ranks))}, they are slow; if not, the job is stuck "
                          "around them")],
@@ -302,10 +321,10 @@ def _ranks_gone(f: RanksGone) -> Words:
     if f.exited:
         evidence.append(f"{_r(f.exited)} exited during the capture")
     evidence += op_lines(waiting)
-    waiting_on = op_summary(waiting) or "their last operation"
+    waiting_on = in_ops(waiting)
     return Words(
         f"rank missing: {_r(gone)} {_v(gone, 'has', 'have')} no process while "
-        f"{_r(_ranks(waiting))} {_v(waiting, 'waits', 'wait')} in {waiting_on}",
+        f"{_r(_ranks(waiting))} {_v(waiting, 'waits', 'wait')} {waiting_on}",
         evidence,
     )
 
@@ -344,8 +363,8 @@ def _cleanup_stuck(f: CleanupStuck) -> Words:
         f"cleanup deadlock: {_r(culprits)} left the training loop and "
         f"{_v(culprits, 'waits', 'wait')} in cleanup "
         f"({' / '.join(sorted({cleanup_short(v) for v in f.cleanup}))}) "
-        f"while {_r(_ranks(training))} {_v(training, 'waits', 'wait')} in "
-        f"{op_summary(training)}",
+        f"while {_r(_ranks(training))} {_v(training, 'waits', 'wait')} "
+        f"{in_ops(training)}",
         evidence,
     )
 
@@ -357,7 +376,7 @@ def _straggling(f: Straggling) -> Words:
     doing = sorted({activity(v) for v in f.outside})
     return Words(
         f"straggler: {_r(culprits)} {_v(culprits, 'is', 'are')} {'/'.join(doing)} while "
-        f"{_r(_ranks(waiting))} {_v(waiting, 'waits', 'wait')} in {op_summary(waiting)}",
+        f"{_r(_ranks(waiting))} {_v(waiting, 'waits', 'wait')} {in_ops(waiting)}",
         evidence,
     )
 
@@ -399,13 +418,13 @@ def _unseen(f: Unseen) -> Words:
                 for v in f.unseen]
     evidence += op_lines(waiting)
     evidence.append(
-        f"every rank that could be read waits in {op_summary(waiting)}; "
+        f"every rank that could be read waits {in_ops(waiting)}; "
         f"{_r(unseen)} {_v(unseen, 'is', 'are')} the only one{'' if len(unseen) == 1 else 's'} "
         "not seen there: the likely rank(s) the others wait for, by elimination, not by a stack"
     )
     return Words(
         f"straggler: {_r(unseen)} could not be read while {_r(_ranks(waiting))} "
-        f"{_v(waiting, 'waits', 'wait')} in {op_summary(waiting)}: likely the rank(s) they wait for",
+        f"{_v(waiting, 'waits', 'wait')} {in_ops(waiting)}: likely the rank(s) they wait for",
         evidence,
     )
 
@@ -493,12 +512,58 @@ def _same_op(f: SameOp) -> Words:
     )
 
 
+NOT_VISIBLE = ("stacks cannot tell which collective a device waits in: a transport problem and "
+               "ranks that queued different collectives before their host sync look alike")
+
+
+def _device_waits(f: DeviceWaits) -> Words:
+    ranks = _ranks([*f.device, *f.known])
+    evidence = op_lines([*f.known, *f.device])
+    evidence.append(
+        f"{_r(_ranks(f.device))} {_v(f.device, 'spins', 'spin')} or {_v(f.device, 'sleeps', 'sleep')} "
+        "at a host sync, with no torch.distributed frame on the stack: collectives on a GPU "
+        "are asynchronous, so a rank blocks at the next point that waits for its device; "
+        "its CPU there is no progress")
+    if f.one_site:
+        evidence.append(NOT_VISIBLE)
+        return Words(
+            f"transport hang?: every rank ({_r(ranks)}) waits for device work at the same "
+            f"{_where(f.device[0].op)} and nothing moves; {NOT_VISIBLE}", evidence)
+    evidence.append(NOT_VISIBLE + "; ranks at different host syncs may still wait in one "
+                    "collective, so no mismatch is inferred from where they stopped")
+    apart = "; ".join(f"{_r(r)} {k}" for k, r in _by_where([*f.known, *f.device]).items())
+    return Words(
+        f"every rank waits, but not all in a collective stacks can name: {apart}; which "
+        "collective each device waits in is not visible, so a transport hang cannot be told "
+        "from a mismatch", evidence)
+
+
+def _by_where(views: Sequence[RankView]) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = defaultdict(list)
+    for v in views:
+        if v.op is not None:
+            found[in_op(v.op)].append(v.rank)
+    return {k: sorted(r) for k, r in found.items()}
+
+
+DEVICE_NEXT_STEPS = (
+    ("Stacks cannot tell which collective the GPUs wait in: relaunch with the flight recorder "
+     "(TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1) and read its dump "
+     "(torchfrtrace), or with NCCL_DEBUG=INFO; `py-spy dump --native` shows the CUDA call "
+     "each rank blocks in."),
+    ("Check that every rank queues the same collectives in the same order before the host "
+     "sync quoted above; if they do, suspect the transport (NCCL_DEBUG=INFO, "
+     "NCCL_SOCKET_IFNAME, link state) or GPU health (nvidia-smi, dmesg for Xid errors)."),
+)
+
+
 # the sentences of each rule outcome
 _SAY: dict[type, Callable[[Any], Words]] = {
     NothingCaptured: _nothing_captured, Progressing: _progressing, DataMoving: _data_moving,
     Working: _working, RanksGone: _ranks_gone, InitSplit: _init_split, InitStuck: _init_stuck,
     CleanupStuck: _cleanup_stuck, Straggling: _straggling, Unseen: _unseen,
     Mismatch: _mismatch, SameOp: _same_op, Unexplained: _unexplained,
+    DeviceWaits: _device_waits,
 }
 
 
@@ -526,7 +591,7 @@ def _where(op: DistOp | None) -> str:
 def describe_rank(v: RankView) -> str:
     """One line on what a rank is doing, quoting its frames."""
     if v.op is not None:
-        text = f"in {v.op.describe()}"
+        text = in_op(v.op)
         if v.op.via != "c10d call":
             text += f", recognised by {v.op.via}"
         if v.op.in_cleanup and v.op.cleanup_frame is not None:
@@ -547,6 +612,9 @@ def activity(v: RankView) -> str:
     move = v.move
     if v.state is RankState.STOPPED:
         return _STATUS_MEANS["stopped"]
+    cycle = v.locks.cycle_of(v.thread) if v.locks is not None and v.thread is not None else None
+    if cycle is not None:
+        return deadlock_short(cycle)
     if move is not None and move.busy:
         return f"computing ({move.cpu_fraction:.0%} of a core)"
     inner = (v.thread.innermost_python if v.thread else None)
@@ -554,6 +622,8 @@ def activity(v: RankView) -> str:
     func = inner.function if inner else ""
     if move is not None and move.status == "disk-sleep":
         return "blocked on I/O (uninterruptible disk sleep)"
+    if v.locks is not None and v.thread is not None and v.locks.edge_of(v.thread) is not None:
+        return "blocked on a lock"
     in_threading = inner is not None and "threading" in inner.filename
     if func in ("acquire", "wait") and in_threading or _LOCK.search(code):
         return "blocked on a lock"
@@ -570,19 +640,117 @@ def what_outside(v: RankView) -> str:
     name = v.thread.name if v.thread else "?"
     where = f" at {inner}" if inner else ""
     code = f" `{inner.code}`" if inner and inner.code else ""
-    text = f"{activity(v)}, not in any collective: thread '{name}'{where}{code}"
+    graph = v.locks
+    cycle = graph.cycle_of(v.thread) if graph is not None and v.thread is not None else None
+    edge = graph.edge_of(v.thread) if graph is not None and v.thread is not None else None
+    if cycle is not None:
+        # the chain names every thread of it and where each waits and holds
+        kind = "self-deadlock" if len(cycle) == 1 else "lock-order deadlock"
+        text = f"in a {kind}, not in any collective: {deadlock_words(cycle, lead=False)}"
+        others = other_threads(v, skip={e.wait.thread.thread_id for e in cycle})
+        return text + (f"; other threads: {others}" if others else "")
+    if edge is not None and graph is not None:
+        # where it waits, on what, and who holds it
+        text = f"{activity(v)}, not in any collective: thread '{name}' {lock_wait_words(edge, graph)}"
+    else:
+        text = f"{activity(v)}, not in any collective: thread '{name}'{where}{code}"
     others = other_threads(v)
     return text + (f"; other threads: {others}" if others else "")
 
 
-def other_threads(v: RankView) -> str:
-    """Up to three other threads of the rank's latest sample, where they are."""
+# -- locks: who waits on whom (``locks``) ----------------------------------------------
+
+
+def _thread(thread: ThreadStack) -> str:
+    return f"'{thread.name or thread.thread_id}'"
+
+
+def _code(frame: Frame) -> str:
+    return f" `{frame.code}`" if frame.code else ""
+
+
+def deadlock_short(cycle: Sequence[LockEdge]) -> str:
+    """``in a lock-order deadlock between threads 'A' (a.py:4) and 'B' (b.py:9)``."""
+    if len(cycle) == 1:
+        wait = cycle[0].wait
+        return f"in a self-deadlock: thread {_thread(wait.thread)} ({wait.frame.location}) waits on a Lock it holds"
+    names = [f"{_thread(e.wait.thread)} ({e.wait.frame.location})" for e in cycle]
+    listed = ", ".join(names[:-1]) + f" and {names[-1]}"
+    return f"in a lock-order deadlock between threads {listed}"
+
+
+def deadlock_words(cycle: Sequence[LockEdge], lead: bool = True) -> str:
+    """Each thread of a deadlock, where it waits and where the one it waits for took the
+    lock: both threads and both lines (``lead``: said to be a deadlock first)."""
+    if len(cycle) == 1:
+        edge = cycle[0]
+        taken = f" (taken at {edge.holder.location})" if edge.holder else ""
+        return (f"{'self-deadlock: ' if lead else ''}thread {_thread(edge.wait.thread)} waits at "
+                f"{edge.wait.frame}{_code(edge.wait.frame)} for a plain Lock it already holds"
+                f"{taken}: it can never get it")
+    parts = []
+    for i, edge in enumerate(cycle):
+        holder = edge.holder
+        assert holder is not None
+        who = f"thread {_thread(edge.wait.thread)} waits" if i == 0 else "which waits"
+        parts.append(f"{who} at {edge.wait.frame}{_code(edge.wait.frame)} for a lock held by "
+                     f"thread {_thread(holder.thread)} (taken at {holder.location})")
+    return ("lock-order deadlock: " if lead else "") + ", ".join(parts) + "; none of them can go on"
+
+
+def lock_wait_words(edge: LockEdge, graph: LockGraph) -> str:
+    """``waiting on a lock at a.py:4 (f) `with x:`, held by thread 'B' (taken at b.py:9),
+    which ...``: the holder and what it does, as far as the stacks tell."""
+    wait = edge.wait
+    text = f"waiting on a lock at {wait.frame.location} ({wait.frame.function}){_code(wait.frame)}"
+    holder = edge.holder
+    if edge.reentry and holder is not None:
+        if wait.kind in REENTRANT:
+            return text + f", an RLock it already holds (taken at {holder.location}): re-entering it"
+        return (text + f", a lock it already holds (taken at {holder.location}): a self-deadlock "
+                "if it is a plain Lock, fine if it is an RLock")
+    if holder is None:
+        if wait.lock is None:
+            return text
+        return (text + ", held by no thread whose stack shows it (taken in a function that "
+                "returned, or by a thread that ended)")
+    text += f", held by thread {_thread(holder.thread)} (taken at {holder.location})"
+    onward = graph.edge_of(holder.thread)
+    if edge.holder_op is not None:
+        return text + f", which is in {edge.holder_op.describe()}"
+    if onward is not None:
+        return text + f", which waits on another lock at {onward.wait.frame.location}"
+    inner = holder.thread.innermost_python
+    state = "running" if holder.thread.active else "blocked"
+    return text + (f", which is {state} at {inner}" if inner is not None else "")
+
+
+def lock_notes(views: Sequence[RankView], said: Sequence[str] = ()) -> list[str]:
+    """Evidence lines on lock waits that the lines ``said`` do not already tell: every
+    deadlock, and every wait on a lock held by a thread in a distributed op; at most six."""
+    lines: list[str] = []
+    for v in views:
+        graph = v.locks
+        if graph is None:
+            continue
+        # (what a line says, the part of it that tells whether a line says it already)
+        found = [(deadlock_words(cycle), deadlock_words(cycle, lead=False))
+                 for cycle in graph.deadlocked]
+        found += [(f"thread {_thread(e.wait.thread)} is {lock_wait_words(e, graph)}",
+                   lock_wait_words(e, graph)) for e in graph.edges if e.holder_op is not None]
+        lines += [f"rank {v.rank}: {words}" for words, core in found
+                  if not any(core in line for line in said)]
+    return lines[:6]
+
+
+def other_threads(v: RankView, skip: Collection[int] = ()) -> str:
+    """Up to three other threads of the rank's latest sample (but ``skip``), where they are."""
     sample = v.snap.latest
     if sample is None or v.thread is None:
         return ""
     parts = []
     for th in sample.threads:
-        if th.thread_id == v.thread.thread_id:
+        if th.thread_id == v.thread.thread_id or th.thread_id in skip:
             continue
         inner = th.innermost_python
         if inner is not None:
@@ -638,6 +806,19 @@ def op_summary(views: Sequence[RankView]) -> str:
     return " / ".join(ops) if ops else "?"
 
 
+def in_op(op: DistOp) -> str:
+    """``in all_reduce (a.py:3)``, or ``for device work at .item() (a.py:9)`` for a host sync."""
+    if waits_for_device(op):
+        return f"for device work at {op.describe()}"
+    return f"in {op.describe()}"
+
+
+def in_ops(views: Sequence[RankView]) -> str:
+    """``in`` the ops the ranks are in (``op_summary``), host syncs said as device waits."""
+    ops = sorted({in_op(v.op) for v in views if v.op})
+    return " / ".join(ops) if ops else "in their last operation"
+
+
 def op_lines(views: Sequence[RankView]) -> list[str]:
     """One line per op (and recogniser): which ranks wait in it, in the order first seen."""
     classes: dict[str, list[int]] = defaultdict(list)
@@ -645,10 +826,10 @@ def op_lines(views: Sequence[RankView]) -> list[str]:
     for v in views:
         if v.op is None:
             continue
-        key = v.op.describe() + (f" via {v.op.via}" if v.op.via != "c10d call" else "")
+        key = in_op(v.op) + (f" via {v.op.via}" if v.op.via != "c10d call" else "")
         classes[key].append(v.rank)
         tails.setdefault(key, frame_tail(v))
-    return [f"{_r(r)} {_v(r, 'waits', 'wait')} in {k}{tails[k]}" for k, r in classes.items()]
+    return [f"{_r(r)} {_v(r, 'waits', 'wait')} {k}{tails[k]}" for k, r in classes.items()]
 
 
 def move_line(v: RankView) -> str:
@@ -669,9 +850,15 @@ def quiet_line(waiting: Sequence[RankView]) -> str:
     if not moves:
         return "no progress counters were available"
     seconds = min(m.seconds for m in moves)
-    cpu = max((m.cpu_fraction or 0.0) for m in moves)
+    # a host sync spins a core while it waits: that CPU is said apart, as no progress
+    spinning = [v for v in waiting if waits_for_device(v.op)]
+    cpu = max(((v.move.cpu_fraction or 0.0) for v in waiting
+               if v.move is not None and v not in spinning), default=0.0)
     io = max((m.bytes_per_second or 0.0) for m in moves)
-    return (
-        f"nothing moved on the waiting ranks over {seconds:.1f} s: stacks unchanged, "
-        f"at most {cpu:.1%} CPU and {io / 1024:.1f} KiB/s read+written"
-    )
+    text = (f"nothing moved on the waiting ranks over {seconds:.1f} s: stacks unchanged, "
+            f"at most {cpu:.1%} CPU and {io / 1024:.1f} KiB/s read+written")
+    if spinning:
+        text += (f" ({_r(_ranks(spinning))} at a host sync "
+                 f"{'spins' if len(spinning) == 1 else 'spin'} a core while "
+                 f"{'it waits' if len(spinning) == 1 else 'they wait'}: not counted)")
+    return text

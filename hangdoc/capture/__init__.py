@@ -6,5 +6,7 @@ processes, ``rankenv`` what a start-up environment says about a rank, and ``rank
 which processes are ranks and their numbers. ``sample`` takes one round of samples: py-spy
 stacks (``pyspy``) and kernel counters (``procstate``). ``source`` keeps the lines around
 user frames and ``heartbeat_files`` reads step heartbeats, both read as the traced process
-could (``sourcefs``); ``redact`` keeps secrets on the node. Imports only the ground floor.
+could (``sourcefs``); ``redact`` keeps secrets on the node. ``dumpfile`` builds a snapshot
+from the stack dumps a user already has (py-spy's text and JSON, ``ray stack``), for
+``hangdoc analyze``. Imports only the ground floor.
 """

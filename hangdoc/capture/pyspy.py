@@ -30,7 +30,16 @@ from typing import IO, Any, NamedTuple
 import psutil
 
 from ..errors import PySpyMissing
-from ..model import CaptureError, CaptureErrorKind, Frame, FrameLocals, ThreadStack, frame_origin
+from ..model import (
+    MAX_LINES_BEFORE,
+    CaptureError,
+    CaptureErrorKind,
+    Frame,
+    FrameLocals,
+    Origin,
+    ThreadStack,
+    frame_origin,
+)
 from .sourcefs import SourceReader
 
 # Arguments worth keeping (with --locals), and only in torch.distributed's own frames: what
@@ -58,10 +67,12 @@ DEFAULT_GROUP = "(default)"  # the wrapper shows no group argument: the call is 
 _EXIT_METHODS = ("__exit__", "__aexit__")
 _INSTANCE = re.compile(r"<([A-Za-z_]\w*) at 0x[0-9a-fA-F]+>")
 
-_DENIED = ("permission denied", "operation not permitted", "elevated permissions",
-           "(os error 1)", "(os error 13)", "ptrace_scope")
-_NOT_PYTHON = ("failed to find python version", "failed to find a python interpreter",
-               "failed to find python interpreter", "not a python", "couldn't find python")
+# py-spy's words for a refused ptrace and for a process without a Python it can find (also
+# read from dump files, ``dumped.capture_error``)
+DENIED_WORDS = ("permission denied", "operation not permitted", "elevated permissions",
+                "(os error 1)", "(os error 13)", "ptrace_scope")
+NOT_PYTHON_WORDS = ("failed to find python version", "failed to find a python interpreter",
+                    "failed to find python interpreter", "not a python", "couldn't find python")
 _PYTHON_EXE = re.compile(r"^(python|pypy)(\d+(\.\d+)*)?[dmu]*$")
 
 class DumpResult(NamedTuple):
@@ -108,11 +119,11 @@ def source_line(filename: str, line: int | None, reader: SourceReader | None = N
     return (text or "").strip() or None
 
 
-def _frame(raw: dict[str, Any], reader: SourceReader) -> Frame:
+def _frame(raw: dict[str, Any], reader: SourceReader | None) -> Frame:
     native = raw.get("module") is not None
     line = raw.get("line") or None
     filename = raw.get("filename") or "?"
-    code = None if native else source_line(filename, line, reader)
+    code = None if native or reader is None else source_line(filename, line, reader)
     return Frame(function=raw.get("name") or "?", filename=filename, line=line, native=native,
                  code=code)
 
@@ -160,7 +171,7 @@ def _exit_exception(variables: list[Any]) -> str | None:
     return f"<{m.group(1)}>" if m else None
 
 
-def _frame_locals(index: int, raw: dict[str, Any]) -> FrameLocals | None:
+def frame_locals(index: int, raw: dict[str, Any]) -> FrameLocals | None:
     """The kept arguments of a torch.distributed frame (see ``LOCAL_NAMES``), and the
     exception an ``__exit__`` was called with."""
     variables = raw.get("locals")
@@ -181,6 +192,80 @@ def _frame_locals(index: int, raw: dict[str, Any]) -> FrameLocals | None:
     return FrameLocals(index, kept) if kept else None
 
 
+# Of the job's and its libraries' frames, capture keeps which object each lock expression
+# of the function starts from (``with self._lock:``, ``with loader.lock:``, ``lock.acquire()``
+# on a line from the ``def`` to the current one): ``@NAME`` -> the object's address, with its
+# type only for the standard library's lock types; ``-`` when NAME is not a local (a global).
+# An address is no secret and changes per process; a value is never kept
+# (``hangdoc.analysis.locks`` matches waiters to holders with them).
+OBJECT_PREFIX = "@"
+_LOCK_TYPES = frozenset({"_thread.lock", "_thread.RLock", "Condition", "Semaphore",
+                         "BoundedSemaphore", "RLock", "Lock", "_RLock"})
+_OBJECT = re.compile(r"<((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*) at (0x[0-9a-fA-F]{1,16})>")
+_LOCK_ROOT = re.compile(
+    r"^\s*(?:(?:async\s+)?with\s+(?P<items>.+?)\s*:\s*(?:#.*)?$"
+    r"|(?:(?:if|while)\s+(?:not\s+)?|[A-Za-z_]\w*\s*=\s*)?(?P<acq>[A-Za-z_]\w*)[\w.]*\.acquire\s*\()")
+_ROOT = re.compile(r"\s*([A-Za-z_]\w*)[\w.]*(?:\s+as\s+\w+)?\s*")
+_DEF = re.compile(r"^\s*(async\s+def|def|class)\s")
+
+
+def _lock_roots(raw: dict[str, Any], reader: SourceReader) -> set[str]:
+    """The names that ``with``/``acquire`` lines of the frame's function start from."""
+    filename, line = raw.get("filename") or "", raw.get("line") or 0
+    roots: set[str] = set()
+    for lineno in range(line, max(0, line - MAX_LINES_BEFORE), -1):
+        text = reader.line(filename, lineno)
+        if text is None:
+            break
+        if m := _LOCK_ROOT.match(text):
+            if m.group("acq"):
+                roots.add(m.group("acq"))
+            for item in (m.group("items") or "").split(","):
+                if root := _ROOT.fullmatch(item):
+                    roots.add(root.group(1))
+        if lineno < line and _DEF.match(text):
+            break
+    return roots
+
+
+def object_locals(raw: dict[str, Any], reader: SourceReader | None) -> tuple[tuple[str, str], ...]:
+    """The kept identities of a frame's lock expressions (``OBJECT_PREFIX``), for frames of
+    the job's and its libraries' code when py-spy ran with ``--locals``."""
+    variables = raw.get("locals")
+    if reader is None or not isinstance(variables, list) or raw.get("module") is not None or \
+            frame_origin(raw.get("filename") or "").kind not in (Origin.USER, Origin.LIBRARY):
+        return ()
+    roots = _lock_roots(raw, reader)
+    if not roots:
+        return ()
+    reprs = {str(v.get("name")): str(v.get("repr") or "") for v in variables if isinstance(v, dict)}
+    kept = []
+    for name in sorted(roots):
+        if name not in reprs:
+            # py-spy lists neither a closure's variables nor a function's own cell
+            # variables: only a name the module assigns at its top level is its global
+            if _module_global(reader, raw.get("filename") or "", name):
+                kept.append((OBJECT_PREFIX + name, "-"))
+        elif (m := _OBJECT.fullmatch(reprs[name].strip())) and m.group(1) != "cell":
+            kind = m.group(1) if m.group(1) in _LOCK_TYPES else ""
+            kept.append((OBJECT_PREFIX + name, f"{m.group(2).lower()} {kind}".strip()))
+    return tuple(kept)
+
+
+def _module_global(reader: SourceReader, filename: str, name: str) -> bool:
+    """``name`` is assigned or imported at the top level of ``filename``."""
+    top = re.compile(rf"^(?:{name}\s*(?::[^=]*)?=(?!=)|(?:from\s+\S+\s+)?import\s.*\b{name}\b)")
+    return any(top.match(text) for text in reader.lines(filename) or ())
+
+
+def _with_objects(found: FrameLocals | None, index: int, raw: dict[str, Any],
+                  reader: SourceReader | None) -> FrameLocals | None:
+    objects = object_locals(raw, reader)
+    if not objects:
+        return found
+    return FrameLocals(index, (found.values if found else ()) + objects)
+
+
 def parse_dump(text: str | bytes, pid: int | None = None) -> tuple[ThreadStack, ...]:
     """Parse ``py-spy dump --json`` output; ``Frame.code`` is read as process ``pid`` could
     (hangdoc.sourcefs; this process when ``pid`` is None), and torch.distributed frames keep
@@ -191,7 +276,14 @@ def parse_dump(text: str | bytes, pid: int | None = None) -> tuple[ThreadStack, 
     data = json.loads(text)
     if not isinstance(data, list):
         raise ValueError("py-spy JSON is not a list of threads")  # noqa: TRY004
-    reader = SourceReader(pid)
+    return threads_from_json(data, pid, SourceReader(pid))
+
+
+def threads_from_json(data: list[Any], pid: int | None = None,
+                      reader: SourceReader | None = None) -> tuple[ThreadStack, ...]:
+    """The threads of one py-spy JSON dump (its list of thread objects), frames outermost
+    first; ``Frame.code`` is read through ``reader``, and left out without one (a dump read
+    from a file, away from the process)."""
     threads = []
     for raw in data:
         frames_raw = list(reversed(raw.get("frames") or ()))
@@ -199,7 +291,7 @@ def parse_dump(text: str | bytes, pid: int | None = None) -> tuple[ThreadStack, 
         name = raw.get("thread_name")
         if name is None and native_id is not None and native_id == (pid or raw.get("pid")):
             name = "MainThread"  # threading was never imported; the main thread's tid is the pid
-        found = (_frame_locals(i, f) for i, f in enumerate(frames_raw))
+        found = (_with_objects(frame_locals(i, f), i, f, reader) for i, f in enumerate(frames_raw))
         threads.append(ThreadStack(
             thread_id=int(raw["thread_id"]),
             name=name,
@@ -255,10 +347,10 @@ def classify_failure(pid: int, returncode: int, stderr: str) -> CaptureError:
     lowered = stderr.lower()
     if process_gone(pid):
         return CaptureError(CaptureErrorKind.PROCESS_GONE, f"pid {pid} exited")
-    if any(p in lowered for p in _DENIED):
+    if any(p in lowered for p in DENIED_WORDS):
         return CaptureError(CaptureErrorKind.PTRACE_DENIED, message)
     looks_python = _looks_python(pid)
-    no_interpreter = any(p in lowered for p in _NOT_PYTHON)
+    no_interpreter = any(p in lowered for p in NOT_PYTHON_WORDS)
     if looks_python is False or (no_interpreter and looks_python is None):
         return CaptureError(CaptureErrorKind.NOT_PYTHON, message)
     if no_interpreter:

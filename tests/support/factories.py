@@ -165,6 +165,8 @@ def make_rank(
     env: Mapping[str, str] | None = None,
     cmdline: Sequence[str] = ("python", "train.py"),
     launcher_pid: int | None = None,
+    thread_arguments: Mapping[str, Sequence[tuple[int, Mapping[str, str]]]] | None = None,
+    thread_active: Mapping[str, bool] | None = None,
 ) -> RankSnapshot:
     """One rank sampled ``samples`` times, ``interval`` seconds apart.
 
@@ -176,7 +178,9 @@ def make_rank(
     index ``n`` on fail with ``PROCESS_GONE``. ``thread_cpu`` (thread name -> CPU seconds
     per sample) gives every state per-thread counters, the process's CPU growing by their
     sum plus ``cpu_per_sample``; ``arguments`` are the main thread's kept call arguments
-    (frame index -> {name: value}; a negative index counts from the innermost frame).
+    (frame index -> {name: value}; a negative index counts from the innermost frame);
+    ``thread_arguments`` gives the other threads theirs (thread name -> the same), and
+    ``thread_active`` which of them are on CPU.
     """
     pid = 1000 + (rank or 0) if pid is None else pid
     per_sample = [make_stack(s) for s in stacks] if stacks is not None else None
@@ -198,7 +202,10 @@ def make_rank(
                      for index, values in arguments)
         thread_list = [ThreadStack(pid, thread_name, main_i, pid, active, active, kept)]
         thread_list += [
-            ThreadStack(pid + 100 * (j + 1), name, s, pid + 100 * (j + 1))
+            ThreadStack(pid + 100 * (j + 1), name, s, pid + 100 * (j + 1),
+                        active=(thread_active or {}).get(name, False),
+                        locals=tuple(FrameLocals(index % len(s), tuple(values.items()))
+                                     for index, values in (thread_arguments or {}).get(name, ())))
             for j, (name, s) in enumerate(extra.items())
         ]
         counters: tuple[ThreadCounters, ...] = ()

@@ -207,7 +207,7 @@ def test_analyze_a_fifo_does_not_wait_for_a_writer(tmp_path, capsys) -> None:
 
 def test_analyze_devices_and_directories(tmp_path, capsys) -> None:
     _analyze_error(capsys, "/dev/zero", "/dev/zero is a character device")
-    _analyze_error(capsys, tmp_path, "is a directory")
+    _analyze_error(capsys, tmp_path, "no flight recorder dump in it")  # a directory holds dumps
     _analyze_error(capsys, tmp_path / "missing.json", "No such file or directory")
 
 
@@ -365,12 +365,12 @@ def test_unexpected_exception_is_one_line_internal_error(tmp_path, capsys, monke
 
 
 def test_interrupt_with_json(tmp_path, capsys, monkeypatch) -> None:
-    from hangdoc import bundle as bundle_module
+    from hangdoc.capture import dumpfile  # what `analyze` reads its file with
 
     def interrupted(path):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(bundle_module, "load_snapshot", interrupted)
+    monkeypatch.setattr(dumpfile, "load_evidence", interrupted)
     assert main(["analyze", "x.json", "--json"]) == 130
     out = capsys.readouterr()
     assert json.loads(out.out)["error"] == {"kind": "Interrupted", "message": "interrupted",
@@ -410,3 +410,12 @@ def test_closed_stdout_on_an_error_with_json(tmp_path) -> None:
     assert done.returncode == 2
     assert done.stderr.startswith("hangdoc: error: bad job spec")
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+
+
+def test_analyze_a_directory_of_flight_recorder_dumps(capsys) -> None:
+    from support.paths import TESTS
+
+    assert main(["analyze", str(TESTS / "data" / "flight" / "behind"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["verdict"], report["culprit_ranks"]) == ("straggler", [1])
+    assert report["summary"].endswith("which ranks 0,2 wait in (flight recorder)")

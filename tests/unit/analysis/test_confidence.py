@@ -214,6 +214,30 @@ def groups_unseen(majority: str = "<ProcessGroup>") -> JobSnapshot:
                           on_group(3, 55, "<ProcessGroup>")])
 
 
+GPU = {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+AT_ITEM = [*LOOP, make_frame("train.py:train_step:40", code="loss_value = loss.item()")]
+
+
+def device_one_site() -> JobSnapshot:
+    """Every rank spins at the same ``.item()`` on a GPU (tests/unit/analysis/test_device_waits)."""
+    return make_snapshot([make_rank(r, AT_ITEM, world_size=4, active=True, cpu_per_sample=0.5,
+                                    env=GPU) for r in range(4)])
+
+
+def device_straggler() -> JobSnapshot:
+    """Ranks 0-2 wait for their devices at ``.item()``; rank 3 is on a lock, watched long."""
+    lock = [*LOOP, make_frame("data.py:next_batch:80", code="with self._lock:")]
+    return make_snapshot([*(make_rank(r, AT_ITEM, world_size=4, samples=24, active=True,
+                                      cpu_per_sample=0.5, env=GPU) for r in range(3)),
+                          make_rank(3, lock, world_size=4, samples=24, env=GPU)])
+
+
+def maybe_device() -> JobSnapshot:
+    """Rank 3 spins at ``.item()`` and nothing shows a GPU: read as computing, doubted."""
+    return make_snapshot([waiting(0), waiting(1), waiting(2),
+                          make_rank(3, AT_ITEM, world_size=4, active=True, cpu_per_sample=0.5)])
+
+
 # (snapshot, verdict, confidence, phrases the basis must hold)
 CASES: dict[str, tuple[Callable[[], JobSnapshot], Verdict, Confidence, tuple[str, ...]]] = {
     "transport_hang": (transport_hang, Verdict.NCCL_TIMEOUT, HIGH, (
@@ -279,6 +303,14 @@ CASES: dict[str, tuple[Callable[[], JobSnapshot], Verdict, Confidence, tuple[str
         "rank 3 named by its stack: the minority op",)),
     "few_moving": (few_moving, Verdict.NOT_HUNG, MEDIUM, (
         "only rank 0 completed ops while ranks 1-3 waited throughout",)),
+    "device_one_site": (device_one_site, Verdict.NCCL_TIMEOUT, LOW, (
+        "ranks 0-3 wait for device work at a host sync: stacks cannot tell which collective",
+        "no waiting rank's bytes or stack moved over 1.0 s (ranks 0-3 at a host sync")),
+    "device_straggler": (device_straggler, Verdict.STRAGGLER, MEDIUM, (
+        "ranks 0-2 wait for device work at a host sync, not in a torch.distributed frame",)),
+    "maybe_device": (maybe_device, Verdict.STRAGGLER, LOW, (
+        ("rank 3 spins on one line that waits for a GPU if its tensors are on one "
+         "(`loss_value = loss.item()`)"),)),
 }  # fmt: skip
 
 
@@ -396,6 +428,7 @@ RECORDED_CONFIDENCE = {
     "straggler_crop_retry_spin": MEDIUM,  # the culprit spins on CPU: may be slow
     "straggler_fifo_shard_reader": HIGH,
     "straggler_forked_worker_lock": HIGH,
+    "straggler_lock_order_deadlock_curriculum": HIGH,  # a deadlock seen in every sample
     "straggler_prefetch_lock_checkpoint": HIGH,
     "straggler_stale_cache_lock": HIGH,
 }

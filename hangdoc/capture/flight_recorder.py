@@ -1,0 +1,159 @@
+"""A rank's flight recorder dump, read into a ``FlightRecord``.
+
+torch records each process group's recent collectives and p2p ops when the job runs with
+``TORCH_FR_BUFFER_SIZE`` (``TORCH_NCCL_TRACE_BUFFER_SIZE`` before 2.6). A dump is what
+``torch._C._distributed_c10d._dump_fr_trace_json()`` returns (JSON) or what torch writes to
+``TORCH_FR_DUMP_TEMP_FILE<rank>`` (a pickle of the same dict). The keys read here are the
+ones torch's own analyzer reads (``torch/distributed/flight_recorder``): ``version``,
+``pg_config`` (each group's name, description and member ranks), and ``entries`` (per op:
+``process_group`` as (name, description), ``collective_seq_id``/``p2p_seq_id``,
+``is_p2p``, ``profiling_name`` such as ``nccl:all_reduce``, sizes, dtypes, ``state``,
+``retired``).
+
+A pickle is read with an unpickler that builds only plain containers, strings and numbers:
+a dump is data, never code. Everything is bounded: at most ``MAX_ENTRIES`` entries and
+``MAX_GROUPS`` groups are kept, and a malformed dump is ``FlightRecordInvalid`` with one
+line saying what is wrong.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+from collections.abc import Mapping
+from typing import Any
+
+from ..model import FlightEntry, FlightGroup, FlightRecord
+
+MAX_ENTRIES = 20_000  # torch's ring defaults to 2,000 when enabled; a dump beyond this is cut
+MAX_GROUPS = 4_096
+MAX_RANKS = 1 << 22
+MAX_TENSORS = 64  # sizes/dtypes kept per op (a coalesced op can list many)
+_SAFE_BUILTINS = {"dict", "list", "tuple", "set", "frozenset", "str", "bytes", "int", "float", "bool"}
+
+
+class FlightRecordInvalid(ValueError):
+    """The bytes are not a flight recorder dump hangdoc can read."""
+
+
+def read_flight_record(raw: bytes, source: str = "") -> FlightRecord:
+    """The dump in ``raw`` (JSON text or torch's pickle) as a ``FlightRecord``."""
+    data = _decode(raw)
+    if not isinstance(data, Mapping) or "entries" not in data:
+        raise FlightRecordInvalid("not a flight recorder dump: no 'entries'")
+    entries = data["entries"]
+    if not isinstance(entries, list):
+        raise FlightRecordInvalid("'entries' is not a list")
+    return FlightRecord(
+        entries=tuple(_entry(e, i) for i, e in enumerate(entries[-MAX_ENTRIES:])),
+        groups=_groups(data.get("pg_config")),
+        version=str(data.get("version", ""))[:32],
+        source=source,
+    )
+
+
+def _decode(raw: bytes) -> Any:
+    head = raw.lstrip()[:1]
+    if head in (b"{", b"["):
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError) as err:
+            raise FlightRecordInvalid(f"not valid JSON: {err}") from None
+    if raw[:1] == b"\x80":  # a pickle's PROTO opcode
+        try:
+            return _PlainUnpickler(io.BytesIO(raw)).load()
+        except FlightRecordInvalid:
+            raise
+        except Exception as err:  # noqa: BLE001 - any way a pickle can be broken
+            raise FlightRecordInvalid(f"not a readable pickle: {type(err).__name__}: {err}") from None
+    raise FlightRecordInvalid("neither JSON nor a pickle")
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Builds plain data only: any class or function named in the stream is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "builtins" and name in _SAFE_BUILTINS:
+            return super().find_class(module, name)
+        raise FlightRecordInvalid(f"the pickle names {module}.{name}: a dump holds plain data only")
+
+
+def _entry(raw: object, index: int) -> FlightEntry:
+    if not isinstance(raw, Mapping):
+        raise FlightRecordInvalid(f"entry {index} is not an object")
+    try:
+        group = raw.get("process_group")
+        pair = list(group) if isinstance(group, (list, tuple)) else []
+        name = str(pair[0]) if pair else str(raw.get("pg_id", ""))
+        desc = str(pair[1]) if len(pair) > 1 else ""
+        p2p = bool(raw.get("is_p2p", False))
+        seq = _int(raw.get("p2p_seq_id" if p2p else "collective_seq_id"))
+        profiling = str(raw.get("profiling_name", ""))
+        return FlightEntry(
+            group=name[:256],
+            seq=seq,
+            op=profiling.rpartition(":")[2][:64],
+            input_sizes=_sizes(raw.get("input_sizes")),
+            input_dtypes=_dtypes(raw.get("input_dtypes")),
+            output_sizes=_sizes(raw.get("output_sizes")),
+            output_dtypes=_dtypes(raw.get("output_dtypes")),
+            p2p=p2p,
+            group_desc=desc[:256],
+            state=str(raw.get("state", ""))[:32],
+            retired=bool(raw.get("retired", False)),
+        )
+    except (TypeError, ValueError) as err:
+        raise FlightRecordInvalid(f"entry {index}: {err}") from None
+
+
+def _int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"expected an integer, got {type(value).__name__}")
+    number = int(value)
+    if not 0 <= number < 1 << 62:
+        raise ValueError(f"{number} is out of range")
+    return number
+
+
+def _sizes(value: object) -> tuple[tuple[int, ...], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise TypeError("sizes are not a list")
+    return tuple(tuple(_int(d) for d in shape[:16]) for shape in value[:MAX_TENSORS]
+                 if isinstance(shape, list))
+
+
+def _dtypes(value: object) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise TypeError("dtypes are not a list")
+    return tuple(str(d)[:32] for d in value[:MAX_TENSORS])
+
+
+def _groups(config: object) -> tuple[FlightGroup, ...]:
+    """``pg_config``: {key: {"name", "desc", "ranks": "[0, 1]" or a list}}."""
+    if not isinstance(config, Mapping):
+        return ()
+    out = []
+    for key, value in list(config.items())[:MAX_GROUPS]:
+        if not isinstance(value, Mapping):
+            continue
+        name = str(value.get("name", key))
+        out.append(FlightGroup(name=name[:256], desc=str(value.get("desc", ""))[:256],
+                               ranks=_ranks(value.get("ranks"))))
+    return tuple(out)
+
+
+def _ranks(value: object) -> tuple[int, ...]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return ()
+    if not isinstance(value, list):
+        return ()
+    ranks = [v for v in value if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_RANKS]
+    return tuple(ranks) if len(ranks) == len(value) else ()
