@@ -240,8 +240,8 @@ def _one_sample(case: Case) -> str | None:
     few = [v for v in case.read if len(v.snap.good_samples) < 2]
     if not few:
         return None
-    return (f"{_who(few)} read in 1 sample only: nothing to compare; a longer --window "
-            "would show whether it moves")
+    return (f"{_who(few)} read in 1 sample only: nothing to compare; a second look (a longer "
+            "--window, or a second dump of each process) would show whether it moves")
 
 
 def _device_collective_unseen(case: Case) -> str | None:
@@ -310,6 +310,8 @@ def _still_working(case: Case) -> str | None:
 
 
 def _briefly_idle(case: Case) -> str | None:
+    if all(len(v.snap.good_samples) < 2 for v in case.outside):
+        return None  # seen once: no idle time at all (``_one_sample`` says so)
     idle = _idle_for(case)
     if idle is None or idle >= STILL_FOR:
         return None

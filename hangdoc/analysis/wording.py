@@ -850,6 +850,8 @@ def quiet_line(waiting: Sequence[RankView]) -> str:
     if not moves:
         return "no progress counters were available"
     seconds = min(m.seconds for m in moves)
+    if seconds <= 0:  # one look at each (a dump file): no time passed to see anything move
+        return "each waiting rank was seen once: whether anything moves on them is not shown"
     # a host sync spins a core while it waits: that CPU is said apart, as no progress
     spinning = [v for v in waiting if waits_for_device(v.op)]
     cpu = max(((v.move.cpu_fraction or 0.0) for v in waiting

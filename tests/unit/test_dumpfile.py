@@ -369,3 +369,13 @@ def test_py_spy_errors_between_json_dumps(tmp_path) -> None:
     assert [r.process.pid for r in snapshot.ranks] == [3955, 4242, 3956]
     error = snapshot.ranks[1].samples[0].error
     assert error is not None and error.kind is CaptureErrorKind.PTRACE_DENIED
+
+
+@pytest.mark.parametrize("name", ["mismatch_wrapper_two_callers.txt", "straggler_forked_worker_lock_native.txt"])
+def test_one_dump_each_claims_no_time_it_did_not_watch(name: str) -> None:
+    """Seen once, a rank shows no CPU, no I/O and no idle time: the report must not say
+    "nothing moved over 0.0 s" or "idle for only 0.0 s", and points to a second dump."""
+    diagnosis = analyse(load_evidence(DUMPS / name))
+    said = " ".join((*diagnosis.evidence, *diagnosis.basis))
+    assert "0.0 s" not in said and "0.0%" not in said
+    assert "a second dump of each process" in said
