@@ -45,6 +45,9 @@ bench-fanout: $(STAMP)  ## coordinator fan-out to 8/32/128 replaying agents; app
 bench-accuracy: $(STAMP)  ## every corpus job diagnosed live and replayed: confusion matrix into docs/benchmarks.md
 	$(BIN)/python bench/bench_accuracy.py --live --recorded --write docs/benchmarks.md
 
+bench-probe: $(STAMP)  ## what the in-process probe costs a job, idle and asked; writes docs/benchmarks.md
+	$(BIN)/python bench/bench_probe.py --rounds 12 --write docs/benchmarks.md
+
 lint: $(STAMP)  ## ruff + mypy on the package
 	$(BIN)/ruff check hangdoc tests bench examples
 	$(BIN)/mypy hangdoc
@@ -62,4 +65,4 @@ proto: $(STAMP)  ## regenerate hangdoc/fleet/v1 from proto/ (pinned grpcio-tools
 clean:  ## remove the virtualenv and caches
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help install demo watch-demo test test-fast bench bench-fanout bench-watch bench-accuracy lint proto clean
+.PHONY: help install demo watch-demo test test-fast bench bench-fanout bench-watch bench-accuracy bench-probe lint proto clean

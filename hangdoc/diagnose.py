@@ -19,13 +19,15 @@ from dataclasses import dataclass
 from . import __version__
 from .analysis.analyse import analyse
 from .capture.jobspec import JobSpec, parse_job_spec
+from .capture.probe_client import NO_PROBE
 from .capture.pyspy import find_pyspy
-from .errors import PermissionDenied
+from .errors import PermissionDenied, one_line
 from .fleet.coordinator import Fleet, Round, fan_out, find_ranks, sample_all
-from .fleet.node import LocalNode, Node
+from .fleet.node import Flights, LocalNode, Node
 from .model import (
     CaptureErrorKind,
     Diagnosis,
+    FlightRecord,
     Frame,
     JobSnapshot,
     RankSnapshot,
@@ -36,6 +38,7 @@ from .model import (
 )
 
 Progress = Callable[[str], None]
+FLIGHT_TIMEOUT = 3.0  # seconds for a rank's probe to hand over its flight recorder dump
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +115,8 @@ class _Capture:
         self.unreachable: list[Unreachable] = list(fleet.unreachable)
         self.asked: set[tuple[int, str, int | None]] = set()
         self.deepened: set[int] = set()  # ranks given their one native sample
+        self.flights: dict[int, FlightRecord] = {}  # by index into placed
+        self.flight_asked = False
 
     def live(self) -> set[int]:
         return {i for i, s in enumerate(self.samples) if not (s and s[-1].gone)}
@@ -172,10 +177,37 @@ class _Capture:
         self.add(Round({i: s for i, s in taken.samples.items() if s.error is None}, taken.lost))
         return want
 
+    def flight(self, timeout: float) -> None:
+        """Ask each live rank's in-process probe (``hangdoc.probe``), once, for its flight
+        recorder dump. Most jobs run without one: that is said only when some rank has one."""
+        if self.flight_asked:
+            return
+        self.flight_asked = True
+        lost = {u.target for u in self.unreachable}  # said already, with their ranks
+        groups = [(node, idx) for node, idx in self.fleet.by_node(self.live()) if node.name not in lost]
+        pids = {id(node): [self.fleet.placed[i][1].pid for i in idx] for node, idx in groups}
+        index = {(id(node), self.fleet.placed[i][1].pid): i for node, idx in groups for i in idx}
+        failed: list[str] = []
+        for node, found, _err in fan_out([n for n, _ in groups], lambda n: _flights(n, pids[id(n)], timeout),
+                                          timeout + 15.0):
+            for pid, (record, why) in (found or {}).items():
+                i = index.get((id(node), pid))
+                if i is not None and record is not None:
+                    self.flights[i] = record
+                elif why and not why.startswith(NO_PROBE):
+                    failed.append(f"pid {pid}: {why}")
+        if self.flights:
+            self.notes.append(f"flight recorder dumps of {len(self.flights)} of {len(self.fleet.placed)} "
+                              "rank(s), through their probes")
+        if failed:
+            self.notes.append("no flight recorder dump from " + "; ".join(failed[:4])
+                              + (f"; and {len(failed) - 4} more" if len(failed) > 4 else ""))
+
     def snapshot(self, elapsed: float) -> JobSnapshot:
         return JobSnapshot(
             spec=self.spec,
-            ranks=tuple(RankSnapshot(p, tuple(s)) for (_, p), s in zip(self.fleet.placed, self.samples)),
+            ranks=tuple(RankSnapshot(p, tuple(s), self.flights.get(i))
+                        for i, ((_, p), s) in enumerate(zip(self.fleet.placed, self.samples, strict=True))),
             world_size=self.fleet.world_size,
             unreachable=tuple(self.unreachable),
             window_seconds=round(elapsed, 3),
@@ -212,6 +244,7 @@ def observe(spec: str, fleet: Fleet, options: CaptureOptions, say: Progress) -> 
         if elapsed < options.window:
             wait_for_next_round()
             continue
+        cap.flight(FLIGHT_TIMEOUT)
         deeper = cap.deepen(options, time.monotonic() - t0)
         if deeper:
             say(f"took native frames of {len(deeper)} rank(s) whose Python stack ends in C++")
@@ -232,6 +265,14 @@ def observe(spec: str, fleet: Fleet, options: CaptureOptions, say: Progress) -> 
             )
             say("evidence ambiguous (a rank is busy while others wait): observing longer")
         wait_for_next_round()
+
+
+def _flights(node: Node, pids: list[int], timeout: float) -> Flights:
+    """A node's answer; a failure is no dump, never a failed diagnosis."""
+    try:
+        return node.flight(pids, timeout)
+    except Exception as err:  # noqa: BLE001 - dumps refine a diagnosis; a node's failure is said, not raised
+        return {pid: (None, one_line(str(err) or type(err).__name__, 300)) for pid in pids}
 
 
 def _check_readable(samples: list[list[Sample]]) -> None:

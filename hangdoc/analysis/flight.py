@@ -207,7 +207,9 @@ def apply_flight(diagnosis: Diagnosis, finding: FlightFinding | None, stacks: bo
         return dataclasses.replace(
             diagnosis, evidence=(*finding.evidence, *diagnosis.evidence),
             basis=(basis_line, *diagnosis.basis),
-            confidence=Confidence.HIGH if finding.culprits else diagnosis.confidence)
+            # a rank still working (ambiguous) stays as unsure as the stacks leave it: the
+            # dumps show it has not issued the collective, not that it never will
+            confidence=Confidence.HIGH if finding.culprits and not diagnosis.ambiguous else diagnosis.confidence)
     overridden = (f"the stacks alone read {diagnosis.verdict.value}"
                   + (f" (culprits {', '.join(map(str, diagnosis.culprit_ranks))})" if diagnosis.culprit_ranks else "")
                   + f": {diagnosis.summary}; the flight recorder overrides it")

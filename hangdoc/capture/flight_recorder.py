@@ -157,3 +157,17 @@ def _ranks(value: object) -> tuple[int, ...]:
         return ()
     ranks = [v for v in value if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_RANKS]
     return tuple(ranks) if len(ranks) == len(value) else ()
+
+
+def flight_record_to_json(record: FlightRecord) -> str:
+    """``record`` as a dump in torch's own JSON shape, which ``read_flight_record`` reads
+    back to the same value (what an agent sends for a rank's dump)."""
+    entries = [{
+        "process_group": [e.group, e.group_desc], "is_p2p": e.p2p,
+        "p2p_seq_id" if e.p2p else "collective_seq_id": e.seq, "profiling_name": e.op,
+        "input_sizes": [list(s) for s in e.input_sizes], "input_dtypes": list(e.input_dtypes),
+        "output_sizes": [list(s) for s in e.output_sizes], "output_dtypes": list(e.output_dtypes),
+        "state": e.state, "retired": e.retired,
+    } for e in record.entries]
+    groups = {g.name: {"name": g.name, "desc": g.desc, "ranks": list(g.ranks)} for g in record.groups}
+    return json.dumps({"version": record.version, "entries": entries, "pg_config": groups})

@@ -39,10 +39,19 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from .. import SCHEMA_VERSION, __version__
 from ..bundle import load_snapshot
 from ..capture.discover import Discovery
+from ..capture.flight_recorder import flight_record_to_json
 from ..capture.jobspec import parse_job_spec
 from ..capture.pyspy import find_pyspy
 from ..errors import HangdocError, JobNotFound, PermissionDenied, PySpyMissing, UsageError, one_line
-from ..model import CaptureError, CaptureErrorKind, Frame, Heartbeat, Sample, SourceFile
+from ..model import (
+    CaptureError,
+    CaptureErrorKind,
+    FlightRecord,
+    Frame,
+    Heartbeat,
+    Sample,
+    SourceFile,
+)
 from . import wire
 from .callers import OPERATOR_BY_CERT, OPERATOR_BY_TOKEN, Caller, identify
 from .credfiles import check_tls, read_private, read_token
@@ -171,7 +180,7 @@ class AgentService(pb_grpc.AgentServicer):
     async def GetInfo(self, request: pb.GetInfoRequest, context: grpc.aio.ServicerContext) -> pb.AgentInfo:
         info = pb.AgentInfo(
             hangdoc_version=__version__, schema_version=SCHEMA_VERSION, api_version=API_VERSION,
-            host=self.node.name, pid=os.getpid(), native=True, features=["sources"] if self.config.replay else ["sources", "heartbeats"],
+            host=self.node.name, pid=os.getpid(), native=True, features=["sources", "flight"] if self.config.replay else ["sources", "heartbeats", "flight"],
             python_version=sys.version.split()[0],
         )
         try:
@@ -217,6 +226,24 @@ class AgentService(pb_grpc.AgentServicer):
 
         found = await self._run(context, caller, "Heartbeats", f"pids={_pid_list(request.pids)}", beats)
         return pb.HeartbeatsResponse(heartbeats=[wire.heartbeat_to_proto(b) for b in found.values()])
+
+    async def Flight(self, request: pb.FlightRequest, context: grpc.aio.ServicerContext) -> pb.FlightResponse:
+        caller = self.caller(context)
+
+        def dumps() -> dict[int, tuple[FlightRecord | None, str]]:
+            if len(request.pids) > MAX_PIDS_PER_CALL:
+                raise UsageError(f"{len(request.pids)} pids in one call; at most {MAX_PIDS_PER_CALL}")
+            timeout = request.timeout_seconds
+            if not (math.isfinite(timeout) and 0 < timeout <= MAX_DUMP_TIMEOUT):
+                raise UsageError(f"timeout_seconds must be in (0, {MAX_DUMP_TIMEOUT:g}], not {timeout!r}")
+            pids = [pid for pid in dict.fromkeys(request.pids)
+                    if pid in self.found_pids and caller.may_read(pid)]
+            return self.node.flight(pids, timeout)
+
+        found = await self._run(context, caller, "Flight", f"pids={_pid_list(request.pids)}", dumps)
+        return pb.FlightResponse(ranks=[
+            pb.RankFlight(pid=pid, dump=flight_record_to_json(rec) if rec else "", reason=reason)
+            for pid, (rec, reason) in found.items()])
 
     # ------------------------------------------------------------ the work, in a thread
 

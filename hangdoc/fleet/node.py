@@ -1,4 +1,5 @@
-"""What one node offers the coordinator: find a job's ranks there, sample them, read their heartbeats.
+"""What one node offers the coordinator: find a job's ranks there, sample them, read their
+heartbeats, ask their probes for flight recorder dumps.
 
 The embedded ``LocalNode`` does both in-process (``discover`` and ``sample_round``); a
 remote agent offers the same two calls over gRPC. The coordinator and the analysis never
@@ -9,16 +10,21 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Protocol
 
 from ..capture.discover import Discovery, discover
 from ..capture.heartbeat_files import read_processes
 from ..capture.jobspec import JobSpec
+from ..capture.probe_client import NO_PROBE, probe_flight
 from ..capture.sample import sample_round
 from ..capture.source import collect_sources, merge_sources
 from ..capture.sourcefs import SourceReader
-from ..model import Frame, Heartbeat, JobSnapshot, RankProcess, Sample, SourceFile
+from ..model import FlightRecord, Frame, Heartbeat, JobSnapshot, RankProcess, Sample, SourceFile
+
+# each of ``pids``: its flight recorder dump, or None and why there is none
+Flights = dict[int, tuple[FlightRecord | None, str]]
 
 
 class Node(Protocol):
@@ -44,6 +50,10 @@ class Node(Protocol):
 
     def heartbeats(self, pids: Sequence[int]) -> dict[int, Heartbeat]:
         """The last step heartbeat of each of ``pids`` that ever beat (``hangdoc.step()``)."""
+        ...
+
+    def flight(self, pids: Sequence[int], timeout: float) -> Flights:
+        """The flight recorder dump of each of ``pids``, through its in-process probe."""
         ...
 
 
@@ -73,6 +83,14 @@ class LocalNode:
 
     def heartbeats(self, pids: Sequence[int]) -> dict[int, Heartbeat]:
         return read_processes(pids)
+
+    def flight(self, pids: Sequence[int], timeout: float) -> Flights:
+        if not pids:
+            return {}
+        # at once: a probe that does not answer (a main thread holding the GIL) costs its
+        # timeout, not the sum of every rank's
+        with ThreadPoolExecutor(max_workers=min(16, len(pids)), thread_name_prefix="hangdoc-flight") as pool:
+            return dict(zip(pids, pool.map(lambda pid: probe_flight(pid, timeout), pids), strict=True))
 
 
 class ReplayNode:
@@ -123,3 +141,7 @@ class ReplayNode:
 
     def heartbeats(self, pids: Sequence[int]) -> dict[int, Heartbeat]:
         return {}  # snapshots hold no heartbeats
+
+    def flight(self, pids: Sequence[int], timeout: float) -> Flights:
+        records = {pid: self.by_pid[pid].flight for pid in pids if pid in self.by_pid}
+        return {pid: (rec, "" if rec else f"{NO_PROBE} dump in the snapshot") for pid, rec in records.items()}

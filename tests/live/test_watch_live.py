@@ -167,8 +167,11 @@ def test_healthy_jittery_run_never_fires(watch_run) -> None:
 
 
 def test_long_but_progressing_pause_is_not_a_hang(watch_run) -> None:
-    # rank 0 spends 7 s saving a checkpoint (on CPU, writing) while rank 1 waits in a barrier
-    run = watch_run(["--stall-after", "2", "--max-window", "3", "--max-postpone", "6"], 2,
+    # rank 0 spends 7 s saving a checkpoint (on CPU, writing) while rank 1 waits in a barrier.
+    # The pause comes after warm-up (step 6 of 5 warm-up steps); the warm-up timeout is long
+    # so that torchrun starting its workers on a loaded machine (seconds without output, no
+    # rank yet: a stall that cannot be diagnosed) is not what this test measures.
+    run = watch_run(["--stall-after", "2", "--warmup-timeout", "60", "--max-window", "3", "--max-postpone", "6"], 2,
                     ["--pause", "7", "--at", "6", "--steps", "14"])
     code = run.wait(150)
     assert code == 0, run.err()[-3000:]

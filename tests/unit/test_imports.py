@@ -15,7 +15,7 @@ import pytest
 from support.paths import REPO
 
 PACKAGE = REPO / "hangdoc"
-GROUND = {"hangdoc", "hangdoc.model", "hangdoc.errors", "hangdoc.bundle", "hangdoc.heartbeat"}
+GROUND = {"hangdoc", "hangdoc.model", "hangdoc.errors", "hangdoc.bundle", "hangdoc.heartbeat", "hangdoc.probe"}
 
 # what each floor may import besides the standard library, third-party packages and itself
 MAY_IMPORT = {

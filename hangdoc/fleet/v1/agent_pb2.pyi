@@ -322,3 +322,27 @@ class HeartbeatsResponse(_message.Message):
     HEARTBEATS_FIELD_NUMBER: _ClassVar[int]
     heartbeats: _containers.RepeatedCompositeFieldContainer[Heartbeat]
     def __init__(self, heartbeats: _Optional[_Iterable[_Union[Heartbeat, _Mapping]]] = ...) -> None: ...
+
+class FlightRequest(_message.Message):
+    __slots__ = ("pids", "timeout_seconds")
+    PIDS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    pids: _containers.RepeatedScalarFieldContainer[int]
+    timeout_seconds: float
+    def __init__(self, pids: _Optional[_Iterable[int]] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class RankFlight(_message.Message):
+    __slots__ = ("pid", "dump", "reason")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    DUMP_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    dump: str
+    reason: str
+    def __init__(self, pid: _Optional[int] = ..., dump: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class FlightResponse(_message.Message):
+    __slots__ = ("ranks",)
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    ranks: _containers.RepeatedCompositeFieldContainer[RankFlight]
+    def __init__(self, ranks: _Optional[_Iterable[_Union[RankFlight, _Mapping]]] = ...) -> None: ...

@@ -60,6 +60,11 @@ class AgentStub:
                 request_serializer=hangdoc_dot_v1_dot_agent__pb2.HeartbeatsRequest.SerializeToString,
                 response_deserializer=hangdoc_dot_v1_dot_agent__pb2.HeartbeatsResponse.FromString,
                 _registered_method=True)
+        self.Flight = channel.unary_unary(
+                '/hangdoc.v1.Agent/Flight',
+                request_serializer=hangdoc_dot_v1_dot_agent__pb2.FlightRequest.SerializeToString,
+                response_deserializer=hangdoc_dot_v1_dot_agent__pb2.FlightResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -103,6 +108,14 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Flight(self, request, context):
+        """The flight recorder dump of rank processes this agent found, asked of each one's
+        in-process probe (hangdoc.probe); pids it did not find are left out (feature "flight").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -130,6 +143,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Heartbeats,
                     request_deserializer=hangdoc_dot_v1_dot_agent__pb2.HeartbeatsRequest.FromString,
                     response_serializer=hangdoc_dot_v1_dot_agent__pb2.HeartbeatsResponse.SerializeToString,
+            ),
+            'Flight': grpc.unary_unary_rpc_method_handler(
+                    servicer.Flight,
+                    request_deserializer=hangdoc_dot_v1_dot_agent__pb2.FlightRequest.FromString,
+                    response_serializer=hangdoc_dot_v1_dot_agent__pb2.FlightResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -268,6 +286,33 @@ class Agent:
             '/hangdoc.v1.Agent/Heartbeats',
             hangdoc_dot_v1_dot_agent__pb2.HeartbeatsRequest.SerializeToString,
             hangdoc_dot_v1_dot_agent__pb2.HeartbeatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Flight(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hangdoc.v1.Agent/Flight',
+            hangdoc_dot_v1_dot_agent__pb2.FlightRequest.SerializeToString,
+            hangdoc_dot_v1_dot_agent__pb2.FlightResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -206,7 +206,10 @@ def test_dumps_that_agree_with_the_stacks_raise_the_confidence() -> None:
     both = analyse(snap)
     assert (both.verdict, both.culprit_ranks) == (plain.verdict, plain.culprit_ranks) == (Verdict.STRAGGLER, (1,))
     assert both.summary == plain.summary  # the stacks' own words stay
-    assert both.confidence is Confidence.HIGH
+    assert plain.ambiguous and both.confidence is plain.confidence  # idle 1 s: it may still come
+    settled = apply_flight(dataclasses.replace(plain, ambiguous=False, confidence=Confidence.MEDIUM),
+                           match_flight(snap))
+    assert settled.confidence is Confidence.HIGH
     assert both.evidence[0].startswith("ranks 0,2 issued collective #2")
     assert both.basis[0] == "flight recorder: collective #2 of default_pg (0) not yet called by the culprits"
 
@@ -237,3 +240,12 @@ def test_a_job_the_stacks_saw_progressing_stays_not_hung() -> None:
 def test_an_entry_describes_itself() -> None:
     e = FlightEntry(group="0", seq=3, op="all_gather", input_sizes=((4, 8), (2,)), input_dtypes=("BFloat16", "Long"))
     assert e.describe() == "all_gather BFloat16[4,8]+Long[2]"
+
+
+def test_a_rank_still_working_stays_as_unsure_as_the_stacks_leave_it() -> None:
+    snap = _behind_snapshot({0: ALL_REDUCE, 1: SLEEPING, 2: ALL_REDUCE})
+    base = analyse(snap)
+    unsure = dataclasses.replace(base, ambiguous=True, confidence=Confidence.MEDIUM)
+    after = apply_flight(unsure, match_flight(snap))
+    assert after.culprit_ranks == (1,) and after.ambiguous and after.confidence is Confidence.MEDIUM
+    assert after.evidence[0].startswith("ranks 0,2 issued collective #2")

@@ -46,6 +46,11 @@ class RecordedNode:
         procs = tuple(r.process for r in self.snaps.values())
         return Discovery(procs, procs[0].world_size, (), "recorded")
 
+    def flight(self, pids: Sequence[int], timeout: float):
+        if self.fail:
+            raise self.fail
+        return {pid: (self.snaps[pid].flight, "" if self.snaps[pid].flight else "no hangdoc probe") for pid in pids}
+
     def sample(self, procs: Sequence[RankProcess], t: float, *, native: bool, timeout: float) -> list[Sample]:
         time.sleep(self.delay)
         if self.fail:
