@@ -50,7 +50,7 @@ class RayOptions:
 def fleet_source(options: RayOptions) -> FleetSource:
     """The fleet source for ``ray:`` jobs: agents placed for as long as its block runs (a
     diagnosis, or a whole watch)."""
-    return lambda say: _Session(options, say)
+    return lambda _say: _Session(options)
 
 
 class _Session:
@@ -60,9 +60,8 @@ class _Session:
     (unless ``keep_agents``) and then disconnects. The driver connects only when a first
     agent is needed: a job id that names nothing is told without it."""
 
-    def __init__(self, options: RayOptions, say: Progress) -> None:
+    def __init__(self, options: RayOptions) -> None:
         self.options = options
-        self.say = say
         self.token = secrets.token_hex(32)  # made for this session: every call to its agents carries it
         self.auth = AgentAuth(self.token)
         self.nodes: dict[str, _RayNode] = {}

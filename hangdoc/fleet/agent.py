@@ -46,7 +46,6 @@ from ..errors import HangdocError, JobNotFound, PermissionDenied, PySpyMissing, 
 from ..model import (
     CaptureError,
     CaptureErrorKind,
-    FlightRecord,
     Frame,
     Heartbeat,
     Sample,
@@ -55,7 +54,7 @@ from ..model import (
 from . import wire
 from .callers import OPERATOR_BY_CERT, OPERATOR_BY_TOKEN, Caller, identify
 from .credfiles import check_tls, read_private, read_token
-from .node import LocalNode, ReplayNode
+from .node import Flights, LocalNode, ReplayNode
 from .v1 import agent_pb2 as pb
 from .v1 import agent_pb2_grpc as pb_grpc
 from .wire import ERROR_HELP, ERROR_KIND
@@ -230,7 +229,7 @@ class AgentService(pb_grpc.AgentServicer):
     async def Flight(self, request: pb.FlightRequest, context: grpc.aio.ServicerContext) -> pb.FlightResponse:
         caller = self.caller(context)
 
-        def dumps() -> dict[int, tuple[FlightRecord | None, str]]:
+        def dumps() -> Flights:
             if len(request.pids) > MAX_PIDS_PER_CALL:
                 raise UsageError(f"{len(request.pids)} pids in one call; at most {MAX_PIDS_PER_CALL}")
             timeout = request.timeout_seconds

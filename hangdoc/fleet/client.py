@@ -19,9 +19,10 @@ from ..capture.flight_recorder import FlightRecordInvalid, read_flight_record
 from ..capture.jobspec import JobSpec
 from ..capture.source import keeps_source
 from ..errors import HangdocError, JobNotFound, PermissionDenied, UsageError
-from ..model import FlightRecord, Frame, Heartbeat, RankProcess, Sample, SourceFile
+from ..model import Frame, Heartbeat, RankProcess, Sample, SourceFile
 from . import wire
 from .credfiles import check_tls, read_private
+from .node import Flights
 from .v1 import agent_pb2 as pb
 from .v1 import agent_pb2_grpc as pb_grpc
 from .wire import ERROR_HELP, ERROR_KIND
@@ -125,13 +126,13 @@ class RemoteNode:
         response = self._call(self._stub.Heartbeats, pb.HeartbeatsRequest(pids=list(pids)), self.connect_timeout)
         return {b.pid: wire.heartbeat_from_proto(b) for b in response.heartbeats}
 
-    def flight(self, pids: Sequence[int], timeout: float) -> dict[int, tuple[FlightRecord | None, str]]:
+    def flight(self, pids: Sequence[int], timeout: float) -> Flights:
         request = pb.FlightRequest(pids=list(pids), timeout_seconds=timeout)
         try:
             response = self._call(self._stub.Flight, request, timeout + self.connect_timeout)
         except AgentError as err:  # an agent without the call: dumps refine, never block
             return {pid: (None, f"its agent gave none: {err}") for pid in pids}
-        out: dict[int, tuple[FlightRecord | None, str]] = {}
+        out: Flights = {}
         for rank in response.ranks:
             try:
                 out[rank.pid] = ((read_flight_record(rank.dump.encode(), source=f"probe via {self.address}"), "")
