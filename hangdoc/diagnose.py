@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from . import __version__
 from .analysis.analyse import analyse
+from .analysis.device import python_host_sync, samples_gpu_evidence
 from .capture.jobspec import JobSpec, parse_job_spec
 from .capture.probe_client import NO_PROBE
 from .capture.pyspy import find_pyspy
@@ -153,13 +154,16 @@ class _Capture:
         return frames
 
     def deepen(self, options: CaptureOptions, t: float) -> set[int]:
-        """Take one native sample of ranks idle inside the autograd engine (DDP's C++
-        reducer); the indices of the ranks taken.
+        """Take one native sample of ranks whose Python stacks cannot say where they wait;
+        the indices of the ranks taken.
 
-        A thread's Python stack ends in ``backward()`` (the main thread's, or a training loop
-        run in another thread: Ray Train's ``TrainingThread``); only native frames show
-        whether the engine waits in a gradient all-reduce. Done once per rank, and only when
-        it matters.
+        * A thread idle with its Python stack ending in ``backward()`` (the main thread's, or
+          a training loop run in another thread: Ray Train's ``TrainingThread``): only native
+          frames show whether the autograd engine waits in a gradient all-reduce.
+        * A thread at a host sync by its Python frames (``analysis.device``): only native
+          frames show whether it waits in CUDA for an asynchronous collective, or computes.
+
+        Done once per rank, and only when it matters.
         """
         if options.native:
             return set()
@@ -168,7 +172,9 @@ class _Capture:
             good = [s for s in samples if s.error is None and s.threads]
             if i in self.deepened or not good:
                 continue
-            if any(_in_engine(thread) for thread in good[-1].threads):
+            uses_gpu = samples_gpu_evidence(good, self.fleet.placed[i][1]) is not None
+            if any(_in_engine(thread) or python_host_sync(thread, uses_gpu, self._code)
+                   for thread in good[-1].threads):
                 want.add(i)
         if not want:
             return set()
@@ -176,6 +182,9 @@ class _Capture:
         self.deepened |= want
         self.add(Round({i: s for i, s in taken.samples.items() if s.error is None}, taken.lost))
         return want
+
+    def _code(self, frame: Frame) -> str | None:
+        return self.sources.get(frame.filename, {}).get(frame.line) if frame.line else None
 
     def flight(self, timeout: float) -> None:
         """Ask each live rank's in-process probe (``hangdoc.probe``), once, for its flight
@@ -247,7 +256,7 @@ def observe(spec: str, fleet: Fleet, options: CaptureOptions, say: Progress) -> 
         cap.flight(FLIGHT_TIMEOUT)
         deeper = cap.deepen(options, time.monotonic() - t0)
         if deeper:
-            say(f"took native frames of {len(deeper)} rank(s) whose Python stack ends in C++")
+            say(f"took native frames of {len(deeper)} rank(s) whose Python stack cannot show where they wait")
             pids = ", ".join(str(fleet.placed[i][1].pid) for i in sorted(deeper))
             cap.notes.append(f"native frames taken of pid(s) {pids}")
         snapshot = cap.snapshot(elapsed)

@@ -35,8 +35,9 @@ The names are torch's own API and the CUDA runtime/driver API, nothing of any on
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 
-from ..model import DistOp, Frame, OpKind, Origin, RankSnapshot, ThreadStack
+from ..model import DistOp, Frame, OpKind, Origin, RankProcess, RankSnapshot, Sample, ThreadStack
 
 HOST_SYNC = "host sync"  # ``DistOp.via`` of a device wait starts with it
 # torch's device modules (path inside the torch package) whose ``synchronize`` blocks the host
@@ -142,12 +143,36 @@ def _short_native(function: str) -> str:
     return m.group(0) if m else function
 
 
+def python_host_sync(thread: ThreadStack, uses_gpu: bool, code: Callable[[Frame], str | None]) -> bool:
+    """Python frames alone say ``thread`` may wait for the device, and no native frames were
+    taken to tell: its innermost frame is torch's ``synchronize`` (rule 1), or, on a rank
+    that uses a GPU, a line of the job calling a host-syncing method (rule 3; ``code``
+    gives a frame's line). One native sample then shows whether it waits in CUDA or
+    computes."""
+    if any(f.native for f in thread.frames):
+        return False
+    inner = thread.innermost_python
+    if inner is None:
+        return False
+    origin = inner.origin
+    if origin.kind is Origin.TORCH:
+        return inner.function.rsplit(".", 1)[-1] == "synchronize" and \
+            origin.module_path.startswith(_DEVICE_MODULES)
+    return uses_gpu and origin.kind in (Origin.USER, Origin.LIBRARY) and \
+        sync_call(code(inner)) is not None
+
+
 def gpu_evidence(snap: RankSnapshot) -> str | None:
     """What shows that a rank runs on a GPU, or None: native frames of CUDA, a frame of
     torch's device modules on any thread in any sample, or ``CUDA_VISIBLE_DEVICES``
     naming devices. (``NCCL_*`` variables say nothing: torchrun sets
     ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` for CPU jobs too.)"""
-    for sample in snap.good_samples:
+    return samples_gpu_evidence(snap.good_samples, snap.process)
+
+
+def samples_gpu_evidence(samples: Sequence[Sample], process: RankProcess) -> str | None:
+    """``gpu_evidence`` of a rank's samples and process, before they make a snapshot."""
+    for sample in samples:
         for thread in sample.threads:
             for frame in thread.frames:
                 if frame.native:
@@ -155,7 +180,7 @@ def gpu_evidence(snap: RankSnapshot) -> str | None:
                         return "native frames of CUDA"
                 elif frame.origin.under(*_TORCH_GPU):
                     return f"a frame of {frame.origin.module_path}"
-    visible = (snap.process.env_get("CUDA_VISIBLE_DEVICES") or "").strip()
+    visible = (process.env_get("CUDA_VISIBLE_DEVICES") or "").strip()
     if visible and visible not in ("-1", "NoDevFiles", "none", "void"):
         return f"CUDA_VISIBLE_DEVICES={visible}"
     return None

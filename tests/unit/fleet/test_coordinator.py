@@ -198,3 +198,38 @@ def test_a_loop_idle_in_backward_gets_its_native_frames_whatever_its_thread(loop
     snapshot, _ = observe("x", fleet, CaptureOptions(window=0.2, interval=0.05), lambda m: None)
     assert sorted(node.native_for) == [100, 101]  # once per rank
     assert any(n.startswith("native frames taken of pid(s) 100, 101") for n in snapshot.notes)
+
+
+class SourceServingNode(NativeAskingNode):
+    """Also serves the source lines of its ranks' frames: ``lines`` maps (file, line) to text."""
+
+    def __init__(self, name: str, ranks, lines: Mapping[tuple[str, int], str]) -> None:
+        super().__init__(name, ranks)
+        self.lines = lines
+
+    def sources(self, wanted: Mapping[int, Sequence[Frame]]) -> tuple[SourceFile, ...]:
+        frames = {(f.filename, f.line) for fs in wanted.values() for f in fs}
+        return tuple(SourceFile(file, ((line, text),)) for (file, line), text in self.lines.items()
+                     if (file, line) in frames)
+
+
+@pytest.mark.parametrize(("stack", "env", "asked"), [
+    # torch's own synchronize: a native sample tells a CUDA wait from anything else
+    (["train.py:train:30", "torch/cuda/__init__.py:synchronize:1083"], None, True),
+    # the job's `.item()` line on a rank that shows a GPU
+    (["train.py:train:31"], {"CUDA_VISIBLE_DEVICES": "0"}, True),
+    # the same line on a rank that shows none: `.item()` on a CPU tensor returns or computes
+    (["train.py:train:31"], None, False),
+    # another line of the job, on a GPU rank: nothing to ask
+    (["train.py:train:32"], {"CUDA_VISIBLE_DEVICES": "0"}, False),
+])
+def test_a_rank_at_a_host_sync_by_its_python_frames_gets_its_native_frames(stack, env, asked) -> None:
+    ranks = [make_rank(r, stack, host="n0", pid=100 + r, world_size=2, samples=8, active=True, env=env)
+             for r in (0, 1)]
+    lines = {("/job/train.py", 31): "    total += loss.item()",
+             ("/job/train.py", 32): "    total += loss"}
+    node = SourceServingNode("n0", ranks, lines)
+    fleet = find_ranks([node], SPEC)
+    snapshot, _ = observe("x", fleet, CaptureOptions(window=0.2, interval=0.05), lambda m: None)
+    assert sorted(node.native_for) == ([100, 101] if asked else [])
+    assert any(n.startswith("native frames taken of pid(s) 100, 101") for n in snapshot.notes) == asked
