@@ -440,6 +440,9 @@ class JobSnapshot:
     hangdoc_version: str = ""
     notes: tuple[str, ...] = ()  # how capture went: window extended, samples failed, ...
     sources: tuple[SourceFile, ...] = ()
+    # stacks read from text a person may have cut (a pasted ``py-spy dump``): a main thread
+    # without its ``<module>`` frame is then no sign of an exit handler
+    stacks_may_be_cut: bool = False
 
     def source(self, filename: str) -> SourceFile | None:
         for src in self.sources:

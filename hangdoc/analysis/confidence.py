@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..model import GIVEN_GROUP, Confidence, RankState, Verdict
+from ..model import GIVEN_GROUP, Confidence, Origin, RankState, Verdict
 from .classify import IN_OP, OUTSIDE, Finding
 from .device import sync_call, waits_for_device
 from .views import RankView
@@ -274,6 +274,35 @@ def _maybe_device(case: Case) -> str | None:
             "CUDA call")
 
 
+def _line_unseen(case: Case) -> str | None:
+    """A culprit outside any op, read from a dump file (no counters, no source lines), sits
+    on a line of the job with no native frames: the line may be a host sync (``.item()``),
+    where a rank on a GPU waits for the collective it has issued, not computes. Neither
+    reading can be ruled out. (A live capture reads the line, and ``device`` judges it.)"""
+    if not case.hang:
+        return None
+    culprits = set(case.found.culprits)
+    unseen = [v for v in case.outside if v.rank in culprits and _line_not_had(v)]
+    if not unseen:
+        return None
+    inner = unseen[0].thread.innermost_python if unseen[0].thread else None
+    where = f" ({inner.location})" if inner is not None else ""
+    return (f"{_who(unseen)} {_verb(unseen, 'is', 'are')} on a line of the job that capture "
+            f"does not show{where}: if it waits for a GPU (`.item()`, `.cpu()`, "
+            "`synchronize()`), the rank has issued its collective and waits, and is no "
+            "straggler; the source lines (`hangdoc diagnose` on the job) or native frames "
+            "(`py-spy dump --native`) would tell")
+
+
+def _line_not_had(v: RankView) -> bool:
+    thread = v.thread
+    inner = thread.innermost_python if thread is not None else None
+    return (v.op is None and thread is not None and inner is not None and inner.code is None
+            and v.move is not None and v.move.marked_active is not None
+            and inner.origin.kind in (Origin.USER, Origin.LIBRARY)
+            and not any(f.native for f in thread.frames))
+
+
 def _spins_at_sync(v: RankView) -> bool:
     """Outside any op, on CPU, on one unchanged stack whose line syncs with a device: read
     as computing only because nothing showed a GPU (``device.gpu_evidence``)."""
@@ -392,6 +421,9 @@ RULES: tuple[Rule, ...] = (
     # as computing, it may be waiting for device work (the culprits or the progress may be
     # wrong)
     (Confidence.LOW, _maybe_device),
+    # a culprit on a line of the job whose text was not captured (a dump file): it may be a
+    # host sync, where the rank waits for its own collective rather than computes
+    (Confidence.LOW, _line_unseen),
     # ranks on nodes that did not answer may be anywhere, the culprits' place included
     (Confidence.MEDIUM, _silent_nodes),
     # a rank that could not be read may be the one the others wait for

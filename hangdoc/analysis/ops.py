@@ -234,7 +234,8 @@ class Recogniser:
 
     def __init__(self, snapshot: JobSnapshot | None = None) -> None:
         self.snapshot = snapshot
-        self.sources = SourceIndex(snapshot.sources if snapshot is not None else ())
+        self.sources = SourceIndex(snapshot.sources if snapshot is not None else (),
+                                   whole_stacks=snapshot is None or not snapshot.stacks_may_be_cut)
         self._ops: dict[ThreadKey, DistOp | None] = {}
         self._markers: dict[tuple[ThreadKey, tuple[str, ...]], Frame | None] = {}
         self._device: dict[tuple[ThreadKey, bool], DistOp | None] = {}
@@ -456,7 +457,8 @@ def cleanup_marker(
     such a frame whose current line is inside a ``finally:`` or ``except`` block; the
     standard library's exit-time machinery, and a ``@contextmanager`` exiting with an
     exception (``_stdlib_cleanup``); exit handlers, recognisable because the main script's
-    ``<module>`` frame is no longer at the bottom of the main thread's stack. The standard
+    ``<module>`` frame is no longer at the bottom of the main thread's stack (not read of
+    stacks a person may have cut: ``JobSnapshot.stacks_may_be_cut``). The standard
     library's own ``__exit__``/``shutdown`` is the normal end of a ``with`` block (a
     ``ThreadPoolExecutor`` joining its workers) as often as cleanup: not by its name alone.
     For one thread; an analysis of many asks its ``Recogniser``.
@@ -488,7 +490,7 @@ def _cleanup_marker(
             return frame
         if frame.line and enclosing_block(sources.lines(frame.filename), frame.line) in blocks:
             return frame
-    if thread.is_main and _is_exit_handler(thread):
+    if thread.is_main and sources.whole_stacks and _is_exit_handler(thread):
         return next((f for f in thread.frames if not f.native), None)
     return None
 

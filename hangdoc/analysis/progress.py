@@ -65,10 +65,15 @@ class Movement:
     stack_changed: bool  # the relevant thread's stack differed between samples
     status: str | None  # last seen process status
     side_cpu_fraction: float | None = None  # the side threads' CPU, left out of cpu_fraction
+    # no counters at all (a dump file): py-spy's own mark, the relevant thread "active" (on
+    # CPU) in every sample; None where counters exist
+    marked_active: bool | None = None
 
     @property
     def busy(self) -> bool:
-        return self.cpu_fraction is not None and self.cpu_fraction >= CPU_BUSY_FRACTION
+        if self.cpu_fraction is None:
+            return bool(self.marked_active)
+        return self.cpu_fraction >= CPU_BUSY_FRACTION
 
     @property
     def woke(self) -> bool:
@@ -179,12 +184,14 @@ def movement(
             wakeups = b.state.ctx_switches - a.state.ctx_switches - pauses
     ops = []
     stacks = []
+    active = []
     thread = op = None
     for sample in good:
         # compare Python frames only: a native sample taken on demand must not look like motion
         thread, op = relevant_thread(_python_only(sample, rec), recogniser=rec, gpu=gpu)
         ops.append(rec.op_key(op) if op else None)
         stacks.append(thread.frames if thread else ())
+        active.append(thread is not None and thread.active)
     side_cpu = None
     if len(with_state) >= 2 and thread is not None:
         a_state, b_state = with_state[0].state, with_state[-1].state
@@ -212,6 +219,7 @@ def movement(
         left_op=any(o is None for o in ops) and any(o is not None for o in ops),
         stack_changed=any(s != stacks[0] for s in stacks[1:]),  # no hashing of whole stacks
         status=status,
+        marked_active=all(active) if not with_state else None,
     )
 
 

@@ -23,7 +23,10 @@ class SourceIndex:
     whatever the number of files and ranks. Where two files share a name, the first counts
     (as ``JobSnapshot.source``)."""
 
-    def __init__(self, sources: Iterable[SourceFile] = ()) -> None:
+    def __init__(self, sources: Iterable[SourceFile] = (), whole_stacks: bool = True) -> None:
+        # False where the snapshot's stacks may have been cut by a person (pasted text):
+        # what a stack's outermost frame says is then not read
+        self.whole_stacks = whole_stacks
         self._files: dict[str, SourceFile] = {}
         for src in sources:
             self._files.setdefault(src.filename, src)

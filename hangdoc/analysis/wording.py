@@ -616,6 +616,8 @@ def activity(v: RankView) -> str:
     if cycle is not None:
         return deadlock_short(cycle)
     if move is not None and move.busy:
+        if move.cpu_fraction is None:
+            return "on CPU (py-spy marked its thread active)"
         return f"computing ({move.cpu_fraction:.0%} of a core)"
     inner = (v.thread.innermost_python if v.thread else None)
     code = (inner.code or "") if inner else ""

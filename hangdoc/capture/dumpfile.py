@@ -180,6 +180,7 @@ def snapshot_of(dumps: Sequence[ProcessDump], fmt: DumpFormat, path: Path,
         world_size=numbering.world_size,
         hangdoc_version=__version__,
         notes=tuple(notes),
+        stacks_may_be_cut=fmt in (DumpFormat.PYSPY_TEXT, DumpFormat.RAY_STACK),
     )
 
 

@@ -27,9 +27,15 @@ a ``Parent Process`` line; py-spy before 0.2 indented frames with a tab. ``ray s
 Everything else is kept as the *label* of the dump that follows it (a loop's
 ``echo "rank 3"``, a log line announcing the dump, a shell prompt): ``dumpranks`` reads
 ranks and pids there. py-spy's own errors (``Error: Permission Denied``, printed when its
-stderr went to the file too) make a dump with an error and no threads. Dumps without a
+stderr went to the file too; the causes below it as ``Reason: EPERM: ...`` lines or
+anyhow's ``Caused by:``) make a dump with an error and no threads. Dumps without a
 ``Process`` line (stacks pasted on their own) are told apart by their ``MainThread``: a
 second one starts another process.
+
+Posts that summarise many processes list their main threads' header lines one under the
+other above the one stack they share (``4 in:`` then four ``Thread N (active): "MainThread"``
+lines and the frames, as BLOOM-176B's training logbook does): each header right above
+another, with no frames of its own, is a process of its own with the stack below.
 """
 
 from __future__ import annotations
@@ -96,13 +102,23 @@ class _Parser:
         self.process: _Process | None = None
         self.thread: _Thread | None = None
         self.skipped = 0  # lines too long to be py-spy's
+        # dumps of main threads listed right above another with no frames of their own
+        # (a grouped post, module doc): they take the frames of the next thread that has some
+        self.grouped: list[int] = []
 
     # -- the dumps ---------------------------------------------------------------------
 
     def _end_thread(self) -> None:
         if self.thread is not None and self.process is not None:
-            self.process.threads.append(_thread_stack(self.thread, self.process.python,
-                                                      self.where))
+            stack = _thread_stack(self.thread, self.process.python, self.where)
+            self.process.threads.append(stack)
+            if stack.frames and self.grouped and stack.is_main and len(self.process.threads) == 1:
+                for i in self.grouped:
+                    dump = self.dumps[i]
+                    shared = replace(dump.threads[0], frames=stack.frames, locals=stack.locals)
+                    self.dumps[i] = replace(dump, threads=(shared,))
+            if stack.frames:
+                self.grouped = []
         self.thread = None
 
     def _end_process(self) -> None:
@@ -132,6 +148,7 @@ class _Parser:
         text = line.strip()
         if not text:
             self._end_thread()
+            self.grouped = []
             return
         indent = len(line) - len(line.lstrip())
         if self.thread is not None and self._thread_line(line, text, indent):
@@ -172,7 +189,11 @@ class _Parser:
         return True
 
     def _header_line(self, lineno: int, text: str, indent: int) -> None:
+        bare = self.thread is not None and not self.thread.frames  # a header right above
         self._end_thread()
+        thread = _THREAD.fullmatch(text)
+        if thread is None or not bare:
+            self.grouped = []
         if (m := _PROCESS.fullmatch(text)) is not None:
             pid = _pid(m.group(1))
             p = self.process
@@ -187,11 +208,17 @@ class _Parser:
             listed = len(fields) > 1 and re.fullmatch(r"\d{1,10}", fields[1])
             self._start(lineno, _pid(fields[1]) if listed else None,
                         fields[10] if len(fields) == 11 else m.group(1))
-        elif (m := _THREAD.fullmatch(text)) is not None:
+        elif (m := thread) is not None:
             p = self.process
             if p is None or (not p.headed and m.group(3) == "MainThread"
                              and any(t.is_main for t in p.threads)):
+                # a main thread right above this one, with no frames: grouped (module doc)
+                above = tuple(p.threads) if p is not None and bare and not p.error else ()
                 self._start(lineno, None)
+                if len(above) == 1 and self.dumps and self.dumps[-1].threads == above:
+                    self.grouped.append(len(self.dumps) - 1)
+                else:
+                    self.grouped = []
             self.thread = _Thread(m)
         elif (m := _PYTHON.fullmatch(text)) is not None and self.process is not None \
                 and not self.process.threads:
@@ -204,11 +231,14 @@ class _Parser:
                 p = self._start(lineno, None)
             p.error.append(m.group(1))
         elif (p := self.process) is not None and p.error and not p.threads and (
-                text in ("Caused by:", "Stack backtrace:") or (p.caused_by and indent > 0)):
+                text in ("Caused by:", "Stack backtrace:") or (p.caused_by and indent > 0)
+                or text.startswith("Reason: ")):
             # anyhow's "Caused by:" and the reasons indented below it; with RUST_BACKTRACE
-            # set, py-spy's own backtrace (``clean_message`` leaves it out)
-            p.error.append(text)
-            p.caused_by = True
+            # set, py-spy's own backtrace (``clean_message`` leaves it out); py-spy's main
+            # prints each cause of its error as a "Reason: " line of its own
+            reason = text.removeprefix("Reason: ")
+            p.error.append(reason)
+            p.caused_by = p.caused_by or reason == text
         else:
             if self.process is not None and (self.process.threads or self.process.error):
                 self._end_process()

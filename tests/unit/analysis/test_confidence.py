@@ -238,6 +238,17 @@ def maybe_device() -> JobSnapshot:
                           make_rank(3, AT_ITEM, world_size=4, active=True, cpu_per_sample=0.5)])
 
 
+def from_dump(code: str | None) -> JobSnapshot:
+    """As a dump file gives it: one sample each, no counters; rank 3 on the job's line 70,
+    whose text is ``code`` (None: not in the dump)."""
+    def bare(snap):  # type: ignore[no-untyped-def]
+        return dataclasses.replace(snap, samples=tuple(dataclasses.replace(s, state=None)
+                                                       for s in snap.samples))
+    line = [*LOOP, make_frame("train.py:crop:70", code=code)]
+    return make_snapshot([bare(waiting(r, samples=1)) for r in range(3)]
+                         + [bare(make_rank(3, line, world_size=4, samples=1, active=True))])
+
+
 # (snapshot, verdict, confidence, phrases the basis must hold)
 CASES: dict[str, tuple[Callable[[], JobSnapshot], Verdict, Confidence, tuple[str, ...]]] = {
     "transport_hang": (transport_hang, Verdict.NCCL_TIMEOUT, HIGH, (
@@ -311,6 +322,12 @@ CASES: dict[str, tuple[Callable[[], JobSnapshot], Verdict, Confidence, tuple[str
     "maybe_device": (maybe_device, Verdict.STRAGGLER, LOW, (
         ("rank 3 spins on one line that waits for a GPU if its tensors are on one "
          "(`loss_value = loss.item()`)"),)),
+    "line_unseen": (lambda: from_dump(None), Verdict.STRAGGLER, LOW, (
+        "rank 3 is on a line of the job that capture does not show (train.py:70): if it waits "
+        "for a GPU",)),
+    # the other side: the line is known and waits for nothing
+    "line_seen": (lambda: from_dump("crops = [crop(x) for x in batch]"), Verdict.STRAGGLER, MEDIUM, (
+        "ranks 0-3 read in 1 sample only",)),
 }  # fmt: skip
 
 
