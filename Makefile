@@ -11,6 +11,10 @@ help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
+	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+		echo "make: PY=$(PY) is not Python 3.11 or newer (or not found); pick one: make $(or $(MAKECMDGOALS),install) PY=python3.11" >&2; exit 1; }
+	@$(PY) -c 'import ensurepip, venv' 2>/dev/null || { \
+		echo "make: $(PY) cannot create a virtualenv: install its venv module (Debian/Ubuntu: apt-get install python3-venv, or python3.X-venv for PY=python3.X)" >&2; exit 1; }
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
@@ -23,9 +27,7 @@ demo: $(STAMP)  ## start a real 4-rank hung torch.distributed job, diagnose it, 
 	$(BIN)/python examples/run_demo.py $(ARGS)
 
 watch-demo: $(STAMP)  ## run the demo job under `hangdoc watch --on-hang kill`: it notices the hang, reports it in hangs/, ends the job
-	$(BIN)/hangdoc watch --stall-after 5 --on-hang kill --kill-grace 5 --out hangs -- \
-		$(BIN)/torchrun --nproc-per-node 4 --master-port 29655 examples/demo_train.py; \
-		status=$$?; [ $$status -eq 124 ] && echo "watch-demo: hang reported in hangs/, job ended (exit 124 as documented)" || exit $$status
+	$(BIN)/python examples/watch_demo.py hangs
 
 test: $(STAMP)  ## run the whole test suite (real jobs, real py-spy)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)

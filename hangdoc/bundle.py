@@ -45,9 +45,13 @@ from .model import (
     PID_MAX,
     Frame,
     FrameLocals,
+    GpuState,
+    Heartbeat,
     JobSnapshot,
     ProcessState,
     RankProcess,
+    RasCommunicator,
+    RasRank,
     ThreadCounters,
     Unreachable,
 )
@@ -85,6 +89,11 @@ _FIELD_RANGES: dict[tuple[type, str], tuple[int, int]] = {
     (ProcessState, "num_threads"): (0, 2**31 - 1),
     (ThreadCounters, "native_id"): (0, PID_MAX),
     (FrameLocals, "index"): (0, MAX_STACK_DEPTH - 1),
+    (GpuState, "utilization_percent"): (0, 100),
+    (RasRank, "comm_rank"): (0, MAX_WORLD_SIZE - 1),
+    (RasCommunicator, "size"): (0, MAX_WORLD_SIZE),
+    (Heartbeat, "pid"): (0, PID_MAX),
+    (Heartbeat, "beats"): (0, 2**63 - 1),
 }
 
 

@@ -65,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     output.add_argument("--width", type=bounded_int(WIDTH_COLUMNS), default=None,
                         help="terminal width for the report")
+    files = output.add_argument_group("report files (docs/reports.md)")
+    files.add_argument("--html", metavar="FILE",
+                       help="also write a self-contained HTML report with the merged tree to explore")
+    files.add_argument("--dot", metavar="FILE", help="also write the merged tree as Graphviz DOT")
+    files.add_argument("--svg", metavar="FILE", help="also write the merged tree as an SVG picture")
 
     auth = _Parser(add_help=False)
     group = auth.add_argument_group("authentication")
@@ -129,6 +134,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_watch(sub, auth)
 
+    run = sub.add_parser(
+        "run",
+        help="run a command with hangdoc's in-process probe on in all its Python processes",
+        usage="hangdoc run [-v] [--] COMMAND [ARGS...]",
+        description="Run COMMAND (torchrun, a launcher script, python) with the in-process probe "
+        "(hangdoc.probe) started in every Python process it starts, without touching the training "
+        "script: `hangdoc diagnose` then also reads each rank's flight recorder dump, step heartbeat "
+        "and threads' live exceptions. hangdoc becomes COMMAND (same pid, signals and exit status) "
+        "and prints nothing of its own. A Python that cannot import hangdoc runs the probe from this "
+        "hangdoc's files; one started with -E or -I is reached only through the hook hangdoc installs "
+        "beside itself (HANGDOC_PROBE=1), one started with -S not at all.",
+    )
+    run.add_argument("-v", "--verbose", action="store_true",
+                     help="each Python process says on stderr where its probe serves, or why it cannot")
+    run.set_defaults(func=_cmd_run, command_argv=())
+
     ana = sub.add_parser(
         "analyze",
         aliases=["analyse"],
@@ -164,7 +185,7 @@ def _add_watch(sub, auth: argparse.ArgumentParser) -> None:
         usage="hangdoc watch [options] -- COMMAND [ARGS...]\n       hangdoc watch [options] JOB",
         description="Wrap a launch command (after `--`) or attach to a running JOB; when the job's steps "
         "stop for longer than the stall timeout, diagnose it while it is hung and write "
-        "OUT/hang-<UTC>/report.json, snapshot.json.gz and report.txt. Exit status: the wrapped "
+        "OUT/hang-<UTC>/report.json, snapshot.json.gz, report.txt and report.html. Exit status: the wrapped "
         "command's own; 124 when --on-hang kill ended the job; 0 when an attached job ended.",
     )
     watch.add_argument("job", metavar="JOB", nargs="?",
@@ -212,6 +233,9 @@ def _add_watch(sub, auth: argparse.ArgumentParser) -> None:
                      help="serve Prometheus metrics on this port (0: any free port)")
     met.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
                      help="address for the metrics server (default loopback)")
+    met.add_argument("--metrics-textfile", metavar="PATH",
+                     help="also write the metrics to this .prom file for node_exporter's textfile "
+                     "collector (a directory: a file of its own in it); removed when the watch ends")
     _add_ray(watch, "the watch")
     remote = watch.add_argument_group("agents (multi-node)")
     remote.add_argument("--agents", type=agent_list, metavar="HOST[:PORT],...",
@@ -225,9 +249,17 @@ def _stderr(msg: str) -> None:
     print(f"hangdoc: {one_line(msg)}", file=sys.stderr, flush=True)
 
 
+def _report_files(args: argparse.Namespace) -> dict[str, str | None]:
+    return {kind: getattr(args, kind, None) for kind in ("html", "dot", "svg")}
+
+
 def _emit(args: argparse.Namespace, snapshot, diagnosis) -> None:
     from .report.json_report import render_json
 
+    if any(_report_files(args).values()):  # written before the report: a failure is its only output
+        from .report.files import write_reports
+
+        write_reports(_report_files(args), diagnosis, snapshot)
     if args.json:
         sys.stdout.write(render_json(diagnosis, snapshot) + "\n")
         sys.stdout.flush()
@@ -241,6 +273,14 @@ def _emit(args: argparse.Namespace, snapshot, diagnosis) -> None:
             raise BrokenPipeError
 
     render(diagnosis, snapshot, _Console(width=args.width, highlight=False))
+
+
+def _check_report_files(args: argparse.Namespace) -> None:
+    """--html/--dot/--svg paths that cannot be written fail now, not after the capture."""
+    if any(_report_files(args).values()):
+        from .report.files import check_targets
+
+        check_targets(_report_files(args))
 
 
 def _check_jobs(*specs: str | None) -> None:
@@ -259,6 +299,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     if args.max_window < args.window:
         raise _usage("need --max-window >= --window")
     _check_jobs(args.job)
+    _check_report_files(args)
     options = CaptureOptions(args.window, args.interval, args.max_window, args.native, args.timeout)
     progress = None if args.quiet else _stderr
     nodes = _remote_nodes(args)
@@ -329,6 +370,7 @@ def _cmd_watch(args: argparse.Namespace) -> int:
         capture=CaptureOptions(args.window, args.interval, args.max_window, False, args.timeout),
         nodes=nodes, source=_ray_source(args, args.job or args.job_of_command, nodes),
         metrics_host=args.metrics_host, metrics_port=args.metrics_port,
+        metrics_textfile=Path(args.metrics_textfile) if args.metrics_textfile else None,
     )
     say = _stderr_watch if not args.quiet else _stderr_hang_only
     return run_watch(config, say)
@@ -341,6 +383,32 @@ def _stderr_watch(msg: str) -> None:
 def _stderr_hang_only(msg: str) -> None:
     if msg.startswith(("HANG", "report:", "could not", "internal error", "interrupted", "stopping on an error")):
         _stderr_watch(msg)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import signal
+
+    from . import probe
+    from .probe_hook import run_environment
+
+    command = list(args.command_argv)
+    if not command:
+        raise _usage("hangdoc run needs a command: hangdoc run [-v] [--] COMMAND [ARGS...]")
+    env = run_environment(os.environ, verbose=args.verbose)
+    probe.stop()  # this process's own probe, if the hook started one: the pid becomes COMMAND's
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for name in ("SIGPIPE", "SIGXFSZ"):  # Python ignores these; COMMAND gets the defaults
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as err:
+        what = "not found" if isinstance(err, FileNotFoundError) else (err.strerror or str(err))
+        raise UsageError(f"cannot run {command[0]!r}: {what}",
+                         help="Give a command on PATH or a path to an executable: "
+                         "hangdoc run -- torchrun --nproc-per-node 4 train.py") from None
+    return EXIT_OK  # not reached: exec replaced this process
 
 
 def _cmd_agent(args: argparse.Namespace) -> int:
@@ -358,6 +426,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from .analysis.analyse import analyse
     from .capture.dumpfile import load_evidence
 
+    _check_report_files(args)
     snapshot = load_evidence(args.bundle)  # a saved snapshot, or py-spy / ray stack dumps
     _emit(args, snapshot, analyse(snapshot))
     return EXIT_OK
@@ -373,6 +442,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] == "watch" and "--" in argv:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1:]
+    elif argv and argv[0] == "run":
+        argv, command = _split_run(argv)
     wants_json = "--json" in argv  # until the arguments are parsed, or fail to be
     try:
         parser = build_parser()
@@ -398,6 +469,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         bug = InternalError(f"internal error: {type(exc).__name__}: {exc}")
         return _fail(type(bug).__name__, str(bug), bug.help, bug.exit_code, wants_json)
+
+
+def _split_run(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``run``'s own options, and the command: after ``--``, or from the first argument
+    that is not an option (``hangdoc run torchrun --nproc-per-node 2 train.py``)."""
+    for i, arg in enumerate(argv[1:], start=1):
+        if arg == "--":
+            return argv[:i], argv[i + 1:]
+        if not arg.startswith("-"):
+            return argv[:i], argv[i:]
+    return argv, []
 
 
 def _fail(kind: str, message: str, help_text: str, exit_code: int, wants_json: bool) -> int:

@@ -15,22 +15,24 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any
 
 from . import __version__
 from .analysis.analyse import analyse
 from .analysis.device import python_host_sync, samples_gpu_evidence
 from .capture.jobspec import JobSpec, parse_job_spec
-from .capture.probe_client import NO_PROBE
 from .capture.pyspy import find_pyspy
 from .errors import PermissionDenied, one_line
 from .fleet.coordinator import Fleet, Round, fan_out, find_ranks, sample_all
-from .fleet.node import Flights, LocalNode, Node
+from .fleet.devices import JobDevices, gather_devices
+from .fleet.node import LocalNode, Node, ProbeAnswers
 from .model import (
     CaptureErrorKind,
     Diagnosis,
-    FlightRecord,
     Frame,
     JobSnapshot,
+    ProbeAnswer,
+    ProbeStatus,
     RankSnapshot,
     Sample,
     SourceFile,
@@ -39,7 +41,7 @@ from .model import (
 )
 
 Progress = Callable[[str], None]
-FLIGHT_TIMEOUT = 3.0  # seconds for a rank's probe to hand over its flight recorder dump
+FLIGHT_TIMEOUT = 3.0  # seconds for a rank's probe to answer (its flight recorder dump and the rest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +118,7 @@ class _Capture:
         self.unreachable: list[Unreachable] = list(fleet.unreachable)
         self.asked: set[tuple[int, str, int | None]] = set()
         self.deepened: set[int] = set()  # ranks given their one native sample
-        self.flights: dict[int, FlightRecord] = {}  # by index into placed
+        self.probed: dict[int, ProbeAnswer] = {}  # what ranks' probes told, by index into placed
         self.flight_asked = False
 
     def live(self) -> set[int]:
@@ -187,8 +189,9 @@ class _Capture:
         return self.sources.get(frame.filename, {}).get(frame.line) if frame.line else None
 
     def flight(self, timeout: float) -> None:
-        """Ask each live rank's in-process probe (``hangdoc.probe``), once, for its flight
-        recorder dump. Most jobs run without one: that is said only when some rank has one."""
+        """Ask each live rank's in-process probe (``hangdoc.probe``), once, what it tells: its
+        flight recorder dump, step heartbeat and threads' live exceptions. Most jobs run
+        without one: that is said only when some rank has one."""
         if self.flight_asked:
             return
         self.flight_asked = True
@@ -196,26 +199,40 @@ class _Capture:
         groups = [(node, idx) for node, idx in self.fleet.by_node(self.live()) if node.name not in lost]
         pids = {id(node): [self.fleet.placed[i][1].pid for i in idx] for node, idx in groups}
         index = {(id(node), self.fleet.placed[i][1].pid): i for node, idx in groups for i in idx}
-        failed: list[str] = []
-        for node, found, _err in fan_out([n for n, _ in groups], lambda n: _flights(n, pids[id(n)], timeout),
+        failed: list[str] = []  # a probe that did not answer
+        no_dump: list[str] = []  # a probe that answered without a flight recorder dump
+        for node, found, _err in fan_out([n for n, _ in groups], lambda n: _probe(n, pids[id(n)], timeout),
                                           timeout + 15.0):
-            for pid, (record, why) in (found or {}).items():
+            for pid, answer in (found or {}).items():
                 i = index.get((id(node), pid))
-                if i is not None and record is not None:
-                    self.flights[i] = record
-                elif why and not why.startswith(NO_PROBE):
-                    failed.append(f"pid {pid}: {why}")
-        if self.flights:
-            self.notes.append(f"flight recorder dumps of {len(self.flights)} of {len(self.fleet.placed)} "
-                              "rank(s), through their probes")
-        if failed:
-            self.notes.append("no flight recorder dump from " + "; ".join(failed[:4])
-                              + (f"; and {len(failed) - 4} more" if len(failed) > 4 else ""))
+                if i is None or answer.status is ProbeStatus.NO_PROBE:
+                    continue
+                if answer.status is ProbeStatus.FAILED:
+                    failed.append(f"pid {pid}: {answer.reason}")
+                    continue
+                self.probed[i] = answer
+                if answer.flight is None:
+                    no_dump.append(f"pid {pid}: {answer.reason}")
+        dumps = sum(a.flight is not None for a in self.probed.values())
+        if dumps:
+            self.notes.append(f"flight recorder dumps of {dumps} of {len(self.fleet.placed)} rank(s), "
+                              "through their probes")
+        for what, which in (("no answer from the probe of ", failed), ("no flight recorder dump from ", no_dump)):
+            if which:
+                self.notes.append(what + "; ".join(which[:4]) + (f"; and {len(which) - 4} more" if len(which) > 4
+                                                                   else ""))
+
+    def _told(self, i: int) -> dict[str, Any]:
+        """What rank ``i``'s probe told, as ``RankSnapshot`` fields."""
+        answer = self.probed.get(i)
+        if answer is None:
+            return {}
+        return {"flight": answer.flight, "exceptions": answer.exceptions, "heartbeat": answer.heartbeat}
 
     def snapshot(self, elapsed: float) -> JobSnapshot:
         return JobSnapshot(
             spec=self.spec,
-            ranks=tuple(RankSnapshot(p, tuple(s), self.flights.get(i))
+            ranks=tuple(RankSnapshot(p, tuple(s), **self._told(i))
                         for i, ((_, p), s) in enumerate(zip(self.fleet.placed, self.samples, strict=True))),
             world_size=self.fleet.world_size,
             unreachable=tuple(self.unreachable),
@@ -232,6 +249,7 @@ class _Capture:
 def observe(spec: str, fleet: Fleet, options: CaptureOptions, say: Progress) -> tuple[JobSnapshot, Diagnosis]:
     """Sample the fleet's ranks until the verdict is clear or ``max_window`` is reached."""
     cap = _Capture(spec, fleet)
+    devices: JobDevices | None = None  # the ranks' GPUs and NCCL's RAS report, taken once
     t0 = time.monotonic()
     tick = 0
 
@@ -254,12 +272,13 @@ def observe(spec: str, fleet: Fleet, options: CaptureOptions, say: Progress) -> 
             wait_for_next_round()
             continue
         cap.flight(FLIGHT_TIMEOUT)
+        devices = devices or gather_devices(fleet, cap.live(), {u.target for u in cap.unreachable})
         deeper = cap.deepen(options, time.monotonic() - t0)
         if deeper:
             say(f"took native frames of {len(deeper)} rank(s) whose Python stack cannot show where they wait")
             pids = ", ".join(str(fleet.placed[i][1].pid) for i in sorted(deeper))
             cap.notes.append(f"native frames taken of pid(s) {pids}")
-        snapshot = cap.snapshot(elapsed)
+        snapshot = devices.apply(cap.snapshot(elapsed))
         diagnosis = analyse(snapshot)
         if not diagnosis.ambiguous or elapsed >= options.max_window:
             if diagnosis.ambiguous:
@@ -276,12 +295,12 @@ def observe(spec: str, fleet: Fleet, options: CaptureOptions, say: Progress) -> 
         wait_for_next_round()
 
 
-def _flights(node: Node, pids: list[int], timeout: float) -> Flights:
-    """A node's answer; a failure is no dump, never a failed diagnosis."""
+def _probe(node: Node, pids: list[int], timeout: float) -> ProbeAnswers:
+    """A node's answer; a failure is no answer, never a failed diagnosis."""
     try:
-        return node.flight(pids, timeout)
-    except Exception as err:  # noqa: BLE001 - dumps refine a diagnosis; a node's failure is said, not raised
-        return {pid: (None, one_line(str(err) or type(err).__name__, 300)) for pid in pids}
+        return node.probe(pids, timeout)
+    except Exception as err:  # noqa: BLE001 - probes refine a diagnosis; a node's failure is said, not raised
+        return {pid: ProbeAnswer(ProbeStatus.FAILED, one_line(str(err) or type(err).__name__, 300)) for pid in pids}
 
 
 def _check_readable(samples: list[list[Sample]]) -> None:

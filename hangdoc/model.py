@@ -329,6 +329,14 @@ class FlightEntry:
     group_desc: str = ""  # "default_pg", a group_desc given at creation, or ""
     state: str = ""  # "scheduled", "started", "completed" (NCCL); gloo records "scheduled"
     retired: bool = False  # the op finished and left the ring's live part
+    # a p2p op's other end as the dump names it (NCCL's "send 0->1", "recv 1<-0"): a rank
+    # *of the group*, not a global rank; None where the dump does not say
+    peer: int | None = None
+
+    @property
+    def finished(self) -> bool:
+        """The op is over on this rank: retired, or NCCL saw it complete."""
+        return self.retired or self.state == "completed"
 
     @property
     def signature(self) -> tuple[object, ...]:
@@ -359,9 +367,104 @@ class FlightRecord:
     groups: tuple[FlightGroup, ...] = ()
     version: str = ""
     source: str = ""  # where it came from ("file trace_3", ...)
+    # the ring still holds the first op the process recorded (record 0): nothing was
+    # dropped, so counting a group's ops from its start is exact
+    from_start: bool = False
 
     def group(self, name: str) -> FlightGroup | None:
         return next((g for g in self.groups if g.name == name), None)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuState:
+    """One GPU a rank's process runs on, as NVML showed it on the rank's node at one
+    instant (``hangdoc.capture.gpu``). Readings NVML would not give are None."""
+
+    index: int  # NVML's index of the GPU on its node (nvidia-smi's numbering)
+    uuid: str  # "GPU-8f6c...", the same in nvidia-smi, NVML and CUDA_VISIBLE_DEVICES
+    name: str = ""  # "NVIDIA H100 80GB HBM3"
+    # percent of NVML's last sample period (1/6 s to 1 s) in which a kernel ran on it
+    utilization_percent: int | None = None
+    memory_used_bytes: int | None = None  # by every process on the GPU
+    memory_total_bytes: int | None = None
+    process_memory_bytes: int | None = None  # by this rank's process alone
+    xids: tuple[int, ...] = ()  # XID errors NVML delivered while hangdoc listened
+    ecc_uncorrected: int | None = None  # uncorrectable ECC errors since the driver loaded
+    lost: bool = False  # NVML: the GPU fell off the bus or is otherwise inaccessible
+    # how the GPU was tied to the rank: "pid" (NVML lists the process), "pid N in its
+    # namespace", or "CUDA_VISIBLE_DEVICES" (NVML's pids were of no process the agent sees)
+    matched_by: str = "pid"
+
+    def describe(self) -> str:
+        """``GPU 3 (NVIDIA H100) 100% busy, 41.0/80.0 GiB, XID 79``."""
+        parts = [f"GPU {self.index}" + (f" ({self.name})" if self.name else "")]
+        if self.lost:
+            parts.append("lost (fell off the bus or inaccessible)")
+        if self.utilization_percent is not None:
+            parts.append(f"{self.utilization_percent}% busy")
+        if self.memory_used_bytes is not None and self.memory_total_bytes:
+            parts.append(f"{self.memory_used_bytes / 2**30:.1f}/{self.memory_total_bytes / 2**30:.1f} GiB")
+        if self.xids:
+            parts.append("XID " + ",".join(map(str, self.xids)))
+        if self.ecc_uncorrected:
+            parts.append(f"{self.ecc_uncorrected} uncorrectable ECC error(s)")
+        if self.matched_by != "pid":
+            parts.append(f"matched by {self.matched_by}")
+        return " ".join(parts[:1]) + (": " + ", ".join(parts[1:]) if parts[1:] else "")
+
+
+@dataclass(frozen=True, slots=True)
+class RasRank:
+    """One rank of a NCCL communicator in NCCL's RAS report (``ncclras -f json``).
+
+    ``comm_rank`` is the rank within the communicator, not the job's global rank; ``host``
+    is the IP address RAS knows the process by and ``pid`` the process's own pid (in its
+    pid namespace). Ranks RAS got no data from are ``missing``."""
+
+    comm_rank: int
+    host: str = ""  # "" where RAS did not know it ("unknown")
+    pid: int | None = None
+    cuda_dev: int | None = None
+    nvml_dev: int | None = None
+    missing: bool = False
+    unresponsive: bool = False  # missing: RAS could not reach its process
+    dead: bool = False  # missing: unreachable for long enough that RAS gave it up
+    init_state: int | None = None  # 0 ncclSuccess, 7 ncclInProgress, else an init error
+    async_error: int | None = None  # what ncclCommGetAsyncError would return; 0: none
+    finalize_called: bool = False
+    destroy_flag: bool = False
+    abort_flag: bool = False
+    # (collective type, how many of them the rank has launched): ("AllReduce", 6650), ...
+    collectives: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def launched(self) -> int:
+        """Collectives launched on the communicator, all types together."""
+        return sum(count for _, count in self.collectives)
+
+
+@dataclass(frozen=True, slots=True)
+class RasCommunicator:
+    """A NCCL communicator as RAS reported it: its hash and its ranks, present and missing."""
+
+    hash: str  # "0xae94423cfbb2ef4a", as in NCCL's own logs
+    size: int
+    ranks: tuple[RasRank, ...] = ()
+
+    @property
+    def missing(self) -> tuple[RasRank, ...]:
+        return tuple(r for r in self.ranks if r.missing)
+
+
+@dataclass(frozen=True, slots=True)
+class NcclRasReport:
+    """NCCL's RAS view of the whole job, from one ``ncclras -f json`` query on one node."""
+
+    nccl_version: str
+    communicators: tuple[RasCommunicator, ...] = ()
+    timeouts: int = 0  # RAS's own timeouts while it gathered the data
+    collection_seconds: float = 0.0
+    source: str = ""  # "ncclras on node-3"; says when malformed 2.28 JSON was repaired
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,6 +474,11 @@ class RankSnapshot:
     process: RankProcess
     samples: tuple[Sample, ...]
     flight: FlightRecord | None = None  # its flight recorder dump, when one was had
+    gpus: tuple[GpuState, ...] = ()  # the GPUs its process runs on, where NVML could say
+    # what its in-process probe (hangdoc.probe) told, when it runs one: the exception each
+    # thread was handling, and its last step heartbeat
+    exceptions: tuple[ThreadException, ...] = ()
+    heartbeat: Heartbeat | None = None
 
     @property
     def rank(self) -> int | None:
@@ -440,6 +548,7 @@ class JobSnapshot:
     hangdoc_version: str = ""
     notes: tuple[str, ...] = ()  # how capture went: window extended, samples failed, ...
     sources: tuple[SourceFile, ...] = ()
+    ras: NcclRasReport | None = None  # NCCL's RAS report of the job, where one was had
     # stacks read from text a person may have cut (a pasted ``py-spy dump``): a main thread
     # without its ``<module>`` frame is then no sign of an exit handler
     stacks_may_be_cut: bool = False
@@ -681,6 +790,41 @@ class Heartbeat:
     beats: int
     in_step: bool
     age_seconds: float  # since the last beat
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadException:
+    """The exception one thread of a rank was handling when its probe was asked
+    (``sys._current_exceptions()``: inside an ``except``, a ``finally`` or an ``__exit__``
+    that an exception entered): its type and where it was raised, never its message or any
+    value (docs/security.md)."""
+
+    thread_id: int  # threading.get_ident(): py-spy's ``ThreadStack.thread_id``
+    thread_name: str | None
+    type_name: str  # qualified: "RuntimeError", "torch.distributed.DistBackendError"
+    raised_at: Frame  # the innermost entry of its traceback
+
+
+class ProbeStatus(enum.Enum):
+    """What asking a process's in-process probe came to."""
+
+    ANSWERED = "answered"
+    """It answered; ``ProbeAnswer.reason`` says what it could not tell (no flight recorder)."""
+    NO_PROBE = "no_probe"
+    """The process runs no probe: the common case, not an error."""
+    FAILED = "failed"
+    """It has a probe that did not answer in time, refused, or sent what cannot be read."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeAnswer:
+    """What one process's probe told (``hangdoc.capture.probe_client``)."""
+
+    status: ProbeStatus
+    reason: str = ""  # why something is missing: no probe, no answer, no flight recorder
+    flight: FlightRecord | None = None
+    heartbeat: Heartbeat | None = None
+    exceptions: tuple[ThreadException, ...] = ()
 
 
 def compress_ranks(ranks: Iterable[int]) -> str:

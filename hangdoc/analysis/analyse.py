@@ -27,8 +27,10 @@ from ..model import (
 from . import classify, confidence, wording
 from .device import waits_for_device
 from .flight import apply_flight, match_flight
+from .gpu_state import apply_device_state
 from .merge import build_tree
 from .ops import Recogniser
+from .probe_evidence import apply_probe_evidence
 from .views import RankView, view_rank
 
 
@@ -168,7 +170,11 @@ def analyse(snapshot: JobSnapshot) -> Diagnosis:
         basis=judged.basis,
     )
     # the ranks' flight recorder dumps, when had, sharpen or override what the stacks say
-    return apply_flight(diagnosis, match_flight(snapshot), stacks=any(r.samples for r in snapshot.ranks))
+    diagnosis = apply_flight(diagnosis, match_flight(snapshot), stacks=any(r.samples for r in snapshot.ranks))
+    # then their GPUs' state (NVML) and NCCL's RAS report, where captured
+    diagnosis = apply_device_state(diagnosis, snapshot)
+    # and what their probes told: live exceptions, last heartbeats (evidence only)
+    return apply_probe_evidence(diagnosis, snapshot)
 
 
 _WORKING = (RankState.BUSY, RankState.PROGRESSING, RankState.COMMUNICATING)

@@ -165,8 +165,10 @@ def python_host_sync(thread: ThreadStack, uses_gpu: bool, code: Callable[[Frame]
 def gpu_evidence(snap: RankSnapshot) -> str | None:
     """What shows that a rank runs on a GPU, or None: native frames of CUDA, a frame of
     torch's device modules on any thread in any sample, or ``CUDA_VISIBLE_DEVICES``
-    naming devices. (``NCCL_*`` variables say nothing: torchrun sets
-    ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` for CPU jobs too.)"""
+    naming devices, or NVML listing its process on a GPU (``RankSnapshot.gpus``). (``NCCL_*``
+    variables say nothing: torchrun sets ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` for CPU jobs too.)"""
+    if snap.gpus:
+        return f"NVML lists it on GPU {snap.gpus[0].index}"
     return samples_gpu_evidence(snap.good_samples, snap.process)
 
 

@@ -6,17 +6,45 @@ group by group, over the members that have a dump:
 
 * **mismatch**: at the first sequence number where members recorded different calls (op,
   input sizes or dtypes), the members outside the largest class are the culprits. This is
-  the pipeline shape mismatch of the seed guide, and a collective skipped on one rank
-  earlier, which shifts every later number. A tie names no culprit.
+  the pipeline shape mismatch of the seed guide, an empty tensor on one rank (a size
+  mismatch gloo does not catch: its side sends nothing and returns), and a collective
+  skipped on one rank earlier, which shifts every later number. A tie names no culprit.
+  A skip shows as a shift: when a culprit issued as #n what a member ahead of the rest
+  issued as #n+k (or the other way round), the evidence says it looks to have skipped (or
+  added) k calls. A call skipped among calls of the same op and sizes shifts the numbers
+  without changing what is recorded under them: the dumps then show where the calls
+  first differ, not where the shift began, and the evidence says which numbers agree.
 * **behind**: some members wait, unfinished, in the group's newest collective while others
   have not issued it (their newest number is lower): those have not called it.
 * **all in**: every member issued the same newest collective and none finished it: the
   ranks agree; the problem is below them (transport, a peer process, the device).
+* **idle**: no rank has an unfinished op in its dump: the ranks wait outside anything the
+  flight recorder saw.
+
+**p2p ops.** ``p2p_seq_id`` counts a rank's p2p ops on a group, to every peer together, so
+equal numbers on two ranks are not the same transfer. What pairs is order per ordered
+pair: the i-th send from a to b on a group is the i-th receive of b from a (one
+communicator per pair, first in first out). That is matched only where it is sound:
+
+* the peer must be in the dump: NCCL names a send ``send 0->1`` in ranks of the group,
+  mapped to global ranks through the group's member list (sorted, as torch numbers a
+  group's ranks; the default group's ranks are the global ones). gloo (torch 2.13) records
+  no p2p op at all, so a gloo job's p2p waits leave no trace here (see **idle**);
+* both ranks' rings must still hold every op since the process began (the oldest entry is
+  record 0): a ring that wrapped lost how many sends came before, and counting from its
+  oldest entry would pair the wrong transfers. Such a pair is named, not judged.
+
+Then a send and its receive that differ in sizes or dtypes are a p2p mismatch (no culprit:
+neither side is a minority); an unfinished send whose receive the peer has not posted, or
+an unfinished receive whose send the peer has not issued, is a wait on that peer. Waits
+that close a cycle (two stages both sending, or both receiving) are a **p2p deadlock**
+naming every rank in it; a wait on a rank that waits on no p2p peer names that rank.
 
 Members with no dump are named, never judged (a rank stuck in ``destroy_process_group``
 never dumps; its stacks cover it). Unlike an analyzer that takes the first rank's view as
 the reference, the majority decides, so one bad rank cannot make the healthy ones look
-wrong. p2p ops are numbered per pair and are not matched here.
+wrong. The dumps are indexed once; matching costs time linear in their entries (plus
+sorting each group's distinct sequence numbers).
 
 ``apply_flight`` folds the finding into the stack diagnosis: it sharpens a verdict the
 dumps confirm, and overrides one they contradict, saying so in the evidence and basis. A
@@ -29,7 +57,7 @@ import dataclasses
 import enum
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..model import (
     Confidence,
@@ -41,11 +69,31 @@ from ..model import (
     compress_ranks,
 )
 
+MAX_SHIFT = 4  # the most skipped (or added) calls a shift is looked for over
+SHIFT_SPAN = 64  # the most numbers compared to confirm a shift
+MAX_SHIFT_CHECKS = 256  # culprit ranks whose shift is looked for
+
 
 class FlightKind(enum.Enum):
     MISMATCH = "mismatch"
+    """Members recorded different calls under one collective sequence number."""
+    P2P_DEADLOCK = "p2p_deadlock"
+    """Ranks wait on each other's sends or receives in a cycle."""
+    P2P_MISMATCH = "p2p_mismatch"
+    """A send and its receive differ, or a rank waits on a peer that has not posted the
+    other side and waits elsewhere (or nowhere)."""
     BEHIND = "behind"
+    """Some members have not issued the collective the others wait in."""
     ALL_IN = "all_in"
+    """Every member waits, unfinished, in the same newest collective."""
+    IDLE = "idle"
+    """No rank has an unfinished op in its dump."""
+    UNPAIRED = "unpaired"
+    """Ranks wait in p2p ops the dumps cannot pair (no member list, a ring that wrapped)."""
+
+
+_ORDER = {FlightKind.MISMATCH: 0, FlightKind.P2P_DEADLOCK: 1, FlightKind.P2P_MISMATCH: 2,
+          FlightKind.BEHIND: 3, FlightKind.ALL_IN: 4, FlightKind.IDLE: 5, FlightKind.UNPAIRED: 6}
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +104,8 @@ class FlightFinding:
     culprits: tuple[int, ...]  # global ranks; () when the dumps name none (a tie)
     summary: str
     evidence: tuple[str, ...]
+    basis: str = ""  # what the verdict rests on, one phrase
+    verdict: Verdict | None = None  # the verdict the dumps support; None: evidence only
 
 
 def match_flight(snapshot: JobSnapshot) -> FlightFinding | None:
@@ -63,79 +113,230 @@ def match_flight(snapshot: JobSnapshot) -> FlightFinding | None:
     records = {r.rank: r.flight for r in snapshot.ranks if r.flight is not None and r.rank is not None}
     if not records:
         return None
-    findings = [f for name in _group_names(records) if (f := _match_group(name, records))]
-    order = {FlightKind.MISMATCH: 0, FlightKind.BEHIND: 1, FlightKind.ALL_IN: 2}
-    findings.sort(key=lambda f: (order[f.kind], not f.culprits, f.seq))
-    return findings[0] if findings else None
-
-
-def _group_names(records: dict[int, FlightRecord]) -> list[str]:
-    return sorted({e.group for rec in records.values() for e in rec.entries if not e.p2p})
-
-
-def _label(name: str, records: dict[int, FlightRecord]) -> str:
-    """``default_pg (0)``: the description its ops or its config give, and its name."""
-    for rec in records.values():
-        group = rec.group(name)
-        desc = group.desc if group is not None and group.desc else next(
-            (e.group_desc for e in rec.entries if e.group == name and e.group_desc), "")
-        if desc:
-            return f"{desc} ({name})"
-    return f"group {name}"
-
-
-def _members(name: str, records: dict[int, FlightRecord]) -> tuple[list[int], list[int]]:
-    """(members with a dump that mentions the group, members named by its config but with
-    no dump). A dump's own ops on the group make a rank a member even without a config."""
-    mentioned = sorted(r for r, rec in records.items() if any(e.group == name and not e.p2p for e in rec.entries))
-    configured: set[int] = set()
-    for rec in records.values():
-        group = rec.group(name)
-        if group is not None and group.ranks:
-            configured.update(group.ranks)
-    undumped = sorted(configured - set(records))
-    return mentioned, undumped
-
-
-def _match_group(name: str, records: dict[int, FlightRecord]) -> FlightFinding | None:
-    members, undumped = _members(name, records)
-    label = _label(name, records)
-    ops: dict[int, dict[int, FlightEntry]] = {
-        r: {e.seq: e for e in records[r].entries if e.group == name and not e.p2p} for r in members}
-    missing = (f"no flight recorder dump from rank(s) {compress_ranks(undumped)[1:-1]} of {label}"
-               if undumped else None)
-    found = _mismatch(label, ops) or _behind(label, ops) or _all_in(label, ops)
-    if found is None:
+    groups = _index(records)
+    findings: list[FlightFinding] = []
+    notes: list[str] = []
+    for name in sorted(groups):
+        group = groups[name]
+        found = _match_collectives(group)
+        p2p, unjudged = _match_p2p(group, records)
+        notes.extend(unjudged)
+        for finding in (found, p2p):
+            if finding is not None:
+                findings.append(_with_missing(finding, group, records))
+    if not findings:
+        idle = _idle(groups, records)
+        if idle is not None:
+            return idle  # nothing unfinished: what could not be paired does not matter
+        if notes:
+            summary = f"ranks wait in p2p ops the flight recorder cannot pair: {notes[0]}"
+            return FlightFinding(FlightKind.UNPAIRED, "", 0, (), summary, tuple(notes[:8]),
+                                 "flight recorder: p2p ops not paired")
         return None
-    if missing:
-        found = dataclasses.replace(found, evidence=(*found.evidence, missing))
-    return found
+    findings.sort(key=lambda f: (_ORDER[f.kind], not f.culprits, f.seq))
+    best = findings[0]
+    return dataclasses.replace(best, evidence=(*best.evidence, *notes[:4])) if notes else best
+
+
+# ------------------------------------------------------------------ the dumps, indexed once
+
+
+@dataclass(slots=True)
+class _Group:
+    """One process group as every dump together shows it."""
+
+    name: str
+    desc: str = ""
+    configured: set[int] = field(default_factory=set)  # members by any dump's config
+    colls: dict[int, dict[int, FlightEntry]] = field(default_factory=dict)  # rank -> seq -> op
+    p2p: dict[int, list[FlightEntry]] = field(default_factory=dict)  # rank -> its p2p ops, in order
+
+    @property
+    def label(self) -> str:
+        """``default_pg (0)``: the description its config or its ops give, and its name."""
+        return f"{self.desc} ({self.name})" if self.desc else f"group {self.name}"
+
+
+def _index(records: dict[int, FlightRecord]) -> dict[str, _Group]:
+    groups: dict[str, _Group] = {}
+    entry_desc: dict[str, str] = {}
+    for rank, rec in records.items():
+        for config in rec.groups:
+            group = groups.setdefault(config.name, _Group(config.name))
+            group.configured.update(config.ranks)
+            group.desc = group.desc or config.desc
+        name: str | None = None  # a ring holds runs of one group's ops: look it up per run
+        for e in rec.entries:
+            if e.group != name:
+                name = e.group
+                group = groups.get(name) or groups.setdefault(name, _Group(name))
+                if e.group_desc and name not in entry_desc:
+                    entry_desc[name] = e.group_desc
+            if e.p2p:
+                group.p2p.setdefault(rank, []).append(e)
+            else:
+                colls = group.colls.get(rank)
+                if colls is None:
+                    colls = group.colls[rank] = {}
+                colls[e.seq] = e
+    for group_name, desc in entry_desc.items():
+        groups[group_name].desc = groups[group_name].desc or desc
+    return groups
+
+
+def _with_missing(finding: FlightFinding, group: _Group, records: dict[int, FlightRecord]) -> FlightFinding:
+    undumped = sorted(group.configured - set(records))
+    if not undumped:
+        return finding
+    line = f"no flight recorder dump from rank(s) {compress_ranks(undumped)[1:-1]} of {group.label}"
+    return dataclasses.replace(finding, evidence=(*finding.evidence, line))
+
+
+# ------------------------------------------------------------------ collectives
+
+
+def _match_collectives(group: _Group) -> FlightFinding | None:
+    ops = group.colls
+    if not ops:
+        return None
+    return _mismatch(group.label, ops) or _behind(group.label, ops) or _all_in(group.label, ops)
 
 
 def _mismatch(label: str, ops: dict[int, dict[int, FlightEntry]]) -> FlightFinding | None:
-    seqs = sorted({s for by_seq in ops.values() for s in by_seq})
-    for seq in seqs:
-        at = {r: by_seq[seq] for r, by_seq in ops.items() if seq in by_seq}
-        classes: dict[tuple[object, ...], list[int]] = defaultdict(list)
-        for rank, entry in at.items():
-            classes[entry.signature].append(rank)
-        if len(classes) < 2:
-            continue
-        ranked = sorted(classes.values(), key=len, reverse=True)
-        majority = ranked[0] if len(ranked[0]) > len(ranked[1]) else []
-        culprits = tuple(sorted(r for r in at if r not in majority)) if majority else ()
-        lines = tuple(f"{_who(ranks)} recorded {at[ranks[0]].describe()} as collective #{seq} of {label}"
-                      for ranks in ranked)
-        if majority:
-            first = culprits[0]
-            summary = (f"collective mismatch (flight recorder): {_who(list(culprits))} called "
-                       f"{at[first].describe()} as collective #{seq} of {label} while "
-                       f"{_who(majority)} called {at[majority[0]].describe()}")
+    # one pass: each number's first call seen, how many members hold it, the lowest that differs
+    first: dict[int, FlightEntry] = {}
+    held: dict[int, int] = defaultdict(int)
+    differ: int | None = None
+    for by_seq in ops.values():
+        for number, entry in by_seq.items():
+            held[number] += 1
+            ref = first.setdefault(number, entry)
+            if ref is not entry and (differ is None or number < differ) and not _same(ref, entry):
+                differ = number
+    if differ is None:
+        return None
+    seq = differ
+    # the numbers before the difference every member holds (and so agrees on)
+    agreed = sorted(n for n, count in held.items() if n < seq and count == len(ops))
+    at = {r: by_seq[seq] for r, by_seq in ops.items() if seq in by_seq}
+    classes: dict[tuple[object, ...], list[int]] = defaultdict(list)
+    for rank, entry in at.items():
+        classes[entry.signature].append(rank)
+    ranked = sorted(classes.values(), key=len, reverse=True)
+    majority = ranked[0] if len(ranked[0]) > len(ranked[1]) else []
+    culprits = tuple(sorted(r for r in at if r not in majority)) if majority else ()
+    lines = [f"{_who(ranks)} recorded {at[ranks[0]].describe()} as collective #{seq} of {label}"
+             for ranks in ranked]
+    kind = _difference([at[ranks[0]] for ranks in ranked])
+    if majority:
+        summary = (f"collective mismatch (flight recorder): {_who(list(culprits))} called "
+                   f"{at[culprits[0]].describe()} as collective #{seq} of {label} while "
+                   f"{_who(majority)} called {at[majority[0]].describe()}{kind}")
+        lines.extend(_shifts(label, seq, ops, culprits, majority))
+        lines.extend(_moved_on(label, seq, ops, culprits))
+        lines.extend(_repeated(label, seq, ops[majority[0]], majority, culprits))
+    else:
+        summary = (f"collective mismatch (flight recorder): the ranks of {label} disagree on "
+                   f"collective #{seq} and no call is the majority's{kind}")
+    if agreed:
+        where = (_span(agreed[0], agreed[-1]) if agreed[-1] - agreed[0] + 1 == len(agreed) else
+                 f"{len(agreed)} numbers from #{agreed[0]} to #{agreed[-1]}")
+        lines.append(f"{_who(sorted(ops))} recorded the same calls (op, sizes, dtypes) as collectives "
+                     f"{where} of {label}")
+    basis = f"flight recorder: collective #{seq} of {label} differs between ranks"
+    return FlightFinding(FlightKind.MISMATCH, label, seq, culprits, summary, tuple(lines),
+                         basis, Verdict.COLLECTIVE_MISMATCH)
+
+
+def _same(a: FlightEntry, b: FlightEntry) -> bool:
+    """``a.signature == b.signature``, without building the tuples (this runs per entry)."""
+    return a.op == b.op and a.input_sizes == b.input_sizes and a.input_dtypes == b.input_dtypes
+
+
+def _difference(calls: Sequence[FlightEntry]) -> str:
+    """``: same op, different sizes`` where only the tensors differ."""
+    if len({e.op for e in calls}) > 1:
+        return ""
+    if len({e.input_sizes for e in calls}) > 1:
+        return ": same op, different sizes"
+    return ": same op, different dtypes"
+
+
+def _shifts(label: str, seq: int, ops: dict[int, dict[int, FlightEntry]], culprits: Sequence[int],
+            majority: Sequence[int]) -> list[str]:
+    """Evidence that culprits skipped (or added) calls: what a culprit recorded from #seq on
+    is what the majority recorded k numbers later (or earlier)."""
+    ahead = max(majority, key=lambda r: max(ops[r]))
+    lines: list[str] = []
+    found: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for rank in list(culprits)[:MAX_SHIFT_CHECKS]:
+        for k in range(1, MAX_SHIFT + 1):
+            if _lines_up(ops[rank], ops[ahead], seq, seq + k):
+                found[("skipped", k)].append(rank)
+                break
+            if _lines_up(ops[rank], ops[ahead], seq + k, seq):
+                found[("added", k)].append(rank)
+                break
+    for (how, k), ranks in found.items():
+        who = _who(ranks)
+        if how == "skipped":
+            call = ops[ahead][seq + k].describe()
+            skipped = ops[ahead][seq].describe() if k == 1 else f"{k} calls, from {ops[ahead][seq].describe()}"
+            lines.append(f"{who} issued as collective #{seq} the call rank {ahead} issued as #{seq + k} ({call}): "
+                         f"{who} looks to have skipped collective {_span(seq, seq + k - 1)} of {label} "
+                         f"({skipped}), which shifts every later number by {k}")
         else:
-            summary = (f"collective mismatch (flight recorder): the ranks of {label} disagree on "
-                       f"collective #{seq} and no call is the majority's")
-        return FlightFinding(FlightKind.MISMATCH, label, seq, culprits, summary, lines)
-    return None
+            call = ops[ahead][seq].describe()
+            extra = ops[ranks[0]][seq].describe()
+            lines.append(f"{who} issued as collective #{seq + k} the call rank {ahead} issued as #{seq} ({call}): "
+                         f"{who} looks to have made {k} call(s) of {label} the others did not (from {extra} "
+                         f"as #{seq}), which shifts every later number by {k}")
+    return lines
+
+
+def _lines_up(mine: dict[int, FlightEntry], theirs: dict[int, FlightEntry], start: int, their_start: int) -> bool:
+    """``mine`` from #start on records what ``theirs`` records from #their_start on, over
+    every number both hold (at least one)."""
+    compared = 0
+    for i in range(SHIFT_SPAN):
+        a, b = mine.get(start + i), theirs.get(their_start + i)
+        if a is None or b is None:
+            break
+        if a.signature != b.signature:
+            return False
+        compared += 1
+    return compared > 0
+
+
+def _repeated(label: str, seq: int, theirs: dict[int, FlightEntry], majority: Sequence[int],
+              culprits: Sequence[int]) -> list[str]:
+    """Where the majority's call at #seq repeats the calls before it, a call skipped (or
+    added) among them would not show before #seq: say so."""
+    start = seq
+    while start - 1 in theirs and theirs[start - 1].signature == theirs[seq].signature:
+        start -= 1
+    if start == seq:
+        return []
+    return [(f"{_who(majority)} recorded {theirs[seq].describe()} as every collective {_span(start, seq)} "
+             f"of {label}: a call among them skipped (or added) on {_who(culprits)} would shift the numbers "
+             f"without showing before #{seq}")]
+
+
+def _moved_on(label: str, seq: int, ops: dict[int, dict[int, FlightEntry]], culprits: Sequence[int]) -> list[str]:
+    """Culprits whose side of #seq finished (an empty tensor's, say) and that wait in a
+    later collective of the group."""
+    moved: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for rank in culprits:
+        mine = ops[rank]
+        if not mine[seq].finished:
+            continue
+        later = [s for s, e in mine.items() if s > seq and not e.finished]
+        if later:
+            now = min(later)
+            moved[(now, mine[now].describe())].append(rank)
+    return [f"{_who(ranks)} finished {'its' if len(ranks) == 1 else 'their'} side of collective #{seq} and "
+            f"{'waits' if len(ranks) == 1 else 'wait'} in collective #{now} ({what}) of {label}"
+            for (now, what), ranks in moved.items()]
 
 
 def _behind(label: str, ops: dict[int, dict[int, FlightEntry]]) -> FlightFinding | None:
@@ -143,7 +344,7 @@ def _behind(label: str, ops: dict[int, dict[int, FlightEntry]]) -> FlightFinding
     if not newest:
         return None
     front = max(newest.values())
-    waiting = sorted(r for r, s in newest.items() if s == front and not ops[r][s].retired)
+    waiting = sorted(r for r, s in newest.items() if s == front and not ops[r][s].finished)
     behind = sorted(r for r, s in newest.items() if s < front)
     if not waiting or not behind:
         return None
@@ -155,7 +356,8 @@ def _behind(label: str, ops: dict[int, dict[int, FlightEntry]]) -> FlightFinding
     started = (f"{_who(waiting)} issued collective #{front} ({entry.describe()}) of {label} and "
                f"{'has' if len(waiting) == 1 else 'have'} not finished it")
     evidence = (started, f"issued so far on {label}: {last}")
-    return FlightFinding(FlightKind.BEHIND, label, front, tuple(behind), summary, evidence)
+    basis = f"flight recorder: collective #{front} of {label} not yet called by the culprits"
+    return FlightFinding(FlightKind.BEHIND, label, front, tuple(behind), summary, evidence, basis, Verdict.STRAGGLER)
 
 
 def _all_in(label: str, ops: dict[int, dict[int, FlightEntry]]) -> FlightFinding | None:
@@ -164,17 +366,219 @@ def _all_in(label: str, ops: dict[int, dict[int, FlightEntry]]) -> FlightFinding
         return None
     seq = next(iter(newest.values()))
     entries = [ops[r][seq] for r in newest]
-    if any(e.retired for e in entries):
+    if any(e.finished for e in entries):
         return None
     ranks = sorted(newest)
     line = (f"{_who(ranks)} all issued collective #{seq} ({entries[0].describe()}) of {label}; "
             f"none has finished it (flight recorder)")
-    return FlightFinding(FlightKind.ALL_IN, label, seq, (), line, (line,))
+    basis = f"flight recorder: every rank of {label} issued collective #{seq}"
+    return FlightFinding(FlightKind.ALL_IN, label, seq, (), line, (line,), basis)
+
+
+def _idle(groups: dict[str, _Group], records: dict[int, FlightRecord]) -> FlightFinding | None:
+    """Nothing unfinished anywhere: say up to where each group's collectives got."""
+    if any(not e.finished for rec in records.values() for e in rec.entries):
+        return None
+    lines = []
+    for name in sorted(groups)[:8]:
+        group = groups[name]
+        newest = {r: max(by_seq) for r, by_seq in group.colls.items() if by_seq}
+        if not newest:
+            continue
+        by_front: dict[int, list[int]] = defaultdict(list)
+        for rank, seq in newest.items():
+            by_front[seq].append(rank)
+        lines.append(f"on {group.label}: " + ", ".join(
+            f"{_who(ranks)} finished every collective up to #{seq}" for seq, ranks in sorted(by_front.items())))
+    if not lines:
+        return None
+    summary = ("no rank has an unfinished collective in its flight recorder: the ranks wait outside "
+               "every op it saw (a p2p op, which gloo does not record, or no torch.distributed call)")
+    basis = "flight recorder: no unfinished op on any rank"
+    return FlightFinding(FlightKind.IDLE, "", 0, (), summary, (summary, *lines), basis)
+
+
+# ------------------------------------------------------------------ p2p
+
+
+@dataclass(frozen=True, slots=True)
+class _Wait:
+    """Rank ``rank`` waits in ``op`` on ``peer``, which has not posted the other side."""
+
+    rank: int
+    peer: int
+    op: FlightEntry
+    nth: int  # 1-based: its n-th send to (receive from) the peer
+    posted: int  # how many of the other side the peer has posted
+
+
+def _match_p2p(group: _Group, records: dict[int, FlightRecord]) -> tuple[FlightFinding | None, list[str]]:
+    """(the finding, notes on what could not be matched) for the group's p2p ops."""
+    if not any(e.peer is not None for ops in group.p2p.values() for e in ops):
+        return None, []
+    to_global = _to_global(group)
+    if to_global is None:
+        return None, [f"p2p ops of {group.label} not matched: no dump lists the group's ranks"]
+    sends: dict[tuple[int, int], list[FlightEntry]] = defaultdict(list)  # (from, to)
+    recvs: dict[tuple[int, int], list[FlightEntry]] = defaultdict(list)  # (at, from)
+    for rank, ops in group.p2p.items():
+        for e in ops:
+            peer = to_global.get(e.peer) if e.peer is not None else None
+            if peer is None:
+                continue
+            if e.op == "send":
+                sends[(rank, peer)].append(e)
+            elif e.op == "recv":
+                recvs[(rank, peer)].append(e)
+    pairs = sorted({*sends, *((b, a) for a, b in recvs)})
+    whole = {r for r, rec in records.items() if rec.from_start}
+    unjudged = sorted({r for pair in pairs for r in pair if r not in whole})
+    waits: list[_Wait] = []
+    differ: tuple[int, int, int] | None = None
+    for a, b in pairs:
+        if a not in whole or b not in whole:
+            continue
+        sent, received = sends.get((a, b), []), recvs.get((b, a), [])
+        for i in range(min(len(sent), len(received))):
+            if _payload(sent[i]) != _payload(received[i]):
+                # both sides over: it did not hang here (what it did to the data is not ours)
+                if differ is None and not (sent[i].finished and received[i].finished):
+                    differ = (a, b, i)
+                break
+        if len(sent) > len(received) and not sent[len(received)].finished:
+            waits.append(_Wait(a, b, sent[len(received)], len(received) + 1, len(received)))
+        if len(received) > len(sent) and not received[len(sent)].finished:
+            waits.append(_Wait(b, a, received[len(sent)], len(sent) + 1, len(sent)))
+    notes = []
+    if unjudged:
+        notes.append(f"p2p ops of {group.label} with rank(s) {compress_ranks(unjudged)[1:-1]} not matched: "
+                     "no dump, or a ring that no longer holds the process's first op (counts from the start unknown)")
+    label = group.label
+    if differ is not None:
+        a, b, i = differ
+        return _p2p_differ(label, a, b, sends[(a, b)][i], recvs[(b, a)][i], i + 1), notes
+    if not waits:
+        return None, notes
+    cycle = _cycle(waits)
+    if cycle:
+        return _p2p_deadlock(label, cycle), notes
+    return _p2p_unposted(label, waits, records), notes
+
+
+def _to_global(group: _Group) -> dict[int, int] | None:
+    """Group rank -> global rank: the members sorted (torch numbers a group's ranks in
+    that order); the default group's ranks are the global ones."""
+    if group.configured:
+        ordered = sorted(group.configured)
+        return dict(enumerate(ordered))
+    if group.desc == "default_pg" or group.name == "0":
+        peers = {e.peer for ops in group.p2p.values() for e in ops if e.peer is not None}
+        return {p: p for p in peers}
+    return None
+
+
+def _payload(e: FlightEntry) -> tuple[object, ...]:
+    return (e.input_sizes or e.output_sizes, e.input_dtypes or e.output_dtypes)
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def _shape(e: FlightEntry) -> str:
+    return e.describe().partition(" ")[2] or "no tensor"
+
+
+def _p2p_differ(label: str, a: int, b: int, send: FlightEntry, recv: FlightEntry, nth: int) -> FlightFinding:
+    summary = (f"p2p mismatch (flight recorder): rank {a}'s {_ordinal(nth)} send to rank {b} "
+               f"(p2p #{send.seq} of {label}: {_shape(send)}) and rank {b}'s {_ordinal(nth)} receive from "
+               f"rank {a} (p2p #{recv.seq}: {_shape(recv)}) differ")
+    evidence = (f"rank {a} recorded send {_shape(send)} to rank {b} as p2p #{send.seq} of {label}, "
+                + f"its {_ordinal(nth)} to rank {b}",
+                f"rank {b} recorded recv {_shape(recv)} from rank {a} as p2p #{recv.seq} of {label}, "
+                + f"its {_ordinal(nth)} from rank {a}",
+                "one send and one receive: which side has the wrong shape the dumps cannot tell")
+    basis = f"flight recorder: a send and its receive on {label} differ (p2p #{send.seq} on rank {a})"
+    return FlightFinding(FlightKind.P2P_MISMATCH, label, send.seq, (), summary, evidence, basis,
+                         Verdict.COLLECTIVE_MISMATCH)
+
+
+def _wait_line(label: str, w: _Wait) -> str:
+    if w.op.op == "send":
+        return (f"rank {w.rank} waits in p2p #{w.op.seq} of {label} (send {_shape(w.op)} to rank {w.peer}, its "
+                f"{_ordinal(w.nth)} to rank {w.peer}); rank {w.peer} has posted {w.posted} receive(s) from it")
+    return (f"rank {w.rank} waits in p2p #{w.op.seq} of {label} (recv {_shape(w.op)} from rank {w.peer}, its "
+            f"{_ordinal(w.nth)} from rank {w.peer}); rank {w.peer} has issued {w.posted} send(s) to it")
+
+
+def _cycle(waits: Sequence[_Wait]) -> list[_Wait]:
+    """One cycle of waits (rank -> the peer it waits on), or []: each rank's first wait
+    is followed, so the walk is linear in the ranks."""
+    first: dict[int, _Wait] = {}
+    for w in waits:
+        first.setdefault(w.rank, w)
+    done: set[int] = set()
+    for start in first:
+        path: list[int] = []
+        on_path: dict[int, int] = {}
+        rank: int | None = start
+        while rank is not None and rank in first and rank not in done and rank not in on_path:
+            on_path[rank] = len(path)
+            path.append(rank)
+            rank = first[rank].peer
+        if rank is not None and rank in on_path:
+            return [first[r] for r in path[on_path[rank]:]]
+        done.update(path)
+    return []
+
+
+def _p2p_deadlock(label: str, cycle: Sequence[_Wait]) -> FlightFinding:
+    ranks = sorted(w.rank for w in cycle)
+    kinds = {w.op.op for w in cycle}
+    how = ("every one sends and none receives" if kinds == {"send"} else
+           "every one receives and none sends" if kinds == {"recv"} else
+           "each waits on the next")
+    parts = [f"rank {w.rank} waits to {'send to' if w.op.op == 'send' else 'receive from'} rank {w.peer} "
+             f"(p2p #{w.op.seq})" for w in cycle]
+    summary = f"p2p deadlock (flight recorder) on {label}: " + ", ".join(parts) + f": {how}"
+    basis = f"flight recorder: ranks {compress_ranks(ranks)[1:-1]} wait on each other's p2p ops on {label}"
+    return FlightFinding(FlightKind.P2P_DEADLOCK, label, min(w.op.seq for w in cycle), tuple(ranks), summary,
+                         tuple(_wait_line(label, w) for w in cycle), basis, Verdict.COLLECTIVE_MISMATCH)
+
+
+def _p2p_unposted(label: str, waits: Sequence[_Wait], records: dict[int, FlightRecord]) -> FlightFinding:
+    waiting = {w.rank for w in waits}
+    culprits = sorted({w.peer for w in waits} - waiting)
+    shown = [w for w in waits if w.peer in culprits][:8] or list(waits[:8])
+    elsewhere = []
+    for peer in culprits[:8]:
+        rec = records.get(peer)
+        pending = next((e for e in rec.entries if not e.finished), None) if rec else None
+        elsewhere.append(f"rank {peer} waits in {_where(pending)}" if pending else
+                         f"rank {peer} has no unfinished op in its flight recorder")
+    w = shown[0]
+    summary = (f"p2p mismatch (flight recorder): rank {w.peer} has not posted the "
+               f"{'receive' if w.op.op == 'send' else 'send'} rank {w.rank} waits on (p2p #{w.op.seq} of {label}: "
+               f"{w.op.op} {_shape(w.op)})" + (f"; {elsewhere[0]}" if elsewhere else ""))
+    busy = bool(elsewhere) and all(line.endswith("in its flight recorder") for line in elsewhere)
+    basis = f"flight recorder: p2p #{w.op.seq} of {label} on rank {w.rank} has no counterpart on rank {w.peer}"
+    return FlightFinding(FlightKind.P2P_MISMATCH, label, w.op.seq, tuple(culprits), summary,
+                         (*(_wait_line(label, x) for x in shown), *elsewhere), basis,
+                         Verdict.STRAGGLER if busy else Verdict.COLLECTIVE_MISMATCH)
+
+
+def _where(e: FlightEntry) -> str:
+    what = "p2p" if e.p2p else "collective"
+    return f"{what} #{e.seq} ({e.describe()}) of group {e.group}"
 
 
 def _who(ranks: Sequence[int]) -> str:
     ranks = sorted(ranks)
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {compress_ranks(ranks)[1:-1]}"
+
+
+def _span(lo: int, hi: int) -> str:
+    return f"#{lo}" if lo == hi else f"#{lo}-#{hi}"
 
 
 # ------------------------------------------------------------------ into the diagnosis
@@ -191,22 +595,20 @@ def apply_flight(diagnosis: Diagnosis, finding: FlightFinding | None, stacks: bo
     if diagnosis.verdict is Verdict.NOT_HUNG:
         note = f"flight recorder (not weighed: the stacks saw progress): {finding.summary}"
         return dataclasses.replace(diagnosis, evidence=(*diagnosis.evidence, note))
-    if finding.kind is FlightKind.ALL_IN:
-        basis = (f"flight recorder: every rank of {finding.group} issued collective #{finding.seq}",)
+    if finding.kind in (FlightKind.IDLE, FlightKind.UNPAIRED):  # consistent with any wait: evidence only
+        return dataclasses.replace(diagnosis, evidence=(*diagnosis.evidence, *finding.evidence))
+    if finding.verdict is None:
         return dataclasses.replace(diagnosis, evidence=(*diagnosis.evidence, *finding.evidence),
-                                   basis=(*basis, *diagnosis.basis))
-    verdict = Verdict.COLLECTIVE_MISMATCH if finding.kind is FlightKind.MISMATCH else Verdict.STRAGGLER
-    if finding.kind is FlightKind.BEHIND and diagnosis.verdict is Verdict.COLLECTIVE_MISMATCH:
+                                   basis=(finding.basis, *diagnosis.basis))
+    verdict = finding.verdict
+    if verdict is Verdict.STRAGGLER and diagnosis.verdict is Verdict.COLLECTIVE_MISMATCH:
         verdict = Verdict.COLLECTIVE_MISMATCH  # the ranks behind wait in some other collective
     agrees = diagnosis.verdict is verdict and (not finding.culprits or
                                                tuple(sorted(finding.culprits)) == diagnosis.culprit_ranks)
-    basis_line = (f"flight recorder: collective #{finding.seq} of {finding.group} "
-                  + ("differs between ranks" if finding.kind is FlightKind.MISMATCH
-                     else "not yet called by the culprits"))
     if agrees:
         return dataclasses.replace(
             diagnosis, evidence=(*finding.evidence, *diagnosis.evidence),
-            basis=(basis_line, *diagnosis.basis),
+            basis=(finding.basis, *diagnosis.basis),
             # a rank still working (ambiguous) stays as unsure as the stacks leave it: the
             # dumps show it has not issued the collective, not that it never will
             confidence=Confidence.HIGH if finding.culprits and not diagnosis.ambiguous else diagnosis.confidence)
@@ -216,21 +618,18 @@ def apply_flight(diagnosis: Diagnosis, finding: FlightFinding | None, stacks: bo
     return dataclasses.replace(
         diagnosis, verdict=verdict, culprit_ranks=tuple(sorted(finding.culprits)),
         summary=finding.summary, evidence=(*finding.evidence, overridden, *diagnosis.evidence),
-        basis=(basis_line, *diagnosis.basis),
+        basis=(finding.basis, *diagnosis.basis),
         confidence=Confidence.HIGH if finding.culprits else Confidence.MEDIUM, ambiguous=False)
 
 
 def _dumps_alone(diagnosis: Diagnosis, finding: FlightFinding) -> Diagnosis:
     unsure = "no stacks: one dump per rank cannot show whether the ranks still wait"
-    if finding.kind is FlightKind.ALL_IN:
-        return dataclasses.replace(
-            diagnosis, summary=f"every rank waits in the same collective by the flight recorder: {finding.summary}",
-            evidence=finding.evidence, basis=(unsure,))
-    verdict = Verdict.COLLECTIVE_MISMATCH if finding.kind is FlightKind.MISMATCH else Verdict.STRAGGLER
-    basis = (f"flight recorder: collective #{finding.seq} of {finding.group} "
-             + ("differs between ranks" if finding.kind is FlightKind.MISMATCH else "not yet called by the culprits"),
-             unsure)
+    if finding.verdict is None:
+        summary = (f"every rank waits in the same collective by the flight recorder: {finding.summary}"
+                   if finding.kind is FlightKind.ALL_IN else finding.summary)
+        return dataclasses.replace(diagnosis, summary=summary, evidence=finding.evidence,
+                                   basis=(finding.basis, unsure))
     return dataclasses.replace(
-        diagnosis, verdict=verdict, culprit_ranks=tuple(sorted(finding.culprits)), summary=finding.summary,
-        evidence=finding.evidence, basis=basis,
+        diagnosis, verdict=finding.verdict, culprit_ranks=tuple(sorted(finding.culprits)), summary=finding.summary,
+        evidence=finding.evidence, basis=(finding.basis, unsure),
         confidence=Confidence.MEDIUM if finding.culprits else Confidence.LOW, ambiguous=False)

@@ -8,7 +8,15 @@ ones torch's own analyzer reads (``torch/distributed/flight_recorder``): ``versi
 ``pg_config`` (each group's name, description and member ranks), and ``entries`` (per op:
 ``process_group`` as (name, description), ``collective_seq_id``/``p2p_seq_id``,
 ``is_p2p``, ``profiling_name`` such as ``nccl:all_reduce``, sizes, dtypes, ``state``,
-``retired``).
+``retired``, ``record_id``).
+
+A p2p op's peer is read from its profiling name where the backend writes it there: NCCL
+names a send ``nccl:send 0->1`` and a receive ``nccl:recv 1<-0``, in ranks of the group;
+the peer is the number on the far side of the arrow. gloo (torch 2.13) records no p2p op
+at all: send, recv, isend/irecv and ``batch_isend_irecv`` leave no entry, only a gap in
+the group's ``op_id`` before its next collective. ``record_id`` numbers every op the
+process recorded, from 0: a dump whose oldest entry is record 0 lost nothing
+(``FlightRecord.from_start``).
 
 A pickle is read with an unpickler that builds only plain containers, strings and numbers:
 a dump is data, never code. Everything is bounded: at most ``MAX_ENTRIES`` entries and
@@ -21,6 +29,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,7 +39,11 @@ MAX_ENTRIES = 20_000  # torch's ring defaults to 2,000 when enabled; a dump beyo
 MAX_GROUPS = 4_096
 MAX_RANKS = 1 << 22
 MAX_TENSORS = 64  # sizes/dtypes kept per op (a coalesced op can list many)
+_EMPTY_DUMP = {"version", "pg_config"}  # what a dump of a ring with nothing in it still holds
 _SAFE_BUILTINS = {"dict", "list", "tuple", "set", "frozenset", "str", "bytes", "int", "float", "bool"}
+# "send 0->1", "recv 1<-0" (NCCL's p2p profiling names, ranks of the group); hangdoc's own
+# JSON writes "send ->1" (the near side is the dumping rank, which it does not keep)
+_P2P_NAME = re.compile(r"^(\w+) (\d*)(->|<-)(\d+)$")
 
 
 class FlightRecordInvalid(ValueError):
@@ -40,16 +53,19 @@ class FlightRecordInvalid(ValueError):
 def read_flight_record(raw: bytes, source: str = "") -> FlightRecord:
     """The dump in ``raw`` (JSON text or torch's pickle) as a ``FlightRecord``."""
     data = _decode(raw)
-    if not isinstance(data, Mapping) or "entries" not in data:
+    if not isinstance(data, Mapping) or ("entries" not in data and not _EMPTY_DUMP <= data.keys()):
         raise FlightRecordInvalid("not a flight recorder dump: no 'entries'")
-    entries = data["entries"]
+    entries = data.get("entries", [])  # torch leaves the key out when it recorded nothing
     if not isinstance(entries, list):
         raise FlightRecordInvalid("'entries' is not a list")
+    kept = entries[-MAX_ENTRIES:]
+    first = kept[0] if kept else None
     return FlightRecord(
-        entries=tuple(_entry(e, i) for i, e in enumerate(entries[-MAX_ENTRIES:])),
+        entries=tuple(_entry(e, i) for i, e in enumerate(kept)),
         groups=_groups(data.get("pg_config")),
         version=str(data.get("version", ""))[:32],
         source=source,
+        from_start=isinstance(first, Mapping) and _is_zero(first.get("record_id")) and len(kept) == len(entries),
     )
 
 
@@ -89,11 +105,12 @@ def _entry(raw: object, index: int) -> FlightEntry:
         desc = str(pair[1]) if len(pair) > 1 else ""
         p2p = bool(raw.get("is_p2p", False))
         seq = _int(raw.get("p2p_seq_id" if p2p else "collective_seq_id"))
-        profiling = str(raw.get("profiling_name", ""))
+        op, peer = _op_and_peer(str(raw.get("profiling_name", "")).rpartition(":")[2])
         return FlightEntry(
             group=name[:256],
             seq=seq,
-            op=profiling.rpartition(":")[2][:64],
+            op=op,
+            peer=peer if p2p else None,
             input_sizes=_sizes(raw.get("input_sizes")),
             input_dtypes=_dtypes(raw.get("input_dtypes")),
             output_sizes=_sizes(raw.get("output_sizes")),
@@ -105,6 +122,19 @@ def _entry(raw: object, index: int) -> FlightEntry:
         )
     except (TypeError, ValueError) as err:
         raise FlightRecordInvalid(f"entry {index}: {err}") from None
+
+
+def _is_zero(value: object) -> bool:
+    return type(value) is int and value == 0
+
+
+def _op_and_peer(name: str) -> tuple[str, int | None]:
+    """``("send", 1)`` from ``send 0->1``; ``("all_reduce", None)`` from ``all_reduce``."""
+    match = _P2P_NAME.match(name)
+    if match is None:
+        return name.split(" ", 1)[0][:64], None
+    peer = int(match.group(4))
+    return match.group(1)[:64], peer if peer < MAX_RANKS else None
 
 
 def _int(value: object) -> int:
@@ -162,12 +192,19 @@ def _ranks(value: object) -> tuple[int, ...]:
 def flight_record_to_json(record: FlightRecord) -> str:
     """``record`` as a dump in torch's own JSON shape, which ``read_flight_record`` reads
     back to the same value (what an agent sends for a rank's dump)."""
+    first = 0 if record.from_start else 1
     entries = [{
-        "process_group": [e.group, e.group_desc], "is_p2p": e.p2p,
-        "p2p_seq_id" if e.p2p else "collective_seq_id": e.seq, "profiling_name": e.op,
+        "process_group": [e.group, e.group_desc], "is_p2p": e.p2p, "record_id": first + i,
+        "p2p_seq_id" if e.p2p else "collective_seq_id": e.seq, "profiling_name": _profiling_name(e),
         "input_sizes": [list(s) for s in e.input_sizes], "input_dtypes": list(e.input_dtypes),
         "output_sizes": [list(s) for s in e.output_sizes], "output_dtypes": list(e.output_dtypes),
         "state": e.state, "retired": e.retired,
-    } for e in record.entries]
+    } for i, e in enumerate(record.entries)]
     groups = {g.name: {"name": g.name, "desc": g.desc, "ranks": list(g.ranks)} for g in record.groups}
     return json.dumps({"version": record.version, "entries": entries, "pg_config": groups})
+
+
+def _profiling_name(entry: FlightEntry) -> str:
+    if entry.peer is None:
+        return entry.op
+    return f"{entry.op} ->{entry.peer}" if entry.op == "send" else f"{entry.op} <-{entry.peer}"

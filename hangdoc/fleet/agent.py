@@ -41,6 +41,7 @@ from ..bundle import load_snapshot
 from ..capture.discover import Discovery
 from ..capture.flight_recorder import flight_record_to_json
 from ..capture.jobspec import parse_job_spec
+from ..capture.ncclras import ras_report_to_json
 from ..capture.pyspy import find_pyspy
 from ..errors import HangdocError, JobNotFound, PermissionDenied, PySpyMissing, UsageError, one_line
 from ..model import (
@@ -48,13 +49,15 @@ from ..model import (
     CaptureErrorKind,
     Frame,
     Heartbeat,
+    ProbeAnswer,
+    ProbeStatus,
     Sample,
     SourceFile,
 )
 from . import wire
 from .callers import OPERATOR_BY_CERT, OPERATOR_BY_TOKEN, Caller, identify
 from .credfiles import check_tls, read_private, read_token
-from .node import Flights, LocalNode, ReplayNode
+from .node import LocalNode, NodeDevices, ProbeAnswers, ReplayNode
 from .v1 import agent_pb2 as pb
 from .v1 import agent_pb2_grpc as pb_grpc
 from .wire import ERROR_HELP, ERROR_KIND
@@ -70,6 +73,13 @@ MAX_PIDS_PER_CALL = 1024
 MAX_JOB_SPEC = 1024
 MAX_DUMP_TIMEOUT = 60.0
 MAX_SOURCE_FRAMES = 20_000
+# optional RPCs and evidence (AgentInfo.features); "probe-state": Flight carries each probe's
+# status, heartbeat and live exceptions besides its flight recorder dump
+FEATURES = ["sources", "heartbeats", "flight", "probe-state", "devices"]
+FEATURES_REPLAY = ["sources", "flight", "probe-state", "devices"]
+MAX_XID_LISTEN = 10.0  # seconds a Devices call may listen for XID events
+_PROBE_STATUS = {ProbeStatus.ANSWERED: pb.PROBE_STATUS_ANSWERED, ProbeStatus.NO_PROBE: pb.PROBE_STATUS_NO_PROBE,
+                 ProbeStatus.FAILED: pb.PROBE_STATUS_FAILED}
 
 
 @dataclass(frozen=True)
@@ -179,7 +189,7 @@ class AgentService(pb_grpc.AgentServicer):
     async def GetInfo(self, request: pb.GetInfoRequest, context: grpc.aio.ServicerContext) -> pb.AgentInfo:
         info = pb.AgentInfo(
             hangdoc_version=__version__, schema_version=SCHEMA_VERSION, api_version=API_VERSION,
-            host=self.node.name, pid=os.getpid(), native=True, features=["sources", "flight"] if self.config.replay else ["sources", "heartbeats", "flight"],
+            host=self.node.name, pid=os.getpid(), native=True, features=FEATURES_REPLAY if self.config.replay else FEATURES,
             python_version=sys.version.split()[0],
         )
         try:
@@ -229,7 +239,7 @@ class AgentService(pb_grpc.AgentServicer):
     async def Flight(self, request: pb.FlightRequest, context: grpc.aio.ServicerContext) -> pb.FlightResponse:
         caller = self.caller(context)
 
-        def dumps() -> Flights:
+        def answers() -> ProbeAnswers:
             if len(request.pids) > MAX_PIDS_PER_CALL:
                 raise UsageError(f"{len(request.pids)} pids in one call; at most {MAX_PIDS_PER_CALL}")
             timeout = request.timeout_seconds
@@ -237,14 +247,34 @@ class AgentService(pb_grpc.AgentServicer):
                 raise UsageError(f"timeout_seconds must be in (0, {MAX_DUMP_TIMEOUT:g}], not {timeout!r}")
             pids = [pid for pid in dict.fromkeys(request.pids)
                     if pid in self.found_pids and caller.may_read(pid)]
-            return self.node.flight(pids, timeout)
+            return self.node.probe(pids, timeout)
 
-        found = await self._run(context, caller, "Flight", f"pids={_pid_list(request.pids)}", dumps)
-        return pb.FlightResponse(ranks=[
-            pb.RankFlight(pid=pid, dump=flight_record_to_json(rec) if rec else "", reason=reason)
-            for pid, (rec, reason) in found.items()])
+        found = await self._run(context, caller, "Flight", f"pids={_pid_list(request.pids)}", answers)
+        return pb.FlightResponse(ranks=[_rank_flight(pid, answer) for pid, answer in found.items()])
+
+    async def Devices(self, request: pb.DevicesRequest, context: grpc.aio.ServicerContext) -> pb.DevicesResponse:
+        caller = self.caller(context)
+        found = await self._run(context, caller, "Devices", f"pids={_pid_list(request.pids)} ras={request.ras}",
+                                self._devices, request, caller)
+        return pb.DevicesResponse(
+            ranks=[pb.RankGpus(pid=pid, gpus=[wire.gpu_state_to_proto(g) for g in gpus])
+                   for pid, gpus in found.gpus.items()],
+            gpu_reason=found.gpu_reason, ras_output=ras_report_to_json(found.ras) if found.ras else "",
+            ras_reason=found.ras_reason)
 
     # ------------------------------------------------------------ the work, in a thread
+
+    def _devices(self, request: pb.DevicesRequest, caller: Caller) -> NodeDevices:
+        """NVML (and RAS when asked) for the found processes the caller may read."""
+        if len(request.pids) > MAX_PIDS_PER_CALL:
+            raise UsageError(f"{len(request.pids)} pids in one call; at most {MAX_PIDS_PER_CALL}")
+        timeout, listen = request.timeout_seconds, request.listen_seconds
+        if not (math.isfinite(timeout) and 0 < timeout <= MAX_DUMP_TIMEOUT):
+            raise UsageError(f"timeout_seconds must be in (0, {MAX_DUMP_TIMEOUT:g}], not {timeout!r}")
+        if not (math.isfinite(listen) and 0 <= listen <= MAX_XID_LISTEN):
+            raise UsageError(f"listen_seconds must be in [0, {MAX_XID_LISTEN:g}], not {listen!r}")
+        pids = [pid for pid in dict.fromkeys(request.pids) if pid in self.found_pids and caller.may_read(pid)]
+        return self.node.devices(pids, listen=listen, timeout=timeout, ras=request.ras)
 
     def _find(self, job: str, caller: Caller) -> Discovery:
         if len(job) > MAX_JOB_SPEC:
@@ -356,6 +386,20 @@ def _status_of(failure: Exception) -> tuple[str, grpc.StatusCode]:
 def _pid_list(pids) -> str:
     shown = ",".join(str(p) for p in list(pids)[:16])
     return shown + (f",...({len(pids)} in all)" if len(pids) > 16 else "") if pids else "-"
+
+
+def _rank_flight(pid: int, answer: ProbeAnswer) -> pb.RankFlight:
+    """One process's probe answer on the wire (``RankFlight``)."""
+    msg = pb.RankFlight(pid=pid, dump=flight_record_to_json(answer.flight) if answer.flight else "",
+                        reason=answer.reason, status=_PROBE_STATUS[answer.status])
+    if answer.heartbeat is not None:
+        msg.heartbeat.CopyFrom(wire.heartbeat_to_proto(answer.heartbeat))
+    for exc in answer.exceptions:
+        out = msg.exceptions.add(thread_id=exc.thread_id, type_name=exc.type_name,
+                                 raised_at=wire.frame_to_proto(exc.raised_at))
+        if exc.thread_name is not None:
+            out.thread_name = exc.thread_name
+    return msg
 
 
 def _clean(text: str, limit: int = 160) -> str:

@@ -17,15 +17,29 @@ from .. import SCHEMA_VERSION
 from ..capture.discover import Discovery
 from ..capture.flight_recorder import FlightRecordInvalid, read_flight_record
 from ..capture.jobspec import JobSpec
+from ..capture.ncclras import RasReportInvalid, read_ras_report
 from ..capture.source import keeps_source
 from ..errors import HangdocError, JobNotFound, PermissionDenied, UsageError
-from ..model import Frame, Heartbeat, RankProcess, Sample, SourceFile
+from ..model import (
+    Frame,
+    Heartbeat,
+    ProbeAnswer,
+    ProbeStatus,
+    RankProcess,
+    Sample,
+    SourceFile,
+    ThreadException,
+)
+from ..probe import MAX_EXCEPTIONS
 from . import wire
 from .credfiles import check_tls, read_private
-from .node import Flights
+from .node import NodeDevices, ProbeAnswers
 from .v1 import agent_pb2 as pb
 from .v1 import agent_pb2_grpc as pb_grpc
 from .wire import ERROR_HELP, ERROR_KIND
+
+_PROBE_STATUS = {pb.PROBE_STATUS_ANSWERED: ProbeStatus.ANSWERED, pb.PROBE_STATUS_NO_PROBE: ProbeStatus.NO_PROBE,
+                 pb.PROBE_STATUS_FAILED: ProbeStatus.FAILED}
 
 
 class AgentError(HangdocError):
@@ -126,20 +140,47 @@ class RemoteNode:
         response = self._call(self._stub.Heartbeats, pb.HeartbeatsRequest(pids=list(pids)), self.connect_timeout)
         return {b.pid: wire.heartbeat_from_proto(b) for b in response.heartbeats}
 
-    def flight(self, pids: Sequence[int], timeout: float) -> Flights:
+    def probe(self, pids: Sequence[int], timeout: float) -> ProbeAnswers:
         request = pb.FlightRequest(pids=list(pids), timeout_seconds=timeout)
         try:
             response = self._call(self._stub.Flight, request, timeout + self.connect_timeout)
-        except AgentError as err:  # an agent without the call: dumps refine, never block
-            return {pid: (None, f"its agent gave none: {err}") for pid in pids}
-        out: Flights = {}
-        for rank in response.ranks:
+        except AgentError as err:  # an agent without the call: probes refine, never block
+            return {pid: ProbeAnswer(ProbeStatus.FAILED, f"its agent gave none: {err}") for pid in pids}
+        return {rank.pid: self._probe_answer(rank) for rank in response.ranks}
+
+    def _probe_answer(self, msg: pb.RankFlight) -> ProbeAnswer:
+        status = _PROBE_STATUS.get(msg.status)
+        if status is None:  # an agent before "probe-state": a dump, or no probe
+            status = ProbeStatus.ANSWERED if msg.dump else ProbeStatus.NO_PROBE
+        reason, record = msg.reason[:300], None
+        if msg.dump:
             try:
-                out[rank.pid] = ((read_flight_record(rank.dump.encode(), source=f"probe via {self.address}"), "")
-                                 if rank.dump else (None, rank.reason[:300]))
+                record = read_flight_record(msg.dump.encode(), source=f"probe via {self.address}")
             except FlightRecordInvalid as err:
-                out[rank.pid] = (None, f"its agent sent a dump hangdoc cannot read: {err}")
-        return out
+                reason = f"its agent sent a dump hangdoc cannot read: {err}"
+        exceptions = tuple(
+            ThreadException(e.thread_id, e.thread_name if e.HasField("thread_name") else None, e.type_name,
+                            wire.frame_from_proto(e.raised_at))
+            for e in msg.exceptions[:MAX_EXCEPTIONS])
+        heartbeat = wire.heartbeat_from_proto(msg.heartbeat) if msg.HasField("heartbeat") else None
+        return ProbeAnswer(status, reason, record, heartbeat, exceptions)
+
+    def devices(self, pids: Sequence[int], *, listen: float, timeout: float, ras: bool) -> NodeDevices:
+        request = pb.DevicesRequest(pids=list(pids), listen_seconds=listen, timeout_seconds=timeout, ras=ras)
+        try:
+            response = self._call(self._stub.Devices, request, timeout + listen + self.connect_timeout + 4.0)
+        except AgentError as err:  # an agent without the call: device state refines, never blocks
+            return NodeDevices(gpu_reason=f"its agent gave none: {err}", ras_reason=f"its agent gave none: {err}")
+        wanted = set(pids)
+        gpus = {r.pid: tuple(wire.gpu_state_from_proto(g) for g in r.gpus[:64])
+                for r in response.ranks if r.pid in wanted and r.gpus}
+        report, ras_reason = None, response.ras_reason[:300]
+        if response.ras_output:
+            try:
+                report = read_ras_report(response.ras_output, source=f"ncclras via {self.address}")
+            except RasReportInvalid as err:
+                ras_reason = f"its agent sent a RAS report hangdoc cannot read: {err}"
+        return NodeDevices(gpus, response.gpu_reason[:600], report, ras_reason)
 
     def close(self) -> None:
         self._channel.close()

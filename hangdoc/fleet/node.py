@@ -1,5 +1,5 @@
 """What one node offers the coordinator: find a job's ranks there, sample them, read their
-heartbeats, ask their probes for flight recorder dumps.
+heartbeats, ask their in-process probes what only the processes can tell.
 
 The embedded ``LocalNode`` does both in-process (``discover`` and ``sample_round``); a
 remote agent offers the same two calls over gRPC. The coordinator and the analysis never
@@ -11,20 +11,47 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from ..capture.discover import Discovery, discover
+from ..capture.gpu import read_gpus
 from ..capture.heartbeat_files import read_processes
 from ..capture.jobspec import JobSpec
-from ..capture.probe_client import NO_PROBE, probe_flight
+from ..capture.ncclras import RasQuery, query_ras
+from ..capture.probe_client import has_probe, probe_heartbeat, probe_state
 from ..capture.sample import sample_round
 from ..capture.source import collect_sources, merge_sources
 from ..capture.sourcefs import SourceReader
-from ..model import FlightRecord, Frame, Heartbeat, JobSnapshot, RankProcess, Sample, SourceFile
+from ..model import (
+    Frame,
+    GpuState,
+    Heartbeat,
+    JobSnapshot,
+    NcclRasReport,
+    ProbeAnswer,
+    ProbeStatus,
+    RankProcess,
+    Sample,
+    SourceFile,
+)
 
-# each of ``pids``: its flight recorder dump, or None and why there is none
-Flights = dict[int, tuple[FlightRecord | None, str]]
+# what each of ``pids``' probe told (its flight recorder dump, heartbeat, live exceptions)
+ProbeAnswers = dict[int, ProbeAnswer]
+PROBE_HEARTBEAT_TIMEOUT = 1.0  # seconds for a probe to say its heartbeat (polled by watch)
+
+
+@dataclass(frozen=True)
+class NodeDevices:
+    """What a node tells of its ranks' devices: the GPUs of each pid (those NVML shows on
+    one), why GPU state is missing or partial, and NCCL's RAS report of the job when it was
+    asked for, or why there is none worth saying ("" when the job does not use NCCL or no
+    client is installed)."""
+
+    gpus: Mapping[int, tuple[GpuState, ...]] = field(default_factory=dict)
+    gpu_reason: str = ""
+    ras: NcclRasReport | None = None
+    ras_reason: str = ""
 
 
 class Node(Protocol):
@@ -52,8 +79,14 @@ class Node(Protocol):
         """The last step heartbeat of each of ``pids`` that ever beat (``hangdoc.step()``)."""
         ...
 
-    def flight(self, pids: Sequence[int], timeout: float) -> Flights:
-        """The flight recorder dump of each of ``pids``, through its in-process probe."""
+    def probe(self, pids: Sequence[int], timeout: float) -> ProbeAnswers:
+        """What the in-process probe of each of ``pids`` tells (``hangdoc.probe``): its
+        flight recorder dump, heartbeat and live exceptions, each asked within ``timeout``."""
+        ...
+
+    def devices(self, pids: Sequence[int], *, listen: float, timeout: float, ras: bool) -> NodeDevices:
+        """The GPUs ``pids`` run on (NVML, listening ``listen`` seconds for XIDs), and with
+        ``ras`` NCCL's RAS report of their job; within about ``timeout + listen`` seconds."""
         ...
 
 
@@ -82,15 +115,20 @@ class LocalNode:
         return merge_sources(collect_sources(SourceReader(pid), frames) for pid, frames in wanted.items())
 
     def heartbeats(self, pids: Sequence[int]) -> dict[int, Heartbeat]:
-        return read_processes(pids)
+        """The records the processes wrote; for those whose record cannot be read here (a
+        container's private /dev/shm), what their probes say."""
+        found = read_processes(pids)
+        probed = [pid for pid in pids if pid not in found and has_probe(pid)]
+        for pid, answer in _ask_all(probed, lambda pid: probe_heartbeat(pid, PROBE_HEARTBEAT_TIMEOUT)).items():
+            if answer.heartbeat is not None:
+                found[pid] = answer.heartbeat
+        return found
 
-    def flight(self, pids: Sequence[int], timeout: float) -> Flights:
-        if not pids:
-            return {}
-        # at once: a probe that does not answer (a main thread holding the GIL) costs its
-        # timeout, not the sum of every rank's
-        with ThreadPoolExecutor(max_workers=min(16, len(pids)), thread_name_prefix="hangdoc-flight") as pool:
-            return dict(zip(pids, pool.map(lambda pid: probe_flight(pid, timeout), pids), strict=True))
+    def probe(self, pids: Sequence[int], timeout: float) -> ProbeAnswers:
+        return _ask_all(pids, lambda pid: probe_state(pid, timeout))
+
+    def devices(self, pids: Sequence[int], *, listen: float, timeout: float, ras: bool) -> NodeDevices:
+        return read_devices(pids, listen=listen, timeout=timeout, ras=ras, host=self._host)
 
 
 class ReplayNode:
@@ -140,8 +178,43 @@ class ReplayNode:
         return tuple(s for s in self.snapshot.sources if s.filename in names)
 
     def heartbeats(self, pids: Sequence[int]) -> dict[int, Heartbeat]:
-        return {}  # snapshots hold no heartbeats
+        return {}  # a snapshot's heartbeats are as old as it is, not beats of now
 
-    def flight(self, pids: Sequence[int], timeout: float) -> Flights:
-        records = {pid: self.by_pid[pid].flight for pid in pids if pid in self.by_pid}
-        return {pid: (rec, "" if rec else f"{NO_PROBE} dump in the snapshot") for pid, rec in records.items()}
+    def probe(self, pids: Sequence[int], timeout: float) -> ProbeAnswers:
+        """What the snapshot holds of each rank's probe."""
+        out = {}
+        for pid in pids:
+            if (r := self.by_pid.get(pid)) is not None:
+                told = r.flight is not None or r.heartbeat is not None or bool(r.exceptions)
+                out[pid] = (ProbeAnswer(ProbeStatus.ANSWERED, "", r.flight, r.heartbeat, r.exceptions) if told
+                            else ProbeAnswer(ProbeStatus.NO_PROBE, "no probe answer in the snapshot"))
+        return out
+
+    def devices(self, pids: Sequence[int], *, listen: float, timeout: float, ras: bool) -> NodeDevices:
+        """The GPUs and the RAS report the snapshot holds."""
+        gpus = {pid: r.gpus for pid in pids if (r := self.by_pid.get(pid)) is not None and r.gpus}
+        report = self.snapshot.ras if ras else None
+        return NodeDevices(gpus, "", report, "")
+
+
+def _ask_all(pids: Sequence[int], ask: Callable[[int], ProbeAnswer]) -> ProbeAnswers:
+    """``ask`` of every pid at once: a probe that does not answer (a main thread holding the
+    GIL) costs its timeout, not the sum of every rank's."""
+    if not pids:
+        return {}
+    if len(pids) == 1:
+        return {pids[0]: ask(pids[0])}
+    with ThreadPoolExecutor(max_workers=min(16, len(pids)), thread_name_prefix="hangdoc-probe") as pool:
+        return dict(zip(pids, pool.map(ask, pids), strict=True))
+
+
+def read_devices(pids: Sequence[int], *, listen: float, timeout: float, ras: bool, host: str = "") -> NodeDevices:
+    """NVML and, with ``ras``, NCCL's RAS read at once on this node (``capture.gpu``,
+    ``capture.ncclras``): each has its own deadline and says why it gave nothing."""
+    if not pids:
+        return NodeDevices()
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="hangdoc-devices") as pool:
+        asked = pool.submit(query_ras, pids, timeout, host) if ras else None
+        reading = read_gpus(pids, listen=listen, timeout=timeout)
+        query = asked.result() if asked is not None else RasQuery(None, quiet=True)
+    return NodeDevices(reading.gpus, reading.reason, query.report, "" if query.quiet else query.reason)

@@ -26,6 +26,7 @@ from ..model import (
     CaptureErrorKind,
     Frame,
     FrameLocals,
+    GpuState,
     Heartbeat,
     ProcessState,
     RankProcess,
@@ -330,3 +331,27 @@ def heartbeat_to_proto(beat: Heartbeat) -> pb.Heartbeat:
 
 def heartbeat_from_proto(msg: pb.Heartbeat) -> Heartbeat:
     return Heartbeat(msg.pid, _opt_int(msg, "step"), msg.beats, msg.in_step, msg.age_seconds)
+
+
+_GPU_OPTIONAL = ("utilization_percent", "memory_used_bytes", "memory_total_bytes",
+                 "process_memory_bytes", "ecc_uncorrected")
+
+
+def gpu_state_to_proto(gpu: GpuState) -> pb.GpuState:
+    msg = pb.GpuState(index=gpu.index, uuid=gpu.uuid, name=gpu.name, xids=list(gpu.xids),
+                      lost=gpu.lost, matched_by=gpu.matched_by)
+    for name in _GPU_OPTIONAL:
+        if (value := getattr(gpu, name)) is not None:
+            setattr(msg, name, value)
+    return msg
+
+
+def gpu_state_from_proto(msg: pb.GpuState) -> GpuState:
+    """The GPU as the agent sent it; a reading out of its range is taken as none."""
+    values = {name: _opt_int(msg, name) for name in _GPU_OPTIONAL}
+    values = {name: v if v is not None and v >= 0 else None for name, v in values.items()}
+    if values["utilization_percent"] is not None and values["utilization_percent"] > 100:
+        values["utilization_percent"] = None
+    return GpuState(index=msg.index, uuid=msg.uuid[:200], name=msg.name[:200],
+                    xids=tuple(msg.xids[:64]), lost=msg.lost, matched_by=msg.matched_by[:200],
+                    **values)

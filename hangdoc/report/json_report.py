@@ -29,7 +29,9 @@ from ..model import (
     Diagnosis,
     DistOp,
     Frame,
+    GpuState,
     JobSnapshot,
+    NcclRasReport,
     RankAnalysis,
     RankProcess,
     StackGroup,
@@ -87,6 +89,7 @@ def to_json_dict(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
 
 def _report(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
     processes = _processes(snapshot)
+    gpus = {(rs.process.host, rs.process.pid): rs.gpus for rs in snapshot.ranks if rs.gpus}
     return {
         "verdict": diagnosis.verdict.value,
         "culprit_ranks": sorted(diagnosis.culprit_ranks),
@@ -95,7 +98,8 @@ def _report(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
         "basis": list(diagnosis.basis),
         "evidence": list(diagnosis.evidence),
         "next_steps": list(diagnosis.next_steps),
-        "ranks": [_rank(ra, _process_of(ra, processes)) for ra in diagnosis.ranks],
+        "ranks": [_with_gpus(_rank(ra, _process_of(ra, processes)), gpus.get((ra.host, ra.pid or 0), ()))
+                  for ra in diagnosis.ranks],
         "groups": [_group(g) for g in diagnosis.groups],
         "unreachable": [_unreachable(u) for u in snapshot.unreachable],
         "spec": snapshot.spec,
@@ -104,8 +108,39 @@ def _report(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
         "partial": diagnosis.partial,
         "captured_at": snapshot.captured_at,
         "notes": list(snapshot.notes),
+        **({"nccl_ras": _ras(snapshot.ras)} if snapshot.ras is not None else {}),
         "hangdoc_version": __version__,
         "schema_version": SCHEMA_VERSION,
+    }
+
+
+def _with_gpus(rank: dict[str, Any], gpus: tuple[GpuState, ...]) -> dict[str, Any]:
+    """A rank's entry, with its ``gpus`` key only where NVML showed it on a GPU."""
+    if gpus:
+        rank["gpus"] = [{"index": g.index, "uuid": g.uuid, "name": g.name,
+                         "utilization_percent": g.utilization_percent,
+                         "memory_used_bytes": g.memory_used_bytes, "memory_total_bytes": g.memory_total_bytes,
+                         "process_memory_bytes": g.process_memory_bytes, "xids": list(g.xids),
+                         "ecc_uncorrected": g.ecc_uncorrected, "lost": g.lost, "matched_by": g.matched_by}
+                        for g in gpus]
+    return rank
+
+
+def _ras(report: NcclRasReport) -> dict[str, Any]:
+    """NCCL's RAS report as captured (communicator ranks, not global ranks)."""
+    return {
+        "nccl_version": report.nccl_version,
+        "source": report.source,
+        "timeouts": report.timeouts,
+        "communicators": [{
+            "hash": c.hash, "size": c.size,
+            "missing_ranks": [{"rank": r.comm_rank, "host": r.host, "pid": r.pid,
+                               "unresponsive": r.unresponsive, "dead": r.dead} for r in c.missing],
+            "launched": {str(r.comm_rank): r.launched for r in c.ranks if not r.missing},
+            "errors": [{"rank": r.comm_rank, "async_error": r.async_error, "init_state": r.init_state,
+                        "abort": r.abort_flag} for r in c.ranks
+                       if r.async_error not in (None, 0, 7) or r.init_state not in (None, 0, 7) or r.abort_flag],
+        } for c in report.communicators],
     }
 
 

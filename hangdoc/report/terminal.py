@@ -21,7 +21,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
@@ -91,6 +92,7 @@ def render(
     _section(console, "Evidence", _bullets(diagnosis.evidence))
     _section(console, "Next steps", _numbered(diagnosis.next_steps))
     _section(console, "Unreachable", _unreachable(snapshot))
+    _section(console, "GPUs", _gpus(snapshot, culprits))
     _section(console, "Notes", _notes(diagnosis, snapshot))
 
 
@@ -186,11 +188,12 @@ def _stretch_label(
     """One unbranched stretch: its lines beside its ranks (when given), marks on line one."""
     lines = _elide(_fold(frames), max_frames) or [Text("(no frames)", "dim")]
     marks = [m for m, on in (("outlier", outlier), ("culprit", culprit)) if on]
+    body: RenderableType
     if marks:
-        lines[0] = lines[0] + Text("  ◀ " + ", ".join(marks), _CULPRIT_STYLE if culprit else "")
-    body = Text("\n").join(lines)
-    if outlier:
-        body.stylize_before(_OUTLIER_STYLE)
+        body = _Marked(lines, Text("◀ " + ", ".join(marks), _CULPRIT_STYLE if culprit else ""),
+                       _OUTLIER_STYLE if outlier else "")
+    else:
+        body = Text("\n").join(lines)
     if ranks is None:
         return body
     grid = Table.grid(padding=(0, 1, 0, 0))
@@ -198,6 +201,32 @@ def _stretch_label(
     grid.add_column()
     grid.add_row(Text(_ranks_label(ranks), _CULPRIT_STYLE if culprit else "bold"), body)
     return grid
+
+
+class _Marked:
+    """A stretch's lines with its marks (``◀ outlier, culprit``) at the end of the first
+    line, or, where that line and the marks are wider than the space given (a narrow
+    terminal), on a line of their own above it: the marks are never broken in two."""
+
+    def __init__(self, lines: list[Text], mark: Text, style: str) -> None:
+        self.lines, self.mark, self.style = lines, mark, style
+
+    def _text(self, width: int | None) -> Text:
+        first = self.lines[0] + Text("  ") + self.mark
+        if width is not None and first.cell_len > width:
+            lines = [self.mark, *self.lines]
+        else:
+            lines = [first, *self.lines[1:]]
+        body = Text("\n").join(lines)
+        if self.style:
+            body.stylize_before(self.style)
+        return body
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self._text(options.max_width)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, self._text(None))
 
 
 def _ranks_label(ranks: Sequence[int]) -> str:
@@ -290,7 +319,7 @@ def _elide(rows: list[tuple[Text, int]], max_frames: int) -> list[Text]:
 
 
 def _rank_table(ranks: Sequence[RankAnalysis], culprits: frozenset[int], max_rows: int) -> Table:
-    with_detail = any(ra.detail for ra in ranks)
+    with_detail = any(_detail(ra) for ra in ranks)
     table = Table(title=None, show_edge=False, header_style="bold", pad_edge=False)
     for name in ("rank", "host", "pid", "state", "op", "call site"):
         table.add_column(name, no_wrap=name in ("rank", "pid", "state"))
@@ -316,12 +345,21 @@ def _rank_table(ranks: Sequence[RankAnalysis], culprits: frozenset[int], max_row
             Text(printable(ra.op.call_site.location) if ra.op and ra.op.call_site else ""),
         ]
         if with_detail:
-            cells.append(Text(printable(ra.detail), "dim"))
+            cells.append(Text(printable(_detail(ra)), "dim"))
         table.add_row(*cells)
     if marked:
         table.caption = "* culprit"
         table.caption_justify = "left"
     return table
+
+
+def _detail(ra: RankAnalysis) -> str:
+    """A rank's detail, blank where it only says again what the op and call site columns
+    say (``in all_reduce (train.py:30)``): a column of repeats that squeezes the others."""
+    if ra.op is not None and ra.op.call_site is not None and ra.detail == f"in {ra.op.describe()}" \
+            and ra.op.describe() == f"{ra.op.name} ({ra.op.call_site.location})":
+        return ""
+    return ra.detail
 
 
 def _rank_rows(
@@ -383,6 +421,22 @@ def _unreachable(snapshot: JobSnapshot) -> list[Text]:
         if u.ranks:
             line.append(f" (ranks {compress_ranks(u.ranks)} unknown)", "dim")
         lines.append(line)
+    return lines
+
+
+_GPU_ROWS = 16  # ranks listed in the GPUs section; --json has them all
+
+
+def _gpus(snapshot: JobSnapshot, culprits: frozenset[int]) -> list[Text]:
+    """One line per rank NVML showed on a GPU (none: no section)."""
+    shown = [r for r in snapshot.ranks if r.gpus]
+    lines = []
+    for r in shown[:_GPU_ROWS]:
+        style = _CULPRIT_STYLE if r.rank in culprits else ""
+        who = f"rank {r.rank}" if r.rank is not None else f"pid {r.process.pid}"
+        lines.append(Text.assemble((who, style), ": ", printable("; ".join(g.describe() for g in r.gpus))))
+    if len(shown) > _GPU_ROWS:
+        lines.append(Text(f"… and {len(shown) - _GPU_ROWS} more rank(s) (--json lists them all)", "dim"))
     return lines
 
 

@@ -63,6 +63,7 @@ class WatchConfig:
     source: FleetSource | None = None  # where the job's ranks come from instead (a ray: job)
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
+    metrics_textfile: Path | None = None  # a .prom file (or a directory) for node_exporter
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
 

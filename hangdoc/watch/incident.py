@@ -2,7 +2,8 @@
 
 ``report.json`` (written last, atomically) is the ``--json`` report (docs/json-schema.md) with one more key,
 ``watch``, saying why the watchdog fired; ``snapshot.json.gz`` replays with ``hangdoc
-analyze``; ``report.txt`` is the terminal report, preceded by the watchdog's reason.
+analyze``; ``report.txt`` is the terminal report, preceded by the watchdog's reason;
+``report.html`` the shareable report with the merged tree to explore (``--html``).
 
 A report is never lost: when ``OUT`` cannot take it (disk full, directory made read-only
 or replaced after the start), ``report.json`` is printed on stderr and the files go to a
@@ -29,6 +30,7 @@ from .stall import Trigger
 REPORT = "report.json"
 SNAPSHOT = "snapshot.json.gz"
 HUMAN = "report.txt"
+HTML = "report.html"
 
 Warn = Callable[[str], None]
 
@@ -75,10 +77,11 @@ def new_dir(out: Path, when: datetime.datetime) -> Path:
 
 def write_incident(out: Path, snapshot: JobSnapshot, diagnosis: Diagnosis, trigger: Trigger, reason: str,
                    diagnosis_seconds: float | None = None, warn: Warn = _stderr) -> Path | None:
-    """Write the three files; returns the directory (``OUT``'s or the fallback), or None
+    """Write the four files; returns the directory (``OUT``'s or the fallback), or None
     when no directory could take them (the report is then only on stderr)."""
     from rich.console import Console
 
+    from ..report.html import render_html
     from ..report.json_report import to_json_dict
     from ..report.terminal import render
 
@@ -89,7 +92,8 @@ def write_incident(out: Path, snapshot: JobSnapshot, diagnosis: Diagnosis, trigg
     console.print(f"hangdoc watch fired at {trigger.detected_at}: {report['watch']['fired_because']}")
     console.print()
     render(diagnosis, snapshot, console)
-    files = {SNAPSHOT: snapshot_bytes(snapshot, compress=True), HUMAN: text.getvalue().encode()}
+    files = {SNAPSHOT: snapshot_bytes(snapshot, compress=True), HUMAN: text.getvalue().encode(),
+             HTML: render_html(diagnosis, snapshot).encode("utf-8", "backslashreplace")}
     return _store(out, files, report, warn)
 
 

@@ -58,15 +58,19 @@ def _protected() -> set[int]:
 
 
 def _send(procs: Iterable[psutil.Process], sig: signal.Signals) -> None:
+    """``sig`` once to each process: to its whole group, or to it alone when it is in ours.
+    Once: torchrun, signalled again while it handles the first SIGTERM, prints a second
+    traceback ("--- Logging error ---") on top of its own."""
     own_group = os.getpgrp()
     groups: set[int] = set()
     for p in procs:
         try:
             pgid = os.getpgid(p.pid)
-            if pgid != own_group and pgid not in groups:
+            if pgid == own_group:
+                p.send_signal(sig)
+            elif pgid not in groups:
                 groups.add(pgid)
                 os.killpg(pgid, sig)
-            p.send_signal(sig)
         except (ProcessLookupError, PermissionError, psutil.Error):
             continue
 

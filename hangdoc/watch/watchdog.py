@@ -35,7 +35,7 @@ from .incident import check_out
 from .job import EXIT_HANG_KILLED, Job
 from .jobcontrol import adopted
 from .loop import Loop
-from .metrics import MetricsBoard, serve
+from .metrics import MetricsBoard, Textfile, identity, serve, textfile_path
 from .pace import Pace
 from .ranks import Ranks
 from .supervisor import Supervisor, become_subreaper, heartbeat_dir, local_heartbeats
@@ -60,7 +60,7 @@ class Watchdog:
         self.c = config
         self.say = _unfailing(say)
         started = time.monotonic()
-        self.board = MetricsBoard()
+        self.board = MetricsBoard(identity(config.job, config.env))
         self.supervisor = Supervisor(config.command) if config.command else None
         self.ranks = _ranks(config, self.say)
         self.pace = Pace(config, started, self.ranks)
@@ -89,13 +89,18 @@ class Watchdog:
                 # however the watch ends
                 assert self.ranks is not None
                 self.ranks.finder = held.enter_context(self.c.source(self.say))
-            return self._watch()
+            return self._watch(held)
 
-    def _watch(self) -> int:
+    def _watch(self, held: contextlib.ExitStack) -> int:
         if self.c.metrics_port is not None:
             server = serve(self.board, self.c.metrics_host, self.c.metrics_port)
             host, port = server.server_address[:2]
             self.say(f"metrics on http://{host!s}:{port}/metrics")
+        if self.c.metrics_textfile is not None:
+            textfile = Textfile(self.board, textfile_path(self.c.metrics_textfile), self.say)
+            textfile.open()
+            held.callback(textfile.close)  # however the watch ends
+            self.say(f"metrics written to {textfile.path}")
         if self.c.log:
             self.pace.follow(self.c.log)
         if self.supervisor is not None:

@@ -180,7 +180,7 @@ def test_watch_checks_its_job_spec_before_starting(capsys) -> None:
 
 SPECS = [("pid:²", "pid '²'"), ("pid:٣", "pid '٣'"), ("pid:-1", "pid '-1'"), ("pid:0", "pid '0'"),
          ("pid:4194305", "from 1 to 4194304"), ("HOST:²", "port '²'"),
-         ("HOST:99999", "port '99999'"), (":29500", "not a known form"), ("", "empty"),
+         ("HOST:99999", "port '99999'"), (":29500", "did you mean 127.0.0.1:29500?"), ("", "empty"),
          ("x" * 2**20, "longer than 1024 characters"), ("a\x1b[2J:1", "control characters")]
 
 
@@ -188,6 +188,32 @@ SPECS = [("pid:²", "pid '²'"), ("pid:٣", "pid '٣'"), ("pid:-1", "pid '-1'"),
 def test_bad_job_specs(spec, needle, capsys) -> None:
     line = _one_error(capsys, 2, ["diagnose", spec], needle)
     assert len(line) < 600 and "\x1b" not in line
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("command", "spec", "suggestion", "help_part"), [
+    ("diagnose", "pdi:2282", "pid:2282", "A host really named pdi? Write it with a trailing dot: pdi.:2282"),
+    ("diagnose", "2282", "pid:2282", "HOST:2282 (127.0.0.1:2282 for a job on this node)"),
+    ("watch", "slrum:1234.0", "slurm:1234.0", "slrum.:1234.0"),
+])
+def test_job_spec_errors_suggest_the_closest_form(command, spec, suggestion, help_part, capsys) -> None:
+    assert main([command, spec]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"hangdoc: error: bad job spec '{spec}': ")
+    assert f"did you mean {suggestion}?" in err[0]
+    assert err[1].startswith("  help: ") and help_part in err[1]
+
+
+def test_job_spec_help_lists_the_forms_the_error_lists(capsys) -> None:
+    from hangdoc.capture.jobspec import ACCEPTED_FORMS
+
+    for command in ("diagnose", "watch"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        for form in ACCEPTED_FORMS.replace(" or ", ", ").split(", "):
+            if form != "[IPV6]:PORT":  # --help says HOST:PORT; the brackets are in the error's own words
+                assert form in text, (command, form)
 
 
 # ------------------------------------------------------------------- bad snapshot files

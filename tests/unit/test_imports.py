@@ -15,7 +15,8 @@ import pytest
 from support.paths import REPO
 
 PACKAGE = REPO / "hangdoc"
-GROUND = {"hangdoc", "hangdoc.model", "hangdoc.errors", "hangdoc.bundle", "hangdoc.heartbeat", "hangdoc.probe"}
+GROUND = {"hangdoc", "hangdoc.model", "hangdoc.errors", "hangdoc.bundle", "hangdoc.heartbeat", "hangdoc.probe",
+          "hangdoc.probe_hook", "hangdoc.probe_hook.sitecustomize"}
 
 # what each floor may import besides the standard library, third-party packages and itself
 MAY_IMPORT = {
@@ -31,7 +32,7 @@ MAY_IMPORT = {
 }
 # third-party modules only one floor may use
 ONLY_IN = {"networkx": {"analysis"}, "grpc": {"fleet"}, "google.protobuf": {"fleet"},
-           "ray": {"capture", "fleet", "ray"}}
+           "ray": {"capture", "fleet", "ray"}, "prometheus_client": {"watch"}}
 STUB_USERS = {"hangdoc.fleet.wire", "hangdoc.fleet.agent", "hangdoc.fleet.client"}
 
 

@@ -23,6 +23,13 @@ class CaptureErrorKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CAPTURE_ERROR_KIND_TIMEOUT: _ClassVar[CaptureErrorKind]
     CAPTURE_ERROR_KIND_PYSPY_MISSING: _ClassVar[CaptureErrorKind]
     CAPTURE_ERROR_KIND_PYSPY_FAILED: _ClassVar[CaptureErrorKind]
+
+class ProbeStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROBE_STATUS_UNSPECIFIED: _ClassVar[ProbeStatus]
+    PROBE_STATUS_ANSWERED: _ClassVar[ProbeStatus]
+    PROBE_STATUS_NO_PROBE: _ClassVar[ProbeStatus]
+    PROBE_STATUS_FAILED: _ClassVar[ProbeStatus]
 RANK_SOURCE_UNSPECIFIED: RankSource
 RANK_SOURCE_ENV: RankSource
 RANK_SOURCE_INFERRED: RankSource
@@ -34,6 +41,10 @@ CAPTURE_ERROR_KIND_NOT_PYTHON: CaptureErrorKind
 CAPTURE_ERROR_KIND_TIMEOUT: CaptureErrorKind
 CAPTURE_ERROR_KIND_PYSPY_MISSING: CaptureErrorKind
 CAPTURE_ERROR_KIND_PYSPY_FAILED: CaptureErrorKind
+PROBE_STATUS_UNSPECIFIED: ProbeStatus
+PROBE_STATUS_ANSWERED: ProbeStatus
+PROBE_STATUS_NO_PROBE: ProbeStatus
+PROBE_STATUS_FAILED: ProbeStatus
 
 class GetInfoRequest(_message.Message):
     __slots__ = ()
@@ -332,17 +343,93 @@ class FlightRequest(_message.Message):
     def __init__(self, pids: _Optional[_Iterable[int]] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
 
 class RankFlight(_message.Message):
-    __slots__ = ("pid", "dump", "reason")
+    __slots__ = ("pid", "dump", "reason", "status", "heartbeat", "exceptions")
     PID_FIELD_NUMBER: _ClassVar[int]
     DUMP_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    EXCEPTIONS_FIELD_NUMBER: _ClassVar[int]
     pid: int
     dump: str
     reason: str
-    def __init__(self, pid: _Optional[int] = ..., dump: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    status: ProbeStatus
+    heartbeat: Heartbeat
+    exceptions: _containers.RepeatedCompositeFieldContainer[ThreadException]
+    def __init__(self, pid: _Optional[int] = ..., dump: _Optional[str] = ..., reason: _Optional[str] = ..., status: _Optional[_Union[ProbeStatus, str]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., exceptions: _Optional[_Iterable[_Union[ThreadException, _Mapping]]] = ...) -> None: ...
+
+class ThreadException(_message.Message):
+    __slots__ = ("thread_id", "thread_name", "type_name", "raised_at")
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    THREAD_NAME_FIELD_NUMBER: _ClassVar[int]
+    TYPE_NAME_FIELD_NUMBER: _ClassVar[int]
+    RAISED_AT_FIELD_NUMBER: _ClassVar[int]
+    thread_id: int
+    thread_name: str
+    type_name: str
+    raised_at: Frame
+    def __init__(self, thread_id: _Optional[int] = ..., thread_name: _Optional[str] = ..., type_name: _Optional[str] = ..., raised_at: _Optional[_Union[Frame, _Mapping]] = ...) -> None: ...
 
 class FlightResponse(_message.Message):
     __slots__ = ("ranks",)
     RANKS_FIELD_NUMBER: _ClassVar[int]
     ranks: _containers.RepeatedCompositeFieldContainer[RankFlight]
     def __init__(self, ranks: _Optional[_Iterable[_Union[RankFlight, _Mapping]]] = ...) -> None: ...
+
+class DevicesRequest(_message.Message):
+    __slots__ = ("pids", "listen_seconds", "timeout_seconds", "ras")
+    PIDS_FIELD_NUMBER: _ClassVar[int]
+    LISTEN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RAS_FIELD_NUMBER: _ClassVar[int]
+    pids: _containers.RepeatedScalarFieldContainer[int]
+    listen_seconds: float
+    timeout_seconds: float
+    ras: bool
+    def __init__(self, pids: _Optional[_Iterable[int]] = ..., listen_seconds: _Optional[float] = ..., timeout_seconds: _Optional[float] = ..., ras: _Optional[bool] = ...) -> None: ...
+
+class GpuState(_message.Message):
+    __slots__ = ("index", "uuid", "name", "utilization_percent", "memory_used_bytes", "memory_total_bytes", "process_memory_bytes", "xids", "ecc_uncorrected", "lost", "matched_by")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    XIDS_FIELD_NUMBER: _ClassVar[int]
+    ECC_UNCORRECTED_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    MATCHED_BY_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    uuid: str
+    name: str
+    utilization_percent: int
+    memory_used_bytes: int
+    memory_total_bytes: int
+    process_memory_bytes: int
+    xids: _containers.RepeatedScalarFieldContainer[int]
+    ecc_uncorrected: int
+    lost: bool
+    matched_by: str
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., utilization_percent: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., process_memory_bytes: _Optional[int] = ..., xids: _Optional[_Iterable[int]] = ..., ecc_uncorrected: _Optional[int] = ..., lost: _Optional[bool] = ..., matched_by: _Optional[str] = ...) -> None: ...
+
+class RankGpus(_message.Message):
+    __slots__ = ("pid", "gpus")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuState]
+    def __init__(self, pid: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuState, _Mapping]]] = ...) -> None: ...
+
+class DevicesResponse(_message.Message):
+    __slots__ = ("ranks", "gpu_reason", "ras_output", "ras_reason")
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    GPU_REASON_FIELD_NUMBER: _ClassVar[int]
+    RAS_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    RAS_REASON_FIELD_NUMBER: _ClassVar[int]
+    ranks: _containers.RepeatedCompositeFieldContainer[RankGpus]
+    gpu_reason: str
+    ras_output: str
+    ras_reason: str
+    def __init__(self, ranks: _Optional[_Iterable[_Union[RankGpus, _Mapping]]] = ..., gpu_reason: _Optional[str] = ..., ras_output: _Optional[str] = ..., ras_reason: _Optional[str] = ...) -> None: ...

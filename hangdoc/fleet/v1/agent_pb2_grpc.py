@@ -65,6 +65,11 @@ class AgentStub:
                 request_serializer=hangdoc_dot_v1_dot_agent__pb2.FlightRequest.SerializeToString,
                 response_deserializer=hangdoc_dot_v1_dot_agent__pb2.FlightResponse.FromString,
                 _registered_method=True)
+        self.Devices = channel.unary_unary(
+                '/hangdoc.v1.Agent/Devices',
+                request_serializer=hangdoc_dot_v1_dot_agent__pb2.DevicesRequest.SerializeToString,
+                response_deserializer=hangdoc_dot_v1_dot_agent__pb2.DevicesResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -109,8 +114,18 @@ class AgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Flight(self, request, context):
-        """The flight recorder dump of rank processes this agent found, asked of each one's
-        in-process probe (hangdoc.probe); pids it did not find are left out (feature "flight").
+        """What the in-process probe (hangdoc.probe) of each rank process this agent found tells:
+        its flight recorder dump, step heartbeat and threads' live exceptions; pids it did not
+        find are left out (feature "flight"; "probe-state" for heartbeat and exceptions).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Devices(self, request, context):
+        """The GPUs (NVML) that rank processes this agent found run on, and, when asked, NCCL's
+        RAS report of their job (`ncclras -f json`); pids it did not find are left out
+        (feature "devices").
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -148,6 +163,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Flight,
                     request_deserializer=hangdoc_dot_v1_dot_agent__pb2.FlightRequest.FromString,
                     response_serializer=hangdoc_dot_v1_dot_agent__pb2.FlightResponse.SerializeToString,
+            ),
+            'Devices': grpc.unary_unary_rpc_method_handler(
+                    servicer.Devices,
+                    request_deserializer=hangdoc_dot_v1_dot_agent__pb2.DevicesRequest.FromString,
+                    response_serializer=hangdoc_dot_v1_dot_agent__pb2.DevicesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -313,6 +333,33 @@ class Agent:
             '/hangdoc.v1.Agent/Flight',
             hangdoc_dot_v1_dot_agent__pb2.FlightRequest.SerializeToString,
             hangdoc_dot_v1_dot_agent__pb2.FlightResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Devices(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hangdoc.v1.Agent/Devices',
+            hangdoc_dot_v1_dot_agent__pb2.DevicesRequest.SerializeToString,
+            hangdoc_dot_v1_dot_agent__pb2.DevicesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -323,8 +323,8 @@ CASES: dict[str, tuple[Callable[[], JobSnapshot], Verdict, Confidence, tuple[str
         ("rank 3 spins on one line that waits for a GPU if its tensors are on one "
          "(`loss_value = loss.item()`)"),)),
     "line_unseen": (lambda: from_dump(None), Verdict.STRAGGLER, LOW, (
-        "rank 3 is on a line of the job that capture does not show (train.py:70): if it waits "
-        "for a GPU",)),
+        ("rank 3 is on a line of the job that capture does not show (train.py:70): if it waits "
+         "for a GPU"),)),
     # the other side: the line is known and waits for nothing
     "line_seen": (lambda: from_dump("crops = [crop(x) for x in batch]"), Verdict.STRAGGLER, MEDIUM, (
         "ranks 0-3 read in 1 sample only",)),

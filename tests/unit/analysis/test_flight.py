@@ -62,7 +62,10 @@ def test_real_dumps_op_mismatch_names_the_rank_that_broadcast() -> None:
         "default_pg (0) while ranks 1-2 called all_reduce Float[1000]")
     assert diagnosis.evidence == (
         "ranks 1-2 recorded all_reduce Float[1000] as collective #8 of default_pg (0)",
-        "rank 0 recorded broadcast Float[1] as collective #8 of default_pg (0)")
+        "rank 0 recorded broadcast Float[1] as collective #8 of default_pg (0)",
+        ("ranks 1-2 recorded all_reduce Float[1000] as every collective #7-#8 of default_pg (0): a call among "
+         "them skipped (or added) on rank 0 would shift the numbers without showing before #8"),
+        "ranks 0-2 recorded the same calls (op, sizes, dtypes) as collectives #1-#7 of default_pg (0)")
     assert diagnosis.confidence is Confidence.MEDIUM  # dumps alone: still waiting is not shown
     assert "no stacks" in diagnosis.basis[-1]
 
@@ -155,7 +158,11 @@ def test_the_first_differing_number_decides_even_when_the_ring_lost_older_ones()
         1: record(*early, *same, entry(5, size=8, retired=False)),
         2: record(*same, entry(5, size=16, retired=False))}))
     assert found is not None and (found.kind, found.culprits, found.seq) == (FlightKind.MISMATCH, (2,), 5)
-    assert found.evidence[-1] == "rank 2 recorded all_reduce Float[16] as collective #5 of default_pg (0)"
+    assert found.evidence == (
+        "ranks 0-1 recorded all_reduce Float[8] as collective #5 of default_pg (0)",
+        "rank 2 recorded all_reduce Float[16] as collective #5 of default_pg (0)",
+        "ranks 0-2 recorded the same calls (op, sizes, dtypes) as collectives #3-#4 of default_pg (0)")
+    assert found.summary.endswith("while ranks 0-1 called all_reduce Float[8]: same op, different sizes")
 
 
 def test_all_in_and_a_member_without_a_dump() -> None:

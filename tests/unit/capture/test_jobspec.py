@@ -58,9 +58,10 @@ def test_canonical_spelling(text: str, canonical: str) -> None:
 BAD = [
     ("", "empty"),
     ("   ", "empty"),
-    ("29500", "not a known form"),
-    ("host", "not a known form"),
-    (":29500", "not a known form"),
+    ("29500", "a bare number; did you mean pid:29500?"),
+    ("host", "a host without its port; did you mean host:29500?"),
+    (":29500", "a port without its host; did you mean 127.0.0.1:29500?"),
+    ("!!!", "not a known form"),
     ("host:", "port ''"),
     ("host:0", "port '0'"),
     ("host:65536", "port '65536'"),
@@ -69,7 +70,7 @@ BAD = [
     ("1.2.3:29500", "not an IPv4 address"),
     ("bad_host!:29500", "not a host name"),
     ("-bad.example:29500", "not a host name"),
-    ("::1:29500", "write IPv6 addresses in brackets"),
+    ("::1:29500", "write IPv6 addresses in brackets, like [::1]:29500; did you mean [::1]:29500?"),
     ("[::1]29500", "must be followed by :PORT"),
     ("[nothex]:29500", "not an IPv6 address"),
     ("pid:", "pid ''"),
@@ -111,6 +112,74 @@ def test_malformed_specs_raise_one_line_usage_error(text: str, reason: str) -> N
     assert reason in message
     assert ACCEPTED_FORMS in message
     assert "\n" not in message
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(("text", "suggestion", "help_part"), [
+    # a slip of a scheme, whose value fits it: not a host called pdi
+    ("pdi:2282", "pid:2282", "Write it with a trailing dot: pdi.:2282"),
+    ("PDI:2282", "pid:2282", "PDI.:2282"),
+    ("pd:2282", "pid:2282", None),
+    ("piid:2282", "pid:2282", None),
+    ("ppid:2282", "pid:2282", None),
+    ("slrum:1234.0", "slurm:1234.0", None),
+    ("slurn:1234", "slurm:1234", None),
+    ("srun:1234.0", "slurm:1234.0", None),
+    ("rya:raysubmit_AbC123", "ray:raysubmit_AbC123", None),
+    # a bare value, or a scheme and its value glued with something other than ':'
+    ("2282", "pid:2282", "If 2282 is the ranks' MASTER_PORT, name their host too: HOST:2282"),
+    ("pid 2282", "pid:2282", None),
+    ("pid=2282", "pid:2282", None),
+    ("pid2282", "pid:2282", None),
+    ("process 2282", "pid:2282", None),
+    ("pid: 2282", "pid:2282", None),
+    ("pid:'2282'", "pid:2282", None),
+    ("pid:#2282", "pid:2282", None),
+    ("1234.0", "slurm:1234.0", None),
+    ("1234_7", "slurm:1234_7", None),
+    ("slurm 1234.batch", "slurm:1234.batch", None),
+    ("raysubmit_AbC123", "ray:raysubmit_AbC123", None),
+    ("02000000", "ray:02000000", None),  # Ray's hex job id: no pid starts with 0
+    # endpoints
+    ("tcp://10.0.0.1:29500", "10.0.0.1:29500", None),
+    ("env://node1:29500/", "node1:29500", None),
+    ("::1:29500", "[::1]:29500", None),
+    ("node01", "node01:29500", "29500 is torchrun's default"),
+    (":29500", "127.0.0.1:29500", "MASTER_ADDR"),
+])
+def test_errors_suggest_the_closest_valid_spec(text: str, suggestion: str, help_part: str | None) -> None:
+    with pytest.raises(UsageError) as info:
+        parse_job_spec(text)
+    message = str(info.value)
+    assert f"; did you mean {suggestion}? Expected {ACCEPTED_FORMS}" in message
+    assert "\n" not in message
+    parse_job_spec(suggestion)  # the suggestion itself is valid
+    if help_part is not None:
+        assert help_part in info.value.help
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("text", [
+    # real host names stay hosts: a changed letter in a 3-letter scheme is a word, not a slip
+    "pit:8080", "pig:80", "rat:29500", "bay:1", "node-pid:29500", "ipd:4",
+    # a slip of ray: whose value is no Ray job id (hex, or raysubmit_...) is a host too
+    "rya:29500",
+    # the way to name a host called like a scheme or a slip of one: a trailing dot
+    "pdi.:2282", "pid.:2282", "slurm.:6817",
+])
+def test_host_names_near_a_scheme_still_parse_as_endpoints(text: str) -> None:
+    spec = parse_job_spec(text)
+    assert spec.kind is JobKind.ENDPOINT
+    again = parse_job_spec(str(spec))  # the canonical spelling reads back as the same endpoint
+    assert (again.kind, again.host, again.port) == (spec.kind, spec.host, spec.port)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("text", ["pid:abc", "slurm:abc", "ray:has space", "host:", "x:y:z:w"])
+def test_no_suggestion_where_nothing_is_near(text: str) -> None:
+    with pytest.raises(UsageError) as info:
+        parse_job_spec(text)
+    assert "did you mean" not in str(info.value)
 
 
 def test_pid_and_port_bounds_are_inclusive() -> None:

@@ -18,7 +18,16 @@ from hangdoc.diagnose import CaptureOptions, observe
 from hangdoc.errors import JobNotFound
 from hangdoc.fleet.client import AgentError
 from hangdoc.fleet.coordinator import Fleet, Round, find_ranks, sample_all
-from hangdoc.model import Frame, RankProcess, Sample, SourceFile, Unreachable, Verdict
+from hangdoc.model import (
+    Frame,
+    ProbeAnswer,
+    ProbeStatus,
+    RankProcess,
+    Sample,
+    SourceFile,
+    Unreachable,
+    Verdict,
+)
 
 C10D = "torch/distributed/distributed_c10d.py"
 SPEC = parse_job_spec("10.0.0.1:29500")
@@ -46,10 +55,11 @@ class RecordedNode:
         procs = tuple(r.process for r in self.snaps.values())
         return Discovery(procs, procs[0].world_size, (), "recorded")
 
-    def flight(self, pids: Sequence[int], timeout: float):
+    def probe(self, pids: Sequence[int], timeout: float):
         if self.fail:
             raise self.fail
-        return {pid: (self.snaps[pid].flight, "" if self.snaps[pid].flight else "no hangdoc probe") for pid in pids}
+        return {pid: ProbeAnswer(ProbeStatus.ANSWERED, "", self.snaps[pid].flight) if self.snaps[pid].flight
+                else ProbeAnswer(ProbeStatus.NO_PROBE, "no hangdoc probe") for pid in pids}
 
     def sample(self, procs: Sequence[RankProcess], t: float, *, native: bool, timeout: float) -> list[Sample]:
         time.sleep(self.delay)

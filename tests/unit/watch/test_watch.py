@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,6 @@ from hangdoc.fleet.client import AgentError
 from hangdoc.watch import jobcontrol
 from hangdoc.watch.activity import EventQueue, HeartbeatSource, LogTail, StepPattern, _Scanner
 from hangdoc.watch.incident import new_dir
-from hangdoc.watch.metrics import MetricsBoard, render, serve
 from hangdoc.watch.stall import Action, Signal, StallClock, StallPolicy, Trigger, judge
 from hangdoc.watch.watchdog import OnHang
 
@@ -244,35 +242,7 @@ def test_heartbeat_reader_counts_steps_between_looks(tmp_path: Path) -> None:
     assert read_dir(tmp_path)[a].step == 7
 
 
-# -------------------------------------------------------------------- metrics
-
-
-def test_metrics_page_and_server() -> None:
-    board = MetricsBoard()
-    board.update(signal="heartbeat", steps_seen=12, last_step=11, stalled=True, silence_seconds=4.5,
-                 last_step_time=1795330123.4567)
-    board.count_diagnosis("straggler")
-    board.count_diagnosis("straggler")
-    page = render(board.value)
-    assert 'hangdoc_watch_info{signal="heartbeat"} 1' in page
-    assert "hangdoc_watch_last_step 11" in page
-    assert "hangdoc_watch_stalled 1" in page
-    assert 'hangdoc_watch_diagnoses_total{verdict="straggler"} 2' in page
-    assert "# TYPE hangdoc_watch_steps_seen gauge" in page
-    assert "hangdoc_watch_last_step_timestamp_seconds 1795330123.457" in page  # no exponent form
-    assert "hangdoc_watch_silence_seconds 4.5" in page
-    server = serve(board, "127.0.0.1", 0)
-    try:
-        port = server.server_address[1]
-        scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-        assert scraped == page
-        with pytest.raises(urllib.error.HTTPError):
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/secrets", timeout=5)
-        with pytest.raises(UsageError, match="cannot serve metrics"):
-            serve(board, "127.0.0.1", port)  # taken
-    finally:
-        server.shutdown()
-        server.server_close()
+# metrics: tests/unit/watch/test_metrics.py
 
 
 # ---------------------------------------------------------------- job control

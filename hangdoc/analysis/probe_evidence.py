@@ -1,0 +1,92 @@
+"""Evidence from the ranks' in-process probes (``hangdoc.probe``): the exception each thread
+was handling when hangdoc asked, and each rank's last step heartbeat.
+
+Said, never weighed: the verdict, culprits and confidence stay as the stacks and the flight
+recorder made them. An exception a rank is handling while it waits in a collective or in
+cleanup is often the reason it left the training path (the seed guide's Pattern A), so
+those lines come first; ranks that tell the same thing share one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..model import Diagnosis, Heartbeat, JobSnapshot, RankAnalysis, ThreadException, compress_ranks
+
+MAX_LINES = 6  # of each kind; the rest is counted
+
+
+def apply_probe_evidence(diagnosis: Diagnosis, snapshot: JobSnapshot) -> Diagnosis:
+    """``diagnosis`` with the probes' evidence appended, where any rank's probe told some."""
+    lines = exception_lines(diagnosis, snapshot) + heartbeat_lines(snapshot)
+    if not lines:
+        return diagnosis
+    return dataclasses.replace(diagnosis, evidence=(*diagnosis.evidence, *lines))
+
+
+def exception_lines(diagnosis: Diagnosis, snapshot: JobSnapshot) -> list[str]:
+    """``rank 3's main thread is handling RuntimeError raised at train.py:40 while in
+    destroy_process_group (train.py:52) (its probe)``: per distinct thread, exception and op."""
+    analysed = {a.rank: a for a in diagnosis.ranks if a.rank is not None}
+    told: dict[tuple[bool, str, str, str, str], list[int]] = {}
+    for snap in snapshot.ranks:
+        if snap.rank is None or not snap.exceptions:
+            continue
+        for exc in snap.exceptions:
+            within = _within(exc, analysed.get(snap.rank))
+            name = exc.thread_name or f"{exc.thread_id:#x}"
+            key = (not within, name, exc.type_name, exc.raised_at.location, within)
+            told.setdefault(key, []).append(snap.rank)
+    lines = []
+    for (_, thread, type_name, where, within), ranks in sorted(told.items(), key=_first):
+        one = len(ranks) == 1
+        lines.append(f"{_ranks(ranks)}'s {_thread_words(thread, one)} {'is' if one else 'are'} handling {type_name} "
+                     f"raised at {where}{within} ({'its probe' if one else 'their probes'})")
+    return _bounded(lines, "thread(s) with a live exception")
+
+
+def heartbeat_lines(snapshot: JobSnapshot) -> list[str]:
+    """``ranks 0-2 last beat at step 41, 12.0-12.4 s before hangdoc asked (their probes)``."""
+    beats: dict[tuple[int | None, bool], list[tuple[int, Heartbeat]]] = {}
+    for snap in snapshot.ranks:
+        if snap.rank is not None and snap.heartbeat is not None:
+            beats.setdefault((snap.heartbeat.step, snap.heartbeat.in_step), []).append((snap.rank, snap.heartbeat))
+    lines = []
+    for (step, in_step), found in sorted(beats.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or 0, kv[0][1])):
+        ranks = [r for r, _ in found]
+        ages = sorted(b.age_seconds for _, b in found)
+        age = f"{ages[0]:.1f}" if ages[-1] - ages[0] < 0.05 else f"{ages[0]:.1f}-{ages[-1]:.1f}"
+        at = f" at step {step}" if step is not None else ""
+        inside = ", inside the step" if in_step else ""
+        lines.append(f"{_ranks(ranks)} last beat{at}{inside}, {age} s before hangdoc asked "
+                     f"({'its probe' if len(ranks) == 1 else 'their probes'})")
+    return _bounded(lines, "heartbeat line(s)")
+
+
+def _within(exc: ThreadException, rank: RankAnalysis | None) -> str:
+    """`` while in all_reduce (train.py:30)`` when the thread is the one its op was found in."""
+    if rank is None or rank.op is None or rank.thread is None or rank.thread != exc.thread_name:
+        return ""
+    return f" while in {rank.op.describe()}"
+
+
+def _thread_words(name: str | None, one: bool) -> str:
+    if name == "MainThread":
+        return "main thread" if one else "main threads"
+    return f"thread '{name}'" if one else f"threads '{name}'"
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {compress_ranks(ranks)[1:-1]}"
+
+
+def _first(item: tuple[tuple[bool, str, str, str, str], list[int]]) -> tuple[bool, int, str]:
+    """Exceptions of the thread a rank waits in first, then by lowest rank."""
+    (outside, *_), ranks = item
+    return outside, min(ranks), item[0][2]
+
+
+def _bounded(lines: list[str], what: str) -> list[str]:
+    if len(lines) <= MAX_LINES:
+        return lines
+    return [*lines[:MAX_LINES], f"and {len(lines) - MAX_LINES} more {what} (their probes)"]

@@ -1,0 +1,145 @@
+"""The --html report in a real headless Chromium (Debian's ``chromium``, driven over the
+DevTools protocol by ``support.browser``): it loads without a console error, shows the
+verdict, expands a branch, shows a rank's stacks, finds a function, is drawn (a screenshot
+with many colours), keeps a hostile function name as text, and opens a large report fast.
+
+CI installs chromium (``.ci/run``); elsewhere these tests are skipped when it is absent.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.browser import Browser, find_chromium, png_pixels
+from support.factories import make_diagnosis, make_snapshot
+from support.paths import REPO
+
+from hangdoc.analysis.analyse import analyse
+from hangdoc.bundle import load_snapshot
+from hangdoc.model import Frame, Verdict
+from hangdoc.report.html import render_html
+
+pytestmark = pytest.mark.skipif(
+    find_chromium() is None,
+    reason="needs Debian's chromium for the headless browser tests (apt-get install chromium; CI installs it)")
+
+CORPUS = REPO / "tests" / "snapshots" / "mismatch_ddp_uneven_epoch_end.json.gz"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with Browser(timeout=60) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def corpus_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    snapshot = load_snapshot(CORPUS)
+    path = tmp_path_factory.mktemp("html") / "report.html"
+    path.write_text(render_html(analyse(snapshot), snapshot))
+    return path
+
+
+def _js(browser: Browser, code: str) -> object:
+    return browser.evaluate(f"(() => {{ {code} }})()")
+
+
+def test_a_recorded_report_in_chromium(browser: Browser, corpus_report: Path, tmp_path: Path) -> None:
+    browser.open(corpus_report.as_uri())
+    assert browser.errors == []
+    # the verdict, as a person sees it
+    assert browser.evaluate("document.getElementById('verdict').innerText") == "collective_mismatch"
+    assert "culprit ranks" in browser.evaluate("document.querySelector('header').innerText")
+    assert browser.evaluate("document.title").startswith("hangdoc: collective_mismatch")
+
+    # expand a branch: collapse everything, then open the first branch by a click
+    before = _js(browser, """
+        document.getElementById('collapse-all').click();
+        return document.querySelectorAll('#tree .ln:not([hidden])').length;""")
+    visible = "[...document.querySelectorAll('#tree .ln')].filter(e => e.offsetParent !== null).length"
+    assert browser.evaluate(visible) == 0, before
+    _js(browser, "document.querySelector('#tree .edge').click();")
+    opened = browser.evaluate(visible)
+    assert opened > 0
+    # and a branch below it, drawn only now
+    kids_before = browser.evaluate("document.querySelectorAll('#tree .blk').length")
+    _js(browser, "document.querySelector('#tree .blk .blk:not(.open) > .edge').click();")
+    assert browser.evaluate(visible) > opened
+    assert browser.evaluate("document.querySelectorAll('#tree .blk').length") >= kids_before
+
+    # click a rank: the culprit's rank set on its edge lists it and shows its stacks
+    _js(browser, "document.querySelector('#tree .blk.culprit .rs, #culprits').click();")
+    panel = browser.evaluate("document.getElementById('rank-view').innerText")
+    assert "rank 1" in panel and "MainThread" in panel and "barrier" in panel
+    assert "save_checkpoint" in panel  # the culprit's whole stack, outermost first
+    # another rank, by its number: all its threads
+    _js(browser, """
+        const input = document.getElementById('rank-input');
+        input.value = '2';
+        document.getElementById('rank-go').click();""")
+    panel = browser.evaluate("document.getElementById('rank-view').innerText")
+    assert "rank 2" in panel and "all_reduce" in panel
+    assert browser.evaluate("document.querySelectorAll('#rank-view details.th').length") >= 2
+
+    # search a function: results listed, the first one revealed and highlighted
+    _js(browser, """
+        const box = document.getElementById('search');
+        box.value = 'save_checkpoint';
+        box.dispatchEvent(new KeyboardEvent('keydown', {key: 'Enter'}));""")
+    results = browser.evaluate("document.getElementById('search-results').innerText")
+    assert "1 place in the tree" in results and "save_checkpoint" in results
+    assert "in the threads of 1 rank" in results  # every thread of every rank is searched too
+    flashed = browser.evaluate("document.querySelector('#tree .ln.flash').innerText")
+    assert flashed.startswith("save_checkpoint")
+    assert browser.evaluate("document.querySelectorAll('#tree .ln.hit').length") >= 1
+
+    # drawn, not blank: many colours, and much of the page is not background
+    png = browser.screenshot()
+    (tmp_path / "report.png").write_bytes(png)
+    width, height, pixels = png_pixels(browser.screenshot(scale=0.5))
+    assert width > 300 and height > 200
+    colours = set(pixels)
+    background = max(colours, key=pixels.count)
+    drawn = sum(1 for p in pixels if p != background) / len(pixels)
+    assert len(colours) > 50 and drawn > 0.05, (len(colours), drawn)
+    assert browser.errors == []
+
+
+def test_a_hostile_function_name_stays_text(browser: Browser, tmp_path: Path) -> None:
+    evil = "<img src=x onerror=\"window.pwned=1\">"
+    stack = [Frame("<module>", "/job/train.py", 1), Frame(evil, "/job/x.py", 2)]
+    snapshot = make_snapshot({0: stack, 1: stack[:1]})
+    diagnosis = make_diagnosis(snapshot, verdict=Verdict.STRAGGLER, culprits=[0], summary=evil)
+    path = tmp_path / "evil.html"
+    path.write_text(render_html(diagnosis, snapshot))
+    browser.open(path.as_uri())
+    _js(browser, """
+        document.querySelector('#search').value = 'onerror';
+        document.querySelector('#search').dispatchEvent(new KeyboardEvent('keydown', {key: 'Enter'}));
+        document.getElementById('culprits').click();""")
+    assert browser.evaluate("window.pwned === undefined")
+    assert browser.evaluate("document.querySelectorAll('img').length") == 0
+    assert evil in browser.evaluate("document.getElementById('rank-view').innerText")
+    # the page fetches nothing: its policy forbids it, and no request was refused either
+    assert browser.errors == []
+
+
+def test_a_10k_rank_report_opens_fast(browser: Browser, tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    from synthetic import synthetic_snapshot
+
+    snapshot = synthetic_snapshot(10_000, "straggler")
+    path = tmp_path / "10k.html"
+    path.write_text(render_html(analyse(snapshot), snapshot))
+    seconds = min(browser.open(path.as_uri()) for _ in range(3))
+    assert browser.errors == []
+    assert seconds < 2.0, f"{seconds:.2f} s to open a 10k-rank report"
+    assert browser.evaluate("document.getElementById('verdict').innerText") == "straggler"
+    # the straggler's rank set (one rank) and its stacks: all its threads
+    panel = browser.evaluate("document.getElementById('rank-view').innerText")
+    assert "rank 5000" in panel and "forward" in panel
+    print(json.dumps({"ranks": 10_000, "html_bytes": path.stat().st_size, "load_s": round(seconds, 3)}))

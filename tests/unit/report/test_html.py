@@ -1,0 +1,256 @@
+"""The --html report: self-contained, safe with hostile names, compact at scale, and its
+embedded data says for every rank what the diagnosis and the snapshot say.
+
+The page's behaviour in a real browser is tested in tests/live/test_html_browser.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from support.factories import make_diagnosis, make_op, make_rank, make_snapshot
+from support.paths import REPO
+
+from hangdoc.analysis.analyse import analyse
+from hangdoc.bundle import load_snapshot
+from hangdoc.cli import main
+from hangdoc.model import Frame, RankState, ThreadStack, Verdict, compress_ranks
+from hangdoc.report.html import render_html, report_data
+from hangdoc.report.rankset import ranges, ranges_text, short_ranges
+from hangdoc.watch.incident import HTML, write_incident
+from hangdoc.watch.stall import Signal, Trigger
+
+sys.path.insert(0, str(REPO / "bench"))
+from synthetic import expected, synthetic_snapshot
+
+CORPUS = REPO / "tests" / "snapshots" / "mismatch_ddp_uneven_epoch_end.json.gz"
+TRUNK = ["train.py:<module>:60", "train.py:main:55"]
+AR = [*TRUNK, "train.py:step:30", "torch/distributed/distributed_c10d.py:all_reduce:2800"]
+BAR = [*TRUNK, "train.py:evaluate:48", "torch/distributed/distributed_c10d.py:barrier:4100"]
+
+
+def _payload(page: str) -> dict[str, Any]:
+    match = re.search(r'<script type="application/json" id="hangdoc-data">(.*?)</script>', page, re.DOTALL)
+    assert match is not None
+    return json.loads(match.group(1))  # type: ignore[no-any-return]
+
+
+def _ranks_of(text: str) -> list[int]:
+    out: list[int] = []
+    for part in filter(None, text.split(",")):
+        a, _, b = part.partition("-")
+        out += range(int(a), int(b or a) + 1)
+    return out
+
+
+def _unruns(runs: list[int]) -> list[int]:
+    return [v for v, n in zip(runs[::2], runs[1::2], strict=True) for _ in range(n)]
+
+
+def _mismatch() -> tuple[Any, Any]:
+    snap = make_snapshot({0: AR, 1: AR, 2: BAR, 3: AR, 5: AR}, world_size=6,
+                         threads={"pin_memory": ["threading.py:run:975", "queue.py:get:171"]})
+    diag = make_diagnosis(snap, verdict=Verdict.COLLECTIVE_MISMATCH, culprits=[2],
+                          summary="rank 2 is in barrier", evidence=["ranks 0,1,3,5 wait in all_reduce"],
+                          next_steps=["look at evaluate"],
+                          ops={r: make_op("barrier" if r == 2 else "all_reduce") for r in (0, 1, 2, 3, 5)})
+    return snap, diag
+
+
+# ------------------------------------------------------------------ rank sets
+
+
+@given(st.sets(st.integers(0, 3000), max_size=300))
+def test_ranges_are_the_compressed_ranks(ranks: set[int]) -> None:
+    ordered = sorted(ranks)
+    assert f"[{ranges_text(ordered)}]" == compress_ranks(ordered)
+    assert _ranks_of(ranges_text(ordered)) == ordered
+    assert all(a <= b for a, b in ranges(ordered))
+
+
+def test_short_ranges_say_how_many_more() -> None:
+    ranks = [r for r in range(0, 400, 2)]
+    text = short_ranges(ranks, 20)
+    assert len(text) < 40 and text.startswith("0,2,4") and text.endswith(f"+{200 - text.count(',')}")
+    assert short_ranges(list(range(100_000))) == "0-99999"
+
+
+def test_ranges_of_a_million_ranks_are_quick() -> None:
+    import time
+
+    ranks = [r for r in range(1_000_000) if r != 500_000]
+    start = time.perf_counter()
+    assert ranges_text(ranks) == "0-499999,500001-999999"
+    assert time.perf_counter() - start < 0.05
+
+
+# ------------------------------------------------------------------ the page
+
+
+def test_the_page_is_self_contained_and_says_the_verdict() -> None:
+    snap, diag = _mismatch()
+    page = render_html(diag, snap)
+    assert page.startswith("<!DOCTYPE html>")
+    assert "Content-Security-Policy" in page and "default-src 'none'" in page
+    # nothing to fetch: no external script, style, image or link
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", page, re.IGNORECASE)
+    assert "http://" not in page and "https://" not in page
+    assert 'id="verdict">collective_mismatch<' in page
+    assert 'id="culprits">2<' in page
+    assert "rank 2 is in barrier" in page and "ranks 0,1,3,5 wait in all_reduce" in page
+    assert "look at evaluate" in page and "observed for" in page
+    assert page.count("<script") == 2  # the data and the page's own code, nothing else
+
+
+def test_hostile_names_are_data_not_markup() -> None:
+    evil = "</script><script>alert(1)</script><!--"
+    stack = (Frame("<module>", "/job/train.py", 1), Frame(evil, "/job/x\u202e.py", 2))
+    snap = make_snapshot({0: list(stack), 1: list(stack)}, spec="<b>job</b>", notes=[f"note {evil}"])
+    diag = make_diagnosis(snap, verdict=Verdict.NCCL_TIMEOUT, summary=f"summary {evil}")
+    page = render_html(diag, snap)
+    head, _, tail = page.partition('<script type="application/json"')
+    assert "<script>alert(1)" not in page and "<b>job</b>" not in page
+    assert "&lt;/script&gt;&lt;script&gt;alert(1)" in head  # escaped in the static part
+    data = tail.split(">", 1)[1].split("</script>", 1)[0]
+    assert "<" not in data  # the embedded JSON cannot end its script element early
+    frames = _payload(page)["frames"]
+    assert any(f[0] == evil for f in frames)  # and reads back exactly (the page sets textContent)
+    assert any("\\u202e" in f[2] for f in frames)  # a bidi override is shown, not obeyed
+
+
+def test_the_data_says_what_the_diagnosis_and_snapshot_say() -> None:
+    snap, diag = _mismatch()
+    data = report_data(diag, snap)
+    tree, rsets = data["tree"], data["rsets"]
+    assert len(tree["frame"]) == len(diag.tree) == len(tree["parent"]) == len(tree["ranks"])
+    for node in diag.tree.nodes:
+        assert _ranks_of(rsets[tree["ranks"][node.node_id]]) == list(node.ranks)
+        if node.frame is not None:
+            assert data["frames"][tree["frame"][node.node_id]][0] == node.frame.function
+        for kid in node.children:
+            assert tree["parent"][kid] == node.node_id
+    assert sorted(tree["outliers"]) == sorted(diag.tree.outliers)
+    assert _ranks_of(rsets[data["culprits"]]) == [2]
+    # culprit nodes: the barrier branch, whose only rank is the culprit
+    assert {data["frames"][tree["frame"][n]][0] for n in tree["culprit"]} >= {"barrier", "evaluate"}
+
+    ids = _ranks_of(data["ranks"]["ids"])
+    assert ids == [0, 1, 2, 3, 5]
+    hosts, infos, views = (_unruns(data["ranks"][k]) for k in ("host", "info", "view"))
+    by_rank = {ra.rank: ra for ra in diag.ranks}
+    snaps = snap.by_rank()
+    for i, rank in enumerate(ids):
+        state, op, thread, _detail, _ = data["info"][infos[i]]
+        assert state == by_rank[rank].state.value and thread == "MainThread"
+        assert op.startswith("barrier" if rank == 2 else "all_reduce")
+        assert data["hosts"][hosts[i]] == snaps[rank].process.host
+        assert data["ranks"]["pid"][i] == snaps[rank].process.pid
+        samples = [data["samples"][s] for s in data["views"][views[i]]]
+        assert len(samples) == len(snaps[rank].samples)
+        for shown, taken in zip(samples, snaps[rank].samples, strict=True):
+            assert [name for name, _, _ in shown] == [th.name for th in taken.threads]
+            for (_, stack, _), th in zip(shown, taken.threads, strict=True):
+                assert [data["frames"][f][0] for f in data["stacks"][stack]] == [f.function for f in th.frames]
+    leaf_of = {tuple(_ranks_of(rsets[r])): leaf for r, _, leaf in data["classes"]}
+    assert data["frames"][tree["frame"][leaf_of[(2,)]]][0] == "barrier"
+
+
+def test_a_rank_that_could_not_be_read_shows_why() -> None:
+    from hangdoc.model import CaptureErrorKind
+
+    snap = make_snapshot([make_rank(0, AR), make_rank(1, AR, error=CaptureErrorKind.PTRACE_DENIED)])
+    diag = make_diagnosis(snap, verdict=Verdict.UNKNOWN, states={1: RankState.UNREADABLE})
+    data = report_data(diag, snap)
+    view = data["views"][_unruns(data["ranks"]["view"])[1]]
+    assert all("ptrace_denied" in data["samples"][s]["error"] for s in view)
+
+
+def test_no_tree_and_no_ranks_still_make_a_page() -> None:
+    snap = make_snapshot({})
+    diag = make_diagnosis(snap, verdict=Verdict.UNKNOWN, tree=False)
+    data = report_data(diag, snap)
+    assert data["tree"] is None and data["ranks"]["ids"] == "" and data["culprits"] == -1
+    assert 'id="verdict">unknown<' in render_html(diag, snap)
+
+
+def test_a_recorded_snapshot() -> None:
+    snap = load_snapshot(CORPUS)
+    diag = analyse(snap)
+    data = report_data(diag, snap)
+    assert data["verdict"] == "collective_mismatch"
+    assert _ranks_of(data["rsets"][data["culprits"]]) == list(diag.culprit_ranks)
+    # every thread of every sample of every rank, each distinct stack stored once
+    threads = {th.frames for r in snap.ranks for s in r.samples for th in s.threads}
+    assert len(data["stacks"]) == len(threads)
+
+
+def test_large_jobs_cost_little_per_rank() -> None:
+    world = 4_000
+    snap = synthetic_snapshot(world, "collective_mismatch")
+    diag = analyse(snap)
+    assert (diag.verdict, tuple(diag.culprit_ranks)) == expected(world, "collective_mismatch")
+    data = _payload(render_html(diag, snap))
+    # what grows with the distinct stacks, not with ranks: each stored once
+    threads = {th.frames for r in snap.ranks for s in r.samples for th in s.threads}
+    assert len(data["stacks"]) == len(threads) < 400
+    assert len(data["rsets"]) < 10 and len(data["info"]) < 10
+    assert len(data["views"]) == len(data["samples"])  # a waiting rank's samples are one sample
+    # what grows with ranks: the rank columns, a few bytes a rank (pids, views, one host a node)
+    columns = len(json.dumps([data["ranks"], data["hosts"]], separators=(",", ":")))
+    assert columns / world < 25, f"{columns / world:.1f} bytes a rank"
+    assert len(data["ranks"]["host"]) == 2 * (world // 8)  # one run a node
+
+
+# ------------------------------------------------------------------ CLI and watch
+
+
+def test_analyze_writes_the_html_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "report.html"
+    assert main(["analyze", str(CORPUS), "--json", "--html", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"] == "collective_mismatch"
+    page = out.read_text()
+    assert 'id="verdict">collective_mismatch<' in page
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("where", ["missing/report.html", "."])
+def test_a_report_path_that_cannot_be_written_fails_first(
+        where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    # checked before the input is even read: the bundle does not exist either
+    assert main(["analyze", "nothing.json.gz", "--html", where]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hangdoc: error: --html ") and "Traceback" not in err
+    assert "does not exist" in err or "is a directory" in err
+
+
+def test_watch_writes_report_html_beside_report_json(tmp_path: Path) -> None:
+    snap, diag = _mismatch()
+    trigger = Trigger(Signal.OUTPUT, 2.0, 1.0, "--stall-after", 1.0, 3, None,
+                      datetime.datetime.now(datetime.UTC).isoformat())
+    where = write_incident(tmp_path, snap, diag, trigger, "confirmed by diagnosis", warn=print)
+    assert where is not None
+    assert (where / "report.json").exists()
+    page = (where / HTML).read_text()
+    assert HTML == "report.html" and 'id="verdict">collective_mismatch<' in page
+
+
+def test_threads_without_names_and_flags() -> None:
+    stack = (Frame("<module>", "/job/train.py", 1),)
+    snap = make_snapshot({0: list(stack)})
+    rank = snap.ranks[0]
+    odd = ThreadStack(7, None, stack, None, active=True, owns_gil=True)
+    samples = tuple(dataclasses.replace(s, threads=(odd,)) for s in rank.samples)
+    snap = dataclasses.replace(snap, ranks=(dataclasses.replace(rank, samples=samples),))
+    data = report_data(make_diagnosis(snap, verdict=Verdict.UNKNOWN), snap)
+    (entry,) = data["samples"]
+    assert entry == [["", 0, 3]]  # no name; active and holding the GIL
