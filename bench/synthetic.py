@@ -283,8 +283,8 @@ def synthetic_snapshot(world: int, scenario: str = "collective_mismatch", *,
                        samples: int = SAMPLES) -> JobSnapshot:
     """A snapshot of a ``world``-rank job hung as ``scenario`` says (see the module doc)."""
     expected(world, scenario)  # checks the scenario's name
-    if world < 2 * RANKS_PER_NODE:
-        raise ValueError(f"a synthetic job has at least {2 * RANKS_PER_NODE} ranks (two nodes)")
+    if world < 3 * RANKS_PER_NODE:  # one node of two would be no minority
+        raise ValueError(f"a synthetic job has at least {3 * RANKS_PER_NODE} ranks (three nodes)")
     missing = {world // 2} if scenario == "rank_missing" else set()
     collecting = gc.isenabled()
     gc.disable()  # millions of new objects, none of them garbage: collections would only scan

@@ -143,3 +143,19 @@ def test_a_10k_rank_report_opens_fast(browser: Browser, tmp_path: Path) -> None:
     panel = browser.evaluate("document.getElementById('rank-view').innerText")
     assert "rank 5000" in panel and "forward" in panel
     print(json.dumps({"ranks": 10_000, "html_bytes": path.stat().st_size, "load_s": round(seconds, 3)}))
+
+
+def test_a_thousand_branches_are_drawn_in_batches(browser: Browser, tmp_path: Path) -> None:
+    stacks = {r: ["train.py:<module>:1", "train.py:main:2", f"train.py:leaf{r}:{r + 10}"] for r in range(1000)}
+    snapshot = make_snapshot(stacks)
+    path = tmp_path / "wide.html"
+    path.write_text(render_html(make_diagnosis(snapshot, verdict=Verdict.UNKNOWN), snapshot))
+    browser.open(path.as_uri())
+    assert browser.evaluate("document.querySelectorAll('#tree .blk').length") == 1 + 200
+    assert browser.evaluate("document.querySelector('#tree .more').innerText").startswith("⋯ 800 more branches")
+    _js(browser, """
+        const box = document.getElementById('search');
+        box.value = 'leaf777';
+        box.dispatchEvent(new KeyboardEvent('keydown', {key: 'Enter'}));""")
+    assert browser.evaluate("document.querySelector('#tree .ln.flash').innerText").startswith("leaf777")
+    assert browser.errors == []
