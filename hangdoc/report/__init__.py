@@ -1,7 +1,10 @@
 """Reporters: each turns one ``Diagnosis`` (and the snapshot it came from) into an output.
 
 ``json_report`` is the machine-readable report of ``--json`` (schema in
-``docs/json-schema.md``); ``terminal`` prints the human report with rich. Reporters read
+``docs/json-schema.md``); ``terminal`` prints the human report with rich; ``html`` writes one
+self-contained page with the merged tree to explore (``--html``); ``graph`` writes the tree as
+DOT or SVG (``--dot``/``--svg``); ``files`` checks and writes their output paths;
+``rankset`` compresses rank lists into ranges. Reporters read
 ``Diagnosis.tree`` (the frozen ``model.CallTree`` the analysis built); none of them rebuilds
 the merged tree. They import only the ground floor (``model``, ``errors``, the package's
 version), never ``hangdoc.analysis``.
