@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from . import __version__
 from .cliargs import (
@@ -40,6 +40,9 @@ from .cliargs import (
     seconds,
 )
 from .errors import HangdocError, InternalError, UsageError, one_line
+
+if TYPE_CHECKING:
+    from .report.progress import ProgressDisplay
 
 EXIT_OK = 0
 EXIT_INTERRUPTED = 130
@@ -102,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--native", action="store_true", help="include native (C/C++) frames in every sample")
     diag.add_argument("--timeout", type=seconds(DUMP_TIMEOUT_SECONDS), default=5.0,
                       help="seconds allowed per py-spy dump (default 5)")
-    diag.add_argument("-q", "--quiet", action="store_true", help="no progress messages on stderr")
+    diag.add_argument("-q", "--quiet", action="store_true",
+                      help="nothing on stderr but errors (no progress messages, no live progress line)")
     _add_ray(diag, "the diagnosis")
     remote = diag.add_argument_group("agents (multi-node)")
     remote.add_argument("--agents", type=agent_list, metavar="HOST[:PORT],...",
@@ -164,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ana.add_argument("bundle", metavar="FILE", help="a snapshot written by `hangdoc diagnose "
                      "--save`, or py-spy / ray stack dumps")
+    ana.add_argument("-q", "--quiet", action="store_true",
+                     help="nothing on stderr but errors (no live progress line)")
     ana.set_defaults(func=_cmd_analyze)
     return parser
 
@@ -245,8 +251,12 @@ def _add_watch(sub, auth: argparse.ArgumentParser) -> None:
     watch.set_defaults(func=_cmd_watch, command_argv=())
 
 
-def _stderr(msg: str) -> None:
-    print(f"hangdoc: {one_line(msg)}", file=sys.stderr, flush=True)
+def _progress(args: argparse.Namespace) -> ProgressDisplay:
+    """Progress on stderr (``hangdoc.report.progress``): a live line on a terminal, plain
+    lines elsewhere or with --json, nothing with --quiet."""
+    from .report.progress import ProgressDisplay
+
+    return ProgressDisplay.on(sys.stderr, quiet=args.quiet, json=args.json)
 
 
 def _report_files(args: argparse.Namespace) -> dict[str, str | None]:
@@ -301,13 +311,13 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     _check_jobs(args.job)
     _check_report_files(args)
     options = CaptureOptions(args.window, args.interval, args.max_window, args.native, args.timeout)
-    progress = None if args.quiet else _stderr
     nodes = _remote_nodes(args)
-    snapshot, diagnosis = diagnose(args.job, options, progress, nodes, _ray_source(args, args.job, nodes))
+    with _progress(args) as shown:
+        snapshot, diagnosis = diagnose(args.job, options, shown.say, nodes, _ray_source(args, args.job, nodes),
+                                       shown.update)
     if args.save:
         save_snapshot(snapshot, args.save)
-        if progress:
-            progress(f"snapshot saved to {args.save}; replay with `hangdoc analyze {args.save}`")
+        shown.say(f"snapshot saved to {args.save}; replay with `hangdoc analyze {args.save}`")
     _emit(args, snapshot, diagnosis)
     return EXIT_OK
 
@@ -427,8 +437,11 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from .capture.dumpfile import load_evidence
 
     _check_report_files(args)
-    snapshot = load_evidence(args.bundle)  # a saved snapshot, or py-spy / ray stack dumps
-    _emit(args, snapshot, analyse(snapshot))
+    with _progress(args) as shown, shown.busy(f"reading {args.bundle}") as now_doing:
+        snapshot = load_evidence(args.bundle)  # a saved snapshot, or py-spy / ray stack dumps
+        now_doing(f"analysing {len(snapshot.ranks)} rank(s)")
+        diagnosis = analyse(snapshot)
+    _emit(args, snapshot, diagnosis)
     return EXIT_OK
 
 

@@ -1,9 +1,11 @@
 """The pipeline: find the job's ranks on its nodes -> capture (adaptive window) -> analyse.
 
-Reporting is the CLI's. Sampling goes on for ``window`` seconds; when the evidence is still
-ambiguous (one rank busy while the others wait: a straggler, or a slow rank that will
-finish) it goes on, up to ``max_window``, until the job either moves or stays put. The
-snapshot records how long it watched and why. Nodes are reached through ``coordinator``:
+Reporting is the CLI's, and so is showing progress: from the one-line messages
+(``Progress``) and the state told before each step and after every round (``Status``).
+Sampling goes on for ``window`` seconds; when the evidence is still ambiguous (one rank
+busy while the others wait: a straggler, or a slow rank that will finish) it goes on, up
+to ``max_window``, until the job either moves or stays put. The snapshot records how long
+it watched and why. Nodes are reached through ``coordinator``:
 the embedded ``LocalNode`` by default.
 """
 
@@ -15,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from . import __version__
@@ -41,6 +44,35 @@ from .model import (
 )
 
 Progress = Callable[[str], None]
+
+
+class Step(StrEnum):
+    """What a diagnosis is doing now; the value is how a progress display says it."""
+
+    FINDING = "finding the job's ranks"
+    SAMPLING = "sampling stacks"
+    PROBES = "asking the ranks' probes"
+    DEVICES = "reading GPU state"
+    NATIVE = "taking native frames"
+    ANALYSING = "analysing"
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """Where a diagnosis stands, for a live progress display: told before each step and
+    after every sample round."""
+
+    step: Step
+    ranks: int = 0  # rank processes found
+    captured: int = 0  # ranks with stacks in the last round
+    rounds: int = 0  # sample rounds taken
+    elapsed: float = 0.0  # seconds since the first round
+    window: float = 0.0  # seconds of sampling planned: the window, or max_window once extended
+    native: int = 0  # ranks given native frames
+    probes: int | None = None  # ranks whose in-process probe answered; None until asked
+
+
+Status = Callable[[Sampling], None]
 FLIGHT_TIMEOUT = 3.0  # seconds for a rank's probe to answer (its flight recorder dump and the rest)
 
 
@@ -70,17 +102,20 @@ def diagnose(
     progress: Progress | None = None,
     nodes: Sequence[Node] | None = None,
     source: FleetSource | None = None,
+    status: Status | None = None,
 ) -> tuple[JobSnapshot, Diagnosis]:
     """Find the job's ranks (on this node unless ``nodes`` are given, through ``source``
     when it is given), watch them, diagnose."""
     say = progress or (lambda _msg: None)
     job = parse_job_spec(spec)
+    if status:
+        status(Sampling(Step.FINDING))
     if source is not None:
         with source(say) as find:
             fleet = find(job, say)
             nodes_seen = len({n.name for n, _ in fleet.placed})
             say(f"found {len(fleet.placed)} rank process(es) for {spec} on {nodes_seen} node(s)")
-            return observe(spec, fleet, options, say)
+            return observe(spec, fleet, options, say, status)
     if nodes is None:
         find_pyspy()  # fail fast, with install help, before looking at any process
         nodes = [LocalNode()]
@@ -88,7 +123,7 @@ def diagnose(
     world = f" (world size {fleet.world_size})" if fleet.world_size else ""
     where = f" on {len({n.name for n, _ in fleet.placed})} node(s)" if len(nodes) > 1 else ""
     say(f"found {len(fleet.placed)} rank process(es) for {spec}{where}{world}")
-    return observe(spec, fleet, options, say)
+    return observe(spec, fleet, options, say, status)
 
 
 # a Python stack ending in these torch modules may wait inside the C++ autograd engine
@@ -155,7 +190,9 @@ class _Capture:
                     frames.append(frame)
         return frames
 
-    def deepen(self, options: CaptureOptions, t: float) -> set[int]:
+    def deepen(
+        self, options: CaptureOptions, t: float, before: Callable[[int], None] = lambda _n: None
+    ) -> set[int]:
         """Take one native sample of ranks whose Python stacks cannot say where they wait;
         the indices of the ranks taken.
 
@@ -165,7 +202,8 @@ class _Capture:
         * A thread at a host sync by its Python frames (``analysis.device``): only native
           frames show whether it waits in CUDA for an asynchronous collective, or computes.
 
-        Done once per rank, and only when it matters.
+        Done once per rank, and only when it matters; ``before`` is told how many ranks,
+        before their samples are taken.
         """
         if options.native:
             return set()
@@ -180,6 +218,7 @@ class _Capture:
                 want.add(i)
         if not want:
             return set()
+        before(len(want))
         taken = sample_all(self.fleet, t, native=True, timeout=max(options.timeout, 10.0), only=want)
         self.deepened |= want
         self.add(Round({i: s for i, s in taken.samples.items() if s.error is None}, taken.lost))
@@ -246,12 +285,21 @@ class _Capture:
         )
 
 
-def observe(spec: str, fleet: Fleet, options: CaptureOptions, say: Progress) -> tuple[JobSnapshot, Diagnosis]:
+def observe(
+    spec: str, fleet: Fleet, options: CaptureOptions, say: Progress, status: Status | None = None
+) -> tuple[JobSnapshot, Diagnosis]:
     """Sample the fleet's ranks until the verdict is clear or ``max_window`` is reached."""
     cap = _Capture(spec, fleet)
     devices: JobDevices | None = None  # the ranks' GPUs and NCCL's RAS report, taken once
     t0 = time.monotonic()
     tick = 0
+    shown = Sampling(Step.SAMPLING, ranks=len(fleet.placed), window=options.window)
+
+    def tell(step: Step, **changed: Any) -> None:
+        nonlocal shown
+        if status:
+            shown = dataclasses.replace(shown, step=step, elapsed=time.monotonic() - t0, **changed)
+            status(shown)
 
     def wait_for_next_round() -> None:
         # rounds start every `interval` from t0, however long a round took
@@ -259,26 +307,37 @@ def observe(spec: str, fleet: Fleet, options: CaptureOptions, say: Progress) -> 
         tick = max(tick + 1, int((time.monotonic() - t0) / options.interval) + 1)
         time.sleep(max(0.0, t0 + tick * options.interval - time.monotonic()))
 
+    tell(Step.SAMPLING)
     while True:
-        cap.add(sample_all(fleet, time.monotonic() - t0, native=options.native,
-                           timeout=options.timeout, only=cap.live()))
+        taken = sample_all(fleet, time.monotonic() - t0, native=options.native,
+                           timeout=options.timeout, only=cap.live())
+        cap.add(taken)
+        tell(Step.SAMPLING, rounds=shown.rounds + 1,
+             captured=sum(s.error is None and bool(s.threads) for s in taken.samples.values()))
         elapsed = time.monotonic() - t0
         _check_readable(cap.samples)
         if not cap.live():
             cap.notes.append(f"every rank process exited during the window ({elapsed:.1f} s)")
             snapshot = cap.snapshot(elapsed)
+            tell(Step.ANALYSING)
             return snapshot, analyse(snapshot)
         if elapsed < options.window:
             wait_for_next_round()
             continue
+        if not cap.flight_asked:
+            tell(Step.PROBES)
         cap.flight(FLIGHT_TIMEOUT)
+        if devices is None:
+            tell(Step.DEVICES, probes=len(cap.probed))
         devices = devices or gather_devices(fleet, cap.live(), {u.target for u in cap.unreachable})
-        deeper = cap.deepen(options, time.monotonic() - t0)
+        deeper = cap.deepen(options, time.monotonic() - t0,
+                            lambda n: tell(Step.NATIVE, native=shown.native + n))
         if deeper:
             say(f"took native frames of {len(deeper)} rank(s) whose Python stack cannot show where they wait")
             pids = ", ".join(str(fleet.placed[i][1].pid) for i in sorted(deeper))
             cap.notes.append(f"native frames taken of pid(s) {pids}")
         snapshot = devices.apply(cap.snapshot(elapsed))
+        tell(Step.ANALYSING)
         diagnosis = analyse(snapshot)
         if not diagnosis.ambiguous or elapsed >= options.max_window:
             if diagnosis.ambiguous:
@@ -292,6 +351,7 @@ def observe(spec: str, fleet: Fleet, options: CaptureOptions, say: Progress) -> 
                 "is not yet certain"
             )
             say("evidence ambiguous (a rank is busy while others wait): observing longer")
+        tell(Step.SAMPLING, window=options.max_window)
         wait_for_next_round()
 
 

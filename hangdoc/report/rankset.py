@@ -1,4 +1,5 @@
-"""Rank sets as ranges, fast enough for 100,000-rank nodes of the merged tree.
+"""Rank sets as ranges, fast enough for 100,000-rank nodes of the merged tree, and the labels
+the reports print for them (``ranks_label``: ``[0-49999,50008-99999] (99,992)``).
 
 ``model.compress_ranks`` walks every rank; the shareable reports write the rank set of
 every tree node, and near the root each holds every rank of the job. ``ranges`` splits a
@@ -9,25 +10,33 @@ sorted run of ranks by bisection instead: a stretch ``ranks[i..j]`` with
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 
 def ranges(ranks: Sequence[int]) -> list[tuple[int, int]]:
     """The maximal runs ``(first, last)`` of ``ranks``, which must be sorted and distinct
     (``TreeNode.ranks``, ``StackGroup.ranks``, ``Diagnosis.culprit_ranks`` are)."""
-    out: list[tuple[int, int]] = []
+    return list(iter_ranges(ranks))
+
+
+def iter_ranges(ranks: Sequence[int]) -> Iterator[tuple[int, int]]:
+    """``ranges``, one run at a time: a label cut after a few runs splits no further."""
     todo = [(0, len(ranks) - 1)] if ranks else []
+    run: tuple[int, int] | None = None
     while todo:
         lo, hi = todo.pop()
         if ranks[hi] - ranks[lo] == hi - lo:
-            if out and out[-1][1] + 1 == ranks[lo]:
-                out[-1] = (out[-1][0], ranks[hi])
+            if run is not None and run[1] + 1 == ranks[lo]:
+                run = (run[0], ranks[hi])
             else:
-                out.append((ranks[lo], ranks[hi]))
+                if run is not None:
+                    yield run
+                run = (ranks[lo], ranks[hi])
             continue
         mid = (lo + hi) // 2
         todo += [(mid + 1, hi), (lo, mid)]  # the lower half is taken first: runs come in order
-    return out
+    if run is not None:
+        yield run
 
 
 def ranges_text(ranks: Sequence[int]) -> str:
@@ -45,3 +54,31 @@ def short_ranges(ranks: Sequence[int], limit: int = 40) -> str:
             return f"{text},…+{len(parts) - i}"
         text = f"{text},{part}" if text else part
     return text
+
+
+def cut_ranges(ranks: Sequence[int], limit: int = 40) -> tuple[str, bool]:
+    """``ranges_text`` cut at a comma to about ``limit`` characters, ending ``,…`` where
+    cut (at least one range is kept, however long); and whether it was cut."""
+    text = ""
+    for a, b in iter_ranges(ranks):
+        part = str(a) if a == b else f"{a}-{b}"
+        if text and len(text) + len(part) + 1 > limit:
+            return f"{text},…", True
+        text = f"{text},{part}" if text else part
+    return text, False
+
+
+def count_text(count: int) -> str:
+    """``7``, ``1,234``, ``99,992``: a count of ranks or processes, grouped by thousands."""
+    return f"{count:,}"
+
+
+def ranks_label(ranks: Sequence[int], limit: int = 40, count_over: int = 32) -> str:
+    """``[0-2,5]``; a long set cut (``[0,2,4,…]``) and followed by its count where it was cut
+    or holds more than ``count_over`` ranks: ``[0-49999,50008-99999] (99,992)``.
+    ``ranks`` must be sorted and distinct."""
+    text, cut = cut_ranges(ranks, limit)
+    label = f"[{text}]"
+    if cut or len(ranks) > count_over:
+        label += f" ({count_text(len(ranks))})"
+    return label

@@ -14,12 +14,34 @@ set of ranks, one child after another) becomes a single tree node of several lin
 library frames from one package are folded into one line (``torch: wrapper › all_reduce
 (distributed_c10d.py:2800)``), and a stretch longer than ``max_frames`` lines keeps its
 first and last lines, which sit next to the divergence points and the leaves.
+
+The same report reads at 4 ranks and at 100,000 (a screen or two, a few hundred lines at
+most); what changes with size changes only where it helps:
+
+- rank sets are ranges with their count past 32 ranks (``[0-49999,50008-99999] (99,992)``),
+  cut at a comma where long;
+- at a divergence point the outlier and culprit branches come first, and only the top of an
+  outlier branch is marked; past ``_BRANCHES`` branches at one point, or once the tree has
+  taken ``_TREE_ROWS`` lines, the other branches fold into one line each;
+- the trunk above the first divergence, common to every rank, is folded to its first line
+  and the two above the split (``… 31 frames in common …``) when it is longer than
+  ``_TRUNK_ROWS`` lines;
+- the rank table has one row per rank up to ``max_rank_rows`` ranks (32: with the header
+  and the tree, what two screens hold, and as many rows as one still reads one by one);
+  beyond, one row per class of ranks in the same state, op and call site, with their
+  ranges and count, culprits first, then the largest;
+- evidence that says one thing of many ranks, one bullet a rank, becomes one bullet; a note
+  that each node of a fleet made (``node7: not counted as ranks …: pid …``) becomes one
+  line with the count of processes and nodes; long lists of unreachable agents are
+  grouped by reason; ``--json`` keeps every item.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
+from itertools import chain, pairwise
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.measure import Measurement
@@ -38,9 +60,11 @@ from ..model import (
     JobSnapshot,
     RankAnalysis,
     RankState,
+    TreeNode,
+    Unreachable,
     Verdict,
-    compress_ranks,
 )
+from .rankset import count_text, cut_ranges, ranks_label
 
 _VERDICT_STYLE = {Verdict.NOT_HUNG: "bold green", Verdict.UNKNOWN: "bold yellow"}
 _HANG_STYLE = "bold red"
@@ -61,8 +85,19 @@ _STATE_STYLE = {
 _CULPRIT_STYLE = "bold red"
 _OUTLIER_STYLE = "bold yellow"
 _LIB_MARKERS = ("site-packages/", "dist-packages/", "/lib/python3")
-_RANKS_LABEL_MAX = 20
+_RANKS_LABEL_MAX = 24  # characters of ranges in a tree or table label before it is cut
+_LABEL_BESIDE = 16  # a tree label this wide sits beside its frames; a wider one above them
+_HEADER_RANKS_MAX = 60  # ... in the header's culprit ranks
 _CODE_MAX = 60
+_RANK_ROWS = 32  # ranks listed one a row; beyond, one row per class (see the module doc)
+_CLASS_ROWS = 24  # classes listed in the table; the rest are counted in one row
+_TRUNK_ROWS = 5  # lines of the common trunk shown whole; a longer one is folded
+_BRANCHES = 8  # branches shown at one divergence point; the rest fold into one line
+_TREE_ROWS = 120  # lines of tree after which branches that are not outliers fold
+_EVIDENCE = 24  # evidence bullets shown; --json has them all
+_ALIKE = 5  # "rank N <same words>" bullets (or per-node notes) merged from this many on
+_NOTES = 16  # notes shown
+_UNREACHABLE = 8  # unreachable agents listed one a line; beyond, grouped by reason
 
 
 def render(
@@ -71,13 +106,13 @@ def render(
     console: Console,
     *,
     max_frames: int = 12,
-    max_rank_rows: int = 64,
+    max_rank_rows: int = _RANK_ROWS,
 ) -> None:
     """Print the report of ``diagnosis`` to ``console``.
 
     ``max_frames`` caps the lines of one unbranched stretch of the stack tree;
-    ``max_rank_rows`` caps the per-rank table, beyond which ranks alike are merged
-    into one row.
+    ``max_rank_rows`` caps the per-rank table, beyond which ranks in the same state, op and
+    call site share one row.
     """
     culprits = frozenset(diagnosis.culprit_ranks)
     console.print(_header(diagnosis, snapshot))
@@ -88,8 +123,11 @@ def render(
         console.print(_group_tree(diagnosis, culprits, max_frames))
     if diagnosis.ranks:
         console.print()
-        console.print(_rank_table(diagnosis.ranks, culprits, max_rank_rows))
-    _section(console, "Evidence", _bullets(diagnosis.evidence))
+        if len(diagnosis.ranks) <= max_rank_rows:
+            console.print(_rank_table(diagnosis.ranks, culprits))
+        else:
+            console.print(_class_table(diagnosis.ranks, culprits))
+    _section(console, "Evidence", _bullets(_evidence(diagnosis.evidence)))
     _section(console, "Next steps", _numbered(diagnosis.next_steps))
     _section(console, "Unreachable", _unreachable(snapshot))
     _section(console, "GPUs", _gpus(snapshot, culprits))
@@ -104,7 +142,7 @@ def _header(diagnosis: Diagnosis, snapshot: JobSnapshot) -> Text:
     head = Text.assemble(("verdict: ", "bold"), (diagnosis.verdict.value, style))
     if diagnosis.culprit_ranks:
         head.append("   culprit ranks ")
-        head.append(compress_ranks(diagnosis.culprit_ranks), _CULPRIT_STYLE)
+        head.append(_label(diagnosis.culprit_ranks, _HEADER_RANKS_MAX), _CULPRIT_STYLE)
     elif diagnosis.verdict is not Verdict.NOT_HUNG:
         head.append("   no culprit ranks")
     head.append("   confidence: ")
@@ -112,12 +150,12 @@ def _header(diagnosis: Diagnosis, snapshot: JobSnapshot) -> Text:
     if diagnosis.partial:
         head.append("   (partial evidence)", "yellow")
     head.append("\n")
-    head.append(printable(diagnosis.summary))
+    head.append(_text(diagnosis.summary))
     if diagnosis.basis:
         head.append("\nbasis: ", "bold")
-        head.append(printable(" · ".join(diagnosis.basis)), "dim")
-    found = len(snapshot.ranks)
-    size = f" of {snapshot.world_size}" if snapshot.world_size is not None else ""
+        head.append(_text(" · ".join(diagnosis.basis)), "dim")
+    found = count_text(len(snapshot.ranks))
+    size = f" of {count_text(snapshot.world_size)}" if snapshot.world_size is not None else ""
     job = f"\njob {printable(snapshot.spec)} · {found}{size} rank processes found"
     if snapshot.captured_at:
         job += f" · captured {printable(snapshot.captured_at)}"
@@ -132,32 +170,105 @@ def _call_tree(tree: CallTree, culprits: frozenset[int], max_frames: int) -> Tre
     distinct = len(tree.classes)
     title = Text.assemble(
         ("Merged stacks", "bold"),
-        f" of {len(tree.ranks)} ranks {compress_ranks(tree.ranks)}, "
-        f"{distinct} distinct stack{'s' if distinct != 1 else ''}",
+        f" of {count_text(len(tree.ranks))} ranks {_label(tree.ranks, count=False)}, "
+        f"{count_text(distinct)} distinct stack{'s' if distinct != 1 else ''}",
     )
     top = Tree(title, guide_style="dim")
+    parent = {kid: node.node_id for node in tree.nodes for kid in node.children}
     outliers = tree.outliers
-    # branches to render: (parent rich node, first tree node of the stretch)
-    todo = [(top, kid) for kid in reversed(tree.children(ROOT))]
+
+    def blamed(node: TreeNode) -> bool:
+        return bool(node.ranks) and len(node.ranks) <= len(culprits) and culprits.issuperset(node.ranks)
+
+    def outlier_top(node: TreeNode) -> bool:  # the top of an outlier branch
+        return node.node_id in outliers and parent.get(node.node_id, ROOT) not in outliers
+
+    def culprit_top(node: TreeNode) -> bool:  # the top of a branch of culprits only
+        above = parent.get(node.node_id, ROOT)
+        return blamed(node) and (above == ROOT or not blamed(tree.node(above)))
+
+    def marked(node: TreeNode) -> bool:
+        return outlier_top(node) or culprit_top(node)
+
+    majors: set[int] = set()  # the largest unmarked branch at each divergence: never folded
+
+    def first(kids: Sequence[TreeNode]) -> list[TreeNode | _Folded]:
+        """Marked branches first, then the rest in rank order; past ``_BRANCHES``, the
+        smallest of the rest (and the marked past ``_BRANCHES``) fold into one line."""
+        shown = [k for k in kids if marked(k)]
+        rest = sorted((k for k in kids if not marked(k)), key=lambda k: -len(k.ranks))
+        if rest:
+            majors.add(rest[0].node_id)
+        out: list[TreeNode | _Folded] = list(shown[:_BRANCHES])
+        if len(shown) > _BRANCHES:
+            out.append(_Folded(shown[_BRANCHES:], "outlier "))
+        room = max(1, _BRANCHES - len(shown))
+        kept = {k.node_id for k in (rest if len(rest) <= room else rest[: max(1, room - 1)])}
+        out += [k for k in kids if k.node_id in kept]  # in rank order
+        if len(kept) < len(rest):
+            out.append(_Folded([k for k in kids if not marked(k) and k.node_id not in kept]))
+        return out
+
+    def spared(node: TreeNode, rows: int) -> bool:
+        """Not folded in a long tree (marked, or a majority), unless twice as long."""
+        return (marked(node) or node.node_id in majors) and rows < 2 * _TREE_ROWS
+
+    rows = 0
+    todo: list[tuple[Tree, list[TreeNode | _Folded]]] = [(top, first(tree.children(ROOT)))]
     while todo:
-        parent, start = todo.pop()
+        branch_of, kids = todo[-1]
+        if not kids:
+            todo.pop()
+            continue
+        start = kids.pop(0)
+        if isinstance(start, _Folded):
+            branch_of.add(start.label())
+            rows += 1
+            continue
+        if rows >= _TREE_ROWS and not spared(start, rows):
+            # the tree is long: this branch and its siblings not spared fold into one line
+            keep = [k for k in kids if isinstance(k, TreeNode) and spared(k, rows)]
+            folded = [start, *(n for k in kids if k not in keep
+                               for n in (k.nodes if isinstance(k, _Folded) else [k]))]
+            kids[:] = keep
+            branch_of.add(_Folded(folded).label())
+            rows += 1
+            continue
         stretch = [start]
-        kids = tree.children(start.node_id)
-        while len(kids) == 1 and kids[0].ranks == start.ranks:
-            stretch.append(kids[0])
-            kids = tree.children(kids[0].node_id)
+        below = tree.children(start.node_id)
+        while len(below) == 1 and len(below[0].ranks) == len(start.ranks):  # the same ranks
+            stretch.append(below[0])
+            below = tree.children(below[0].node_id)
         frames = [n.frame for n in stretch if n.frame is not None]
-        show_ranks = start.ranks != tree.ranks
-        label = _stretch_label(
+        trunk = parent.get(start.node_id, ROOT) == ROOT and len(start.ranks) == len(tree.ranks) \
+            and bool(below)
+        label, lines = _stretch_label(
             frames,
-            start.ranks if show_ranks else None,
-            outlier=start.node_id in outliers,
-            culprit=bool(start.ranks) and culprits.issuperset(start.ranks),
+            start.ranks if len(start.ranks) != len(tree.ranks) else None,
+            outlier=outlier_top(start),
+            culprit=culprit_top(start),
             max_frames=max_frames,
+            trunk=trunk,
         )
-        branch = parent.add(label)
-        todo.extend((branch, kid) for kid in reversed(kids))
+        rows += lines
+        branch = branch_of.add(label)
+        if below:
+            todo.append((branch, first(below)))
     return top
+
+
+class _Folded:
+    """Sibling branches folded into one line: ``… 17 more branches: ranks [5,9,…] (312)
+    (all in --html)``."""
+
+    def __init__(self, nodes: list[TreeNode], kind: str = "") -> None:
+        self.nodes, self.kind = nodes, kind
+
+    def label(self) -> Text:
+        ranks = sorted(chain.from_iterable(n.ranks for n in self.nodes))
+        many = len(self.nodes) != 1
+        return Text(f"… {count_text(len(self.nodes))} more {self.kind}branch{'es' if many else ''}"
+                    f": ranks {_label(ranks, count=True)} (all in --html)", "dim")
 
 
 def _group_tree(diagnosis: Diagnosis, culprits: frozenset[int], max_frames: int) -> Tree:
@@ -165,14 +276,14 @@ def _group_tree(diagnosis: Diagnosis, culprits: frozenset[int], max_frames: int)
     for group in diagnosis.groups:
         culprit = bool(group.ranks) and culprits.issuperset(group.ranks)
         label = Text.assemble(
-            (_ranks_label(group.ranks), _CULPRIT_STYLE if culprit else "bold"),
+            (_label(group.ranks), _CULPRIT_STYLE if culprit else "bold"),
             f" group {group.group_id}: ",
             printable(group.op.describe()) if group.op else "no distributed op",
         )
         if culprit:
             label.append("  ◀ culprit", _CULPRIT_STYLE)
-        rows = _stretch_label(group.stack, None, outlier=False, culprit=False,
-                              max_frames=max_frames)  # fmt: skip
+        rows, _ = _stretch_label(group.stack, None, outlier=False, culprit=False,
+                                 max_frames=max_frames)  # fmt: skip
         top.add(Group(label, rows))
     return top
 
@@ -184,9 +295,12 @@ def _stretch_label(
     outlier: bool,
     culprit: bool,
     max_frames: int,
-) -> RenderableType:
-    """One unbranched stretch: its lines beside its ranks (when given), marks on line one."""
-    lines = _elide(_fold(frames), max_frames) or [Text("(no frames)", "dim")]
+    trunk: bool = False,
+) -> tuple[RenderableType, int]:
+    """One unbranched stretch: its lines beside its ranks (when given), marks on line one;
+    and how many lines it has (before wrapping)."""
+    rows = _fold(frames)
+    lines = (_fold_trunk(rows) if trunk else _elide(rows, max_frames)) or [Text("(no frames)", "dim")]
     marks = [m for m, on in (("outlier", outlier), ("culprit", culprit)) if on]
     body: RenderableType
     if marks:
@@ -195,12 +309,15 @@ def _stretch_label(
     else:
         body = Text("\n").join(lines)
     if ranks is None:
-        return body
+        return body, len(lines)
+    label = Text(_label(ranks), _CULPRIT_STYLE if culprit else "bold")
+    if label.cell_len > _LABEL_BESIDE:  # a long label on a line of its own, the frames below
+        return Group(label, body), len(lines) + 1
     grid = Table.grid(padding=(0, 1, 0, 0))
     grid.add_column(no_wrap=True)
     grid.add_column()
-    grid.add_row(Text(_ranks_label(ranks), _CULPRIT_STYLE if culprit else "bold"), body)
-    return grid
+    grid.add_row(label, body)
+    return grid, len(lines)
 
 
 class _Marked:
@@ -229,13 +346,14 @@ class _Marked:
         return Measurement.get(console, options, self._text(None))
 
 
-def _ranks_label(ranks: Sequence[int]) -> str:
-    full = compress_ranks(ranks)
-    if len(full) <= _RANKS_LABEL_MAX:
-        return full
-    cut = full.rfind(",", 0, _RANKS_LABEL_MAX - 3)
-    head = full[:cut] if cut > 0 else full[: _RANKS_LABEL_MAX - 3]
-    return f"{head},…]({len(set(ranks))})"
+def _label(ranks: Sequence[int], limit: int = _RANKS_LABEL_MAX, *, count: bool | None = None) -> str:
+    """``[0-2,5]``; ``[0-49999,50008-99999] (99,992)`` (see ``rankset.ranks_label``);
+    ``count`` forces the count on or off."""
+    ordered = ranks if all(a < b for a, b in pairwise(ranks)) else sorted(set(ranks))
+    if count is None:
+        return ranks_label(ordered, limit, _RANK_ROWS)
+    text, _ = cut_ranges(ordered, limit)
+    return f"[{text}]" + (f" ({count_text(len(ordered))})" if count else "")
 
 
 def _package(frame: Frame) -> str | None:
@@ -315,34 +433,39 @@ def _elide(rows: list[tuple[Text, int]], max_frames: int) -> list[Text]:
     return [t for t, _ in rows[:head]] + [marker] + [t for t, _ in rows[len(rows) - tail :]]
 
 
+def _fold_trunk(rows: list[tuple[Text, int]]) -> list[Text]:
+    """The trunk every rank shares above the first split: past ``_TRUNK_ROWS`` lines, its
+    first line (the job's entry point) and the two lines above the split."""
+    if len(rows) <= _TRUNK_ROWS:
+        return [text for text, _ in rows]
+    hidden = sum(n for _, n in rows[1:-2])
+    marker = Text(f"… {hidden} frames in common …", "dim")
+    return [rows[0][0], marker, rows[-2][0], rows[-1][0]]
+
+
 # ---------------------------------------------------------------------- rank table
 
 
-def _rank_table(ranks: Sequence[RankAnalysis], culprits: frozenset[int], max_rows: int) -> Table:
+def _rank_table(ranks: Sequence[RankAnalysis], culprits: frozenset[int]) -> Table:
+    """One row per rank."""
     with_detail = any(_detail(ra) for ra in ranks)
     table = Table(title=None, show_edge=False, header_style="bold", pad_edge=False)
     for name in ("rank", "host", "pid", "state", "op", "call site"):
         table.add_column(name, no_wrap=name in ("rank", "pid", "state"))
     if with_detail:
         table.add_column("detail")
-    ordered = sorted(ranks, key=lambda ra: (ra.rank is None, ra.rank or 0))
-    rows = _rank_rows(ordered, max_rows)
     marked = False
-    for members, ra in rows:
-        numbers = [m.rank for m in members if m.rank is not None]
-        is_culprit = bool(numbers) and culprits.issuperset(numbers)
+    for ra in sorted(ranks, key=lambda ra: (ra.rank is None, ra.rank or 0)):
+        is_culprit = ra.rank is not None and ra.rank in culprits
         marked |= is_culprit
-        rank_cell = _rank_cell(members) + (" *" if is_culprit else "")
-        pid_cell = str(ra.pid) if len(members) == 1 and ra.pid is not None else ""
-        if len(members) > 1:
-            pid_cell = f"({len(members)} pids)"
+        rank_cell = ("?" if ra.rank is None else str(ra.rank)) + (" *" if is_culprit else "")
         cells = [
             Text(rank_cell, _CULPRIT_STYLE if is_culprit else ""),
             Text(printable(ra.host)),
-            Text(pid_cell),
+            Text(str(ra.pid) if ra.pid is not None else ""),
             Text(ra.state.value, _STATE_STYLE.get(ra.state, "")),
             Text(printable(_op_text(ra.op))),
-            Text(printable(ra.op.call_site.location) if ra.op and ra.op.call_site else ""),
+            Text(printable(_site(ra))),
         ]
         if with_detail:
             cells.append(Text(printable(_detail(ra)), "dim"))
@@ -351,6 +474,82 @@ def _rank_table(ranks: Sequence[RankAnalysis], culprits: frozenset[int], max_row
         table.caption = "* culprit"
         table.caption_justify = "left"
     return table
+
+
+def _class_table(ranks: Sequence[RankAnalysis], culprits: frozenset[int]) -> Group:
+    """One row per class of ranks in the same state, op and call site (culprits apart from
+    the rest): culprits first, then the largest, at most ``_CLASS_ROWS`` rows. What the
+    analysis says of each class (``detail``) follows the table, a line or two per class:
+    in a column it would wrap a word a line."""
+    classes: dict[tuple[bool, RankState, str, str], list[RankAnalysis]] = {}
+    said: dict[int, tuple[str, str]] = {}  # by op object: ranks share a few of them
+    for ra in ranks:
+        where = said.get(id(ra.op))
+        if where is None:
+            where = said[id(ra.op)] = (_op_text(ra.op), _site(ra))
+        key = (ra.rank is not None and ra.rank in culprits, ra.state, *where)
+        classes.setdefault(key, []).append(ra)
+    ordered = sorted(classes.items(), key=lambda kv: (not kv[0][0], -len(kv[1]), _first(kv[1])))
+    table = Table(title=None, show_edge=False, header_style="bold", pad_edge=False)
+    for name in ("ranks", "count", "hosts", "state", "op", "call site"):
+        table.add_column(name, no_wrap=name in ("ranks", "count", "state"),
+                         justify="right" if name == "count" else "left")
+    details = []
+    for (is_culprit, state, op, site), members in ordered[:_CLASS_ROWS]:
+        cell = Text(_rank_cell(members) + (" *" if is_culprit else ""),
+                    _CULPRIT_STYLE if is_culprit else "")
+        table.add_row(cell, Text(count_text(len(members))), Text(printable(_hosts(members))),
+                      Text(state.value, _STATE_STYLE.get(state, "")), Text(printable(op)),
+                      Text(printable(site)))
+        detail = _common(_details(members))
+        if detail:
+            details.append(Text.assemble(cell, ": ", (printable(detail), "dim")))
+    if len(ordered) > _CLASS_ROWS:
+        rest = [ra for _, members in ordered[_CLASS_ROWS:] for ra in members]
+        table.add_row(Text(f"… {count_text(len(ordered) - _CLASS_ROWS)} more classes", "dim"),
+                      Text(count_text(len(rest)), "dim"), Text("(--json lists every rank)", "dim"))
+    table.caption = f"{count_text(len(ranks))} ranks in {count_text(len(ordered))} classes" + (
+        " · * culprit" if any(key[0] for key, _ in ordered) else "")
+    table.caption_justify = "left"
+    return Group(table, *details)
+
+
+def _details(members: Sequence[RankAnalysis]) -> list[str]:
+    """The ranks' details that say more than their op (``_detail``), each worked out once
+    per op object and text: a class may hold 100,000 ranks."""
+    seen: dict[tuple[int, str], str] = {}
+    out = []
+    for ra in members:
+        key = (id(ra.op), ra.detail)
+        if key not in seen:
+            seen[key] = _detail(ra)
+        if seen[key]:
+            out.append(seen[key])
+    return out
+
+
+def _first(members: Sequence[RankAnalysis]) -> int:
+    return min((m.rank for m in members if m.rank is not None), default=-1)
+
+
+def _site(ra: RankAnalysis) -> str:
+    return ra.op.call_site.location if ra.op and ra.op.call_site else ""
+
+
+def _hosts(members: Sequence[RankAnalysis]) -> str:
+    hosts = sorted({m.host for m in members if m.host})
+    if len(hosts) <= 2:
+        return ", ".join(hosts)
+    return f"{count_text(len(hosts))} hosts"
+
+
+def _common(details: Sequence[str]) -> str:
+    """The detail the ranks of a class share, or the commonest and how many others."""
+    if not details:
+        return ""
+    counted = Counter(details).most_common()
+    text = counted[0][0]
+    return text if len(counted) == 1 else f"{text} (and {len(counted) - 1} other details)"
 
 
 def _detail(ra: RankAnalysis) -> str:
@@ -362,25 +561,10 @@ def _detail(ra: RankAnalysis) -> str:
     return ra.detail
 
 
-def _rank_rows(
-    ranks: Sequence[RankAnalysis], max_rows: int
-) -> list[tuple[list[RankAnalysis], RankAnalysis]]:
-    """One row per rank, or, past ``max_rows``, one per (host, state, op, detail)."""
-    if len(ranks) <= max_rows:
-        return [([ra], ra) for ra in ranks]
-    merged: dict[tuple[object, ...], list[RankAnalysis]] = {}
-    for ra in ranks:
-        key = (ra.host, ra.state, ra.op, ra.detail)
-        merged.setdefault(key, []).append(ra)
-    return [(members, members[0]) for members in merged.values()]
-
-
 def _rank_cell(members: Sequence[RankAnalysis]) -> str:
-    numbers = [m.rank for m in members if m.rank is not None]
+    numbers = sorted(m.rank for m in members if m.rank is not None)
     unnumbered = len(members) - len(numbers)
-    if len(members) == 1:
-        return str(numbers[0]) if numbers else "?"
-    cell = _ranks_label(numbers) if numbers else ""
+    cell = _label(numbers, count=False) if numbers else ""
     return cell + (f" +{unnumbered} unnumbered" if unnumbered else "")
 
 
@@ -407,19 +591,79 @@ def _section(console: Console, title: str, lines: list[Text]) -> None:
 
 
 def _bullets(items: Iterable[str]) -> list[Text]:
-    return [Text.assemble("• ", printable(item)) for item in items]
+    return [Text.assemble("• ", _text(item)) for item in items]
 
 
 def _numbered(items: Iterable[str]) -> list[Text]:
-    return [Text.assemble(f"{i}. ", printable(item)) for i, item in enumerate(items, start=1)]
+    return [Text.assemble(f"{i}. ", _text(item)) for i, item in enumerate(items, start=1)]
+
+
+_LONG_RANKS = re.compile(r"(?<![\w.])\d+(?:-\d+)?(?:,\d+(?:-\d+)?){7,}(?![\w-])")
+_RANGES_IN_TEXT = 60  # characters of a rank list quoted in a sentence before it is cut
+
+
+def _text(text: str) -> str:
+    """``printable(text)``, a long list of ranks in it (``0,2,4,…`` of 50,000 ranks, which
+    would fill a screen) cut at a comma, with its count."""
+    def cut(match: re.Match[str]) -> str:
+        found = match.group()
+        if len(found) <= _RANGES_IN_TEXT:
+            return found
+        runs = [tuple(map(int, part.split("-"))) for part in found.split(",")]
+        count = sum(run[-1] - run[0] + 1 for run in runs)
+        head = found[: found.rfind(",", 0, _RANGES_IN_TEXT)]
+        return f"{head},… ({count_text(count)} ranks)"
+
+    return printable(_LONG_RANKS.sub(cut, text))
+
+
+_ONE_RANK = re.compile(r"rank (\d+) (.+)", re.DOTALL)
+
+
+def _evidence(items: Sequence[str]) -> list[str]:
+    """The evidence, where ``_ALIKE`` or more bullets say the same of one rank each
+    (``rank 512 is on a cleanup path: …``) one bullet for them all; at most ``_EVIDENCE``."""
+    alike: dict[str, list[int]] = {}
+    for item in items:
+        if (m := _ONE_RANK.fullmatch(item)) is not None:
+            alike.setdefault(m.group(2), []).append(int(m.group(1)))
+    out: list[str] = []
+    for item in items:
+        m = _ONE_RANK.fullmatch(item)
+        ranks = alike.get(m.group(2), []) if m is not None else []
+        if m is None or len(ranks) < _ALIKE:
+            out.append(item)
+        elif int(m.group(1)) == ranks[0]:
+            others = sorted(set(ranks[1:]))
+            out.append(f"{item} (the same for {count_text(len(others))} more ranks: "
+                       f"{_label(others, 40, count=False)[1:-1]})")
+    if len(out) > _EVIDENCE:
+        more = count_text(len(out) - _EVIDENCE + 1)
+        out = [*out[: _EVIDENCE - 1], f"… and {more} more (--json lists them all)"]
+    return out
 
 
 def _unreachable(snapshot: JobSnapshot) -> list[Text]:
+    """One line per agent that did not answer; past ``_UNREACHABLE``, one per reason."""
+    def unknown(ranks: Iterable[int]) -> str:
+        ranks = sorted(set(ranks))
+        return f" (ranks {_label(ranks, 40)} unknown)" if ranks else ""
+
     lines = []
+    if len(snapshot.unreachable) <= _UNREACHABLE:
+        for u in snapshot.unreachable:
+            line = Text.assemble(("✗ ", "red"), (printable(u.target), "bold"), f": {printable(u.reason)}")
+            line.append(unknown(u.ranks), "dim")
+            lines.append(line)
+        return lines
+    by_reason: dict[str, list[Unreachable]] = {}
     for u in snapshot.unreachable:
-        line = Text.assemble(("✗ ", "red"), (printable(u.target), "bold"), f": {printable(u.reason)}")
-        if u.ranks:
-            line.append(f" (ranks {compress_ranks(u.ranks)} unknown)", "dim")
+        by_reason.setdefault(_NUMBERS.sub("#", u.reason), []).append(u)
+    for agents in sorted(by_reason.values(), key=len, reverse=True):
+        names = ", ".join(printable(u.target) for u in agents[:2]) + (", …" if len(agents) > 2 else "")
+        line = Text.assemble(("✗ ", "red"), (f"{count_text(len(agents))} agents", "bold"),
+                             f" ({names}): {printable(agents[0].reason)}")
+        line.append(unknown(chain.from_iterable(u.ranks for u in agents)), "dim")
         lines.append(line)
     return lines
 
@@ -442,11 +686,67 @@ def _gpus(snapshot: JobSnapshot, culprits: frozenset[int]) -> list[Text]:
 
 def _notes(diagnosis: Diagnosis, snapshot: JobSnapshot) -> list[Text]:
     samples = max((len(rs.samples) for rs in snapshot.ranks), default=0)
-    lines = [
-        Text(
-            f"observed for {diagnosis.observed_seconds:.1f} s over {samples} "
-            f"sample{'s' if samples != 1 else ''}"
-        )
-    ]
-    lines += [Text(printable(note)) for note in snapshot.notes]
-    return [Text.assemble("• ", line) for line in lines]
+    plural = "s" if samples != 1 else ""
+    lines = [f"observed for {diagnosis.observed_seconds:.1f} s over {samples} sample{plural}"]
+    lines += _node_notes(snapshot.notes)
+    if len(lines) > _NOTES:
+        more = count_text(len(lines) - _NOTES + 1)
+        lines = [*lines[: _NOTES - 1], f"… and {more} more notes (--json lists them all)"]
+    return [Text.assemble("• ", _text(line)) for line in lines]
+
+
+_NODE_NOTE = re.compile(r"(?P<node>[\w.\-\[\]]+(?::\d+)?): (?P<rest>.+)", re.DOTALL)
+_NUMBERS = re.compile(r"\d+")
+
+
+def _node_notes(notes: Sequence[str]) -> list[str]:
+    """The notes, where ``_ALIKE`` or more nodes said the same (``node7: not counted as ranks
+    (DataLoader/...): pid 4242 (child of rank 56 (pid 4100)), …``), one line for them all:
+    the count of processes listed and of nodes."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for note in notes:
+        if (m := _NODE_NOTE.fullmatch(note)) is not None:
+            groups.setdefault(_kind(m.group("rest")), []).append((m.group("node"), m.group("rest")))
+    out: list[str] = []
+    done: set[str] = set()
+    for note in notes:
+        m = _NODE_NOTE.fullmatch(note)
+        kind = _kind(m.group("rest")) if m is not None else ""
+        said = groups.get(kind, []) if m is not None else []
+        if len(said) < _ALIKE:
+            out.append(note)
+            continue
+        if kind in done:
+            continue
+        done.add(kind)
+        nodes = sorted({node for node, _ in said})
+        where = f"{count_text(len(nodes))} nodes ({', '.join(nodes[:2])}, …)"
+        head, _, tail = said[0][1].partition(": ")
+        if tail.startswith("pid "):
+            processes = sum(_pid_count(rest.partition(": ")[2]) for _, rest in said)
+            out.append(f"{head}: {count_text(processes)} processes on {where}; "
+                       "--json lists every pid")
+        else:
+            out.append(f"{said[0][1]} (and alike on {count_text(len(said) - 1)} more of "
+                       f"{where})")
+    return out
+
+
+def _kind(rest: str) -> str:
+    """What a per-node note says, without its numbers and pid list."""
+    head, sep, tail = rest.partition(": ")
+    if sep and tail.startswith("pid "):
+        return head
+    return _NUMBERS.sub("#", rest)
+
+
+def _pid_count(listed: str) -> int:
+    """Processes in ``pid 3, 5 (child of rank 1 (pid 2)), 8 and 12 more``: 15."""
+    flat, nested = listed, ""
+    while flat != nested:  # drop the parenthesised asides, innermost first
+        nested, flat = flat, _ASIDE.sub("", flat)
+    more = re.search(r" and (\d+) more$", flat)
+    return flat.count(",") + 1 + (int(more.group(1)) if more else 0)
+
+
+_ASIDE = re.compile(r"\([^()]*\)")

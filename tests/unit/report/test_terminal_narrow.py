@@ -52,4 +52,4 @@ def test_the_mark_ends_the_first_line_where_it_fits() -> None:
     narrow = _rendered(80)
     at = next(i for i, line in enumerate(narrow) if "── [3] " in line)
     assert narrow[at].endswith("[3] " + MARK)  # on a line of its own, above the frames
-    assert narrow[at + 1].strip() == "main (demo_train.py:50)  losses = gather_metrics(loss)"
+    assert narrow[at + 1].strip(" │") == "main (demo_train.py:50)  losses = gather_metrics(loss)"
