@@ -50,6 +50,9 @@ bench-accuracy: $(STAMP)  ## every corpus job diagnosed live and replayed: confu
 bench-probe: $(STAMP)  ## what the in-process probe costs a job, idle and asked; writes docs/benchmarks.md
 	$(BIN)/python bench/bench_probe.py --rounds 12 --write docs/benchmarks.md
 
+bench-scale: $(STAMP)  ## analyse() of 1k/10k/100k-rank synthetic jobs, and analyze --json of their bundles; writes docs/benchmarks.md
+	$(BIN)/python bench/bench_scale.py --sizes 1000,10000,100000 --write docs/benchmarks.md
+
 lint: $(STAMP)  ## ruff + mypy on the package
 	$(BIN)/ruff check hangdoc tests bench examples
 	$(BIN)/mypy hangdoc
@@ -67,4 +70,4 @@ proto: $(STAMP)  ## regenerate hangdoc/fleet/v1 from proto/ (pinned grpcio-tools
 clean:  ## remove the virtualenv and caches
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help install demo watch-demo test test-fast bench bench-fanout bench-watch bench-accuracy bench-probe lint proto clean
+.PHONY: help install demo watch-demo test test-fast bench bench-fanout bench-watch bench-accuracy bench-probe bench-scale lint proto clean

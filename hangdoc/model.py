@@ -15,6 +15,8 @@ import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import chain
+from operator import attrgetter
 
 # The largest rank count any value may claim (a world size, a rank number), wherever it
 # comes from: a process's environment, an agent's answer, a saved snapshot. The largest
@@ -101,6 +103,19 @@ def frame_origin(filename: str) -> FrameOrigin:
     return FrameOrigin(Origin.USER, "", filename)
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def short_filename(filename: str) -> str:
+    """``Frame.short_filename`` of a frame in ``filename`` (a job quotes its few files often)."""
+    for marker in ("site-packages/", "dist-packages/", "/lib/python3"):
+        idx = filename.rfind(marker)
+        if idx >= 0:
+            tail = filename[idx + len(marker) :]
+            if marker == "/lib/python3":
+                tail = tail.split("/", 1)[-1]
+            return tail
+    return filename.rsplit("/", 1)[-1]
+
+
 @dataclass(frozen=True, slots=True)
 class Frame:
     """One frame of a thread's stack. ``line`` is None for native frames without line info."""
@@ -119,14 +134,7 @@ class Frame:
     @property
     def short_filename(self) -> str:
         """The path from the package root (``torch/distributed/x.py``) or the basename."""
-        for marker in ("site-packages/", "dist-packages/", "/lib/python3"):
-            idx = self.filename.rfind(marker)
-            if idx >= 0:
-                tail = self.filename[idx + len(marker) :]
-                if marker == "/lib/python3":
-                    tail = tail.split("/", 1)[-1]
-                return tail
-        return self.filename.rsplit("/", 1)[-1]
+        return short_filename(self.filename)
 
     @property
     def location(self) -> str:
@@ -192,6 +200,9 @@ class ThreadStack:
                 return frame
         return None
 
+
+_NATIVE = attrgetter("native")
+_FRAMES = attrgetter("frames")
 
 # psutil's names for a process that is paused: by SIGSTOP, or by a tracer (a debugger)
 STOPPED_STATUSES = ("stopped", "tracing-stop")
@@ -268,7 +279,7 @@ class Sample:
 
     @property
     def has_native(self) -> bool:
-        return any(f.native for th in self.threads for f in th.frames)
+        return any(map(_NATIVE, chain.from_iterable(map(_FRAMES, self.threads))))
 
     @property
     def python_stacks(self) -> tuple[tuple[int, tuple[Frame, ...]], ...]:
@@ -486,7 +497,7 @@ class RankSnapshot:
 
     @property
     def good_samples(self) -> tuple[Sample, ...]:
-        return tuple(s for s in self.samples if s.error is None and s.threads)
+        return tuple([s for s in self.samples if s.error is None and s.threads])
 
     @property
     def latest(self) -> Sample | None:
@@ -712,7 +723,9 @@ class TreeNode:
 
     node_id: int
     frame: Frame | None  # None at the root
-    ranks: tuple[int, ...]  # sorted global ranks through this node
+    # sorted global ranks through this node; the nodes of an unbranched stretch share one
+    # tuple object (the trunk holds one tuple of every rank, not one per frame)
+    ranks: tuple[int, ...]
     depth: int  # 0 at the root
     children: tuple[int, ...] = ()  # child node ids, in insertion order, which follows rank order
 
@@ -730,8 +743,9 @@ class CallTree:
     # the equivalence classes (ranks, stack), largest class first, then by lowest rank
     classes: tuple[tuple[tuple[int, ...], Stack], ...]
     divergence: tuple[int, ...]  # ids of the divergence points, in depth-first preorder
-    # ids of the nodes on branches that hold a minority of the ranks at a divergence point
-    # (none where the largest branches tie)
+    # ids of the nodes on outlier branches: minority branches at a divergence point whose
+    # ranks stand elsewhere than the majority's, or that hold culprits; never the majority
+    # branch (the rule: hangdoc.analysis.merge's docstring). A branch's nodes are all in it.
     outliers: frozenset[int]
 
     def node(self, node_id: int) -> TreeNode:

@@ -7,7 +7,9 @@ ranks' stacks into one ``CallTree`` (``merge``), then ``classify`` names the ver
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import gc
+from collections.abc import Iterator, Sequence
 
 from ..model import (
     MAX_WORLD_SIZE,
@@ -31,7 +33,7 @@ from .gpu_state import apply_device_state
 from .merge import build_tree
 from .ops import Recogniser
 from .probe_evidence import apply_probe_evidence
-from .views import RankView, view_rank
+from .views import RankView, Views
 
 
 def tree_stack(thread: ThreadStack) -> Stack:
@@ -74,11 +76,13 @@ def off_node_ranks(
     exactly the shortfall. Otherwise hangdoc cannot tell which absent ranks are missing and
     calls them all unknown.
     """
+    if not absent:
+        return set(), ""
     local_sizes = {
         n for r in snapshot.ranks
         if (n := _env_int(r, "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", minimum=1)) is not None
     }
-    if not absent or len(local_sizes) != 1:
+    if len(local_sizes) != 1:
         return set(), ""
     per_node = local_sizes.pop()
     world = max(expected_ranks(snapshot, views), default=-1) + 1
@@ -109,8 +113,28 @@ def off_node_ranks(
 
 def analyse(snapshot: JobSnapshot) -> Diagnosis:
     """Diagnose a snapshot. Deterministic for a given snapshot."""
+    with _collections_paused():
+        return _analyse(snapshot)
+
+
+@contextlib.contextmanager
+def _collections_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused, as it was before afterwards. Analysis makes
+    a few small objects per rank and no garbage in cycles; a collection of the oldest
+    generation meanwhile would only walk every object of the snapshot (3 s at 100k ranks)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _analyse(snapshot: JobSnapshot) -> Diagnosis:
     recogniser = Recogniser(snapshot)  # each distinct thread recognised once, for all ranks
-    views = [v for r in snapshot.ranks if (v := view_rank(r, snapshot, recogniser)).rank >= 0]
+    making = Views(snapshot, recogniser)
+    views = [v for r in snapshot.ranks if (v := making.view(r)).rank >= 0]
     present = {v.rank for v in views}
     unknown: set[int] = set()
     for u in snapshot.unreachable:
@@ -122,11 +146,13 @@ def analyse(snapshot: JobSnapshot) -> Diagnosis:
     unknown |= elsewhere
     missing = absent - unknown
 
-    stacks: dict[int, Stack] = {v.rank: tree_stack(v.thread) for v in views if v.thread is not None}
+    merged = _TreeStacks()
+    stacks: dict[int, Stack] = {v.rank: merged(v.thread) for v in views if v.thread is not None}
     tree = build_tree(stacks)
     groups, group_of = _groups(tree, {v.rank: v.op for v in views})
 
     result = classify.classify(views, sorted(missing), sorted(unknown))
+    describe = _Details()
     if elsewhere_note:
         result.evidence.append(elsewhere_note)
     ranks = [
@@ -138,7 +164,7 @@ def analyse(snapshot: JobSnapshot) -> Diagnosis:
             op=v.op,
             thread=v.thread.name if v.thread else None,
             group_id=group_of.get(v.rank),
-            detail=wording.describe_rank(v),
+            detail=describe(v),
             working=_working(v),
         )
         for v in views
@@ -175,6 +201,37 @@ def analyse(snapshot: JobSnapshot) -> Diagnosis:
     diagnosis = apply_device_state(diagnosis, snapshot)
     # and what their probes told: live exceptions, last heartbeats (evidence only)
     return apply_probe_evidence(diagnosis, snapshot)
+
+
+class _TreeStacks:
+    """``tree_stack`` once per stack object (ranks share stacks: bundles intern them), the
+    same object for every thread of that stack. Each entry holds its stack: ids are not
+    reused while this lives."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[Stack, Stack]] = {}
+
+    def __call__(self, thread: ThreadStack) -> Stack:
+        seen = self._seen.get(id(thread.frames))
+        if seen is None:
+            seen = self._seen[id(thread.frames)] = (thread.frames, tree_stack(thread))
+        return seen[1]
+
+
+class _Details:
+    """``wording.describe_rank``; a rank in an op is described by its op alone, once per op
+    object (the ranks of one stack share it)."""
+
+    def __init__(self) -> None:
+        self._by_op: dict[int, tuple[DistOp, str]] = {}
+
+    def __call__(self, v: RankView) -> str:
+        if v.op is None:
+            return wording.describe_rank(v)
+        seen = self._by_op.get(id(v.op))
+        if seen is None:
+            seen = self._by_op[id(v.op)] = (v.op, wording.describe_rank(v))
+        return seen[1]
 
 
 _WORKING = (RankState.BUSY, RankState.PROGRESSING, RankState.COMMUNICATING)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ..model import GIVEN_GROUP, Frame, OpKind, RankState, Verdict
 from . import wording
 from .device import waits_for_device
-from .views import RankView
+from .views import OpKey, OpKeys, RankView
 from .wording import (
     AllReceive,
     CleanupStuck,
@@ -92,7 +92,8 @@ def classify(
     summary, evidence = wording.words(found.facts)
     if found.quiet_over is not None:
         evidence.append(wording.quiet_line(found.quiet_over))
-    unreadable = [v for v in views if v.state is RankState.UNREADABLE and v.rank not in found.culprits]
+    culprits = set(found.culprits)
+    unreadable = [v for v in views if v.state is RankState.UNREADABLE and v.rank not in culprits]
     evidence += wording.notes(unknown, unreadable)
     evidence += wording.lock_notes(views, evidence)
     device = [v for v in views if v.state in IN_OP and waits_for_device(v.op)]
@@ -141,7 +142,8 @@ def decide(views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[
     #    a thread, waiting on a queue in __exit__) while the others wait in the training loop
     cleanup = [v for v in in_op if v.op and (v.op.in_cleanup or v.op.kind is OpKind.CLEANUP)]
     cleanup += [v for v in outside if v.state is RankState.BLOCKED and v.cleanup is not None]
-    training = [v for v in in_op if v not in cleanup]
+    in_cleanup = {id(v) for v in cleanup}
+    training = [v for v in in_op if id(v) not in in_cleanup]
     if cleanup and training:
         return Finding(
             Verdict.CLEANUP_DEADLOCK, [v.rank for v in cleanup], CleanupStuck(cleanup, training),
@@ -161,11 +163,14 @@ def decide(views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[
     # -- collective_mismatch / nccl_timeout. A rank at a host sync waits for device work in
     #    a collective its stack does not name: it is compared with no one (ranks that stop
     #    at different host syncs may wait in the same collective)
-    known = [v for v in in_op if not waits_for_device(v.op)]
-    device = [v for v in in_op if waits_for_device(v.op)]
-    classes: dict[tuple[str, tuple[str, ...]], list[RankView]] = defaultdict(list)
+    known: list[RankView] = []
+    device: list[RankView] = []
+    for v in in_op:
+        (device if waits_for_device(v.op) else known).append(v)
+    key = OpKeys()
+    classes: dict[OpKey, list[RankView]] = defaultdict(list)
     for v in known:
-        classes[v.op.key].append(v)  # type: ignore[union-attr]
+        classes[key(v.op)].append(v)  # type: ignore[arg-type]
     p2p_problem = _p2p_unpaired(known)
     if len(classes) > 1 or p2p_problem:
         return _mismatch(classes, p2p_problem, known)
@@ -207,7 +212,8 @@ def _not_hung(
     busy = [v for v in outside if v.state is RankState.BUSY or (
         v.move is not None and (v.move.moving or v.move.stack_changed or v.move.woke))]
     if progressing:
-        still = [v for v in outside if v not in busy]
+        working = {id(v) for v in busy}
+        still = [v for v in outside if id(v) not in working]
         if waiting and still:
             return None
         return Finding(Verdict.NOT_HUNG, [], Progressing(progressing, waiting),
@@ -226,7 +232,8 @@ def _init_deadlock(
     views: Sequence[RankView], init: list[RankView], in_op: list[RankView]
 ) -> Finding:
     init_ranks = [v.rank for v in init]
-    others = [v for v in views if v not in init and v.state is not RankState.UNREADABLE]
+    in_init = {id(v) for v in init}
+    others = [v for v in views if id(v) not in in_init and v.state is not RankState.UNREADABLE]
     if others:
         other_ranks = [v.rank for v in others]
         culprits = other_ranks if len(other_ranks) <= len(init_ranks) else init_ranks
@@ -237,9 +244,10 @@ def _init_deadlock(
             ambiguous=ambiguous, quiet_over=in_op,
         )
     culprits, env = _env_disagreement(init)
-    classes: dict[tuple[str, tuple[str, ...]], list[int]] = defaultdict(list)
+    key = OpKeys()
+    classes: dict[OpKey, list[int]] = defaultdict(list)
     for v in init:
-        classes[v.op.key].append(v.rank)  # type: ignore[union-attr]
+        classes[key(v.op)].append(v.rank)  # type: ignore[arg-type]
     if not culprits and len(classes) > 1:
         culprits = _minority(list(classes.values()))
     return Finding(
@@ -271,7 +279,7 @@ def _minority(classes: list[list[int]]) -> list[int]:
 
 
 def _mismatch(
-    classes: dict[tuple[str, tuple[str, ...]], list[RankView]],
+    classes: dict[OpKey, list[RankView]],
     p2p_problem: tuple[list[int], list[P2PFact]] | None,
     in_op: list[RankView],
 ) -> Finding:
@@ -284,8 +292,9 @@ def _mismatch(
         # a minority whose ops run on groups their callers passed may be a pipeline stage
         # in its own group's collective, legitimately apart from the others: p2p peers that
         # cannot pair are direct evidence, and name the culprits instead
+        named = set(culprits)
         if not culprits or all(v.op is not None and v.op.group == GIVEN_GROUP
-                               for v in in_op if v.rank in culprits):
+                               for v in in_op if v.rank in named):
             culprits, by_peers = p2p_culprits, True
     parted: list[tuple[Frame, list[RankView]]] = []
     if not culprits:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from ..model import GIVEN_GROUP, Confidence, Origin, RankState, Verdict
 from .classify import IN_OP, OUTSIDE, Finding
 from .device import sync_call, waits_for_device
-from .views import RankView
+from .views import OpKeys, RankView
 from .wording import (
     NOT_VISIBLE,
     CleanupStuck,
@@ -68,16 +68,19 @@ class Case:
     read: Sequence[RankView]  # ranks with at least one good sample
     in_op: Sequence[RankView]  # waiting or communicating in a distributed op
     outside: Sequence[RankView]  # busy, blocked or stopped outside any op
+    samples: Sequence[int]  # how many good samples each of ``read`` has, in its order
 
     @classmethod
     def of(
         cls, found: Finding, views: Sequence[RankView], unknown: Sequence[int], silent_nodes: int
     ) -> Case:
+        read = [v for v in views if v.state not in (RankState.UNREADABLE, RankState.EXITED)]
         return cls(
             found, views, unknown, silent_nodes,
-            read=[v for v in views if v.state not in (RankState.UNREADABLE, RankState.EXITED)],
+            read=read,
             in_op=[v for v in views if v.state in IN_OP],
             outside=[v for v in views if v.state in OUTSIDE],
+            samples=[len(v.snap.good_samples) for v in read],
         )
 
     @property
@@ -108,7 +111,7 @@ def rests_on(case: Case) -> list[str]:
     """The evidence behind the verdict, in phrases (no judgement)."""
     basis: list[str] = []
     if case.read:
-        samples = sorted(len(v.snap.good_samples) for v in case.read)
+        samples = sorted(case.samples)
         count = f"{samples[0]}" if samples[0] == samples[-1] else f"{samples[0]}-{samples[-1]}"
         complete = len(case.read) == len(case.views) and not case.unknown
         n = len(case.read)
@@ -211,7 +214,8 @@ def _no_minority(case: Case) -> str | None:
         return (f"ranks split evenly between {len(f.groups)} ops: no minority to blame, "
                 "and ops of different process groups are not told apart")
     if isinstance(f, InitStuck) and not f.differ:
-        calls = {v.op.key for v in f.init if v.op is not None}
+        key = OpKeys()
+        calls = {key(v.op) for v in f.init if v.op is not None}
         if len(calls) > 1:
             return f"ranks split evenly between {len(calls)} init calls: no minority to blame"
     return None
@@ -237,7 +241,7 @@ def _unread(case: Case) -> str | None:
 
 
 def _one_sample(case: Case) -> str | None:
-    few = [v for v in case.read if len(v.snap.good_samples) < 2]
+    few = [v for v, n in zip(case.read, case.samples, strict=True) if n < 2]
     if not few:
         return None
     return (f"{_who(few)} read in 1 sample only: nothing to compare; a second look (a longer "
@@ -306,9 +310,10 @@ def _line_not_had(v: RankView) -> bool:
 def _spins_at_sync(v: RankView) -> bool:
     """Outside any op, on CPU, on one unchanged stack whose line syncs with a device: read
     as computing only because nothing showed a GPU (``device.gpu_evidence``)."""
+    if v.op is not None or v.state is not RankState.BUSY:
+        return False
     inner = v.thread.innermost_python if v.thread is not None else None
-    return (v.op is None and v.state is RankState.BUSY and inner is not None
-            and sync_call(inner.code) is not None and v.move is not None
+    return (inner is not None and sync_call(inner.code) is not None and v.move is not None
             and not v.move.stack_changed and len(v.snap.good_samples) >= 2)
 
 

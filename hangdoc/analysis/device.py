@@ -174,6 +174,13 @@ def gpu_evidence(snap: RankSnapshot) -> str | None:
 
 def samples_gpu_evidence(samples: Sequence[Sample], process: RankProcess) -> str | None:
     """``gpu_evidence`` of a rank's samples and process, before they make a snapshot."""
+    return stacks_gpu_evidence(samples) or env_gpu_evidence(process)
+
+
+def stacks_gpu_evidence(samples: Sequence[Sample]) -> str | None:
+    """What the samples' stacks show of a GPU: native frames of CUDA, a frame of torch's
+    device modules; None when they show none (the part of ``gpu_evidence`` that ranks with
+    the same stacks share)."""
     for sample in samples:
         for thread in sample.threads:
             for frame in thread.frames:
@@ -182,6 +189,11 @@ def samples_gpu_evidence(samples: Sequence[Sample], process: RankProcess) -> str
                         return "native frames of CUDA"
                 elif frame.origin.under(*_TORCH_GPU):
                     return f"a frame of {frame.origin.module_path}"
+    return None
+
+
+def env_gpu_evidence(process: RankProcess) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` naming devices in the process's environment, or None."""
     visible = (process.env_get("CUDA_VISIBLE_DEVICES") or "").strip()
     if visible and visible not in ("-1", "NoDevFiles", "none", "void"):
         return f"CUDA_VISIBLE_DEVICES={visible}"

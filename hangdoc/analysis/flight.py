@@ -224,7 +224,8 @@ def _mismatch(label: str, ops: dict[int, dict[int, FlightEntry]]) -> FlightFindi
         classes[entry.signature].append(rank)
     ranked = sorted(classes.values(), key=len, reverse=True)
     majority = ranked[0] if len(ranked[0]) > len(ranked[1]) else []
-    culprits = tuple(sorted(r for r in at if r not in majority)) if majority else ()
+    agreeing = set(majority)
+    culprits = tuple(sorted(r for r in at if r not in agreeing)) if majority else ()
     lines = [f"{_who(ranks)} recorded {at[ranks[0]].describe()} as collective #{seq} of {label}"
              for ranks in ranked]
     kind = _difference([at[ranks[0]] for ranks in ranked])

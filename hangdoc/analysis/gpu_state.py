@@ -257,7 +257,8 @@ def _lag(comm: RasCommunicator, names: dict[int, int]) -> tuple[tuple[int, ...],
     kinds = sorted({k for c in counts.values() for k in c})
     front = {k: max(c.get(k, 0) for c in counts.values()) for k in kinds}
     ahead = [r for r in present if all(counts[r.comm_rank].get(k, 0) == front[k] for k in kinds)]
-    behind = [r for r in present if r not in ahead]
+    front_ids = {id(r) for r in ahead}
+    behind = [r for r in present if id(r) not in front_ids]
     if not ahead or not behind:
         return None  # none lags, or no member is ahead in every type: counts only cross
     short = sorted({k for r in behind for k in kinds if counts[r.comm_rank].get(k, 0) < front[k]})

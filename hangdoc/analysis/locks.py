@@ -271,6 +271,11 @@ def _held_exprs(lines: Lines, lineno: int, current: str) -> list[tuple[str, int]
     return held
 
 
+def waits_on_a_lock(sample: Sample) -> bool:
+    """Some thread of ``sample`` waits on a lock: ``lock_graph`` has something to tell."""
+    return any(_waiting_frame(thread) is not None for thread in sample.threads)
+
+
 def lock_graph(
     sample: Sample, sources: SourceIndex, op_of: Callable[[ThreadStack], DistOp | None]
 ) -> LockGraph | None:

@@ -173,16 +173,25 @@ def init_arguments(thread: ThreadStack) -> tuple[int | None, int | None]:
     """(rank, world size) that the job's code passed to ``init_process_group``, where its
     frame is on the stack with arguments; -1 (torch's "read it from the environment") and
     absent values are None."""
-    for index, frame in enumerate(thread.frames):
-        if frame.function != "init_process_group" or not frame.origin.under(_C10D):
-            continue
-        found = thread.locals_at(index)
-        if found is None:
-            return None, None
-        rank, world = _int(found.get("rank")), _int(found.get("world_size"))
-        return (rank if rank is not None and rank >= 0 else None,
-                world if world is not None and world > 0 else None)
-    return None, None
+    return init_arguments_at(thread, init_frame(thread.frames))
+
+
+def init_arguments_at(thread: ThreadStack, index: int | None) -> tuple[int | None, int | None]:
+    """``init_arguments`` with its frame's index (``init_frame``) already found."""
+    found = thread.locals_at(index) if index is not None else None
+    if found is None:
+        return None, None
+    rank, world = _int(found.get("rank")), _int(found.get("world_size"))
+    return (rank if rank is not None and rank >= 0 else None,
+            world if world is not None and world > 0 else None)
+
+
+def init_frame(frames: Stack) -> int | None:
+    """The index of the outermost ``init_process_group`` frame of c10d in ``frames``."""
+    for index, frame in enumerate(frames):
+        if frame.function == "init_process_group" and frame.origin.under(_C10D):
+            return index
+    return None
 
 
 # What recognition reads of a thread: see ``thread_key``.
@@ -258,6 +267,12 @@ class Recogniser:
             if plain is not key[1]:
                 key = (key[0], plain, key[2], key[3])
         return key
+
+    def kept_locals(self, found: tuple[FrameLocals, ...]) -> tuple[FrameLocals, ...]:
+        """``recognised_locals(found)``: the locals part of a thread's ``key``, the same
+        object for equal values (so that its identity stands for its value)."""
+        kept = recognised_locals(found)
+        return self._interned.setdefault(kept, kept) if kept else kept
 
     def recognise(self, thread: ThreadStack) -> DistOp | None:
         """The distributed op ``thread`` is blocked in, or None if it is in none."""

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..model import Diagnosis, Heartbeat, JobSnapshot, RankAnalysis, ThreadException, compress_ranks
+from ..model import (
+    Diagnosis,
+    DistOp,
+    Heartbeat,
+    JobSnapshot,
+    RankAnalysis,
+    ThreadException,
+    compress_ranks,
+)
 
 MAX_LINES = 6  # of each kind; the rest is counted
 
@@ -27,16 +35,18 @@ def apply_probe_evidence(diagnosis: Diagnosis, snapshot: JobSnapshot) -> Diagnos
 def exception_lines(diagnosis: Diagnosis, snapshot: JobSnapshot) -> list[str]:
     """``rank 3's main thread is handling RuntimeError raised at train.py:40 while in
     destroy_process_group (train.py:52) (its probe)``: per distinct thread, exception and op."""
+    telling = [(rank, snap) for snap in snapshot.ranks if snap.exceptions and (rank := snap.rank) is not None]
+    if not telling:
+        return []
     analysed = {a.rank: a for a in diagnosis.ranks if a.rank is not None}
+    described: dict[int, tuple[DistOp, str]] = {}  # op.describe() by the op's identity: ranks share ops
     told: dict[tuple[bool, str, str, str, str], list[int]] = {}
-    for snap in snapshot.ranks:
-        if snap.rank is None or not snap.exceptions:
-            continue
+    for rank, snap in telling:
         for exc in snap.exceptions:
-            within = _within(exc, analysed.get(snap.rank))
+            within = _within(exc, analysed.get(rank), described)
             name = exc.thread_name or f"{exc.thread_id:#x}"
             key = (not within, name, exc.type_name, exc.raised_at.location, within)
-            told.setdefault(key, []).append(snap.rank)
+            told.setdefault(key, []).append(rank)
     lines = []
     for (_, thread, type_name, where, within), ranks in sorted(told.items(), key=_first):
         one = len(ranks) == 1
@@ -49,7 +59,7 @@ def heartbeat_lines(snapshot: JobSnapshot) -> list[str]:
     """``ranks 0-2 last beat at step 41, 12.0-12.4 s before hangdoc asked (their probes)``."""
     beats: dict[tuple[int | None, bool], list[tuple[int, Heartbeat]]] = {}
     for snap in snapshot.ranks:
-        if snap.rank is not None and snap.heartbeat is not None:
+        if snap.heartbeat is not None and snap.rank is not None:
             beats.setdefault((snap.heartbeat.step, snap.heartbeat.in_step), []).append((snap.rank, snap.heartbeat))
     lines = []
     for (step, in_step), found in sorted(beats.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or 0, kv[0][1])):
@@ -63,11 +73,15 @@ def heartbeat_lines(snapshot: JobSnapshot) -> list[str]:
     return _bounded(lines, "heartbeat line(s)")
 
 
-def _within(exc: ThreadException, rank: RankAnalysis | None) -> str:
+def _within(exc: ThreadException, rank: RankAnalysis | None,
+            described: dict[int, tuple[DistOp, str]]) -> str:
     """`` while in all_reduce (train.py:30)`` when the thread is the one its op was found in."""
     if rank is None or rank.op is None or rank.thread is None or rank.thread != exc.thread_name:
         return ""
-    return f" while in {rank.op.describe()}"
+    seen = described.get(id(rank.op))
+    if seen is None:
+        seen = described[id(rank.op)] = (rank.op, rank.op.describe())
+    return f" while in {seen[1]}"
 
 
 def _thread_words(name: str | None, one: bool) -> str:

@@ -25,6 +25,7 @@ from ..model import (
     RankSnapshot,
     Sample,
     Stack,
+    ThreadCounters,
     ThreadStack,
 )
 from .ops import Recogniser
@@ -163,6 +164,58 @@ def movement(
     if not good:
         return None
     rec = recogniser if recogniser is not None else Recogniser(snapshot)
+    return rank_movement(rank, good, stack_motion(good, rec, gpu))
+
+
+@dataclass(frozen=True, slots=True)
+class StackMotion:
+    """What a rank's stacks say of its movement over its good samples (``stack_motion``),
+    apart from its counters: the same for every rank whose good samples hold the same
+    stacks (``views`` works it out once for all of them)."""
+
+    op_changed: bool  # as ``Movement``'s
+    left_op: bool
+    stack_changed: bool
+    all_active: bool  # the relevant thread active in every sample
+    # where the relevant thread of the last good sample is among its threads, and whether
+    # it is in a distributed op
+    relevant: int | None
+    in_op: bool
+    # where that sample's Python threads in no distributed op are: its side threads, the
+    # relevant one and threads without a native id left out per rank (``rank_movement``)
+    idle: tuple[int, ...]
+
+
+def stack_motion(good: Sequence[Sample], rec: Recogniser, gpu: bool = False) -> StackMotion:
+    """The ``StackMotion`` of a rank's ``good`` samples (at least one)."""
+    ops = []
+    stacks = []
+    active = []
+    thread = op = None
+    python = good[-1]
+    for sample in good:
+        # compare Python frames only: a native sample taken on demand must not look like motion
+        python = _python_only(sample, rec)
+        thread, op = relevant_thread(python, recogniser=rec, gpu=gpu)
+        ops.append(rec.op_key(op) if op else None)
+        stacks.append(thread.frames if thread else ())
+        active.append(thread is not None and thread.active)
+    relevant = next((i for i, th in enumerate(python.threads) if th is thread), None)
+    last = good[-1]
+    return StackMotion(
+        op_changed=len(set(ops)) > 1,
+        left_op=any(o is None for o in ops) and any(o is not None for o in ops),
+        stack_changed=any(s != stacks[0] for s in stacks[1:]),  # no hashing of whole stacks
+        all_active=all(active),
+        relevant=relevant,
+        in_op=op is not None,
+        idle=tuple(i for i, th in enumerate(last.threads) if rec.recognise(th) is None),
+    )
+
+
+def rank_movement(rank: RankSnapshot, good: Sequence[Sample], motion: StackMotion) -> Movement:
+    """The ``Movement`` of ``rank``, whose good samples are ``good`` (at least one) and whose
+    stacks moved as ``motion`` says: its counters read against its stacks."""
     first, last = good[0], good[-1]
     with_state = [s for s in rank.samples if s.state is not None]
     seconds = last.t - first.t
@@ -182,31 +235,23 @@ def movement(
         if a.state.ctx_switches is not None and b.state.ctx_switches is not None:
             pauses = SWITCHES_PER_DUMP * (len(with_state) - 1)
             wakeups = b.state.ctx_switches - a.state.ctx_switches - pauses
-    ops = []
-    stacks = []
-    active = []
-    thread = op = None
-    for sample in good:
-        # compare Python frames only: a native sample taken on demand must not look like motion
-        thread, op = relevant_thread(_python_only(sample, rec), recogniser=rec, gpu=gpu)
-        ops.append(rec.op_key(op) if op else None)
-        stacks.append(thread.frames if thread else ())
-        active.append(thread is not None and thread.active)
     side_cpu = None
-    if len(with_state) >= 2 and thread is not None:
+    if len(with_state) >= 2 and motion.relevant is not None:
         a_state, b_state = with_state[0].state, with_state[-1].state
         assert a_state is not None and b_state is not None
-        dt = max(with_state[-1].t - with_state[0].t, 1e-6)
-        own = _delta(a_state, b_state, {thread.native_id})
-        if own is not None and own.switches is not None:
-            wakeups = own.switches - SWITCHES_PER_DUMP * (len(with_state) - 1)
-        if op is not None and cpu is not None:
-            side = _delta(a_state, b_state, _side_threads(last, thread, rec))
-            if side is not None:
-                side_cpu = side.cpu / dt
-                cpu = max(cpu - side_cpu, 0.0)
-                if io is not None and side.chars is not None:
-                    io = max(io - side.chars / dt, 0.0)
+        if a_state.threads and b_state.threads:  # per-thread counters (else ``_delta`` is None)
+            thread = last.threads[motion.relevant]
+            dt = max(with_state[-1].t - with_state[0].t, 1e-6)
+            own = _delta(a_state, b_state, {thread.native_id})
+            if own is not None and own.switches is not None:
+                wakeups = own.switches - SWITCHES_PER_DUMP * (len(with_state) - 1)
+            if motion.in_op and cpu is not None:
+                side = _delta(a_state, b_state, _side_threads(last, thread, motion.idle))
+                if side is not None:
+                    side_cpu = side.cpu / dt
+                    cpu = max(cpu - side_cpu, 0.0)
+                    if io is not None and side.chars is not None:
+                        io = max(io - side.chars / dt, 0.0)
     status = with_state[-1].state.status if with_state and with_state[-1].state else None
     return Movement(
         seconds=seconds,
@@ -215,11 +260,11 @@ def movement(
         wakeups=wakeups,
         side_cpu_fraction=side_cpu,
         dumps=max(len(with_state) - 1, 0),
-        op_changed=len(set(ops)) > 1,
-        left_op=any(o is None for o in ops) and any(o is not None for o in ops),
-        stack_changed=any(s != stacks[0] for s in stacks[1:]),  # no hashing of whole stacks
+        op_changed=motion.op_changed,
+        left_op=motion.left_op,
+        stack_changed=motion.stack_changed,
         status=status,
-        marked_active=all(active) if not with_state else None,
+        marked_active=motion.all_active if not with_state else None,
     )
 
 
@@ -232,13 +277,14 @@ class _Delta:
     chars: int | None
 
 
-def _side_threads(sample: Sample, relevant: ThreadStack, rec: Recogniser) -> set[int | None]:
-    """Native ids of the Python threads of ``sample`` in no distributed op, but the relevant
-    one: a rank's side work (metrics, pin-memory, an async checkpoint writer)."""
+def _side_threads(sample: Sample, relevant: ThreadStack, idle: Sequence[int]) -> set[int | None]:
+    """Native ids of the Python threads of ``sample`` in no distributed op (at the positions
+    ``idle``), but the relevant one: a rank's side work (metrics, pin-memory, an async
+    checkpoint writer)."""
+    threads = sample.threads
     return {
-        th.native_id for th in sample.threads
+        th.native_id for th in map(threads.__getitem__, idle)
         if th.thread_id != relevant.thread_id and th.native_id is not None
-        and rec.recognise(th) is None
     }
 
 
@@ -250,8 +296,11 @@ def _delta(a: ProcessState, b: ProcessState, tids: set[int | None]) -> _Delta | 
     cpu, switches, chars = 0.0, 0, 0
     known_switches = known_chars = True
     seen = False
+    # by native id, the first of equal ids kept (as ``ProcessState.thread`` finds them)
+    in_a: dict[int | None, ThreadCounters] = {c.native_id: c for c in reversed(a.threads)}
+    in_b: dict[int | None, ThreadCounters] = {c.native_id: c for c in reversed(b.threads)}
     for tid in tids:
-        before, after = a.thread(tid), b.thread(tid)
+        before, after = in_a.get(tid), in_b.get(tid)
         if before is None or after is None:
             continue  # started or ended during the window
         seen = True

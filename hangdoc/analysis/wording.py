@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from ..model import CaptureErrorKind, DistOp, Frame, RankState, ThreadStack, Verdict, compress_ranks
 from .device import waits_for_device
 from .locks import REENTRANT, LockEdge, LockGraph
-from .views import RankView
+from .views import OpKeys, RankView
 
 NEXT_STEPS: dict[Verdict, tuple[str, ...]] = {
     Verdict.NOT_HUNG: (
@@ -213,7 +213,8 @@ class DeviceWaits:
     @property
     def one_site(self) -> bool:
         """Every rank waits at the same host sync (none in a torch.distributed op)."""
-        return not self.known and len({v.op.key for v in self.device if v.op}) == 1
+        key = OpKeys()
+        return not self.known and len({key(v.op) for v in self.device if v.op}) == 1
 
 
 @dataclass(frozen=True)
@@ -357,12 +358,15 @@ def env_line(env: EnvSplit) -> str:
 
 def _cleanup_stuck(f: CleanupStuck) -> Words:
     culprits, training = _ranks(f.cleanup), f.training
-    evidence = [f"rank {v.rank} is on a cleanup path: {cleanup_where(v)}" for v in f.cleanup]
+    where, short = _once_per_op(_cleanup_op), _once_per_op(DistOp.describe)
+    evidence = [f"rank {v.rank} is on a cleanup path: "
+                f"{where(v.op) if v.op is not None else cleanup_where(v)}" for v in f.cleanup]
     evidence += op_lines(training)
+    shorts = {short(v.op) if v.op is not None else cleanup_short(v) for v in f.cleanup}
     return Words(
         f"cleanup deadlock: {_r(culprits)} left the training loop and "
         f"{_v(culprits, 'waits', 'wait')} in cleanup "
-        f"({' / '.join(sorted({cleanup_short(v) for v in f.cleanup}))}) "
+        f"({' / '.join(sorted(shorts))}) "
         f"while {_r(_ranks(training))} {_v(training, 'waits', 'wait')} "
         f"{in_ops(training)}",
         evidence,
@@ -540,9 +544,10 @@ def _device_waits(f: DeviceWaits) -> Words:
 
 def _by_where(views: Sequence[RankView]) -> dict[str, list[int]]:
     found: dict[str, list[int]] = defaultdict(list)
+    said = _once_per_op(in_op)
     for v in views:
         if v.op is not None:
-            found[in_op(v.op)].append(v.rank)
+            found[said(v.op)].append(v.rank)
     return {k: sorted(r) for k, r in found.items()}
 
 
@@ -582,6 +587,20 @@ rank_words = _r  # for the other modules of analysis that name ranks (``confiden
 def _v(ranks: Sequence[object], singular: str, plural: str) -> str:
     """The verb form agreeing with the number of ranks."""
     return singular if len(ranks) == 1 else plural
+
+
+def _once_per_op(say: Callable[[DistOp], str]) -> Callable[[DistOp], str]:
+    """``say``, worked out once per op object while the function returned lives: the ranks
+    of one stack share their op (``ops.Recogniser``), and an op in words quotes its frames."""
+    seen: dict[int, tuple[DistOp, str]] = {}  # each entry holds its op: ids are not reused
+
+    def said(op: DistOp) -> str:
+        found = seen.get(id(op))
+        if found is None:
+            found = seen[id(op)] = (op, say(op))
+        return found[1]
+
+    return said
 
 
 def _where(op: DistOp | None) -> str:
@@ -742,6 +761,8 @@ def lock_notes(views: Sequence[RankView], said: Sequence[str] = ()) -> list[str]
                    lock_wait_words(e, graph)) for e in graph.edges if e.holder_op is not None]
         lines += [f"rank {v.rank}: {words}" for words, core in found
                   if not any(core in line for line in said)]
+        if len(lines) >= 6:
+            break
     return lines[:6]
 
 
@@ -763,8 +784,12 @@ def other_threads(v: RankView, skip: Collection[int] = ()) -> str:
 def cleanup_where(v: RankView) -> str:
     """Where a rank on a cleanup path is: the cleanup frame and its op, or its activity."""
     if v.op is not None:
-        return f"{v.op.cleanup_frame or v.op.call_site} -> {v.op.describe()}"
+        return _cleanup_op(v.op)
     return f"{v.cleanup}; {what_outside(v)}"
+
+
+def _cleanup_op(op: DistOp) -> str:
+    return f"{op.cleanup_frame or op.call_site} -> {op.describe()}"
 
 
 def cleanup_short(v: RankView) -> str:
@@ -804,7 +829,8 @@ def frame_tail(v: RankView) -> str:
 
 def op_summary(views: Sequence[RankView]) -> str:
     """The ops the ranks are in, sorted and deduplicated: ``all_gather (a.py:3) / barrier``."""
-    ops = sorted({v.op.describe() for v in views if v.op})
+    describe = _once_per_op(DistOp.describe)
+    ops = sorted({describe(v.op) for v in views if v.op})
     return " / ".join(ops) if ops else "?"
 
 
@@ -817,7 +843,8 @@ def in_op(op: DistOp) -> str:
 
 def in_ops(views: Sequence[RankView]) -> str:
     """``in`` the ops the ranks are in (``op_summary``), host syncs said as device waits."""
-    ops = sorted({in_op(v.op) for v in views if v.op})
+    said = _once_per_op(in_op)
+    ops = sorted({said(v.op) for v in views if v.op})
     return " / ".join(ops) if ops else "in their last operation"
 
 
@@ -825,12 +852,14 @@ def op_lines(views: Sequence[RankView]) -> list[str]:
     """One line per op (and recogniser): which ranks wait in it, in the order first seen."""
     classes: dict[str, list[int]] = defaultdict(list)
     tails: dict[str, str] = {}
+    keyed = _once_per_op(lambda op: in_op(op) + (f" via {op.via}" if op.via != "c10d call" else ""))
     for v in views:
         if v.op is None:
             continue
-        key = in_op(v.op) + (f" via {v.op.via}" if v.op.via != "c10d call" else "")
+        key = keyed(v.op)
         classes[key].append(v.rank)
-        tails.setdefault(key, frame_tail(v))
+        if key not in tails:
+            tails[key] = frame_tail(v)
     return [f"{_r(r)} {_v(r, 'waits', 'wait')} {k}{tails[k]}" for k, r in classes.items()]
 
 
@@ -855,9 +884,14 @@ def quiet_line(waiting: Sequence[RankView]) -> str:
     if seconds <= 0:  # one look at each (a dump file): no time passed to see anything move
         return "each waiting rank was seen once: whether anything moves on them is not shown"
     # a host sync spins a core while it waits: that CPU is said apart, as no progress
-    spinning = [v for v in waiting if waits_for_device(v.op)]
-    cpu = max(((v.move.cpu_fraction or 0.0) for v in waiting
-               if v.move is not None and v not in spinning), default=0.0)
+    spinning: list[RankView] = []
+    cpus: list[float] = []
+    for v in waiting:
+        if waits_for_device(v.op):
+            spinning.append(v)
+        elif v.move is not None:
+            cpus.append(v.move.cpu_fraction or 0.0)
+    cpu = max(cpus, default=0.0)
     io = max((m.bytes_per_second or 0.0) for m in moves)
     text = (f"nothing moved on the waiting ranks over {seconds:.1f} s: stacks unchanged, "
             f"at most {cpu:.1%} CPU and {io / 1024:.1f} KiB/s read+written")

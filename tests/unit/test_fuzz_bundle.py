@@ -3,9 +3,12 @@ returns a ``JobSnapshot`` or raises ``BundleError``, nothing else; and whatever 
 the analysis and both reporters take without raising.
 
 Inputs: random JSON values, mutations of the recorded snapshots in ``tests/snapshots``
-(values replaced by odd ones, keys deleted, types changed, huge numbers, deep nesting),
-random bytes, and cut or corrupted gzip. Bounded in time: a few hundred examples in all
-(about 10 s), no example database. ``HANGDOC_FUZZ_SCALE=20`` runs 20 times as many.
+(values replaced by odd ones, keys deleted, types changed, huge numbers, deep nesting) as
+recorded (bundle version 1) and rewritten as version 2 (tables, with a synthetic
+snapshot large enough for shared columns, runs and ranks read a field at a time), random
+tables in a version 2 envelope, random bytes, and cut or corrupted gzip. Bounded in time:
+a few hundred examples in all (about 15 s), no example database.
+``HANGDOC_FUZZ_SCALE=20`` runs 20 times as many.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import gzip
 import json
 import math
 import os
+import sys
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -23,10 +27,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
-from support.paths import TESTS
+from support.paths import REPO, TESTS
 
 from hangdoc.analysis.analyse import analyse
-from hangdoc.bundle import load_snapshot
+from hangdoc.bundle import _table_name, _table_order, load_snapshot, snapshot_to_dict
 from hangdoc.errors import BundleError
 from hangdoc.model import JobSnapshot
 from hangdoc.report.json_report import render_json
@@ -35,6 +39,15 @@ from hangdoc.report.terminal import render
 SNAPSHOTS = sorted((TESTS / "snapshots").glob("*.json.gz"))
 RECORDED = {p.name: json.loads(gzip.decompress(p.read_bytes())) for p in SNAPSHOTS}
 RAW = {p.name: p.read_bytes() for p in SNAPSHOTS}
+sys.path.insert(0, str(REPO / "bench"))
+from synthetic import synthetic_snapshot
+
+# the same snapshots as version 2 bundles, and a synthetic one of 40 ranks
+TABLES = {name: json.loads(json.dumps(snapshot_to_dict(load_snapshot(p))))
+          for name, p in zip(RECORDED, SNAPSHOTS)}
+TABLES["synthetic_straggler_40"] = json.loads(json.dumps(snapshot_to_dict(
+    synthetic_snapshot(40, "straggler"))))
+TABLE_NAMES = [_table_name(key) for key in _table_order()]
 
 SCALE = int(os.environ.get("HANGDOC_FUZZ_SCALE", "1"))
 FUZZ = settings(
@@ -124,11 +137,34 @@ def test_random_values_inside_a_valid_envelope(tmp_path_factory: pytest.TempPath
     _check(_write(tmp_path_factory.mktemp("fuzz"), _dump(data)))
 
 
+@FUZZ
+@given(strings=json_values, tables=st.dictionaries(st.sampled_from(TABLE_NAMES), json_values,
+                                                   max_size=4),
+       body=json_values)
+def test_random_tables_inside_a_valid_v2_envelope(tmp_path_factory: pytest.TempPathFactory,
+                                                  strings: Any, tables: Any, body: Any) -> None:
+    data = {"kind": "hangdoc-snapshot", "schema_version": 2, "strings": strings, "frames": [],
+            "stacks": [], "tables": tables, "snapshot": body}
+    _check(_write(tmp_path_factory.mktemp("fuzz"), _dump(data)))
+
+
 @settings(FUZZ, max_examples=300 * SCALE)
 @given(name=st.sampled_from(sorted(RECORDED)), data=st.data())
 def test_mutated_recorded_snapshots(tmp_path_factory: pytest.TempPathFactory, name: str,
                                     data: st.DataObject) -> None:
-    snapshot = copy.deepcopy(RECORDED[name])
+    _mutate_and_check(tmp_path_factory, RECORDED[name], data)
+
+
+@settings(FUZZ, max_examples=300 * SCALE)
+@given(name=st.sampled_from(sorted(TABLES)), data=st.data())
+def test_mutated_v2_snapshots(tmp_path_factory: pytest.TempPathFactory, name: str,
+                              data: st.DataObject) -> None:
+    _mutate_and_check(tmp_path_factory, TABLES[name], data)
+
+
+def _mutate_and_check(tmp_path_factory: pytest.TempPathFactory, recorded: dict[str, Any],
+                      data: st.DataObject) -> None:
+    snapshot = copy.deepcopy(recorded)
     for _ in range(data.draw(st.integers(1, 4), label="mutations")):
         places = _containers(snapshot)
         node, key = data.draw(st.sampled_from(places), label="where")
@@ -138,8 +174,8 @@ def test_mutated_recorded_snapshots(tmp_path_factory: pytest.TempPathFactory, na
             del node[key]
         elif action == "replace":
             node[key] = copy.deepcopy(data.draw(st.sampled_from(ODD), label="value"))
-        elif action == "random":
-            node[key] = data.draw(json_values, label="value")
+        elif action == "random":  # a copy: ODD's lists must not change under later mutations
+            node[key] = copy.deepcopy(data.draw(json_values, label="value"))
         elif action == "wrap":  # change its type: x -> [x] or {"x": x}
             node[key] = data.draw(st.sampled_from([[node[key]], {"x": node[key]}]), label="wrapped")
         elif isinstance(node, list):
