@@ -11,6 +11,7 @@ parsed (``hangdoc.cliargs``): argparse's own errors take the same one-line path,
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from collections.abc import Sequence
@@ -266,6 +267,10 @@ def _report_files(args: argparse.Namespace) -> dict[str, str | None]:
 def _emit(args: argparse.Namespace, snapshot, diagnosis) -> None:
     from .report.json_report import render_json
 
+    # The last work of a one-shot command: the snapshot and the diagnosis stay as they are,
+    # so the cyclic collector need not walk them again while the report is made (at 100k
+    # ranks it did, for half the time of the JSON report).
+    gc.freeze()
     if any(_report_files(args).values()):  # written before the report: a failure is its only output
         from .report.files import write_reports
 

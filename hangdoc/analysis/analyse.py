@@ -8,6 +8,7 @@ ranks' stacks into one ``CallTree`` (``merge``), then ``classify`` names the ver
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 from collections.abc import Iterator, Sequence
 
@@ -30,7 +31,7 @@ from . import classify, confidence, wording
 from .device import waits_for_device
 from .flight import apply_flight, match_flight
 from .gpu_state import apply_device_state
-from .merge import build_tree
+from .merge import build_tree, with_culprits
 from .ops import Recogniser
 from .probe_evidence import apply_probe_evidence
 from .views import RankView, Views
@@ -200,7 +201,10 @@ def _analyse(snapshot: JobSnapshot) -> Diagnosis:
     # then their GPUs' state (NVML) and NCCL's RAS report, where captured
     diagnosis = apply_device_state(diagnosis, snapshot)
     # and what their probes told: live exceptions, last heartbeats (evidence only)
-    return apply_probe_evidence(diagnosis, snapshot)
+    diagnosis = apply_probe_evidence(diagnosis, snapshot)
+    if diagnosis.culprit_ranks and diagnosis.tree is not None:  # the tree's outliers, knowing them
+        diagnosis = dataclasses.replace(diagnosis, tree=with_culprits(diagnosis.tree, diagnosis.culprit_ranks))
+    return diagnosis
 
 
 class _TreeStacks:

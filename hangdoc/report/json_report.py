@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 from .. import SCHEMA_VERSION, __version__
@@ -47,13 +48,39 @@ _JSON_ESCAPES = str.maketrans({cp: f"\\u{cp:04x}" for cp in UNSAFE_CHARACTERS if
 
 def dumps(value: Any, indent: int | None = 2) -> str:
     """``value`` as strict, printable JSON text: non-finite floats become ``null``,
-    terminal-hostile characters ``\\uXXXX`` escapes, other non-ASCII is kept as is."""
-    return _text(_finite(value), indent)
+    terminal-hostile characters ``\\uXXXX`` escapes, other non-ASCII is kept as is.
+
+    Indented, the top level and the containers in it take a line per item, and anything
+    deeper (a rank's entry, a group's stack) stays on one line: the report reads one rank
+    per line, and the text of 100k ranks is written by json's C encoder (about 10x faster
+    than its indenting Python one, and half the bytes).
+    """
+    try:
+        return _text(value, indent)
+    except ValueError:  # a NaN or an infinity somewhere: walk the value only then
+        return _text(_finite(value), indent)
+
+
+# json's C encoder (used when no indent is asked), with the spacing of its indented output
+_LINE = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(", ", ": "))
 
 
 def _text(value: Any, indent: int | None = 2) -> str:
-    text = json.dumps(value, indent=indent, ensure_ascii=False, allow_nan=False)
+    if indent is None:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    else:
+        text = _layout(value, " " * indent, 0)
     return text.translate(_JSON_ESCAPES)
+
+
+def _layout(value: Any, pad: str, depth: int) -> str:
+    if depth >= 2 or not isinstance(value, (dict, list, tuple)) or not value:
+        return _LINE.encode(value)
+    inner, outer = pad * (depth + 1), pad * depth
+    if isinstance(value, dict):
+        items = [f"{inner}{_LINE.encode(_key(k))}: {_layout(v, pad, depth + 1)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + outer + "}"
+    return "[\n" + ",\n".join(inner + _layout(v, pad, depth + 1) for v in value) + "\n" + outer + "]"
 
 
 def _finite(value: Any) -> Any:
@@ -65,6 +92,12 @@ def _finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
+
+
+def _key(key: Any) -> str:
+    """A dict key as json writes it: strings as they are, numbers, booleans and None as
+    their JSON text."""
+    return key if isinstance(key, str) else json.dumps(key)
 
 
 def error_to_dict(kind: str, message: str, help: str, exit_code: int) -> dict[str, Any]:
@@ -83,12 +116,14 @@ def error_to_dict(kind: str, message: str, help: str, exit_code: int) -> dict[st
 
 def to_json_dict(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
     """The report as a plain dict of JSON types, keys in schema order; floats are finite
-    (None where the analysis had NaN or infinity)."""
-    return _finite(_report(diagnosis, snapshot))  # type: ignore[no-any-return]
+    (None where the analysis had NaN or infinity: ``observed_seconds`` is the report's only
+    float)."""
+    return _report(diagnosis, snapshot)
 
 
 def _report(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
-    processes = _processes(snapshot)
+    processes = _Processes(snapshot)
+    op_entry = _OpEntries()
     gpus = {(rs.process.host, rs.process.pid): rs.gpus for rs in snapshot.ranks if rs.gpus}
     return {
         "verdict": diagnosis.verdict.value,
@@ -98,13 +133,13 @@ def _report(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
         "basis": list(diagnosis.basis),
         "evidence": list(diagnosis.evidence),
         "next_steps": list(diagnosis.next_steps),
-        "ranks": [_with_gpus(_rank(ra, _process_of(ra, processes)), gpus.get((ra.host, ra.pid or 0), ()))
+        "ranks": [_with_gpus(_rank(ra, processes.of(ra), op_entry), gpus.get((ra.host, ra.pid or 0), ()))
                   for ra in diagnosis.ranks],
         "groups": [_group(g) for g in diagnosis.groups],
         "unreachable": [_unreachable(u) for u in snapshot.unreachable],
         "spec": snapshot.spec,
         "world_size": snapshot.world_size,
-        "observed_seconds": diagnosis.observed_seconds,
+        "observed_seconds": _finite(float(diagnosis.observed_seconds)),
         "partial": diagnosis.partial,
         "captured_at": snapshot.captured_at,
         "notes": list(snapshot.notes),
@@ -179,31 +214,50 @@ def undiagnosed_to_json_dict(
 
 def render_json(diagnosis: Diagnosis, snapshot: JobSnapshot) -> str:
     """The report as JSON text (indented, strict, non-ASCII kept as is; see ``dumps``)."""
-    return _text(to_json_dict(diagnosis, snapshot))
+    return dumps(to_json_dict(diagnosis, snapshot))
 
 
-def _processes(snapshot: JobSnapshot) -> dict[tuple[str, int], RankProcess]:
-    return {(rs.process.host, rs.process.pid): rs.process for rs in snapshot.ranks}
+class _Processes:
+    """The snapshot's rank processes, found by host and pid, else by rank."""
+
+    def __init__(self, snapshot: JobSnapshot) -> None:
+        self._by_pid = {(rs.process.host, rs.process.pid): rs.process for rs in snapshot.ranks}
+        self._by_rank: dict[int, RankProcess] = {}
+        for rs in snapshot.ranks:
+            if rs.process.rank is not None:
+                self._by_rank.setdefault(rs.process.rank, rs.process)
+
+    def of(self, ra: RankAnalysis) -> RankProcess | None:
+        if ra.pid is not None and (found := self._by_pid.get((ra.host, ra.pid))) is not None:
+            return found
+        return None if ra.rank is None else self._by_rank.get(ra.rank)
 
 
-def _process_of(
-    ra: RankAnalysis, processes: dict[tuple[str, int], RankProcess]
-) -> RankProcess | None:
-    if ra.pid is not None and (ra.host, ra.pid) in processes:
-        return processes[(ra.host, ra.pid)]
-    if ra.rank is None:
-        return None
-    return next((p for p in processes.values() if p.rank == ra.rank), None)
+class _OpEntries:
+    """``_op`` once per op object: the ranks of one stack share theirs, so their entries
+    share one dict (100k ranks in a few ops make a few dicts, not 100k)."""
+
+    def __init__(self) -> None:
+        self._made: dict[int, tuple[DistOp, dict[str, Any] | None]] = {}
+
+    def __call__(self, op: DistOp | None) -> dict[str, Any] | None:
+        if op is None:
+            return None
+        made = self._made.get(id(op))
+        if made is None:  # the op is held in the entry: its id is not reused meanwhile
+            made = self._made[id(op)] = (op, _op(op))
+        return made[1]
 
 
-def _rank(ra: RankAnalysis, process: RankProcess | None) -> dict[str, Any]:
+def _rank(ra: RankAnalysis, process: RankProcess | None,
+          op_entry: Callable[[DistOp | None], dict[str, Any] | None] = lambda op: _op(op)) -> dict[str, Any]:
     source = process.rank_source if process else None
     return {
         "rank": ra.rank,
         "pid": ra.pid,
         "host": ra.host,
         "state": ra.state.value,
-        "op": _op(ra.op),
+        "op": op_entry(ra.op),
         "thread": ra.thread,
         "group": ra.group_id,
         "detail": ra.detail,

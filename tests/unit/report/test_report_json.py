@@ -223,6 +223,34 @@ def test_render_json_text() -> None:
     assert list(json.loads(text))[:3] == ["verdict", "culprit_ranks", "summary"]
 
 
+def test_render_json_writes_a_rank_a_line() -> None:
+    diagnosis, snap = scenario()
+    text = render_json(diagnosis, snap)
+    lines = text.splitlines()
+    start = lines.index('  "ranks": [')
+    entries = lines[start + 1:start + 1 + len(diagnosis.ranks)]
+    assert [json.loads(e.strip().rstrip(",")) for e in entries] == to_json_dict(diagnosis, snap)["ranks"]
+    assert all(e.startswith('    {"rank": ') for e in entries)
+    assert lines[start + 1 + len(diagnosis.ranks)] == "  ],"
+
+
+def test_dumps_layout() -> None:
+    value = {"a": [1, {"b": [1, 2]}], "c": {"d": {"e": math.nan}}, "x": [], 1: {}, "k": "\u202e"}
+    assert dumps(value) == (
+        '{\n  "a": [\n    1,\n    {"b": [1, 2]}\n  ],\n  "c": {\n    "d": {"e": null}\n  },\n'
+        '  "x": [],\n  "1": {},\n  "k": "\\u202e"\n}'
+    )
+
+
+def test_missing_ranks_find_their_process_by_rank() -> None:
+    # an entry without a pid (a rank the analysis names) describes the process of its rank
+    diagnosis, snap = scenario()
+    moved = RankAnalysis(1, None, "", RankState.UNKNOWN, None, None, None, "its node did not answer")
+    diagnosis = dataclasses.replace(diagnosis, ranks=(moved,))
+    (entry,) = to_json_dict(diagnosis, snap)["ranks"]
+    assert entry["rank_source"] == "env" and entry["rank_evidence"]
+
+
 def test_p2p_peer() -> None:
     snap = make_snapshot({0: AR, 1: AR})
     send = make_op("send", "train.py:pipe:12", peer=1)
