@@ -50,8 +50,8 @@ bench-accuracy: $(STAMP)  ## every corpus job diagnosed live and replayed: confu
 bench-probe: $(STAMP)  ## what the in-process probe costs a job, idle and asked; writes docs/benchmarks.md
 	$(BIN)/python bench/bench_probe.py --rounds 12 --write docs/benchmarks.md
 
-bench-scale: $(STAMP)  ## analyse() of 1k/10k/100k-rank synthetic jobs, and analyze --json of their bundles; writes docs/benchmarks.md
-	$(BIN)/python bench/bench_scale.py --sizes 1000,10000,100000 --write docs/benchmarks.md
+bench-scale: $(STAMP)  ## analyse() of 1k/10k/100k-rank synthetic jobs (and one of 1M), analyze --json of their bundles; writes docs/benchmarks.md
+	$(BIN)/python bench/bench_scale.py --sizes 1000,10000,100000 --huge 1000000 --write docs/benchmarks.md
 
 lint: $(STAMP)  ## ruff + mypy on the package
 	$(BIN)/ruff check hangdoc tests bench examples

@@ -181,6 +181,21 @@ def tables(rows: list[Measured], cli: list[Analyzed], sizes: list[int]) -> str:
     return text
 
 
+def _huge(huge: Measured | None) -> str:
+    if huge is None:
+        return ""
+    return (f"At {huge.ranks:,} ranks (`collective_mismatch`, STAT's scale): `analyse()` "
+            f"**{_seconds(huge.analyse_s)}**, peak **{huge.peak_mb / 1e3:.1f} GB** "
+            f"({huge.snapshot_mb / 1e3:.1f} GB with the snapshot built), verdict and culprits right.\n\n")
+
+
+# what the profiles of ``hangdoc analyze FILE --json`` at 100k ranks showed (cProfile)
+PROFILE = (
+    "What a rank's stacks say is worked out once per distinct shape of stacks "
+    "(`analysis.views.Views`), each op worded once; per rank, analysis reads its counters "
+    "and ids, so the time grows by some tens of microseconds a rank.")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="ranks, comma-separated")
@@ -188,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cli-scenario", default="collective_mismatch",
                         help="the scenario whose saved bundles `hangdoc analyze --json` reads; none: skip")
     parser.add_argument("--repeat", type=int, default=1, help="fresh processes per measurement (median)")
+    parser.add_argument("--huge", type=int, default=0,
+                        help="also one analyse() of this many ranks (collective_mismatch), e.g. 1000000")
     parser.add_argument("--write", type=Path, help="write the section into this markdown file")
     parser.add_argument("--worker", nargs=2, metavar=("RANKS", "SCENARIO"), help=argparse.SUPPRESS)
     given = sys.argv[1:] if argv is None else argv
@@ -210,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(f"{scenario} {size}: analyse {row.analyse_s:.2f} s, peak {row.peak_mb:.0f} MB "
                   f"(before {row.snapshot_mb:.0f} MB), {row.verdict} right", file=sys.stderr)
+    huge = measure(args.huge, "collective_mismatch") if args.huge else None
+    if huge is not None:
+        print(f"huge {args.huge}: analyse {huge.analyse_s:.2f} s, peak {huge.peak_mb:.0f} MB", file=sys.stderr)
     cli: list[Analyzed] = []
     if args.cli_scenario != "none":
         with tempfile.TemporaryDirectory() as tmp:
@@ -226,10 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             "its culprits were right. Each measurement is one `analyse()` in a fresh process after "
             f"it built the snapshot{repeated}. The bars (issue 14): 100k ranks under 10 s and 2 GB "
             "(goal 5 s and 1 GB), growing linearly at worst (10k → 100k: 10x).\n\n"
-            + tables(rows, cli, sizes) + "\n\n"
-            "What a rank's stacks say is worked out once per distinct shape of stacks "
-            "(`analysis.views.Views`), each op worded once; per rank, analysis reads its counters "
-            "and ids, so the time grows by some tens of microseconds a rank.")
+            + tables(rows, cli, sizes) + "\n\n" + _huge(huge) + PROFILE)
     print(text)
     if args.write:
         from docs_section import write_section
