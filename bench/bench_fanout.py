@@ -2,7 +2,11 @@
 
 For each N it starts N agent processes (``python -m hangdoc agent --listen 127.0.0.1:0
 --replay SNAPSHOT``, one process each, started in batches), agent K serving the 3-rank
-snapshot as ranks 3K..3K+2 of a 3N-rank job. The agents replay, so a capture costs ~0 and
+snapshot as ranks 3K..3K+2 of a 3N-rank job. With ``--per-process K`` it starts N/K host
+processes instead, each running K agents: K ``hangdoc.fleet.agent.serve`` servers (the code
+behind ``hangdoc agent``, each its own gRPC server on its own port) on one event loop, with a
+token (as an agent off loopback must have one); that is how thousands of agents fit on a
+small machine. The agents replay, so a capture costs ~0 and
 what is measured is the coordinator itself: fan-out, gRPC, protobuf decode. In one run:
 
 - ``find_ranks``: over N ``RemoteNode``s (GetInfo version check + FindRanks), fresh channels;
@@ -14,12 +18,13 @@ what is measured is the coordinator itself: fan-out, gRPC, protobuf decode. In o
 
 Every agent is killed at the end of its size, also on error, and the run checks none is left.
 
-Usage: ``python bench/bench_fanout.py [--sizes 8,32,128] [--write docs/benchmarks.md]``.
+Usage: ``python bench/bench_fanout.py [--sizes 8,32,128] [--per-process K] [--write docs/benchmarks.md]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import cProfile
 import io
 import os
@@ -27,14 +32,21 @@ import platform
 import pstats
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Mapping
 from contextlib import contextmanager
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
@@ -46,9 +58,11 @@ from run_demo import tagged
 from hangdoc.analysis.analyse import analyse
 from hangdoc.capture.jobspec import parse_job_spec
 from hangdoc.diagnose import CaptureOptions, observe
-from hangdoc.fleet import wire
-from hangdoc.fleet.client import RemoteNode
+from hangdoc.fleet import coordinator, wire
+from hangdoc.fleet.agent import MAX_DUMP_TIMEOUT
+from hangdoc.fleet.client import AgentAuth, RemoteNode
 from hangdoc.fleet.coordinator import Fleet, fan_out, find_ranks, sample_all
+from hangdoc.fleet.node import Node
 from hangdoc.fleet.v1 import agent_pb2 as pb
 from hangdoc.model import Sample
 
@@ -56,6 +70,9 @@ SNAPSHOT = ROOT / "tests" / "snapshots" / "mismatch_uneven_shards_eval_gather.js
 RANKS_PER_AGENT = 3  # the snapshot's world size
 JOB = "127.0.0.1:29500"  # any valid spec: a replaying agent ignores it
 BATCH = 16  # agents started at once; each costs ~0.3 s of CPU to import and bind
+FLAT_LIMIT = 2000  # agents a flat round over replaying agents finishes within 5 s + 1 s here
+SERIAL_AT_MOST = 1000  # nodes the one-at-a-time timings visit; scaled to all of them
+TOKEN = "bench-" + uuid.uuid4().hex  # what hosted agents require (--per-process)
 
 
 def start_agents(n: int, tag: str, logs: Path) -> tuple[list[subprocess.Popen], list[int]]:
@@ -77,6 +94,73 @@ def start_agents(n: int, tag: str, logs: Path) -> tuple[list[subprocess.Popen], 
     return procs, ports
 
 
+def start_hosts(n: int, per: int, tag: str, logs: Path) -> tuple[list[subprocess.Popen], list[int]]:
+    """N agents in hosts of PER each (``--serve``); returns the hosts and the agents' ports."""
+    env = dict(os.environ, HANGDOC_DEMO_TAG=tag, OMP_NUM_THREADS="1")
+    token_file = logs / "token"
+    token_file.write_text(TOKEN)
+    token_file.chmod(0o600)
+    procs: list[subprocess.Popen] = []
+    for first in range(0, n, per):
+        count = min(per, n - first)
+        cmd = [sys.executable, __file__, "--serve", f"{first}:{count}", "--world", str(RANKS_PER_AGENT * n),
+               "--token-file", str(token_file)]
+        with open(logs / f"host{first}.log", "w") as log:
+            procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                          stderr=log, start_new_session=True))
+    ports: list[int] = []
+    for first, proc in zip(range(0, n, per), procs):
+        ports += wait_ports(proc, logs / f"host{first}.log", timeout=60.0 + per * 0.05)
+    return procs, ports
+
+
+def wait_ports(proc: subprocess.Popen, log: Path, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in log.read_text().splitlines():
+            if line.startswith("hangdoc agents listening on ports "):
+                return [int(p) for p in line.rsplit(" ", 1)[1].split(",")]
+        if proc.poll() is not None:
+            raise SystemExit(f"host exited ({proc.returncode}): {log.read_text()[-2000:]}")
+        time.sleep(0.2)
+    raise SystemExit(f"host did not listen within {timeout:.0f} s: {log.read_text()[-2000:]}")
+
+
+def serve_hosted(first: int, count: int, world: int, token_file: str) -> int:
+    """``--serve FIRST:COUNT``: agents FIRST..FIRST+COUNT-1 in this process, each
+    ``hangdoc.fleet.agent.serve`` (the server ``hangdoc agent --replay`` runs) on its own
+    port, all on one event loop; prints their ports on one stderr line, runs until SIGTERM.
+    Audit lines are off (no logging handler), as they would go to each node's own stderr."""
+    from hangdoc.fleet.agent import AgentConfig, read_token, serve
+
+    token = read_token(token_file)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        ports: dict[int, int] = {}
+        tasks = []
+        for k in range(first, first + count):
+            config = AgentConfig(listen="127.0.0.1:0", token=token, host=f"node{k}", replay=str(SNAPSHOT),
+                                 replay_rank_offset=RANKS_PER_AGENT * k, replay_world_size=world)
+            tasks.append(asyncio.create_task(serve(config, partial(ports.__setitem__, k), stop)))
+            if len(tasks) % 64 == 0:
+                await asyncio.sleep(0)  # let the started ones bind before the next batch
+        while len(ports) < count:
+            if failed := [t for t in tasks if t.done()]:
+                await failed[0]  # raises its error
+                raise SystemExit("an agent stopped before it listened")
+            await asyncio.sleep(0.05)
+        shown = ",".join(str(ports[k]) for k in range(first, first + count))
+        print(f"hangdoc agents listening on ports {shown}", file=sys.stderr, flush=True)
+        await stop.wait()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(main())
+    return 0
+
+
 def wait_port(proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -90,14 +174,15 @@ def wait_port(proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> int:
 
 
 @contextmanager
-def agents(n: int):
-    """The ports of N running agents; all of them are killed on the way out, whatever happens."""
+def agents(n: int, per: int):
+    """The ports of N running agents (PER to a process); all of them are killed on the way
+    out, whatever happens."""
     tag = uuid.uuid4().hex
     logs = Path(tempfile.mkdtemp(prefix="hangdoc-fanout-"))
     procs: list[subprocess.Popen] = []
     try:
         t0 = time.perf_counter()
-        procs, ports = start_agents(n, tag, logs)
+        procs, ports = start_hosts(n, per, tag, logs) if per > 1 else start_agents(n, tag, logs)
         started = time.perf_counter() - t0
         rss = sum(psutil.Process(p.pid).memory_info().rss for p in procs)
         yield ports, started, rss, [psutil.Process(p.pid) for p in procs]
@@ -114,7 +199,7 @@ def agents(n: int):
             raise SystemExit(f"{len(left)} agent(s) survived: {[p.pid for p in left]}")
 
 
-def round_bytes(fleet: Fleet, taken: dict[int, Sample]) -> int:
+def round_bytes(fleet: Fleet, taken: Mapping[int, Sample]) -> int:
     """Protobuf bytes of one round on the wire (requests + responses, without gRPC framing)."""
     per_node: dict[int, list[int]] = {}
     for i, (node, _) in enumerate(fleet.placed):
@@ -134,12 +219,24 @@ def expected_culprits(n: int) -> list[int]:
     return [RANKS_PER_AGENT * k + 2 for k in range(n)]
 
 
-def bench_size(n: int, repeat: int, options: CaptureOptions, profile: bool) -> dict[str, object]:
-    with agents(n) as (ports, started, agents_rss, agent_procs):
-        nodes = [RemoteNode(f"127.0.0.1:{port}") for port in ports]
+def widened(options: CaptureOptions, n: int) -> CaptureOptions:
+    """The options a flat round over N agents can finish under. A round's deadline is the
+    dump timeout + ROUND_SLACK for the whole fan-out (queueing included): past ~2,000 agents
+    on this machine a round of replaying agents takes longer, and every node still queued
+    would be reported unreachable. Above that size the dump timeout goes to the most an agent
+    accepts, so that the round can be timed at all."""
+    return options if n <= FLAT_LIMIT else replace(options, timeout=MAX_DUMP_TIMEOUT)
+
+
+def bench_size(n: int, per: int, repeat: int, options: CaptureOptions, profile: bool,
+               windows: list[int]) -> dict[str, object]:
+    options = widened(options, n)
+    auth = AgentAuth(token=TOKEN) if per > 1 else AgentAuth()
+    with agents(n, per) as (ports, started, agents_rss, agent_procs):
+        nodes = [RemoteNode(f"127.0.0.1:{port}", auth) for port in ports]
         try:
             t0 = time.perf_counter()
-            fleet = find_ranks(nodes, parse_job_spec(JOB), deadline=options.timeout + 10.0)
+            fleet = find_ranks(nodes, parse_job_spec(JOB), deadline=options.timeout + 10.0 + n * 0.01)
             t_find = time.perf_counter() - t0
             assert len(fleet.placed) == RANKS_PER_AGENT * n and not fleet.unreachable, fleet.unreachable
 
@@ -164,9 +261,10 @@ def bench_size(n: int, repeat: int, options: CaptureOptions, profile: bool) -> d
             agents_cpu_round = (agents_cpu(agent_procs) - agents0) / repeat
             parts = breakdown(fleet, taken, options)
             sources = time_sources(fleet, taken)
-            prof = profile_round(fleet, options) if profile else ""
+            prof = profile_round(fleet, options, threads=n > 1) if profile else ""
+            sweep = sweep_windows(fleet, windows, repeat, options) if windows else []
             return {
-                "n": n, "ranks": len(fleet.placed), "start": started, "agents_rss": agents_rss,
+                "n": n, "per": per, "ranks": len(fleet.placed), "start": started, "agents_rss": agents_rss,
                 "find": t_find, "round": statistics.median(rounds), "rounds": rounds,
                 "bytes": round_bytes(fleet, taken), "watch": t_watch,
                 "beyond": t_watch - options.window, "watch_rounds": rounds_in_watch,
@@ -175,11 +273,31 @@ def bench_size(n: int, repeat: int, options: CaptureOptions, profile: bool) -> d
                 "sources": sources, "verdict": diagnosis.verdict.value,
                 "culprits": culprits, "verdict_ok": verdict_ok,
                 "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                "profile": prof,
+                "profile": prof, "sweep": sweep, "timeout": options.timeout,
             }
         finally:
             for node in nodes:
                 node.close()
+
+
+def sweep_windows(fleet: Fleet, windows: list[int], repeat: int,
+                  options: CaptureOptions) -> list[tuple[int, float, float]]:
+    """(calls in flight, median round wall, coordinator CPU per round) for each window."""
+    out = []
+    default = coordinator.MAX_IN_FLIGHT
+    try:
+        for window in windows:
+            coordinator.MAX_IN_FLIGHT = window
+            walls = []
+            cpu0 = own_cpu()
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                sample_all(fleet, 1.0, native=False, timeout=options.timeout)
+                walls.append(time.perf_counter() - t0)
+            out.append((window, statistics.median(walls), (own_cpu() - cpu0) / repeat))
+    finally:
+        coordinator.MAX_IN_FLIGHT = default
+    return out
 
 
 def own_cpu() -> float:
@@ -191,15 +309,16 @@ def agents_cpu(procs: list[psutil.Process]) -> float:
     return sum(sum(p.cpu_times()[:2]) for p in procs)
 
 
-def breakdown(fleet: Fleet, taken: dict[int, Sample], options: CaptureOptions) -> dict[str, float]:
+def breakdown(fleet: Fleet, taken: Mapping[int, Sample], options: CaptureOptions) -> dict[str, float]:
     """Where a round's time goes: one call at a time, decode alone, the thread pool alone."""
     per_node: dict[int, tuple[RemoteNode, list[int]]] = {}
     for i, (node, _) in enumerate(fleet.placed):
         per_node.setdefault(id(node), (node, []))[1].append(i)  # type: ignore[arg-type]
+    visited = list(per_node.values())[:SERIAL_AT_MOST]
     t0 = time.perf_counter()
-    for node, idx in per_node.values():
+    for node, idx in visited:
         node.sample([fleet.placed[i][1] for i in idx], 1.0, native=False, timeout=options.timeout)
-    serial = time.perf_counter() - t0
+    serial = (time.perf_counter() - t0) * len(per_node) / len(visited)
     t0 = time.perf_counter()
     for _, idx in per_node.values():
         pb.SampleRequest(processes=pb.RankProcessList(
@@ -211,54 +330,97 @@ def breakdown(fleet: Fleet, taken: dict[int, Sample], options: CaptureOptions) -
     for response in responses:
         wire.samples_from_proto(response)
     decode = time.perf_counter() - t0
-    empty = Fleet([(node, fleet.placed[idx[0]][1]) for node, idx in per_node.values()], None)
+    empty = Fleet(tuple((node, fleet.placed[idx[0]][1]) for node, idx in per_node.values()), None)
     t0 = time.perf_counter()
     fan_out([node for node, _ in empty.placed], lambda node: None, None)
     pool = time.perf_counter() - t0
     return {"serial": serial, "encode": encode, "decode": decode, "pool": pool}
 
 
-def time_sources(fleet: Fleet, taken: dict[int, Sample]) -> float:
+def time_sources(fleet: Fleet, taken: Mapping[int, Sample]) -> float:
     """What a diagnosis adds to its first round: one SampleSources call per node (every
-    frame of every rank there, by pid), in sequence."""
-    per_node: dict[int, tuple[RemoteNode, dict[int, list]]] = {}
+    frame of every rank there, by pid), in sequence (timed over at most SERIAL_AT_MOST
+    nodes, scaled to all)."""
+    per_node: dict[int, tuple[Node, dict[int, list]]] = {}
     for i, sample in taken.items():
         node, proc = fleet.placed[i]
         frames = [f for th in sample.threads for f in th.frames]
         per_node.setdefault(id(node), (node, {}))[1].setdefault(proc.pid, []).extend(frames)
+    visited = list(per_node.values())[:SERIAL_AT_MOST]
     t0 = time.perf_counter()
-    for node, wanted in per_node.values():
+    for node, wanted in visited:
         node.sources(wanted)
-    return time.perf_counter() - t0
+    return (time.perf_counter() - t0) * len(per_node) / len(visited)
 
 
-def profile_round(fleet: Fleet, options: CaptureOptions) -> str:
-    """cProfile of one round (the calling thread only: the pool threads' gRPC calls are not in it)."""
-    prof = cProfile.Profile()
-    prof.enable()
-    sample_all(fleet, 1.0, native=False, timeout=options.timeout)
-    prof.disable()
+def profile_round(fleet: Fleet, options: CaptureOptions, threads: bool) -> str:
+    """cProfile of one round in CPU time (``time.thread_time``, so a thread waiting for an
+    answer or for the GIL costs nothing): the calling thread, and with ``threads`` every
+    pool thread's calls too (one profiler per thread, merged), sorted by own time. What
+    gRPC's own threads spend is in no profile: compare the total with the process's CPU."""
+    profiles: list[cProfile.Profile] = []
+    local = threading.local()
+    original = RemoteNode.sample
+
+    def profiled(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if not hasattr(local, "prof"):
+            local.prof = cProfile.Profile(time.thread_time)
+            profiles.append(local.prof)
+        local.prof.enable()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            local.prof.disable()
+
+    main = cProfile.Profile(time.thread_time)
+    if threads:
+        RemoteNode.sample = profiled  # type: ignore[method-assign]
+    cpu0, t0 = own_cpu(), time.perf_counter()
+    try:
+        main.enable()
+        sample_all(fleet, 1.0, native=False, timeout=options.timeout)
+        main.disable()
+    finally:
+        RemoteNode.sample = original  # type: ignore[method-assign]
+    cpu, wall = own_cpu() - cpu0, time.perf_counter() - t0
     out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(15)
-    return out.getvalue()
+    out.write(f"profiled round: {wall:.3f} s wall, {cpu:.3f} s CPU of the whole coordinator process\n")
+    stats = pstats.Stats(main, stream=out)
+    for prof in profiles:
+        stats.add(prof)
+    stats.sort_stats("tottime").print_stats(20)
+    text = out.getvalue()
+    for prefix in sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["stdlib"], str(ROOT)},
+                         key=len, reverse=True):
+        text = text.replace(prefix + "/", "")
+    return text
 
 
-def render(rows: list[dict[str, object]], options: CaptureOptions, repeat: int, cmd: str,
+def render(rows: list[dict[str, Any]], options: CaptureOptions, repeat: int, cmd: str,
            load_before: str) -> str:
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    per = int(rows[0]["per"])
+    hosting = (
+        f"Each agent is a separate `python -m hangdoc agent --listen 127.0.0.1:0 --replay {SNAPSHOT.relative_to(ROOT)}` "
+        f"process (one gRPC server per process, started {BATCH} at a time)"
+        if per == 1 else
+        f"The agents run {per} to a process (`--per-process {per}`): each is "
+        "`hangdoc.fleet.agent.serve`, the server `hangdoc agent --replay "
+        f"{SNAPSHOT.relative_to(ROOT)}` runs, on its own port, {per} of them on one event loop, with a token "
+        "(as an agent off loopback must have; without one every call would read the kernel's socket "
+        "table, whose length grows with the number of connections on this one machine) and no audit "
+        "lines")
     lines = [
         "## Coordinator fan-out (issue 4)",
         "",
         (f"Produced by `{cmd}` on {platform.node()} ({os.cpu_count()} cores shared with other "
          f"work: load average {load_before} before the run, {load} at its end), "
-         f"{time.strftime('%Y-%m-%d')}. Each agent is a separate "
-         "`python -m hangdoc agent --listen 127.0.0.1:0 --replay "
-         "tests/snapshots/mismatch_uneven_shards_eval_gather.json.gz` process (one gRPC server per "
-         f"process, started {BATCH} at a time), agent K serving the 3-rank snapshot as ranks "
+         f"{time.strftime('%Y-%m-%d')}. {hosting}; agent K serves the 3-rank snapshot as ranks "
          "3K..3K+2 of a 3N-rank job. The agents replay, so the capture itself costs ~0: what is "
          "timed is the coordinator's fan-out, gRPC and protobuf decode, in one Python process "
          f"over loopback. Round: median of {repeat}. watch: window {options.window:.1f} s, "
-         f"interval {options.interval:.1f} s."),
+         f"interval {options.interval:.1f} s. How the coordinator would reach 12,500 nodes and "
+         "more: [docs/scale.md](scale.md)."),
         "",
         ("| agents | ranks | agents up (s) | agents' RSS (MB) | find_ranks (s) | one sample_all round (s), median (min-max) "
          "| bytes per round | watch beyond the window (s) | rounds in watch | SampleSources, serial (s) "
@@ -267,44 +429,79 @@ def render(rows: list[dict[str, object]], options: CaptureOptions, repeat: int, 
     ]
     for r in rows:
         culprits = r["culprits"]
-        shown = (f"{culprits[:3]}...{culprits[-1]}" if len(culprits) > 4 else str(culprits))  # type: ignore[index]
+        shown = (f"{culprits[:3]}...{culprits[-1]}" if len(culprits) > 4 else str(culprits))
         ok = "as expected" if r["verdict_ok"] else "UNEXPECTED"
         lines.append(
-            f"| {r['n']} | {r['ranks']} | {r['start']:.1f} | {r['agents_rss'] / 2**20:.0f} | "
+            f"| {r['n']:,} | {r['ranks']:,} | {r['start']:.1f} | {r['agents_rss'] / 2**20:.0f} | "
             f"{r['find']:.3f} | {r['round']:.3f} ({min(r['rounds']):.3f}-{max(r['rounds']):.3f}) | {r['bytes']:,} | {r['beyond']:.2f} | "
             f"{r['watch_rounds']} | {r['sources']:.3f} | {r['maxrss'] / 2**20:.0f} | "
-            f"{r['verdict']} {shown} ({len(culprits)} culprits, {ok}) |"  # type: ignore[arg-type]
+            f"{r['verdict']} {shown} ({len(culprits)} culprits, {ok}) |"
         )
     lines += [
         "",
         "Where the time goes (seconds; one round unless said otherwise; the agents run on the same",
         "2 cores as the coordinator, so on loopback their CPU is part of the round's wall time):",
         "",
-        ("| agents | round, wall | coordinator CPU per round | all agents' CPU per round | the same calls "
-         "one node at a time | protobuf encode + decode alone | thread pool alone (no-op calls) | "
-         "watch: last round ended at (s) | watch: analysis |"),
-        "|---|---|---|---|---|---|---|---|---|",
+        ("| agents | round, wall | coordinator CPU per round | coordinator CPU per agent (ms) "
+         "| all agents' CPU per round | the same calls one node at a time | protobuf encode + decode alone "
+         "| thread pool alone (no-op calls) | watch: last round ended at (s) | watch: analysis |"),
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['n']} | {r['round']:.3f} | {r['cpu']:.3f} | {r['agents_cpu']:.3f} | "
+            f"| {r['n']:,} | {r['round']:.3f} | {r['cpu']:.3f} | {float(r['cpu']) / int(r['n']) * 1000:.2f} | "
+            f"{r['agents_cpu']:.3f} | "
             f"{r['serial']:.3f} | {r['encode']:.4f} + {r['decode']:.4f} | {r['pool']:.4f} | "
             f"{r['observed']:.2f} | "
             f"{r['analyse']:.3f} |"
         )
+    for r in rows:
+        if r["sweep"]:
+            lines += [
+                "",
+                (f"Calls in flight (`MAX_IN_FLIGHT`, the coordinator's thread pool) at {r['n']:,} agents, "
+                 f"median of {repeat} rounds each:"),
+                "",
+                "| calls in flight | round, wall (s) | coordinator CPU per round (s) |",
+                "|---|---|---|",
+                *(f"| {w} | {wall:.3f} | {cpu:.3f} |" for w, wall, cpu in r["sweep"]),
+            ]
     lines += [
         "",
         "The bar: one sample round over 128 agents in under 1 s beyond the capture itself.",
         "",
         *findings(rows),
+    ]
+    if rows[-1]["profile"]:
+        top = str(rows[-1]["profile"]).strip().splitlines()
+        lines += [
+            "",
+            (f"Where the coordinator's CPU goes in one round at {rows[-1]['n']:,} agents (`--profile`: cProfile in "
+             "CPU time, the calling thread and every pool thread merged; profiling itself slows the "
+             "Python parts most):"),
+            "",
+            "```",
+            *[line.rstrip() for line in top if line.strip()][:20],
+            "```",
+        ]
+    lines += [
         "",
         "Reading the table: \"bytes per round\" is the protobuf payload of all Sample requests",
-        "and responses of one round, re-encoded here (gRPC/HTTP2 framing not counted).",
+        "and responses of one round, re-encoded here (gRPC/HTTP2 framing not counted);",
+        "\"protobuf encode\" is building every node's process list anew, which a `RemoteNode`",
+        "now does only when its processes change.",
         "\"watch beyond the window\" is the whole `observe()` minus its 2 s window: the last round,",
         "every round's source lines, and analysis; it also depends on where the last round falls:",
         "`watch` stops at the first round ending past the window, anywhere up to an interval later.",
         "\"SampleSources, serial\" is one round's worth of",
         "the source-line calls `watch` makes after each round, one node after the other.",
+        f"The one-node-at-a-time columns visit at most {SERIAL_AT_MOST:,} nodes and are scaled to all.",
+        *([(f"Above {FLAT_LIMIT:,} agents the dump timeout is {MAX_DUMP_TIMEOUT:g} s instead of "
+           f"{options.timeout:g} s: a round's deadline (dump timeout + {coordinator.ROUND_SLACK:g} s) covers the "
+           "whole fan-out, queueing included, and a flat round over that many agents takes longer "
+           "than 6 s here, so with the default every agent still queued would be reported unreachable "
+           "(as `find_ranks` at 12,500 agents was, under its default 15 s deadline).")]
+          if any(int(r["n"]) > FLAT_LIMIT for r in rows) else []),
         "Peak RSS is `ru_maxrss`, which only grows: sizes run ascending, so each row is the peak",
         "up to and including that size.",
         "",
@@ -312,28 +509,35 @@ def render(rows: list[dict[str, object]], options: CaptureOptions, repeat: int, 
     return "\n".join(lines)
 
 
-def findings(rows: list[dict[str, object]]) -> list[str]:
+def findings(rows: list[dict[str, Any]]) -> list[str]:
     """What the numbers of the smallest and largest size say, in sentences."""
     small, big = rows[0], rows[-1]
-    n = int(big["n"])  # type: ignore[call-overload]
-    f = {k: float(v) for k, v in big.items() if isinstance(v, (int, float))}  # type: ignore[arg-type]
-    verdict = "meets" if f["round"] < 1.0 else "MISSES"
+    n = int(big["n"])
+    f = {k: float(v) for k, v in big.items() if isinstance(v, (int, float))}
+    verdict = "meets" if f["round"] < 1.0 else "misses"
+    per_agent = f["cpu"] / n
     return [
-        (f"At {n} agents one round takes {f['round']:.3f} s: it {verdict} the bar. The coordinator's "
-         f"own CPU is {f['cpu']:.3f} s of it (~{f['cpu'] / n * 1000:.1f} ms per agent), protobuf "
-         f"encode + decode only {f['encode'] + f['decode']:.3f} s, the thread pool {f['pool']:.3f} s. "
+        (f"At {n:,} agents one round takes {f['round']:.3f} s (the bar is for 128 agents: it {verdict} "
+         f"1 s at this size). The coordinator's own CPU is {f['cpu']:.3f} s of it "
+         f"(~{per_agent * 1000:.2f} ms per agent): decoding the answers into model values takes "
+         f"{f['decode']:.3f} s of it, the thread pool {f['pool']:.3f} s (building the process lists, "
+         f"{f['encode']:.3f} s, is paid on a node's first round only). "
          f"The same calls one node at a time cost {f['serial'] / n * 1000:.1f} ms each, of which "
-         f"encode + decode are {(f['encode'] + f['decode']) / n * 1000:.2f} ms: the rest is waiting "
-         "in gRPC for the agent's answer; the agents' own CPU "
+         f"encode + decode are {(f['encode'] + f['decode']) / n * 1000:.2f} ms: the rest is gRPC's own "
+         "work per call and waiting for the agent's answer; the agents' own CPU "
          f"({f['agents_cpu']:.3f} s per round) shares the coordinator's 2 cores here, which it would "
          "not on a real cluster, so loopback overstates the round."),
         "",
+        (f"At 12,500 nodes (100,000 GPUs, 8 a node) one flat round costs the coordinator "
+         f"~{per_agent * 12_500:.1f} s of CPU at this rate, however many calls are in flight: above the "
+         "5 s a round may take. [docs/scale.md](scale.md) plans the relay tree that spreads it."),
+        "",
         (f"What `watch` adds: source lines. Asked one node after the other they would cost "
-         f"{f['sources']:.3f} s at {n} agents (the \"SampleSources, serial\" column); `watch` asks "
+         f"{f['sources']:.3f} s at {n:,} agents (the \"SampleSources, serial\" column); `watch` asks "
          "all nodes at once and only for (file, line) pairs it has not fetched from that node "
          "before, so only the first round pays, and rounds start on a fixed tick "
-         f"(`t0 + k * interval`). `watch` took {big['watch_rounds']} rounds in its 2 s window at {n} "
-         f"agents, {small['watch_rounds']} at {small['n']} agents."),
+         f"(`t0 + k * interval`). `watch` took {big['watch_rounds']} round(s) in its 2 s window at {n:,} "
+         f"agents, {small['watch_rounds']} at {small['n']:,} agents."),
     ]
 
 
@@ -348,18 +552,34 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="8,32,128")
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--profile", action="store_true", help="print a cProfile of one round per size")
+    parser.add_argument("--profile", action="store_true",
+                        help="a CPU profile of one round at the largest size (printed, and written with --write)")
     parser.add_argument("--write", metavar="FILE", help="append the markdown section to this file")
+    parser.add_argument("--per-process", type=int, default=1, metavar="K",
+                        help="host K agents in each agent process (default 1: one `hangdoc agent` each)")
+    parser.add_argument("--in-flight", default="", metavar="W,W,...",
+                        help="also time rounds with these many calls in flight (the coordinator's MAX_IN_FLIGHT)")
+    parser.add_argument("--in-flight-at", type=int, metavar="N",
+                        help="the one size to time --in-flight at (default: every size)")
+    parser.add_argument("--serve", metavar="FIRST:COUNT", help=argparse.SUPPRESS)  # a host process
+    parser.add_argument("--world", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--token-file", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve:
+        first, count = (int(x) for x in args.serve.split(":"))
+        return serve_hosted(first, count, args.world, args.token_file)
     options = CaptureOptions(window=2.0, interval=0.5)
     load_before = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     rows = []
-    for n in sorted(int(s) for s in args.sizes.split(",")):
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    windows = [int(w) for w in args.in_flight.split(",") if w]
+    for n in sizes:
         print(f"fan-out to {n} agents ...", file=sys.stderr, flush=True)
-        rows.append(bench_size(n, args.repeat, options, args.profile))
-        shown = {k: v for k, v in rows[-1].items() if k not in ("profile", "culprits")}
+        rows.append(bench_size(n, args.per_process, args.repeat, options, args.profile and n == sizes[-1],
+                               windows if args.in_flight_at in (None, n) else []))
+        shown = {k: v for k, v in rows[-1].items() if k not in ("profile", "culprits", "rounds")}
         print(shown, file=sys.stderr, flush=True)
-        if args.profile:
+        if rows[-1]["profile"]:
             print(rows[-1]["profile"], file=sys.stderr, flush=True)
     cmd = "python bench/bench_fanout.py " + " ".join(sys.argv[1:])
     text = render(rows, options, args.repeat, cmd.strip(), load_before)

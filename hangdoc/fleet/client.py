@@ -88,6 +88,9 @@ class RemoteNode:
         self._channel = auth.channel(address)
         self._stub = pb_grpc.AgentStub(self._channel)
         self._host: str | None = None
+        # the last Sample request's processes, as sent: a watch asks for the same ones every
+        # round; one attribute, so a concurrent call sees a matching pair or none
+        self._asked: tuple[tuple[RankProcess, ...], pb.RankProcessList] | None = None
 
     @property
     def name(self) -> str:
@@ -113,13 +116,19 @@ class RemoteNode:
     def sample(
         self, procs: Sequence[RankProcess], t: float, *, native: bool, timeout: float
     ) -> list[Sample]:
-        request = pb.SampleRequest(
-            processes=pb.RankProcessList(processes=[wire.rank_process_to_proto(p) for p in procs]),
-            t=t, native=native, timeout_seconds=timeout,
-        )
+        request = pb.SampleRequest(processes=self._process_list(procs), t=t, native=native,
+                                   timeout_seconds=timeout)
         response = self._call(self._stub.Sample, request, timeout + 2.0)
         by_pid = wire.samples_from_proto(response)
         return [by_pid[p.pid] for p in procs]
+
+    def _process_list(self, procs: Sequence[RankProcess]) -> pb.RankProcessList:
+        """``procs`` on the wire, translated again only when they differ from the last call's
+        (about 7% of the coordinator's CPU per agent in a round: docs/benchmarks.md)."""
+        key, asked = tuple(procs), self._asked  # read once: another thread may replace it
+        if asked is None or asked[0] != key:
+            asked = self._asked = (key, pb.RankProcessList(processes=[wire.rank_process_to_proto(p) for p in key]))
+        return asked[1]
 
     def sources(self, wanted: Mapping[int, Sequence[Frame]]) -> tuple[SourceFile, ...]:
         queries = []
