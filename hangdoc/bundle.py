@@ -83,8 +83,8 @@ import typing
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from itertools import accumulate, chain, repeat
-from operator import add, attrgetter, itemgetter, mul
+from itertools import accumulate, chain, compress, islice, repeat
+from operator import add, attrgetter, itemgetter, mul, ne, sub
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -401,14 +401,23 @@ def _float_key(cell: Any) -> Any:
     return cell.hex() if type(cell) is float else cell
 
 
+class _Numbering(dict[Any, int]):
+    """Distinct values numbered in first-seen order: ``numbering[value]`` is its number,
+    a new one for a value not seen before (looked up without a Python call when seen)."""
+
+    def __missing__(self, key: Any) -> int:
+        idx = self[key] = len(self)
+        return idx
+
+
 class _Writer(StackTable):
     """The strings, frames, stacks and tables of one bundle being written."""
 
     def __init__(self) -> None:
         super().__init__()
         self._stack_ids: dict[int, tuple[Stack, int]] = {}
-        self.strings: list[str] = []
-        self._string_index: dict[str, int] = {}
+        self._string_index = _Numbering()
+        self.string_id = self._string_index.__getitem__
         self.tables: dict[Any, _TableWriter] = {}
 
     def stack_id(self, stack: tuple[Frame, ...]) -> int:
@@ -418,12 +427,9 @@ class _Writer(StackTable):
             hit = self._stack_ids[id(stack)] = (stack, super().stack_id(stack))
         return hit[1]
 
-    def string_id(self, text: str) -> int:
-        idx = self._string_index.get(text)
-        if idx is None:
-            idx = self._string_index[text] = len(self.strings)
-            self.strings.append(text)
-        return idx
+    @property
+    def strings(self) -> list[str]:
+        return list(self._string_index)
 
     def table(self, key: Any) -> _TableWriter:
         table = self.tables.get(key)
@@ -475,6 +481,18 @@ def _enum_value(member: enum.Enum) -> Any:
     return member.value
 
 
+class _Memo(dict[Any, int]):
+    """A table's rows by value: a value seen before is looked up without a Python call."""
+
+    def __init__(self, add: Callable[[Any], int]) -> None:
+        super().__init__()
+        self._new = add
+
+    def __missing__(self, value: Any) -> int:
+        idx = self[value] = self._new(value)
+        return idx
+
+
 class _TableWriter:
     """The distinct rows of one table, numbered in first-seen order."""
 
@@ -487,27 +505,42 @@ class _TableWriter:
         # of the snapshot being written, alive until the bundle is, so its id stays its own.
         # (Records are not: encoding one costs about what looking it up would.) Tuples of
         # strings (an environment, its variables) are looked up by value: equal ones abound.
-        self._by_id: dict[Any, int] | None = None if spec.cls else {}
-        self._by_value = _only_strings(spec.key)
+        self._by_id: dict[int, int] = {}
+        self.add: Callable[[Any], int] = (
+            self._add if spec.cls else _Memo(self._add).__getitem__ if _only_strings(spec.key)
+            else self._add_by_id)
         self._encoders = [_cell_encoder(f.column, writer) for f in spec.fields]
         # (position, encoder) of the cells that are not the value itself
         self._converted = [(i, enc) for i, enc in enumerate(self._encoders) if enc is not None]
         self._get = attrgetter(*(f.name for f in spec.fields)) if spec.cls else None
-        self._keyed = any(f.column.kind in ("float", "inline") for f in spec.fields)
+        self._get_many = len(spec.fields) > 1  # attrgetter gives a tuple
+        # the cells a row's dict key holds otherwise: floats by their bits, objects as text
+        self._floats = [i for i, f in enumerate(spec.fields) if f.column.kind == "float"]
+        self._inlines = [i for i, f in enumerate(spec.fields) if f.column.kind == "inline"]
         # the fields no row has held anything but the default of, yet: left out if it stays so
-        self._unused = [i for i, f in enumerate(spec.fields) if f.default is not dataclasses.MISSING]
+        self._unused: list[int] = []
+        self._set_unused([i for i, f in enumerate(spec.fields)
+                          if f.default is not dataclasses.MISSING])
+
+    def _set_unused(self, unused: list[int]) -> None:
+        self._unused = unused
+        # the unused fields of a row, and their defaults: one comparison a row while they are
+        self._unused_of = itemgetter(*unused) if len(unused) > 1 else (
+            (lambda parts: (parts[unused[0]],)) if unused else (lambda parts: ()))
+        self._defaults = tuple(self.spec.fields[i].default for i in unused)
 
     @property
     def used(self) -> list[bool]:
         return [i not in self._unused for i in range(len(self.spec.fields))]
 
-    def add(self, value: Any) -> int:
-        by_id = self._by_id
-        if by_id is not None:
-            memo = value if self._by_value else id(value)
-            hit = by_id.get(memo)
-            if hit is not None:
-                return hit
+    def _add_by_id(self, value: Any) -> int:
+        idx = self._by_id.get(id(value))
+        if idx is None:
+            idx = self._by_id[id(value)] = self._add(value)
+        return idx
+
+    def _add(self, value: Any) -> int:
+        """The number of the row ``value`` is, a new row if no row holds the same."""
         spec = self.spec
         if spec.shape == "seq":
             enc = self._encoders[0]
@@ -519,23 +552,26 @@ class _TableWriter:
                 parts = list(value)
             else:
                 got = self._get(value)  # type: ignore[misc]
-                parts = list(got) if len(spec.fields) > 1 else [got]
-                if self._unused:
-                    self._unused = [i for i in self._unused
-                                    if parts[i] == spec.fields[i].default]
+                parts = list(got) if self._get_many else [got]
+                if self._unused and tuple(self._unused_of(parts)) != self._defaults:
+                    self._set_unused([i for i in self._unused
+                                      if parts[i] == spec.fields[i].default])
             for i, enc in self._converted:
                 parts[i] = enc(parts[i])
             cells = tuple(parts)
         key: Any = cells
-        if self._keyed:
-            key = tuple(json.dumps(c, sort_keys=True) if type(c) in (list, dict)
-                        else _float_key(c) for c in cells)
+        if self._floats or self._inlines:
+            parts = list(cells)
+            for i in self._floats:
+                parts[i] = _float_key(parts[i])
+            for i in self._inlines:
+                if type(parts[i]) in (list, dict):
+                    parts[i] = json.dumps(parts[i], sort_keys=True)
+            key = tuple(parts)
         idx = self._index.get(key)
         if idx is None:
             idx = self._index[key] = len(self.rows)
             self.rows.append(cells)
-        if by_id is not None:
-            by_id[memo] = idx
         return idx
 
     def to_json(self) -> dict[str, Any]:
@@ -576,17 +612,17 @@ class _TableWriter:
         n = len(self.rows)
         fields = self.spec.fields
         length = {i: _text_length(columns[i]) for i in kept}
-        distinct = {i: len(set(map(_float_key, cells[i]))) for i in kept
-                    if fields[i].column.kind != "inline"}
+        keys = {i: list(map(_float_key, cells[i])) if fields[i].column.kind == "float"
+                else cells[i] for i in kept if fields[i].column.kind != "inline"}
+        distinct = {i: len(set(column)) for i, column in keys.items()}
         group: list[int] = []
         rows = [0] * n
         cost = 0  # the text of shared and shared_row, estimated: a row number per row
         for i in sorted(distinct, key=distinct.__getitem__):  # fewest values first
             if distinct[i] > n // 4:
                 break
-            seen: dict[tuple[int, Any], int] = {}
-            joined = [seen.setdefault(pair, len(seen))
-                      for pair in zip(rows, map(_float_key, cells[i]))]
+            seen = _Numbering()
+            joined = list(map(seen.__getitem__, zip(rows, keys[i])))
             m = len(seen)
             grown = n * (len(str(m)) + 1) + m * sum(length[j] // n + 1 for j in (*group, i))
             if m > n // 4 or grown - cost >= length[i]:
@@ -595,10 +631,9 @@ class _TableWriter:
             rows, cost = joined, grown
         if not group:
             return [], {}
-        firsts: dict[int, int] = {}
-        for r, combo in enumerate(rows):
-            firsts.setdefault(combo, r)
-        combos = list(firsts.values())
+        # the first row of each combination (numbered in first-seen order)
+        firsts = dict(zip(reversed(rows), range(n - 1, -1, -1)))
+        combos = [firsts[combo] for combo in range(len(firsts))]
         shared = {"shared": {"n": len(combos), "columns": {
             fields[i].name: _column_json(fields[i].column.kind, [cells[i][r] for r in combos])
             for i in group}}, "shared_row": _column_json("int", rows)}
@@ -614,20 +649,13 @@ def _column_json(kind: str, cells: list[Any] | tuple[Any, ...]) -> Any:
     """A column as written: a list, or for integers, ``{"runs": [first, delta, count,
     ...]}`` when that is shorter (numbers that count up by the same steps)."""
     cells = list(cells)
-    if kind not in _INDEX_KINDS or len(cells) < 4 or any(type(c) is not int for c in cells):
+    if kind not in _INDEX_KINDS or len(cells) < 4 or not set(map(type, cells)) <= _INT:
         return cells
-    runs = [cells[0]]
-    prev, delta, count = cells[0], None, 0
-    for c in cells[1:]:
-        d = c - prev
-        prev = c
-        if d == delta:
-            count += 1
-            continue
-        if count:
-            runs += (delta, count)
-        delta, count = d, 1
-    runs += (delta, count)
+    deltas = list(map(sub, islice(cells, 1, None), cells))
+    # where each run of equal deltas starts, and so how long it is
+    starts = [0, *compress(range(1, len(deltas)), map(ne, islice(deltas, 1, None), deltas))]
+    counts = map(sub, chain(islice(starts, 1, None), (len(deltas),)), starts)
+    runs = [cells[0], *chain.from_iterable(zip(map(deltas.__getitem__, starts), counts))]
     if len(runs) > len(cells) or _text_length(runs) >= _text_length(cells):
         return cells  # runs must be shorter, and have fewer numbers to parse
     return {"runs": runs}
@@ -657,6 +685,12 @@ class _Tables(StackTable):
         self.rows: dict[Any, list[Any]] = {}
         # per table: the records and frames each row reaches (itself and what it refers to)
         self.weights: dict[Any, tuple[Weights, Weights]] = {}
+        self._lengths: list[int] = []
+
+    def stack_lengths(self) -> list[int]:
+        if len(self._lengths) != len(self.stacks):
+            self._lengths = list(map(len, self.stacks))
+        return self._lengths
 
     def frame_at(self, idx: object) -> Frame:
         return self.frames[_index(idx, len(self.frames), "frame")]
@@ -701,7 +735,7 @@ def _weight_at(w: Weights, i: int) -> int:
     return w if isinstance(w, int) else w[i]
 
 
-def _weights_of(w: Weights, idx: list[Any], has_none: bool) -> Weights:
+def _weights_of(w: Weights, idx: Ints, has_none: bool) -> Weights:
     """The weights of the rows ``idx`` refers to (None: no row, weighing nothing)."""
     if isinstance(w, int):
         return w if not has_none or not w else [0 if i is None else w for i in idx]
@@ -718,7 +752,7 @@ def _add_weights(a: Weights, b: Weights) -> Weights:
     return list(map(add, a, b))
 
 
-def _tuple_weights(w: Weights, spans: list[slice], lengths: list[int]) -> Weights:
+def _tuple_weights(w: Weights, spans: list[slice], lengths: Ints) -> Weights:
     """Each tuple's weight: the sum of its items' (``spans``: where each tuple's items are)."""
     if isinstance(w, int):
         return list(map(mul, lengths, repeat(w))) if w else 0
@@ -772,8 +806,8 @@ def _read_table(spec: _TableSpec, raw: object, t: _Tables
     if shared is not None:
         which, shared_cells, shared_records, shared_frames = _read_shared(
             spec, raw, shared, n, columns, t)
-        for name, values in shared_cells.items():  # expanded row by row as they are set
-            cells[name] = map(values.__getitem__, which)
+        for name, combos in shared_cells.items():  # expanded row by row as they are set
+            cells[name] = map(combos.__getitem__, which)
         records = _add_weights(records, _weights_of(shared_records, which, False))
         frames = _weights_of(shared_frames, which, False)
     for f in spec.fields:
@@ -802,7 +836,7 @@ _new = object.__new__
 
 def _read_shared(spec: _TableSpec, raw: dict[str, Any], shared: object, n: int,
                  columns: dict[str, Any], t: _Tables
-                 ) -> tuple[list[int], dict[str, list[Any]], Weights, Weights]:
+                 ) -> tuple[Ints, dict[str, Ints], Weights, Weights]:
     """The columns stored once per distinct combination: each row's combination, the
     combinations' columns, and the records and frames each combination reaches."""
     if type(shared) is not dict:
@@ -818,7 +852,7 @@ def _read_shared(spec: _TableSpec, raw: dict[str, Any], shared: object, n: int,
         _check_indices(which, m, "shared row", False, bounds)
     except _Invalid as err:
         raise err.under("shared_row") from None
-    cells: dict[str, list[Any]] = {}
+    cells: dict[str, Ints] = {}
     records: Weights = 0
     frames: Weights = 0
     for f in spec.fields:
@@ -867,7 +901,7 @@ def _read_seq(spec: _TableSpec, raw: dict[str, Any], n: int, t: _Tables
                 _width_weights(records, positions, width), _width_weights(frames, positions, width))
     ends = list(accumulate(lengths))
     spans = list(map(slice, chain((0,), ends), ends))
-    rows = list(map(tuple, map(items.__getitem__, spans)))
+    rows = list(map(tuple(items).__getitem__, spans))  # a tuple's slices are tuples
     return (rows, _tuple_weights(records, spans, lengths), _tuple_weights(frames, spans, lengths))
 
 
@@ -892,10 +926,13 @@ def _member(raw: dict[str, Any], key: str, tp: type, default: Any) -> Any:
 
 _INT = frozenset({int})
 _INT_OR_NONE = frozenset({int, _NONE})
+# An integer column as read: a list, or a range where runs made one (a single run that
+# counts up or down, as row numbers do)
+Ints = list[Any] | range
 
 
 def _read_column(f: _Field, raw: object, n: int, t: _Tables
-                 ) -> tuple[list[Any], Weights, Weights]:
+                 ) -> tuple[Ints, Weights, Weights]:
     """The ``n`` values of one column, checked a column at a time, with the records and
     frames each row reaches through it."""
     col = f.column
@@ -933,26 +970,30 @@ def _read_column(f: _Field, raw: object, n: int, t: _Tables
     _check_indices(idx, len(table), what, has_none, bounds)
     values = _lookup(table, idx, has_none)
     if kind == "stack":
-        return values, 0, _lookup(list(map(len, t.stacks)), idx, has_none, 0)
+        return values, 0, _lookup(t.stack_lengths(), idx, has_none, 0)
     if kind != "ref":
         return values, 0, 0
     records, frames = t.weights[col.target]
     return values, _weights_of(records, idx, has_none), _weights_of(frames, idx, has_none)
 
 
-def _lookup(table: list[Any], idx: list[Any], has_none: bool, none: Any = None) -> list[Any]:
+def _lookup(table: list[Any], idx: Ints, has_none: bool, none: Any = None) -> list[Any]:
     if has_none:
         return [none if i is None else table[i] for i in idx]
+    if type(idx) is range and idx.step > 0:  # rows in order (a tuple table's items)
+        return table[idx.start:idx.stop:idx.step]
     return list(map(table.__getitem__, idx))
 
 
+
 def _ints(raw: object, n: int, optional: bool, what: str
-          ) -> tuple[list[Any], bool, tuple[int, int] | None]:
+          ) -> tuple[Ints, bool, tuple[int, int] | None]:
     """An integer column of ``n`` values: a list of ints (None too when ``optional``), or
     runs. Also whether it holds a None, and its least and greatest values when they came
     for free (from runs)."""
     if type(raw) is dict:
-        return _runs(raw, n), False, _runs_bounds(raw)
+        values, bounds = _runs(raw, n)
+        return values, False, bounds
     raw = _expect_list(raw)
     if len(raw) != n:
         raise _Invalid(f"{len(raw):,} values for {n:,} rows")
@@ -965,8 +1006,9 @@ def _ints(raw: object, n: int, optional: bool, what: str
     return raw, _NONE in found, None
 
 
-def _runs(raw: dict[str, Any], n: int) -> list[int]:
-    """``{"runs": [first, delta, count, ...]}`` expanded to its ``n`` values."""
+def _runs(raw: dict[str, Any], n: int) -> tuple[Ints, tuple[int, int]]:
+    """``{"runs": [first, delta, count, ...]}`` expanded to its ``n`` values, and their
+    least and greatest."""
     if set(raw) != {"runs"}:
         raise _Invalid("expected a list, or an object with only the key 'runs'")
     runs = raw["runs"]
@@ -976,23 +1018,30 @@ def _runs(raw: dict[str, Any], n: int) -> list[int]:
         if n == 0 or len(runs) % 2 == 0:
             raise _Invalid(f"{len(runs):,} numbers, not a first value and (delta, count) "
                            f"pairs for {n:,} rows")
-        _check_range(runs, -(2**64), 2**64, False)  # bounded steps: no huge ints below
-        counts = runs[2::2]
+        first, deltas, counts = runs[0], runs[1::2], runs[2::2]
+        low, high = min(runs[:2]), max(runs[:2])  # the first value and deltas
+        if deltas:
+            low, high = min(low, min(deltas)), max(high, max(deltas))
+        # bounded steps: no huge ints below
+        _check_range(runs, -(2**64), 2**64, False, bounds=(low, high))
         _check_range(counts, 1, MAX_TABLE_ITEMS, False, offset=2, step=2)
     except _Invalid as err:
         raise err.under("runs") from None
     if 1 + sum(counts) != n:
         raise _Invalid(f"runs give {1 + sum(counts):,} values for {n:,} rows", "runs")
-    return list(accumulate(chain.from_iterable(map(repeat, runs[1::2], counts)),
-                           initial=runs[0]))
-
-
-def _runs_bounds(raw: dict[str, Any]) -> tuple[int, int]:
-    """The least and greatest values of runs ``_runs`` has checked: each run counts
-    steadily up or down, so they are among the values where the runs end."""
-    runs = raw["runs"]
-    ends = list(accumulate(map(mul, runs[1::2], runs[2::2]), initial=runs[0]))
-    return min(ends), max(ends)
+    if len(runs) <= 3:  # one run (or one value): a range, or one value n times
+        step = deltas[0] if deltas else 0
+        last = first + step * (n - 1)
+        values: Ints = range(first, last + step, step) if step else [first] * n
+        return values, (min(first, last), max(first, last))
+    values = list(accumulate(chain.from_iterable(map(repeat, deltas, counts)), initial=first))
+    if min(deltas) >= 0:  # counting up (ids, row numbers): the ends are the bounds
+        return values, (first, values[-1])
+    if max(deltas) <= 0:
+        return values, (values[-1], first)
+    # each run counts steadily up or down: the bounds are among the values where runs end
+    ends = list(accumulate(map(mul, deltas, counts), initial=first))
+    return values, (min(ends), max(ends))
 
 
 def _check_types(values: list[Any], allowed: frozenset[type], name: str) -> None:
@@ -1001,7 +1050,7 @@ def _check_types(values: list[Any], allowed: frozenset[type], name: str) -> None
         raise _Invalid(f"expected {name}, got {_kind(values[i])}", f"[{i}]")
 
 
-def _check_range(values: list[Any], lo: int, hi: int, has_none: bool, int64: bool = False,
+def _check_range(values: Ints, lo: int, hi: int, has_none: bool, int64: bool = False,
                  offset: int = 0, step: int = 1, bounds: tuple[int, int] | None = None) -> None:
     """Every int in ``values`` lies in ``lo..hi`` (``bounds``: their least and greatest,
     when known); else the first that does not, and where it is."""
@@ -1022,7 +1071,7 @@ def _not_none(value: object) -> bool:
     return value is not None
 
 
-def _check_indices(idx: list[Any], size: int, what: str, has_none: bool,
+def _check_indices(idx: Ints, size: int, what: str, has_none: bool,
                    bounds: tuple[int, int] | None = None) -> None:
     if bounds is None:
         present = list(filter(_not_none, idx)) if has_none else idx
