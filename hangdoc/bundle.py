@@ -69,11 +69,9 @@ capped, so that no file can make the analysis allocate or walk without bound
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
 import functools
-import gc
 import gzip
 import json
 import os
@@ -108,6 +106,7 @@ from .model import (
     ThreadCounters,
     ThreadStack,
     Unreachable,
+    collections_paused,
 )
 
 KIND = "hangdoc-snapshot"
@@ -1514,7 +1513,7 @@ def _frames_of(indices: list[Any], tables: _Tables) -> list[Frame]:
 
 def snapshot_bytes(snapshot: JobSnapshot, compress: bool) -> bytes:
     """``snapshot`` as the bytes of a bundle file, gzip-compressed or not."""
-    with _no_gc():
+    with collections_paused():
         data = json.dumps(snapshot_to_dict(snapshot), ensure_ascii=False, separators=(",", ":"))
     # a lone surrogate (text that was not UTF-8) is written as its JSON escape, "\\udc80",
     # which reads back as the same string
@@ -1645,7 +1644,7 @@ def snapshot_from_bytes(raw: bytes, path: Path) -> JobSnapshot:
             f"0x{raw[err.start]:02x} at offset {err.start})"
         ) from None
     del raw
-    with _no_gc():
+    with collections_paused():
         data = _json(text, path)
         del text  # the parsed values are all that is needed now
         try:
@@ -1654,19 +1653,6 @@ def snapshot_from_bytes(raw: bytes, path: Path) -> JobSnapshot:
             raise BundleError(f"{path}: {err}") from None
         except RecursionError:  # deep nesting the JSON parser took, where the decoder walks
             raise BundleError(f"{path}: not a hangdoc snapshot (JSON nested too deeply)") from None
-
-
-@contextlib.contextmanager
-def _no_gc() -> Iterator[None]:
-    """The cyclic garbage collector paused: loading makes millions of objects and no
-    garbage, and each collection would scan them all again."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def _json(text: str, path: Path) -> Any:

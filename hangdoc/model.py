@@ -10,10 +10,12 @@ reporter). This module imports nothing else of hangdoc.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
+import gc
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
@@ -853,3 +855,18 @@ def compress_ranks(ranks: Iterable[int]) -> str:
         parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
         i = j + 1
     return "[" + ",".join(parts) + "]"
+
+
+@contextlib.contextmanager
+def collections_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused, then left as it was. The model's values are
+    frozen and hold no cycles; loading or analysing a snapshot makes millions of them and no
+    garbage in cycles, and each collection of the oldest generation meanwhile would only walk
+    every object of the snapshot again (3 s at 100k ranks)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()

@@ -7,10 +7,8 @@ ranks' stacks into one ``CallTree`` (``merge``), then ``classify`` names the ver
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from ..model import (
     MAX_WORLD_SIZE,
@@ -25,6 +23,7 @@ from ..model import (
     StackGroup,
     ThreadStack,
     bounded_int,
+    collections_paused,
     compress_ranks,
 )
 from . import classify, confidence, wording
@@ -114,22 +113,8 @@ def off_node_ranks(
 
 def analyse(snapshot: JobSnapshot) -> Diagnosis:
     """Diagnose a snapshot. Deterministic for a given snapshot."""
-    with _collections_paused():
+    with collections_paused():
         return _analyse(snapshot)
-
-
-@contextlib.contextmanager
-def _collections_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused, as it was before afterwards. Analysis makes
-    a few small objects per rank and no garbage in cycles; a collection of the oldest
-    generation meanwhile would only walk every object of the snapshot (3 s at 100k ranks)."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def _analyse(snapshot: JobSnapshot) -> Diagnosis:
