@@ -64,8 +64,7 @@ def fan_out(
         _, pending = cf.wait(futures, timeout=deadline)
         for future, node in futures.items():
             if future in pending:
-                future.cancel()
-                out.append((node, None, TimeoutError(f"no answer within {deadline:.1f} s")))
+                out.append((node, None, TimeoutError(_missed(future.cancel(), deadline, len(nodes)))))
             elif (exc := future.exception()) is not None:
                 out.append((node, None, exc))
             else:
@@ -73,6 +72,16 @@ def fan_out(
     finally:
         pool.shutdown(wait=False, cancel_futures=True)  # a slow node must not hold the report
     return out
+
+
+def _missed(queued: bool, deadline: float | None, nodes: int) -> str:
+    """Why a node's call missed the fan-out's deadline: it did not answer, or it was never
+    asked (it waited its turn behind ``MAX_IN_FLIGHT`` calls: a flat fan-out's limit,
+    docs/scale.md), so the node may be fine."""
+    if queued:
+        return (f"not asked within {deadline:.1f} s: queued behind {MAX_IN_FLIGHT} calls in flight "
+                f"to {nodes} nodes (a flat fan-out's limit: docs/scale.md)")
+    return f"no answer within {deadline:.1f} s"
 
 
 def _reason(exc: BaseException) -> str:

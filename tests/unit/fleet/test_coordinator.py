@@ -130,6 +130,22 @@ def test_slow_node_misses_the_deadline_without_holding_the_round() -> None:
     assert "no answer within 1.5 s" in taken.lost[0].reason
 
 
+def test_a_node_still_queued_at_the_deadline_is_said_not_asked() -> None:
+    # a flat fan-out has MAX_IN_FLIGHT calls in flight; past the deadline, the nodes still
+    # waiting their turn were never asked: their reason must not say they did not answer
+    from hangdoc.fleet.coordinator import MAX_IN_FLIGHT, fan_out
+
+    nodes = [RecordedNode(f"n{i}", ()) for i in range(MAX_IN_FLIGHT + 6)]
+    t0 = time.monotonic()
+    results = fan_out(nodes, lambda n: time.sleep(1.5), 0.3)
+    assert time.monotonic() - t0 < 1.4  # the deadline, not the calls
+    reasons = [str(exc) for _, _, exc in results]
+    assert all(r.startswith(("no answer within 0.3 s", "not asked within 0.3 s")) for r in reasons)
+    queued = f"not asked within 0.3 s: queued behind {MAX_IN_FLIGHT} calls in flight to {len(nodes)} nodes"
+    assert all(r.startswith(queued) for r in reasons[-6:])
+    assert reasons[0] == "no answer within 0.3 s"
+
+
 def hand_made_fleet(*nodes: RecordedNode) -> Fleet:
     """Every node's ranks, placed in rank order, without asking the nodes (no discovery)."""
     placed = [(node, snap.process) for node in nodes for snap in node.snaps.values()]
