@@ -121,7 +121,7 @@ class Views:
 
     def __init__(self, snapshot: JobSnapshot | None, recogniser: Recogniser | None = None) -> None:
         self.rec = recogniser if recogniser is not None else Recogniser(snapshot)
-        self._shapes: dict[tuple[tuple[object, ...], ...], _Stacks] = {}
+        self._shapes: dict[tuple[object, ...], _Stacks] = {}
 
     def view(self, snap: RankSnapshot) -> RankView:
         good = snap.good_samples
@@ -158,11 +158,22 @@ class Views:
         The shape holds how many threads each sample has, then each thread's stack (by
         identity: the ``_Stacks`` of a shape holds its first rank's samples, so no identity
         is reused while this lives), on-CPU mark and name, and the identities of its kept
-        arguments (``Recogniser.kept_locals``) where any are kept."""
+        arguments (``Recogniser.kept_locals``) where any are kept. Where every sample holds
+        the same tuple of threads (a bundle interns them; a hung rank's samples alike), the
+        shape is the number of samples and that one tuple's key: a third of the work."""
         each = tuple(map(_THREADS, good))
-        threads = tuple(chain.from_iterable(each))
-        shape = (tuple(map(len, each)), tuple(map(id, map(_FRAMES, threads))),
-                 tuple(map(_ACTIVE, threads)), tuple(map(_NAME, threads)), self._kept(threads))
+        first = each[0]
+        if all(t is first for t in each):
+            # every sample has the same threads, one object (a bundle interns them: a hung
+            # rank's samples): the key of one sample says it for all, tagged by their count
+            threads = first
+            shape: tuple[object, ...] = (len(each), tuple(map(id, map(_FRAMES, threads))),
+                                         tuple(map(_ACTIVE, threads)), tuple(map(_NAME, threads)),
+                                         self._kept(threads))
+        else:
+            threads = tuple(chain.from_iterable(each))
+            shape = (tuple(map(len, each)), tuple(map(id, map(_FRAMES, threads))),
+                     tuple(map(_ACTIVE, threads)), tuple(map(_NAME, threads)), self._kept(threads))
         stacks = self._shapes.get(shape)
         if stacks is None:
             stacks = self._shapes[shape] = _Stacks(good, self.rec)

@@ -56,13 +56,20 @@ LOGGER = ["threading.py:_bootstrap:995", "threading.py:run:982", "train.py:log_l
           "threading.py:wait:331"]
 
 
-def interned(snapshot: JobSnapshot) -> JobSnapshot:
-    """``snapshot`` with one object per distinct stack, as a bundle loads it."""
+def interned(snapshot: JobSnapshot, threads: bool = False) -> JobSnapshot:
+    """``snapshot`` with one object per distinct stack, as a bundle loads it; with
+    ``threads``, also one tuple per distinct tuple of threads (a bundle's samples whose
+    threads are alike share one, which ``Views`` keys once for all of them)."""
     seen: dict[Stack, Stack] = {}
+    alike: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+    def one(made: tuple[Any, ...]) -> tuple[Any, ...]:
+        return alike.setdefault(made, made) if threads else made
+
     return dataclasses.replace(snapshot, ranks=tuple(
         dataclasses.replace(r, samples=tuple(
-            dataclasses.replace(s, threads=tuple(
-                dataclasses.replace(t, frames=seen.setdefault(t.frames, t.frames)) for t in s.threads))
+            dataclasses.replace(s, threads=one(tuple(
+                dataclasses.replace(t, frames=seen.setdefault(t.frames, t.frames)) for t in s.threads)))
             for s in r.samples))
         for r in snapshot.ranks))
 
@@ -209,9 +216,12 @@ def _variants() -> dict[str, RankSnapshot]:
     return variants
 
 
-def test_ranks_that_share_stacks_get_the_views_they_get_alone() -> None:
+@pytest.mark.parametrize("threads", [False, True], ids=["stacks_interned", "threads_interned"])
+def test_ranks_that_share_stacks_get_the_views_they_get_alone(threads: bool) -> None:
     variants = _variants()
-    snapshot = interned(make_snapshot(list(variants.values())))
+    snapshot = interned(make_snapshot(list(variants.values())), threads)
+    one_tuple = [len(r.samples) > 1 and len({id(s.threads) for s in r.samples}) == 1 for r in snapshot.ranks]
+    assert any(one_tuple) and not all(one_tuple)  # both ways of keying a shape
     making = Views(snapshot)
     together = {name: making.view(r) for name, r in zip(variants, snapshot.ranks)}
     for name, rank in zip(variants, snapshot.ranks):
@@ -252,8 +262,8 @@ def test_the_shared_views_make_the_diagnosis_each_rank_alone_would() -> None:
                        ctx_per_sample=r % 7, io_per_sample=(r % 5) * 40_000,
                        cpu_per_sample=0.3 if r == 5 else 0.0) for r in range(64)]
     separate = make_snapshot(ranks)
-    shared = interned(separate)
-    assert analyse(shared) == analyse(separate)
+    assert analyse(interned(separate)) == analyse(separate)
+    assert analyse(interned(separate, threads=True)) == analyse(separate)
 
 
 @pytest.mark.parametrize("collecting", [True, False])
