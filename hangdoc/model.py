@@ -15,10 +15,11 @@ import enum
 import functools
 import gc
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
+from typing import TypeVar
 
 # The largest rank count any value may claim (a world size, a rank number), wherever it
 # comes from: a process's environment, an agent's answer, a saved snapshot. The largest
@@ -855,6 +856,26 @@ def compress_ranks(ranks: Iterable[int]) -> str:
         parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
         i = j + 1
     return "[" + ",".join(parts) + "]"
+
+
+_In = TypeVar("_In")
+_Out = TypeVar("_Out")
+
+
+def once_per_object(make: Callable[[_In], _Out]) -> Callable[[_In], _Out]:
+    """``make``, worked out once per argument object while the function returned lives:
+    ranks share their stacks and ops (bundles intern stacks; ``analysis.ops.Recogniser``
+    returns one op per distinct thread), so their words, keys and report entries are made
+    once. Each entry holds its argument, so no id is reused meanwhile."""
+    seen: dict[int, tuple[_In, _Out]] = {}
+
+    def once(value: _In) -> _Out:
+        found = seen.get(id(value))
+        if found is None:
+            found = seen[id(value)] = (value, make(value))
+        return found[1]
+
+    return once
 
 
 @contextlib.contextmanager

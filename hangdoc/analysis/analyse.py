@@ -8,7 +8,7 @@ ranks' stacks into one ``CallTree`` (``merge``), then ``classify`` names the ver
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..model import (
     MAX_WORLD_SIZE,
@@ -25,6 +25,7 @@ from ..model import (
     bounded_int,
     collections_paused,
     compress_ranks,
+    once_per_object,
 )
 from . import classify, confidence, wording
 from .device import waits_for_device
@@ -39,7 +40,11 @@ from .views import RankView, Views
 def tree_stack(thread: ThreadStack) -> Stack:
     """The stack as merged across ranks: unsymbolised native frames (bare addresses, which
     differ per process under ASLR) are left out so identical stacks stay identical."""
-    return tuple(f for f in thread.frames if not (f.native and f.function.startswith("0x")))
+    return _tree_frames(thread.frames)
+
+
+def _tree_frames(frames: Stack) -> Stack:
+    return tuple(f for f in frames if not (f.native and f.function.startswith("0x")))
 
 
 def expected_ranks(snapshot: JobSnapshot, views: Sequence[RankView] = ()) -> set[int]:
@@ -132,13 +137,13 @@ def _analyse(snapshot: JobSnapshot) -> Diagnosis:
     unknown |= elsewhere
     missing = absent - unknown
 
-    merged = _TreeStacks()
-    stacks: dict[int, Stack] = {v.rank: merged(v.thread) for v in views if v.thread is not None}
+    merged = once_per_object(_tree_frames)  # ranks share stacks: one merged stack for each
+    stacks: dict[int, Stack] = {v.rank: merged(v.thread.frames) for v in views if v.thread is not None}
     tree = build_tree(stacks)
     groups, group_of = _groups(tree, {v.rank: v.op for v in views})
 
     result = classify.classify(views, sorted(missing), sorted(unknown))
-    describe = _Details()
+    describe = _details()
     if elsewhere_note:
         result.evidence.append(elsewhere_note)
     ranks = [
@@ -192,35 +197,20 @@ def _analyse(snapshot: JobSnapshot) -> Diagnosis:
     return diagnosis
 
 
-class _TreeStacks:
-    """``tree_stack`` once per stack object (ranks share stacks: bundles intern them), the
-    same object for every thread of that stack. Each entry holds its stack: ids are not
-    reused while this lives."""
-
-    def __init__(self) -> None:
-        self._seen: dict[int, tuple[Stack, Stack]] = {}
-
-    def __call__(self, thread: ThreadStack) -> Stack:
-        seen = self._seen.get(id(thread.frames))
-        if seen is None:
-            seen = self._seen[id(thread.frames)] = (thread.frames, tree_stack(thread))
-        return seen[1]
-
-
-class _Details:
+def _details() -> Callable[[RankView], str]:
     """``wording.describe_rank``; a rank in an op is described by its op alone, once per op
     object (the ranks of one stack share it)."""
+    by_op: dict[int, str] = {}  # the ops are held by the views meanwhile
 
-    def __init__(self) -> None:
-        self._by_op: dict[int, tuple[DistOp, str]] = {}
-
-    def __call__(self, v: RankView) -> str:
+    def describe(v: RankView) -> str:
         if v.op is None:
             return wording.describe_rank(v)
-        seen = self._by_op.get(id(v.op))
-        if seen is None:
-            seen = self._by_op[id(v.op)] = (v.op, wording.describe_rank(v))
-        return seen[1]
+        said = by_op.get(id(v.op))
+        if said is None:
+            said = by_op[id(v.op)] = wording.describe_rank(v)
+        return said
+
+    return describe
 
 
 _WORKING = (RankState.BUSY, RankState.PROGRESSING, RankState.COMMUNICATING)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ..model import GIVEN_GROUP, Frame, OpKind, RankState, Verdict
 from . import wording
 from .device import waits_for_device
-from .views import OpKey, OpKeys, RankView
+from .views import OpKey, RankView, op_keys
 from .wording import (
     AllReceive,
     CleanupStuck,
@@ -167,7 +167,7 @@ def decide(views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[
     device: list[RankView] = []
     for v in in_op:
         (device if waits_for_device(v.op) else known).append(v)
-    key = OpKeys()
+    key = op_keys()
     classes: dict[OpKey, list[RankView]] = defaultdict(list)
     for v in known:
         classes[key(v.op)].append(v)  # type: ignore[arg-type]
@@ -244,7 +244,7 @@ def _init_deadlock(
             ambiguous=ambiguous, quiet_over=in_op,
         )
     culprits, env = _env_disagreement(init)
-    key = OpKeys()
+    key = op_keys()
     classes: dict[OpKey, list[int]] = defaultdict(list)
     for v in init:
         classes[key(v.op)].append(v.rank)  # type: ignore[arg-type]

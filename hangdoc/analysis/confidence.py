@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from ..model import GIVEN_GROUP, Confidence, Origin, RankState, Verdict
 from .classify import IN_OP, OUTSIDE, Finding
 from .device import sync_call, waits_for_device
-from .views import OpKeys, RankView
+from .views import RankView, op_keys
 from .wording import (
     NOT_VISIBLE,
     CleanupStuck,
@@ -214,7 +214,7 @@ def _no_minority(case: Case) -> str | None:
         return (f"ranks split evenly between {len(f.groups)} ops: no minority to blame, "
                 "and ops of different process groups are not told apart")
     if isinstance(f, InitStuck) and not f.differ:
-        key = OpKeys()
+        key = op_keys()
         calls = {key(v.op) for v in f.init if v.op is not None}
         if len(calls) > 1:
             return f"ranks split evenly between {len(calls)} init calls: no minority to blame"

@@ -16,6 +16,7 @@ threads the same to recognition) and finds source lines through one ``SourceInde
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import replace
 
 from ..model import (
@@ -29,6 +30,7 @@ from ..model import (
     Origin,
     Stack,
     ThreadStack,
+    once_per_object,
 )
 from .device import device_wait
 from .source_lines import SourceIndex, enclosing_block, issuing_call, waited_name
@@ -253,8 +255,8 @@ class Recogniser:
         # keeps its stack across samples). Each entry holds its key, so that no id is reused
         # while this recogniser lives.
         self._by_id: dict[tuple[int, ...], tuple[ThreadKey, DistOp | None]] = {}
-        self._op_keys: dict[int, tuple[DistOp, tuple[str, tuple[str, ...]]]] = {}
-        self._python: dict[int, tuple[Stack, Stack]] = {}
+        self._op_keys: Callable[[DistOp], tuple[str, tuple[str, ...]]] = once_per_object(_op_key)
+        self._python: Callable[[Stack], Stack] = once_per_object(_python_only)
         # the locals part of keys, each value kept once: ranks whose locals differ only in
         # their lock identities' addresses share one object (and the lookup by identity)
         self._interned: dict[tuple[FrameLocals, ...], tuple[FrameLocals, ...]] = {}
@@ -316,19 +318,22 @@ class Recogniser:
         """``frames`` without its native frames (``frames`` itself when it has none), worked
         out once per stack object, and the same object each time: a stack shared by ranks
         stays shared, and recognised once."""
-        seen = self._python.get(id(frames))  # each entry holds its stack: ids are not reused
-        if seen is None:
-            python = tuple(f for f in frames if not f.native)
-            seen = self._python[id(frames)] = (frames, frames if len(python) == len(frames) else python)
-        return seen[1]
+        return self._python(frames)
 
     def op_key(self, op: DistOp) -> tuple[str, tuple[str, ...]]:
         """``op.key``, worked out once per op this recogniser returned (the same object for
         every thread with the same key)."""
-        seen = self._op_keys.get(id(op))  # each entry holds its op: ids are not reused
-        if seen is None:
-            seen = self._op_keys[id(op)] = (op, op.key)
-        return seen[1]
+        return self._op_keys(op)
+
+
+def _python_only(frames: Stack) -> Stack:
+    """``frames`` without its native frames; ``frames`` itself when it has none."""
+    python = tuple(f for f in frames if not f.native)
+    return frames if len(python) == len(frames) else python
+
+
+def _op_key(op: DistOp) -> tuple[str, tuple[str, ...]]:
+    return op.key
 
 
 def recognise(thread: ThreadStack, snapshot: JobSnapshot | None = None) -> DistOp | None:

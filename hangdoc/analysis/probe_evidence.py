@@ -10,6 +10,7 @@ those lines come first; ranks that tell the same thing share one line.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from ..model import (
     Diagnosis,
@@ -19,6 +20,7 @@ from ..model import (
     RankAnalysis,
     ThreadException,
     compress_ranks,
+    once_per_object,
 )
 
 MAX_LINES = 6  # of each kind; the rest is counted
@@ -39,7 +41,7 @@ def exception_lines(diagnosis: Diagnosis, snapshot: JobSnapshot) -> list[str]:
     if not telling:
         return []
     analysed = {a.rank: a for a in diagnosis.ranks if a.rank is not None}
-    described: dict[int, tuple[DistOp, str]] = {}  # op.describe() by the op's identity: ranks share ops
+    described = once_per_object(DistOp.describe)  # ranks share ops
     told: dict[tuple[bool, str, str, str, str], list[int]] = {}
     for rank, snap in telling:
         for exc in snap.exceptions:
@@ -74,14 +76,11 @@ def heartbeat_lines(snapshot: JobSnapshot) -> list[str]:
 
 
 def _within(exc: ThreadException, rank: RankAnalysis | None,
-            described: dict[int, tuple[DistOp, str]]) -> str:
+            described: Callable[[DistOp], str]) -> str:
     """`` while in all_reduce (train.py:30)`` when the thread is the one its op was found in."""
     if rank is None or rank.op is None or rank.thread is None or rank.thread != exc.thread_name:
         return ""
-    seen = described.get(id(rank.op))
-    if seen is None:
-        seen = described[id(rank.op)] = (rank.op, rank.op.describe())
-    return f" while in {seen[1]}"
+    return f" while in {described(rank.op)}"
 
 
 def _thread_words(name: str | None, one: bool) -> str:

@@ -8,6 +8,7 @@ not once per rank (``Views``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
@@ -23,6 +24,7 @@ from ..model import (
     RankState,
     Sample,
     ThreadStack,
+    once_per_object,
 )
 from .device import env_gpu_evidence, stacks_gpu_evidence, sync_call, waits_for_device
 from .locks import LockGraph, lock_graph, same_deadlock, waits_on_a_lock
@@ -60,19 +62,13 @@ class RankView:
 OpKey = tuple[str, tuple[str, ...]]  # ``DistOp.key``
 
 
-class OpKeys:
+def op_keys() -> Callable[[DistOp], OpKey]:
     """``DistOp.key`` worked out once per op object: the ranks of one stack share their op
-    (``Recogniser``), and a key quotes every frame of the op's path. Each entry holds its
-    op, so that no id is reused while this lives."""
+    (``Recogniser``), and a key quotes every frame of the op's path."""
+    return once_per_object(_KEY)
 
-    def __init__(self) -> None:
-        self._keys: dict[int, tuple[DistOp, OpKey]] = {}
 
-    def __call__(self, op: DistOp) -> OpKey:
-        seen = self._keys.get(id(op))
-        if seen is None:
-            seen = self._keys[id(op)] = (op, op.key)
-        return seen[1]
+_KEY = attrgetter("key")
 
 
 def rank_state(snap: RankSnapshot, op: DistOp | None, move: Movement | None) -> RankState:

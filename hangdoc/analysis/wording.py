@@ -13,10 +13,19 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..model import CaptureErrorKind, DistOp, Frame, RankState, ThreadStack, Verdict, compress_ranks
+from ..model import (
+    CaptureErrorKind,
+    DistOp,
+    Frame,
+    RankState,
+    ThreadStack,
+    Verdict,
+    compress_ranks,
+    once_per_object,
+)
 from .device import waits_for_device
 from .locks import REENTRANT, LockEdge, LockGraph
-from .views import OpKeys, RankView
+from .views import RankView, op_keys
 
 NEXT_STEPS: dict[Verdict, tuple[str, ...]] = {
     Verdict.NOT_HUNG: (
@@ -213,7 +222,7 @@ class DeviceWaits:
     @property
     def one_site(self) -> bool:
         """Every rank waits at the same host sync (none in a torch.distributed op)."""
-        key = OpKeys()
+        key = op_keys()
         return not self.known and len({key(v.op) for v in self.device if v.op}) == 1
 
 
@@ -358,7 +367,7 @@ def env_line(env: EnvSplit) -> str:
 
 def _cleanup_stuck(f: CleanupStuck) -> Words:
     culprits, training = _ranks(f.cleanup), f.training
-    where, short = _once_per_op(_cleanup_op), _once_per_op(DistOp.describe)
+    where, short = once_per_object(_cleanup_op), once_per_object(DistOp.describe)
     evidence = [f"rank {v.rank} is on a cleanup path: "
                 f"{where(v.op) if v.op is not None else cleanup_where(v)}" for v in f.cleanup]
     evidence += op_lines(training)
@@ -544,7 +553,7 @@ def _device_waits(f: DeviceWaits) -> Words:
 
 def _by_where(views: Sequence[RankView]) -> dict[str, list[int]]:
     found: dict[str, list[int]] = defaultdict(list)
-    said = _once_per_op(in_op)
+    said = once_per_object(in_op)
     for v in views:
         if v.op is not None:
             found[said(v.op)].append(v.rank)
@@ -587,20 +596,6 @@ rank_words = _r  # for the other modules of analysis that name ranks (``confiden
 def _v(ranks: Sequence[object], singular: str, plural: str) -> str:
     """The verb form agreeing with the number of ranks."""
     return singular if len(ranks) == 1 else plural
-
-
-def _once_per_op(say: Callable[[DistOp], str]) -> Callable[[DistOp], str]:
-    """``say``, worked out once per op object while the function returned lives: the ranks
-    of one stack share their op (``ops.Recogniser``), and an op in words quotes its frames."""
-    seen: dict[int, tuple[DistOp, str]] = {}  # each entry holds its op: ids are not reused
-
-    def said(op: DistOp) -> str:
-        found = seen.get(id(op))
-        if found is None:
-            found = seen[id(op)] = (op, say(op))
-        return found[1]
-
-    return said
 
 
 def _where(op: DistOp | None) -> str:
@@ -829,7 +824,7 @@ def frame_tail(v: RankView) -> str:
 
 def op_summary(views: Sequence[RankView]) -> str:
     """The ops the ranks are in, sorted and deduplicated: ``all_gather (a.py:3) / barrier``."""
-    describe = _once_per_op(DistOp.describe)
+    describe = once_per_object(DistOp.describe)
     ops = sorted({describe(v.op) for v in views if v.op})
     return " / ".join(ops) if ops else "?"
 
@@ -843,7 +838,7 @@ def in_op(op: DistOp) -> str:
 
 def in_ops(views: Sequence[RankView]) -> str:
     """``in`` the ops the ranks are in (``op_summary``), host syncs said as device waits."""
-    said = _once_per_op(in_op)
+    said = once_per_object(in_op)
     ops = sorted({said(v.op) for v in views if v.op})
     return " / ".join(ops) if ops else "in their last operation"
 
@@ -852,7 +847,10 @@ def op_lines(views: Sequence[RankView]) -> list[str]:
     """One line per op (and recogniser): which ranks wait in it, in the order first seen."""
     classes: dict[str, list[int]] = defaultdict(list)
     tails: dict[str, str] = {}
-    keyed = _once_per_op(lambda op: in_op(op) + (f" via {op.via}" if op.via != "c10d call" else ""))
+    def via(op: DistOp) -> str:
+        return in_op(op) + (f" via {op.via}" if op.via != "c10d call" else "")
+
+    keyed = once_per_object(via)
     for v in views:
         if v.op is None:
             continue

@@ -39,6 +39,7 @@ from ..model import (
     Unreachable,
     Verdict,
     compress_ranks,
+    once_per_object,
 )
 
 # escaped in the JSON text: the terminal-unsafe characters json.dumps lets through raw (it
@@ -123,7 +124,7 @@ def to_json_dict(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
 
 def _report(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
     processes = _Processes(snapshot)
-    op_entry = _OpEntries()
+    op_entry = once_per_object(_op)  # the ranks of one stack share one op, and its entry
     gpus = {(rs.process.host, rs.process.pid): rs.gpus for rs in snapshot.ranks if rs.gpus}
     return {
         "verdict": diagnosis.verdict.value,
@@ -233,31 +234,15 @@ class _Processes:
         return None if ra.rank is None else self._by_rank.get(ra.rank)
 
 
-class _OpEntries:
-    """``_op`` once per op object: the ranks of one stack share theirs, so their entries
-    share one dict (100k ranks in a few ops make a few dicts, not 100k)."""
-
-    def __init__(self) -> None:
-        self._made: dict[int, tuple[DistOp, dict[str, Any] | None]] = {}
-
-    def __call__(self, op: DistOp | None) -> dict[str, Any] | None:
-        if op is None:
-            return None
-        made = self._made.get(id(op))
-        if made is None:  # the op is held in the entry: its id is not reused meanwhile
-            made = self._made[id(op)] = (op, _op(op))
-        return made[1]
-
-
 def _rank(ra: RankAnalysis, process: RankProcess | None,
-          op_entry: Callable[[DistOp | None], dict[str, Any] | None] = lambda op: _op(op)) -> dict[str, Any]:
+          op_entry: Callable[[DistOp | None], dict[str, Any] | None] | None = None) -> dict[str, Any]:
     source = process.rank_source if process else None
     return {
         "rank": ra.rank,
         "pid": ra.pid,
         "host": ra.host,
         "state": ra.state.value,
-        "op": op_entry(ra.op),
+        "op": (op_entry or _op)(ra.op),
         "thread": ra.thread,
         "group": ra.group_id,
         "detail": ra.detail,
