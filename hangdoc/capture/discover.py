@@ -23,6 +23,7 @@ from ..model import RankProcess
 from .hosts import endpoint_scope
 from .jobspec import JobKind, JobSpec
 from .jobsplit import Member, MultipleJobs, check_one_job
+from .owners import by_owner, job_owner
 from .processes import ProcessTable, describe, read_process_table, withhold
 from .rankenv import env_int_notes
 from .ranks import (
@@ -103,6 +104,36 @@ def _one_rank_note(spec: JobSpec, selection: Selection) -> list[str]:
     return [f"pid {spec.pid} is one rank; to see the whole job name it by {endpoint}"]
 
 
+def _keep_the_owners(spec: JobSpec, what: str, table: ProcessTable, selection: Selection,
+                     launchers: Mapping[int, int | None]) -> list[str]:
+    """Leave out of ``selection`` the ranks of any user but the job's (``owners``); the note
+    that names them, or a refusal when the job's user cannot be told."""
+    groups = by_owner(table, (r.proc.pid for r in selection.ranks))
+    if len(groups) < 2:
+        return []
+    owner = job_owner(table, (r.proc.pid for r in selection.ranks),
+                      launchers.values(),
+                      named_pid=spec.pid if spec.kind is JobKind.PID else None,
+                      port=spec.port if spec.kind is JobKind.ENDPOINT else None)
+    if owner is None:
+        who = "; ".join(f"uid {uid}: pid {', '.join(map(str, pids[:4]))}{' ...' if len(pids) > 4 else ''}"
+                        for uid, pids in sorted(groups.items(), key=lambda g: (g[0] is None, g[0] or 0)))
+        raise MultipleJobs(
+            f"{what} takes in ranks of {len(groups)} users ({who}), and nothing here says whose "
+            "job it is (no process of this node listens on its MASTER_PORT)",
+            help="Name the job by pid:PID of its launcher or of one of its ranks, or diagnose it "
+            "from the node whose process listens on MASTER_PORT.")
+    others = [pid for uid, pids in groups.items() if uid != owner.uid for pid in pids]
+    selection.ranks = [r for r in selection.ranks if table.procs[r.proc.pid].uid == owner.uid]
+    shown = ", ".join(f"pid {pid} (uid {table.procs[pid].uid})" for pid in others[:8])
+    more = f" and {len(others) - 8} more" if len(others) > 8 else ""
+    many = len(others) > 1
+    note = (f"left out {len(others)} process{'es' if many else ''} of another user that "
+            f"name{'' if many else 's'} this job ({shown}{more}): the job belongs to uid "
+            f"{owner.uid}, {owner.how}; they were not read as ranks")
+    return [note]
+
+
 def _not_ranks_message(what: str, selection: Selection, table: ProcessTable) -> str:
     parts = [f"{describe(table.procs[pid])}: {why}"
              for pid, why in list(selection.rejected.items())[:4]]
@@ -151,9 +182,10 @@ def discover(spec: JobSpec, host: str | None = None, table: ProcessTable | None 
         raise JobNotFound(_not_ranks_message(scope.what, selection, table))
     launchers = {r.proc.pid: launcher_of(table, r.proc.pid, selection.launchers)
                  for r in selection.ranks}
+    owner_notes = _keep_the_owners(spec, scope.what, table, selection, launchers)
     if spec.kind is not JobKind.ENDPOINT:  # an endpoint names one rendezvous already
         _check_one_job(spec, selection, launchers)
-    notes = selection.notes + _one_rank_note(spec, selection) + \
+    notes = selection.notes + owner_notes + _one_rank_note(spec, selection) + \
         duplicate_notes(selection.ranks) + env_int_notes(r.proc for r in selection.ranks) + \
         unreadable_notes(selection)
     size = world_size(selection.ranks, notes)

@@ -56,6 +56,8 @@ class ProcInfo:
     create_time: float
     env: Mapping[str, str] | None = field(default=None, compare=False, hash=False)
     """The start-up environment; None when it could not be read."""
+    uid: int | None = None
+    """Its effective user (the owner of /proc/PID); None when unknown."""
 
 
 @dataclass
@@ -133,7 +135,7 @@ def read_process_table(exclude: Iterable[int] = (), *,
     skip = set(exclude) | {os.getpid()}
     procs: dict[int, ProcInfo] = {}
     withheld: set[int] = set()
-    attrs = ["pid", "ppid", "name", "exe", "cmdline", "create_time", "status"]
+    attrs = ["pid", "ppid", "name", "exe", "cmdline", "create_time", "status", "uids"]
     for proc in psutil.process_iter(attrs):
         info = proc.info
         pid = info["pid"]
@@ -159,6 +161,7 @@ def read_process_table(exclude: Iterable[int] = (), *,
             cmdline=tuple(info["cmdline"] or ()),
             create_time=info["create_time"] or 0.0,
             env=env,
+            uid=info["uids"].effective if info.get("uids") else None,
         )
     unreadable = sum(1 for p in procs.values() if p.env is None)
     return ProcessTable(procs, unreadable, frozenset(withheld))

@@ -13,7 +13,10 @@ hangdoc usually runs as root. So every source line hangdoc shows or saves (``Fra
 - when the process's own credentials allow it: search permission on every directory and
   read permission on the file, for its filesystem uid, gid and supplementary groups, as
   the kernel would decide (mode bits; ``CAP_DAC_OVERRIDE``/``CAP_DAC_READ_SEARCH`` in its
-  effective set count as the kernel counts them);
+  effective set count only when the process is in hangdoc's own user namespace: in a
+  namespace of its own, which any user can make with ``unshare -Ur``, every process has
+  every capability, valid only for files owned by ids mapped into that namespace, so
+  hangdoc counts none there);
 - up to ``MAX_SOURCE_BYTES``.
 
 The step-heartbeat records that a rank names through its environment
@@ -42,6 +45,24 @@ _CACHE_BYTES = 64 * 1024 * 1024
 _CAP_DAC_OVERRIDE = 1 << 1
 _CAP_DAC_READ_SEARCH = 1 << 2
 _R, _X = 4, 1
+
+
+def user_namespace(pid: int | str) -> tuple[int, int] | None:
+    """The identity (device, inode) of ``pid``'s user namespace; ``"self"`` for ours."""
+    try:
+        st = os.stat(f"/proc/{pid}/ns/user")
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def in_our_user_namespace(pid: int) -> bool:
+    """Whether ``pid``'s capabilities mean what they say here: it shares our user namespace.
+
+    Any user can make a user namespace (``unshare -Ur``) in which it holds every capability;
+    those are valid only inside it, so a process elsewhere counts as having none."""
+    theirs = user_namespace(pid)
+    return theirs is not None and theirs == user_namespace("self")
 
 
 def read_status(pid: int) -> dict[str, str] | None:
@@ -76,7 +97,7 @@ class Credentials:
         try:
             uids = fields["Uid"].split()
             gids = fields["Gid"].split()
-            caps = int(fields.get("CapEff", "0"), 16)
+            caps = int(fields.get("CapEff", "0"), 16) if in_our_user_namespace(pid) else 0
             return cls(
                 fsuid=int(uids[3]), fsgid=int(gids[3]),
                 groups=frozenset(int(g) for g in fields.get("Groups", "").split()),

@@ -189,10 +189,39 @@ print(json.dumps(out))
 '''
 
 
-def test_nobody_sees_only_its_own_processes_and_no_root_file(area, victims, agent) -> None:
+# Runs a script in a user namespace of its own, as `unshare -U` would (where it holds every
+# capability, valid only inside), from an interpreter the user could already start.
+IN_USERNS = '''\
+import ctypes, os, runpy, sys
+if ctypes.CDLL(None, use_errno=True).unshare(0x10000000) != 0:  # CLONE_NEWUSER
+    sys.exit("unshare: " + os.strerror(ctypes.get_errno()))
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+
+
+def _in_userns(area: Path) -> list[str]:
+    wrapper = area / "work" / "in_userns.py"
+    wrapper.write_text(IN_USERNS)
+    return [sys.executable, str(wrapper)]
+
+
+def _as_nobody_through_agent(area: Path, victims: Victims, agent: Agent, *, userns: bool) -> None:
+    """nobody asks a root agent for its own rank and for root's; with ``userns`` both its
+    rank and its client run in user namespaces of their own, where they hold every
+    capability (CapEff all ones), valid only inside."""
     claimed = str(area / "secret")
-    _, own_port = _victim(area, victims, claimed, "victim_own")
-    root_pid, root_port = _victim(area, victims, claimed, "victim_root", user=False)
+    inside = _in_userns(area) if userns else [sys.executable]
+    name = "victim_ns" if userns else "victim_own"
+    script = area / "work" / f"{name}.py"
+    script.write_text(VICTIM)
+    ready = area / "work" / f"{name}.ready"
+    own_port = free_port()
+    own = victims.start(inside + [str(script), claimed, str(ready)], ready, own_port)
+    if userns:
+        status = dict(line.split(":\t", 1) for line in Path(f"/proc/{own.pid}/status").read_text().splitlines())
+        assert int(status["CapEff"], 16) & (1 << 19)  # CAP_SYS_PTRACE, in its own namespace
+    root_pid, root_port = _victim(area, victims, claimed, f"{name}_root", user=False)
     from hangdoc.capture.jobspec import parse_job_spec
     from hangdoc.fleet.client import RemoteNode
 
@@ -201,8 +230,8 @@ def test_nobody_sees_only_its_own_processes_and_no_root_file(area, victims, agen
     operator.close()
     client = area / "work" / "client.py"
     client.write_text(CLIENT)
-    out = subprocess.run(AS_NOBODY + [sys.executable, str(client), agent.address, f"127.0.0.1:{own_port}",
-                                      f"127.0.0.1:{root_port}", str(root_pid), claimed],
+    out = subprocess.run(AS_NOBODY + inside + [str(client), agent.address, f"127.0.0.1:{own_port}",
+                                               f"127.0.0.1:{root_port}", str(root_pid), claimed],
                          check=False, capture_output=True, text=True, cwd=REPO, timeout=90)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
@@ -218,6 +247,19 @@ def test_nobody_sees_only_its_own_processes_and_no_root_file(area, victims, agen
     assert claimed_codes and not any(claimed_codes)  # the claimed file's frames, without code
     assert result["sources"] == "OK" and result["source_text"] == []
     _assert_no_secret(out.stdout, claimed)
+
+
+def test_nobody_sees_only_its_own_processes_and_no_root_file(area, victims, agent) -> None:
+    _as_nobody_through_agent(area, victims, agent, userns=False)
+
+
+def test_a_user_namespace_buys_no_ptrace_rights(area, victims, agent) -> None:
+    nothing = area / "work" / "nothing.py"
+    nothing.write_text("")
+    probe = subprocess.run(AS_NOBODY + _in_userns(area) + [str(nothing)], check=False, capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("this kernel lets no unprivileged user make a user namespace")
+    _as_nobody_through_agent(area, victims, agent, userns=True)
 
 
 def test_seen_script_swapped_for_a_symlink_serves_nothing(area, victims, agent) -> None:
@@ -387,3 +429,72 @@ def test_agent_start_up_refuses_bad_input_in_one_line(tmp_path) -> None:
     junk.chmod(0o600)
     line = _bad_start(tmp_path, "--tls-cert", str(junk), "--tls-key", str(junk), "--tls-ca", str(junk))
     assert "unusable TLS files" in line
+
+
+# ------------------------------------------------------------------ another user's "rank"
+
+STORE = '''\
+import os, socket, sys, time
+store = socket.socket()
+store.bind(("127.0.0.1", int(os.environ["MASTER_PORT"])))
+store.listen()
+open(sys.argv[1], "w").close()
+time.sleep(3600)
+'''
+
+
+def _orphan_as_nobody(victims: Victims, argv: list[str], ready: Path, port: int) -> psutil.Process:
+    """nobody's process, below no process of root's (its shell exits: it is reparented), as
+    an attacker's own would be; killed with its session by ``victims``."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    orphan = ("import os, runpy, sys\n"
+              "child = os.fork()\n"
+              "if child:\n"
+              "    open(sys.argv[2] + '.pid', 'w').write(str(child))\n"
+              "    os._exit(0)\n"
+              "sys.argv = sys.argv[1:]\n"
+              "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    victims.procs.append(subprocess.Popen(AS_NOBODY + [argv[0], "-c", orphan, *argv[1:], str(ready)], env=env,
+                                          cwd="/", start_new_session=True, stdin=subprocess.DEVNULL))
+    deadline = time.monotonic() + 30
+    while not ready.exists():
+        assert time.monotonic() < deadline, "the orphan never got ready"
+        time.sleep(0.05)
+    time.sleep(0.2)
+    return psutil.Process(int(Path(f"{ready}.pid").read_text()))
+
+
+def test_another_users_process_in_the_rendezvous_is_kept_apart(area, victims, agent) -> None:
+    """nobody starts a "rank" with root's MASTER_ADDR/MASTER_PORT: root's diagnosis leaves it
+    out and says so, and the agent never asks its probe; without a listener to say whose job
+    it is, discovery refuses rather than merge two users' processes."""
+    import grpc
+
+    from hangdoc.fleet.v1 import agent_pb2 as pb
+    from hangdoc.fleet.v1 import agent_pb2_grpc as pb_grpc
+
+    store, squatter = area / "work" / "store.py", area / "work" / "squat.py"
+    store.write_text(STORE)
+    squatter.write_text(TRAIN)
+    for listens in (True, False):
+        port = free_port()
+        tag = "listen" if listens else "quiet"
+        own = victims.start([sys.executable, str(store if listens else squatter), str(area / f"{tag}.root")],
+                            area / f"{tag}.root", port, user=False)
+        foreign = _orphan_as_nobody(victims, [sys.executable, str(squatter)], area / "work" / f"{tag}.nobody", port)
+        with grpc.insecure_channel(agent.address) as channel:
+            stub = pb_grpc.AgentStub(channel)
+            if not listens:
+                with pytest.raises(grpc.RpcError) as err:
+                    stub.FindRanks(pb.FindRanksRequest(job=f"127.0.0.1:{port}"), timeout=30)
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert f"uid 0: pid {own.pid}" in err.value.details()
+                assert f"uid {NOBODY}: pid {foreign.pid}" in err.value.details()
+                continue
+            found = stub.FindRanks(pb.FindRanksRequest(job=f"127.0.0.1:{port}"), timeout=30)
+            assert [r.pid for r in found.ranks] == [own.pid]
+            note = next(n for n in found.notes if "another user" in n)
+            assert f"pid {foreign.pid} (uid {NOBODY})" in note and "the user listening on MASTER_PORT" in note
+            flight = stub.Flight(pb.FlightRequest(pids=[foreign.pid], timeout_seconds=2), timeout=30)
+            assert list(flight.ranks) == []  # its probe is never asked for

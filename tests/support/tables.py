@@ -14,9 +14,9 @@ TORCHRUN = (PY, "/venv/bin/torchrun", "--nproc-per-node", "2", "train.py")
 
 
 def proc(pid: int, ppid: int, cmdline: tuple[str, ...], env: dict[str, str] | None = None,
-         t: float = 0.0) -> ProcInfo:
+         t: float = 0.0, uid: int | None = None) -> ProcInfo:
     return ProcInfo(pid=pid, ppid=ppid, name=os.path.basename(cmdline[0]), exe=cmdline[0],
-                    cmdline=cmdline, create_time=t, env=env if env is not None else {})
+                    cmdline=cmdline, create_time=t, env=env if env is not None else {}, uid=uid)
 
 
 def table(*procs: ProcInfo) -> ProcessTable:

@@ -179,7 +179,7 @@ def test_the_kernel_socket_table_names_a_loopback_caller() -> None:
         assert socket_holder(owner[0], owner[1]) == ME
         caller = identify(f"ipv4:{host}:{port}", trust_remote=False)
         assert caller.uid == os.getuid() and not caller.operator
-        assert caller.pid == (None if os.getuid() == 0 else ME)  # root reads all: no pid needed
+        assert caller.pid == ME
         assert caller.may_read(ME)
     finally:
         for s in (client, accepted, server):
@@ -213,7 +213,8 @@ def test_a_user_may_read_only_its_own_dumpable_processes() -> None:
         assert nobody.may_read(procs[1].pid)
         assert not nobody.may_read(ME)  # a root process
         assert not nobody.may_read(1)
-        assert Caller(operator=False, uid=0).may_read(procs[1].pid)
+        assert Caller(operator=False, uid=0, pid=ME, _creds=ProcCreds.of(ME)).may_read(procs[1].pid)
+        assert not Caller(operator=False, uid=0).may_read(procs[1].pid)  # no holder, no creds
     finally:
         for p in procs:
             p.kill()
