@@ -26,6 +26,7 @@ over their own sockets; the job's communicators, streams and GPUs are not touche
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -242,7 +243,12 @@ def query_ras(pids: Sequence[int], timeout: float = DEFAULT_RAS_TIMEOUT, host: s
         ras_host, sep, port = address.rpartition(":")
         if not sep or not port.isascii() or not port.isdigit():
             return RasQuery(None, f"NCCL_RAS_ADDR={address[:80]!r} is not HOST:PORT")
-        argv += ["-h", ras_host.strip("[]") or "localhost", "-p", port]
+        ras_host = ras_host.strip("[]") or "localhost"
+        if not is_node_address(ras_host, pid):
+            # the variable is the job's word: hangdoc connects only to the node itself
+            return RasQuery(None, f"NCCL_RAS_ADDR names {ras_host[:80]!r}, not an address of this node; "
+                            "hangdoc asks RAS only on the node's own addresses")
+        argv += ["-h", ras_host, "-p", port]
     if _netns(pid) != _netns(os.getpid()):
         nsenter = shutil.which("nsenter")
         if nsenter is None:
@@ -281,6 +287,52 @@ def _ras_env(pid: int) -> Mapping[str, str]:
     except (psutil.Error, OSError):
         return {}
     return {k: v for k, v in env.items() if k in ("NCCL_RAS_ENABLE", "NCCL_RAS_ADDR")}
+
+
+def is_node_address(host: str, pid: int) -> bool:
+    """Whether ``host`` is ``localhost`` or an IP literal assigned to an interface in the
+    network namespace of ``pid`` (its kernel tables, ``/proc/PID/net``): never a name to look
+    up, never another host."""
+    if host == "localhost":
+        return True
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if addr.is_loopback:
+        return True
+    return addr in _local_addresses(pid)
+
+
+def _local_addresses(pid: int) -> set[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """The addresses of the interfaces in ``pid``'s network namespace: IPv4 from the
+    routing trie's ``/32 host LOCAL`` entries, IPv6 from ``if_inet6``."""
+    found: set[ipaddress.IPv4Address | ipaddress.IPv6Address] = set()
+    try:
+        with open(f"/proc/{pid}/net/fib_trie", encoding="ascii", errors="replace") as trie:
+            last = ""
+            for line in trie:
+                text = line.strip()
+                if text.startswith("|--"):
+                    last = text[3:].strip()
+                elif text.startswith("/32 host LOCAL") and last:
+                    try:
+                        found.add(ipaddress.IPv4Address(last))
+                    except ValueError:
+                        pass
+    except OSError:
+        pass
+    try:
+        with open(f"/proc/{pid}/net/if_inet6", encoding="ascii", errors="replace") as table:
+            for line in table:
+                word = line.split()[0] if line.split() else ""
+                try:
+                    found.add(ipaddress.IPv6Address(int(word, 16)))
+                except ValueError:
+                    pass
+    except OSError:
+        pass
+    return found
 
 
 def _netns(pid: int) -> int | None:

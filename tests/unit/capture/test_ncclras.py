@@ -25,6 +25,7 @@ process that has mapped a file named ``libnccl.so.2``: no NCCL job can run here.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import os
 import stat
@@ -241,3 +242,25 @@ def test_text_output_is_not_taken_for_a_report(nccl_process: int, tmp_path: Path
     _client(tmp_path, monkeypatch, "echo 'Job summary'; echo '==========='")
     query = query_ras([nccl_process])
     assert query.report is None and query.reason.startswith("ncclras printed no report hangdoc can read: not JSON")
+
+
+@pytest.mark.parametrize("address", ["203.0.113.7:28028", "ras.example.com:28028", "[2001:db8::1]:28028"])
+def test_a_ras_address_off_the_node_is_never_connected_to(address: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """NCCL_RAS_ADDR is the job's word: hangdoc runs the client only for the node's own
+    addresses (loopback, or one of the interfaces in the ranks' network namespace)."""
+    monkeypatch.setattr(ncclras, "loaded_library", lambda pid, marker: True)
+    monkeypatch.setattr(ncclras, "_ras_env", lambda pid: {"NCCL_RAS_ADDR": address})
+    client = _client(tmp_path, monkeypatch, f"cat {DATA / 'ncclras_doc_sample.json'}")
+    query = query_ras([os.getpid()], timeout=2.0)
+    assert query.report is None and "not an address of this node" in query.reason
+    assert client.exists() and not (tmp_path / "args").exists()  # never run
+
+
+def test_the_node_s_own_addresses_are_its_own() -> None:
+    me = os.getpid()
+    assert ncclras.is_node_address("localhost", me) and ncclras.is_node_address("127.0.0.1", me)
+    assert ncclras.is_node_address("::1", me)
+    mine = ncclras._local_addresses(me)
+    assert ipaddress.ip_address("127.0.0.1") in mine
+    assert not ncclras.is_node_address("203.0.113.7", me) and not ncclras.is_node_address("localhost.evil", me)
