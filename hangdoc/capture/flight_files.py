@@ -3,24 +3,46 @@
 torch writes one dump per rank, named with the rank at the end (``TORCH_FR_DUMP_TEMP_FILE``
 is a prefix: ``/tmp/nccl_trace_rank_3``); torch's analyzer reads the rank from that
 suffix, and so does this. Each file becomes a rank with its ``FlightRecord`` and no stack
-sample: the verdict then rests on the dumps alone, and the notes say so. Bounded: at most
-``MAX_FILES`` files of ``MAX_FILE_BYTES`` each; other files in the directory are named in
-the notes, never read beyond their first bytes.
+sample: the verdict then rests on the dumps alone, and the notes say so.
+
+The directory may be a shared one (``hangdoc analyze /tmp``), so every file in it is
+somebody else's until shown otherwise: the directory is opened once and each name in it
+is opened relative to it without following a link and without blocking (a FIFO put in
+place of a dump after the listing is refused at once, never waited on), checked to be a
+regular file and read once: a file seen under two names (a hard link) is read once. A
+file refused says why in the notes and the rest of the directory is still read.
+
+Bounded: at most ``MAX_FILES`` dumps, each at most ``MAX_FILE_BYTES``, ``MAX_DIR_BYTES`` in
+all (the files past it are named as not read), and ``MAX_DIR_ENTRIES`` entries kept in all:
+with many ranks each keeps its newest ``MAX_DIR_ENTRIES // files``, the ops a hang is in.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import stat
 from pathlib import Path
 
 from .. import __version__
 from ..errors import BundleError
 from ..model import JobSnapshot, RankProcess, RankSnapshot, RankSource
-from .flight_recorder import FlightRecordInvalid, read_flight_record
+from .flight_recorder import MAX_ENTRIES, FlightRecordInvalid, read_dump
 
-MAX_FILES = 100_000
-MAX_FILE_BYTES = 64 * 2**20
+# torch 2.13 (gloo, TORCH_FR_BUFFER_SIZE=2000, stacks on) writes 255 kB of pickle for a full
+# ring of 2,000 entries and 0.95 MB of JSON (_dump_fr_trace_json): 16 MiB holds a ring ten
+# times that size in JSON, sixty times in pickle
+MAX_FILE_BYTES = 16 * 2**20
+MAX_DIR_BYTES = 2**30  # 4,000 ranks of full 2,000-entry pickles
+MAX_FILES = 50_000
+MAX_DIR_ENTRIES = 500_000  # a kept entry costs about 500 bytes: 250 MB
+_MAX_NAMES = 1_000_000  # names looked at in the directory, dumps or not
+_LISTED = 8  # files named in a note
+_READ_CHUNK = 1 << 20
 _RANK_AT_END = re.compile(r"(\d+)(?:\.json|\.pkl|\.pickle)?$")
+_OPEN_FLAGS = (os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
+               | getattr(os, "O_CLOEXEC", 0))
 
 
 class FlightDirError(BundleError):
@@ -30,35 +52,142 @@ class FlightDirError(BundleError):
             "directory): one file per rank, the rank at the end of the name.")
 
 
+class _Refused(Exception):
+    """One file not read as a dump; ``str()`` says why, in a few words."""
+
+
 def read_flight_dir(path: Path) -> JobSnapshot:
     """Every dump in ``path`` (not recursive), as one rank each."""
+    try:
+        dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:
+        raise FlightDirError(f"cannot read directory {path}: {err.strerror or err}",
+                             help=FlightDirError.help) from None
+    try:
+        return _read_all(path, dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _read_all(path: Path, dir_fd: int) -> JobSnapshot:
+    names, skipped, more = _list(path, dir_fd)
     ranks: dict[int, RankSnapshot] = {}
-    skipped: list[str] = []
-    files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))[:MAX_FILES]
-    for file in files:
-        match = _RANK_AT_END.search(file.name)
-        if match is None or file.stat().st_size > MAX_FILE_BYTES:
-            skipped.append(file.name)
-            continue
+    seen: dict[tuple[int, int], str] = {}  # (st_dev, st_ino) of each file read: its name
+    keep = min(MAX_ENTRIES, MAX_DIR_ENTRIES // max(1, len(names)))
+    total = 0
+    for at, (name, rank) in enumerate(names):
+        if total >= MAX_DIR_BYTES:
+            more.append(f"{len(names) - at:,} file(s) not read: {MAX_DIR_BYTES >> 20:,} MiB read already")
+            break
         try:
-            record = read_flight_record(file.read_bytes(), source=f"file {file.name}")
-        except (FlightRecordInvalid, OSError) as err:
-            skipped.append(f"{file.name} ({err})")
+            raw = _read(dir_fd, name, seen)
+            total += len(raw)
+            record = read_dump(raw, f"file {_shown(name)}", keep)
+        except (_Refused, FlightRecordInvalid) as err:
+            skipped.append(f"{_shown(name)} ({err})")
             continue
-        rank = int(match.group(1))
         if rank in ranks:
-            raise FlightDirError(f"{path}: two dumps for rank {rank} ({file.name} and another)",
+            raise FlightDirError(f"{path}: two dumps for rank {rank} ({_shown(name)} and another)",
                                  help=FlightDirError.help)
         process = RankProcess(pid=0, host="", rank=rank, rank_source=RankSource.INFERRED,
-                              rank_evidence=f"from the dump's file name {file.name}")
+                              rank_evidence=f"from the dump's file name {_shown(name)}")
         ranks[rank] = RankSnapshot(process=process, samples=(), flight=record)
+    skipped.sort()
     if not ranks:
         raise FlightDirError(f"{path}: no flight recorder dump in it" +
                              (f" (not read: {', '.join(skipped[:5])})" if skipped else ""),
                              help=FlightDirError.help)
     notes = [(f"flight recorder dumps of {len(ranks)} rank(s) from {path}; no stacks: "
              "the verdict rests on the dumps alone")]
+    if keep < MAX_ENTRIES:
+        notes.append(f"{len(names):,} dumps: the newest {keep:,} entries of each were kept")
     if skipped:
-        notes.append(f"not read as dumps: {', '.join(skipped[:8])}" + (" ..." if len(skipped) > 8 else ""))
+        notes.append(f"not read as dumps: {', '.join(skipped[:_LISTED])}" +
+                     (f" and {len(skipped) - _LISTED:,} more" if len(skipped) > _LISTED else ""))
+    notes.extend(more)
     return JobSnapshot(spec=f"flight recorder dumps in {path.name}", ranks=tuple(ranks[r] for r in sorted(ranks)),
                        hangdoc_version=__version__, notes=tuple(notes))
+
+
+def _list(path: Path, dir_fd: int) -> tuple[list[tuple[str, int]], list[str], list[str]]:
+    """The names that may be dumps (with their rank), sorted; the names refused, with why
+    (other names only the first few); notes on limits reached."""
+    names: list[tuple[str, int]] = []
+    skipped: list[str] = []
+    more: list[str] = []
+    others = 0
+    try:
+        with os.scandir(dir_fd) as listing:
+            for count, item in enumerate(listing):
+                if count >= _MAX_NAMES or len(names) >= MAX_FILES:
+                    more.append(f"more than {len(names):,} dumps or {count:,} names in {path}: the rest not read")
+                    break
+                match = _RANK_AT_END.search(item.name)
+                if item.name.startswith("."):
+                    continue
+                if match is None or len(match.group(1)) > 9:
+                    others += 1
+                    if others <= _LISTED:
+                        skipped.append(_shown(item.name))
+                elif item.is_symlink():  # d_type: no system call; _read refuses one put in later
+                    skipped.append(f"{_shown(item.name)} (a symbolic link, not followed)")
+                elif not item.is_file(follow_symlinks=False):  # a device is never even opened
+                    skipped.append(f"{_shown(item.name)} ({_kind_of(item)}, not a regular file)")
+                else:
+                    names.append((item.name, int(match.group(1))))
+    except OSError as err:
+        raise FlightDirError(f"cannot list directory {path}: {err.strerror or err}",
+                             help=FlightDirError.help) from None
+    if others > _LISTED:
+        more.append(f"{others - _LISTED:,} more file(s) without a rank at the end of the name not read")
+    return sorted(names), skipped, more
+
+
+def _read(dir_fd: int, name: str, seen: dict[tuple[int, int], str]) -> bytes:
+    """The bytes of the regular file ``name`` in the directory, opened without following a
+    link or blocking; ``_Refused`` for anything else, or a file already read."""
+    try:
+        fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
+    except OSError as err:
+        raise _Refused("a symbolic link, not followed" if err.errno == errno.ELOOP
+                       else err.strerror or str(err)) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _Refused(f"{_file_kind(info.st_mode)}, not a regular file")
+        first = seen.setdefault((info.st_dev, info.st_ino), name)
+        if first != name:
+            raise _Refused(f"the same file as {_shown(first)}")
+        too_large = _Refused(f"larger than {MAX_FILE_BYTES >> 20} MiB, more than any flight recorder dump")
+        if info.st_size > MAX_FILE_BYTES:
+            raise too_large
+        chunks, total = [], 0  # st_size can lie: count as well
+        while chunk := os.read(fd, min(_READ_CHUNK, MAX_FILE_BYTES + 1 - total)):
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > MAX_FILE_BYTES:
+                raise too_large
+        return b"".join(chunks)
+    except OSError as err:
+        raise _Refused(err.strerror or str(err)) from None
+    finally:
+        os.close(fd)
+
+
+def _kind_of(item: os.DirEntry[str]) -> str:
+    try:
+        return _file_kind(item.stat(follow_symlinks=False).st_mode)
+    except OSError:  # gone since the listing
+        return "a special file"
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "a special file")
+
+
+def _shown(name: str) -> str:
+    """A file name for a one-line message: control characters escaped, at most 100 kept."""
+    shown = name if name.isprintable() else ascii(name)[1:-1]
+    return shown if len(shown) <= 100 else shown[:100] + "..."
