@@ -108,6 +108,7 @@ from .model import (
     Unreachable,
     collections_paused,
 )
+from .outfiles import Refused, check_target, write_file
 
 KIND = "hangdoc-snapshot"
 # The version of the bundle layout: its own number, not ``hangdoc.SCHEMA_VERSION`` (the JSON
@@ -1521,14 +1522,31 @@ def snapshot_bytes(snapshot: JobSnapshot, compress: bool) -> bytes:
     return gzip.compress(raw, compresslevel=GZIP_LEVEL, mtime=0) if compress else raw
 
 
+def check_save_path(path: str | Path) -> None:
+    """Refuse, before a capture, a ``--save`` path that ``save_snapshot`` would refuse."""
+    try:
+        check_target(path)
+    except (OSError, ValueError) as err:
+        raise _save_error(path, err) from None
+
+
 def save_snapshot(snapshot: JobSnapshot, path: str | Path) -> None:
-    """Write ``snapshot`` to ``path`` as a bundle (gzip when the name ends in ``.gz``)."""
+    """Write ``snapshot`` to ``path`` as a bundle (gzip when the name ends in ``.gz``), a
+    private file (0600: it holds source lines), never through a link nor over another
+    user's file (``hangdoc.outfiles``)."""
     path = Path(path)
     raw = snapshot_bytes(snapshot, compress=path.name.endswith(".gz"))
     try:
-        path.write_bytes(raw)
+        write_file(path, raw)
     except (OSError, ValueError) as err:  # ValueError: a NUL in the path
-        raise BundleError(f"cannot write snapshot to {path}: {_reason(err)}") from None
+        raise _save_error(path, err) from None
+
+
+def _save_error(path: str | Path, err: Exception) -> BundleError:
+    message = f"cannot write snapshot to {path}: {_reason(err)}"
+    if isinstance(err, Refused):
+        return BundleError(message, help=err.help)
+    return BundleError(message, help="Give --save a file path in an existing directory this user can write.")
 
 
 def _size(n: int) -> str:

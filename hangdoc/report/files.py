@@ -2,20 +2,20 @@
 ``--svg``.
 
 ``check_targets`` runs before the capture, so that a path that cannot be written fails in
-a second, not after a diagnosis; ``write_reports`` writes each file whole (a temporary
-file renamed into place: a reader never sees half a report). Both raise ``UsageError``
-with the option's name and what to do.
+a second, not after a diagnosis; ``write_reports`` writes each file whole and private
+(``hangdoc.outfiles``: 0600, never through a link nor over another user's file). Both
+raise ``UsageError`` with the option's name and what to do.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NoReturn
 
 from ..errors import UsageError, shown
 from ..model import Diagnosis, JobSnapshot
+from ..outfiles import Refused, check_target, write_file
 
 _HELP = "Give a file path in an existing directory this user can write."
 
@@ -32,19 +32,15 @@ def _renderers() -> dict[str, Callable[[Diagnosis, JobSnapshot], str]]:
 
 
 def check_targets(targets: Mapping[str, str | None]) -> None:
-    """Refuse, before anything runs, a report path (``{"html": "r.html", ...}``) that is a
-    directory or lies in a directory that does not exist or cannot be written."""
+    """Refuse, before anything runs, a report path (``{"html": "r.html", ...}``) that
+    ``write_reports`` would refuse, or in a directory that does not exist or cannot be
+    written."""
     for kind, path in targets.items():
-        if not path:
-            continue
-        where = Path(path)
-        parent = where.parent if str(where.parent) else Path(".")
-        if where.is_dir():
-            _fail(kind, path, "is a directory")
-        if not parent.is_dir():
-            _fail(kind, path, f"directory {shown(str(parent))} does not exist")
-        if not os.access(parent, os.W_OK | os.X_OK):
-            _fail(kind, path, f"directory {shown(str(parent))} is not writable")
+        if path:
+            try:
+                check_target(path)
+            except (OSError, ValueError) as err:  # ValueError: a NUL in the path
+                _fail(kind, path, err)
 
 
 def write_reports(targets: Mapping[str, str | None], diagnosis: Diagnosis, snapshot: JobSnapshot) -> list[Path]:
@@ -60,25 +56,14 @@ def write_reports(targets: Mapping[str, str | None], diagnosis: Diagnosis, snaps
 
 
 def _write(kind: str, path: Path, text: str) -> Path:
-    data = text.encode("utf-8", "backslashreplace")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    created = False
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
-        created = True
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        os.replace(tmp, path)
-        return path
+        return write_file(path, text.encode("utf-8", "backslashreplace"))
     except (OSError, ValueError) as err:  # ValueError: a NUL in the path
-        if created:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-        reason = (err.strerror if isinstance(err, OSError) else None) or str(err)
-        _fail(kind, str(path), f"cannot be written: {reason}")
+        _fail(kind, str(path), err)
 
 
-def _fail(kind: str, path: str, why: str) -> NoReturn:
-    raise UsageError(f"--{kind} {shown(path)}: {why}", help=_HELP)
+def _fail(kind: str, path: str, err: Exception) -> NoReturn:
+    if isinstance(err, Refused):
+        raise UsageError(f"--{kind} {shown(path, 200)}: {err.why}", help=err.help)
+    reason = (err.strerror if isinstance(err, OSError) else None) or str(err)
+    raise UsageError(f"--{kind} {shown(path, 200)}: cannot be written: {reason}", help=_HELP)

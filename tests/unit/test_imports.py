@@ -15,8 +15,8 @@ import pytest
 from support.paths import REPO
 
 PACKAGE = REPO / "hangdoc"
-GROUND = {"hangdoc", "hangdoc.model", "hangdoc.errors", "hangdoc.bundle", "hangdoc.heartbeat", "hangdoc.probe",
-          "hangdoc.probe_hook", "hangdoc.probe_hook.sitecustomize"}
+GROUND = {"hangdoc", "hangdoc.model", "hangdoc.errors", "hangdoc.bundle", "hangdoc.outfiles", "hangdoc.heartbeat",
+          "hangdoc.probe", "hangdoc.probe_hook", "hangdoc.probe_hook.sitecustomize"}
 
 # what each floor may import besides the standard library, third-party packages and itself
 MAY_IMPORT = {
