@@ -279,15 +279,11 @@ def _emit(args: argparse.Namespace, snapshot, diagnosis) -> None:
         sys.stdout.write(render_json(diagnosis, snapshot) + "\n")
         sys.stdout.flush()
         return
-    from rich.console import Console
-
+    from .report.console import PlainConsole
     from .report.terminal import render
 
-    class _Console(Console):
-        def on_broken_pipe(self) -> None:  # rich's own would exit 1; main's handler decides
-            raise BrokenPipeError
-
-    render(diagnosis, snapshot, _Console(width=args.width, highlight=False))
+    # a closed pipe raises BrokenPipeError (rich's own would exit 1): main's handler decides
+    render(diagnosis, snapshot, PlainConsole(width=args.width, pipe_errors=True))
 
 
 def _check_report_files(args: argparse.Namespace) -> None:
@@ -308,13 +304,15 @@ def _check_jobs(*specs: str | None) -> None:
 
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
-    from .bundle import save_snapshot
+    from .bundle import check_save_path, save_snapshot
     from .diagnose import CaptureOptions, diagnose
 
     if args.max_window < args.window:
         raise _usage("need --max-window >= --window")
     _check_jobs(args.job)
     _check_report_files(args)
+    if args.save:
+        check_save_path(args.save)  # a link or another's file is refused now, not after the capture
     options = CaptureOptions(args.window, args.interval, args.max_window, args.native, args.timeout)
     nodes = _remote_nodes(args)
     with _progress(args) as shown:

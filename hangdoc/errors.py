@@ -7,6 +7,8 @@ recorded in the snapshot as ``CaptureError`` values and reported.
 
 from __future__ import annotations
 
+import os
+
 # Characters that must never reach a terminal as they are: C0 controls (ESC starts the
 # sequences that clear the screen, retitle the window, move the cursor; CR overwrites a
 # line), DEL, C1 controls (0x9b is a one-byte CSI), bidirectional overrides and isolates
@@ -47,6 +49,17 @@ def shown(value: object, limit: int = 60) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}… ({len(text)} characters)"
+
+
+def described(err: BaseException) -> str:
+    """``Type: message (file:line)`` of where ``err`` was raised: an unexpected error (a bug)
+    in one line."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    at = f" ({os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno})" if tb is not None else ""
+    message = " ".join(str(err).split())
+    return f"{type(err).__name__}: {message[:500]}{at}"
 
 
 class HangdocError(Exception):

@@ -30,6 +30,7 @@ from rich.spinner import Spinner
 from rich.text import Text
 
 from ..errors import one_line
+from .console import PlainConsole
 
 BUSY_AFTER = 1.0  # seconds a step with no progress of its own runs before it gets a live line
 REFRESH_PER_SECOND = 8
@@ -102,7 +103,7 @@ class ProgressDisplay:
         self.stream = stream
         self.quiet = quiet
         self.prefix = prefix
-        self.console = Console(file=stream, highlight=False) if live and not quiet else None
+        self.console = PlainConsole(stream) if live and not quiet else None
         self._live: Live | None = None
         self._lock = threading.Lock()
         self._state: CaptureState | None = None

@@ -18,13 +18,14 @@ import io
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..bundle import snapshot_bytes
-from ..errors import UsageError
+from ..errors import UsageError, described, printable
 from ..model import Diagnosis, JobSnapshot
+from ..outfiles import write_new_dir
 from .stall import Trigger
 
 REPORT = "report.json"
@@ -61,40 +62,54 @@ def check_out(out: Path) -> None:
                          help="Give --out a directory this user can create and write.") from None
 
 
-def new_dir(out: Path, when: datetime.datetime) -> Path:
-    """A fresh ``hang-YYYYmmddTHHMMSSZ`` directory under ``out`` (suffixed if taken)."""
+def new_dir(out: Path, when: datetime.datetime, files: Mapping[str, bytes]) -> Path:
+    """A fresh ``hang-YYYYmmddTHHMMSSZ`` directory under ``out`` (suffixed if taken), private
+    (0700: the files hold source lines), with ``files`` (0600) written in it in their order,
+    through its descriptor and never through a link (``hangdoc.outfiles``)."""
     stamp = when.astimezone(datetime.UTC).strftime("hang-%Y%m%dT%H%M%SZ")
     out.mkdir(parents=True, exist_ok=True)
-    for n in range(1, 1000):
-        path = out / (stamp if n == 1 else f"{stamp}-{n}")
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"too many reports named {stamp} in {out}")
+    return write_new_dir(out, stamp, files)
 
 
 def write_incident(out: Path, snapshot: JobSnapshot, diagnosis: Diagnosis, trigger: Trigger, reason: str,
                    diagnosis_seconds: float | None = None, warn: Warn = _stderr) -> Path | None:
     """Write the four files; returns the directory (``OUT``'s or the fallback), or None
-    when no directory could take them (the report is then only on stderr)."""
-    from rich.console import Console
-
+    when no directory could take them (the report is then only on stderr). A file that
+    fails to be made (a bug in its reporter) is left out, said in one line through
+    ``warn``; the others, ``report.json`` last, are written all the same."""
     from ..report.html import render_html
     from ..report.json_report import to_json_dict
-    from ..report.terminal import render
 
     report = to_json_dict(diagnosis, snapshot)
     report["watch"] = trigger_dict(trigger, reason, diagnosis_seconds)
+    makers: dict[str, Callable[[], bytes]] = {
+        SNAPSHOT: lambda: snapshot_bytes(snapshot, compress=True),
+        HUMAN: lambda: human_report(diagnosis, snapshot, trigger, report["watch"]["fired_because"]),
+        HTML: lambda: render_html(diagnosis, snapshot).encode("utf-8", "backslashreplace"),
+    }
+    files = {}
+    for name, make in makers.items():
+        try:
+            files[name] = make()
+        except Exception as err:  # noqa: BLE001 - a bug in one reporter must not cost the report
+            warn(f"internal error: {name} left out of the report: {described(err)}")
+    return _store(out, files, report, warn)
+
+
+def human_report(diagnosis: Diagnosis, snapshot: JobSnapshot, trigger: Trigger, fired_because: str) -> bytes:
+    """``report.txt``: the watchdog's reason, then the terminal report, at 120 columns
+    without colour. Every word from the job is printed as it is (``PlainConsole``)."""
+    from rich.text import Text
+
+    from ..report.console import PlainConsole
+    from ..report.terminal import render
+
     text = io.StringIO()
-    console = Console(file=text, width=120, no_color=True, highlight=False, force_terminal=False)
-    console.print(f"hangdoc watch fired at {trigger.detected_at}: {report['watch']['fired_because']}")
+    console = PlainConsole(text, width=120, no_color=True, force_terminal=False)
+    console.print(Text(printable(f"hangdoc watch fired at {trigger.detected_at}: {fired_because}")))
     console.print()
     render(diagnosis, snapshot, console)
-    files = {SNAPSHOT: snapshot_bytes(snapshot, compress=True), HUMAN: text.getvalue().encode(),
-             HTML: render_html(diagnosis, snapshot).encode("utf-8", "backslashreplace")}
-    return _store(out, files, report, warn)
+    return text.getvalue().encode()
 
 
 def write_failed_incident(out: Path, spec: str, trigger: Trigger, error: str, help_text: str,
@@ -118,18 +133,11 @@ def _store(out: Path, files: dict[str, bytes], report: dict[str, Any], warn: War
     from ..report.json_report import dumps
 
     body = (dumps(report) + "\n").encode()
-    where = out
     try:
-        where = new_dir(out, when)
-        for name, data in files.items():
-            (where / name).write_bytes(data)
         # report.json appears whole and last: whoever waits for it finds the rest in place
-        tmp = where / (REPORT + ".tmp")
-        tmp.write_bytes(body)
-        tmp.rename(where / REPORT)
-        return where
+        return new_dir(out, when, {**files, REPORT: body})
     except OSError as err:
-        warn(f"could not write report to {where}: {_reason(err)}; report follows on stderr")
+        warn(f"could not write report to {out}: {_reason(err)}; report follows on stderr")
     try:
         sys.stderr.write(body.decode())
         sys.stderr.flush()
@@ -150,31 +158,9 @@ def _write_private(when: datetime.datetime, files: dict[str, bytes]) -> Path:
     """``files`` in a new ``hangdoc-hang-<UTC>-<pid>`` directory of mode 0700 under
     ``$TMPDIR`` or ``/tmp``. ``mkdir`` fails on any existing name, a planted symlink
     included, and every file is created exclusively without following links: in a
-    world-writable directory nobody can redirect what is written."""
-    base = _fallback_base()
+    world-writable directory nobody can redirect what is written (``hangdoc.outfiles``)."""
     stamp = f"hangdoc-hang-{when.astimezone(datetime.UTC):%Y%m%dT%H%M%SZ}-{os.getpid()}"
-    for n in range(1, 100):
-        path = base / (stamp if n == 1 else f"{stamp}-{n}")
-        try:
-            os.mkdir(path, 0o700)
-            break
-        except FileExistsError:
-            continue
-    else:
-        raise FileExistsError(f"too many directories named {stamp} in {base}")
-    dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        os.fchmod(dir_fd, 0o700)  # whatever the umask
-        for name, data in files.items():
-            tmp = name + ".tmp" if name == REPORT else name
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            if tmp != name:
-                os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    finally:
-        os.close(dir_fd)
-    return path
+    return write_new_dir(_fallback_base(), stamp, files, tries=99)
 
 
 def _reason(err: OSError) -> str:

@@ -6,25 +6,32 @@ next one is timed from those steps). Otherwise ``stall.judge`` decides from the
 diagnosis: dismiss (progress), postpone (a straggler still working), or fire: the hang
 directory is written (``incident``), even for a diagnosis that failed, and ``--on-hang``
 applies: keep watching, end the job, or run the exec command.
+
+A bug in hangdoc while it responds (an internal error) is one line and never harms the job
+beyond what ``--on-hang`` asks: a diagnosis that fails on one is a diagnosis that failed;
+one after it leaves the report what could be written (undiagnosed, if nothing else), and
+``--on-hang`` applies as to any reported hang (``report`` and ``exec`` leave the job
+running); the watch goes on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 from ..diagnose import FleetSource, diagnose
-from ..errors import HangdocError, JobNotFound
+from ..errors import HangdocError, InternalError, JobNotFound, described
 from ..model import Diagnosis, Heartbeat, JobSnapshot, RankState
 from .config import Say, WatchConfig
 from .incident import write_failed_incident, write_incident
 from .job import Job
 from .metrics import MetricsBoard
 from .pace import Pace
-from .stall import Action, Alarm, Signal, StallClock, judge, resumed_at
+from .stall import Action, Alarm, Signal, StallClock, Trigger, judge, resumed_at
 from .supervisor import LOCAL
 
 # seconds a wrapped launcher whose ranks have all exited gets to exit itself, before the
@@ -51,19 +58,24 @@ class Responder:
         trigger = self.pace.trigger(sig, now, heartbeat_details(self.pace))
         self.board.count("suspected_total")
         self.say(f"stall suspected: {trigger.sentence()}; diagnosing {self.job.spec}")
+        try:
+            return self._respond(trigger, clock, now)
+        except Exception as err:
+            if os.environ.get("HANGDOC_DEBUG"):
+                raise  # the traceback, asked for
+            return self._bug(trigger, err)
+
+    def _respond(self, trigger: Trigger, clock: StallClock, now: float) -> int | None:
         started = time.monotonic()
         try:
             snapshot, diagnosis = diagnose(self.job.spec, self.c.capture, None, self.c.nodes, self._source())
         except HangdocError as err:
-            self.board.count_diagnosis("failed")
-            if isinstance(err, JobNotFound) and self.ranks_seen:
-                self._let_it_end()
-            if reason := self._moved_on(clock, now, None):
-                return self._dismiss(reason, resumed_at(clock, now))
-            self.say(f"could not diagnose: {err}")
-            path = write_failed_incident(self.c.out, self.job.spec, trigger, str(err), err.help, self.say)
-            self.board.count("reports_total")
-            return self._fire(path, "unknown", f"could not diagnose: {err}")
+            return self._undiagnosed(trigger, clock, now, err, str(err), err.help)
+        except Exception as err:
+            if os.environ.get("HANGDOC_DEBUG"):
+                raise
+            return self._undiagnosed(trigger, clock, now, err, f"internal error: {described(err)}",
+                                     InternalError.help)
         self.ranks_seen = True
         self.board.count_diagnosis(diagnosis.verdict.value)
         if reason := self._moved_on(clock, now, diagnosis):
@@ -82,6 +94,38 @@ class Responder:
         culprits = diagnosis.culprit_ranks
         head = diagnosis.verdict.value + (f" (culprit ranks {', '.join(map(str, culprits))})" if culprits else "")
         return self._fire(path, head, diagnosis.summary)
+
+    def _undiagnosed(self, trigger: Trigger, clock: StallClock, now: float, err: Exception, error: str,
+                     help_text: str) -> int | None:
+        """The diagnosis failed (``error``; an internal error is a bug in hangdoc): unless the
+        job moved on meanwhile, the stall is reported with verdict ``unknown``."""
+        self.board.count_diagnosis("failed")
+        if isinstance(err, JobNotFound) and self.ranks_seen:
+            self._let_it_end()
+        if reason := self._moved_on(clock, now, None):
+            return self._dismiss(reason, resumed_at(clock, now))
+        self.say(f"could not diagnose: {error}")
+        path = write_failed_incident(self.c.out, self.job.spec, trigger, error, help_text, self.say)
+        self.board.count("reports_total")
+        return self._fire(path, "unknown", f"could not diagnose: {error}")
+
+    def _bug(self, trigger: Trigger, err: Exception) -> int | None:
+        """A bug in hangdoc while responding to the stall (judging, writing the report, ``--on-hang``):
+        one line, and the job is left as ``--on-hang`` says. A hang not yet reported is
+        reported undiagnosed (what report can still be written) and ``--on-hang`` applies as
+        to any hang; one reported already is not reported again. The watch goes on."""
+        error = f"internal error: {described(err)}"
+        if self.alarm.raised is not None:  # the report was out: the error came from --on-hang
+            self.say(f"{error}; keeping watch")
+            return None
+        self.say(f"{error}; reporting the stall undiagnosed")
+        try:
+            path = write_failed_incident(self.c.out, self.job.spec, trigger, error, InternalError.help, self.say)
+            self.board.count("reports_total")
+        except Exception as again:  # noqa: BLE001 - not even that: --on-hang still applies
+            self.say(f"internal error: no report written: {described(again)}")
+            path = None
+        return self._fire(path, "unknown", error)
 
     def _source(self) -> FleetSource | None:
         """The fleet source the watch holds (a ray: job's agents), lent to one diagnosis."""

@@ -9,9 +9,15 @@ It then runs one of two ways: ``WrappedRun`` starts the command after ``--``
 (``supervisor``) and passes its output through untouched; ``AttachedRun`` watches the rank
 processes of a running job (``ranks``). Messages go through ``say``.
 
-The wrapped job never outlives the watch by accident: whatever ends the watch (a bug, an
-interrupt), the command's processes are ended before it exits (``Job.abandon``); an
-unexpected error is then one line, ``WatchFailed``.
+A bug in hangdoc (an internal error) never harms the job beyond what ``--on-hang`` asks.
+One while responding to a stall is contained there (``respond``): one line, the report
+that could be written, ``--on-hang`` as for any hang, and the watch goes on. One anywhere
+else in the wrapped watch's loop stops the watching, not the job: the watchdog says so in
+one line and goes on passing the command's output and signals through until it exits
+(``WrappedRun._unwatched``), then exits with its status. The wrapped job still never
+outlives the watch by accident: whatever else ends the watch (an interrupt that reaches it,
+an error before the loop), the command's processes are ended before it exits
+(``Job.abandon``); an unexpected error is then one line, ``WatchFailed``.
 """
 
 from __future__ import annotations
@@ -21,11 +27,10 @@ import os
 import shlex
 import sys
 import time
-import traceback
 from pathlib import Path
 
 from ..capture.pyspy import find_pyspy
-from ..errors import HangdocError, InternalError
+from ..errors import HangdocError, InternalError, described
 from ..fleet.node import LocalNode
 from ..model import Heartbeat
 from .activity import HeartbeatSource, tee
@@ -44,11 +49,12 @@ __all__ = ["EXIT_HANG_KILLED", "EXIT_JOB_ENDED", "EXIT_WATCH_FAILED", "OnHang", 
            "Watchdog", "run_watch"]
 
 EXIT_JOB_ENDED = 0  # attach mode: the job's ranks are gone
-EXIT_WATCH_FAILED = 70  # an internal error stopped the watch (EX_SOFTWARE); a wrapped job was ended
+EXIT_WATCH_FAILED = 70  # an internal error stopped the watch (EX_SOFTWARE)
 
 
 class WatchFailed(InternalError):
-    """An unexpected error stopped the watch (a bug in hangdoc); a wrapped job was ended."""
+    """An unexpected error stopped the watch (a bug in hangdoc): an attached job is left as it
+    is; a wrapped one, before its watch loop ran, was ended."""
 
     exit_code = EXIT_WATCH_FAILED
 
@@ -78,7 +84,7 @@ class Watchdog:
                 raise  # the traceback, asked for
             started = self.supervisor is not None and self.supervisor.child is not None
             ended = "; the wrapped command and its processes were ended" if started else ""
-            raise WatchFailed(f"internal error: {_where(err)}{ended}") from err
+            raise WatchFailed(f"internal error: {described(err)}{ended}") from err
 
     def _run(self) -> int:
         if self.c.nodes is None and self.c.source is None:
@@ -129,7 +135,12 @@ class WrappedRun:
                     assert child.stdout is not None and child.stderr is not None
                     readers = [tee(child.stdout, sys.stdout.buffer, self.pace.pattern, self.pace.queue),
                                tee(child.stderr, sys.stderr.buffer, self.pace.pattern, self.pace.queue)]
-                    code = self.loop.run(self._ended)
+                    try:
+                        code = self.loop.run(self._ended)
+                    except Exception as err:
+                        if os.environ.get("HANGDOC_DEBUG"):
+                            raise  # the traceback, asked for (and the job ended with the watch)
+                        code = self._unwatched(err)
                     if code is None and sup.signals.seen and adopted(self.hooks.pids()):
                         # asked to stop: what the command left running in sessions of its own goes too
                         self.say("the command exited, leaving processes of its job running: ending them")
@@ -146,6 +157,18 @@ class WrappedRun:
             self.say(f"command exited with status {status}")
             self.hooks.end()
             return status
+
+    def _unwatched(self, err: Exception) -> int | None:
+        """A bug stopped the watch loop: leave the job alone, its output and signals still
+        passed through, until the command exits (None) or a second signal ends it (its code)."""
+        sup = self.supervisor
+        self.say(f"internal error: {described(err)}; no longer watching for hangs: the job is left "
+                 "running, its output and signals passed through until it exits")
+        while not sup.exited():
+            if sup.signals.stop_requested:
+                return self.job.stop()
+            time.sleep(0.2)
+        return None
 
     def _ended(self) -> bool:
         if self.supervisor.exited():
@@ -204,14 +227,6 @@ def _unfailing(say: Say) -> Say:
             pass
 
     return safe
-
-
-def _where(err: BaseException) -> str:
-    """``Type: message (file:line)`` of where ``err`` was raised, for a one-line report."""
-    frames = traceback.extract_tb(err.__traceback__)
-    at = f" ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
-    message = " ".join(str(err).split())
-    return f"{type(err).__name__}: {message[:500]}{at}"
 
 
 def run_watch(config: WatchConfig, say: Say) -> int:

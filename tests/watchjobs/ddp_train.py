@@ -14,7 +14,14 @@ misbehave at a step:
 - ``--jitter``: healthy, with step times drawn between 5 and 40 ms and a 250 ms spike
   every 37 steps.
 
-``--heartbeat`` marks steps with ``hangdoc.step()``.
+- ``--hang leave``: the last two ranks believe training is over and go to the final
+  barrier through ``stop_early`` (from two lines of it), while the others wait in the next
+  step's all-reduce: a collective mismatch whose paths part at ``stop_early``, which the
+  summary names.
+
+``--heartbeat`` marks steps with ``hangdoc.step()``. ``--markup-names`` gives the job names
+that look like rich markup (issue 23): ``stop_early`` is called ``[/]x``, and a thread
+``reader[/dev/sda]`` waits beside the training loop.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import random
 import tempfile
 import threading
 import time
+import types
 
 import torch
 import torch.distributed as dist
@@ -37,11 +45,12 @@ def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--at", type=int, default=10)
-    p.add_argument("--hang", choices=["none", "mismatch", "lock"], default="none")
+    p.add_argument("--hang", choices=["none", "mismatch", "lock", "leave"], default="none")
     p.add_argument("--pause", type=float, default=0.0)
     p.add_argument("--jitter", action="store_true")
     p.add_argument("--step-time", type=float, default=0.05)
     p.add_argument("--heartbeat", action="store_true")
+    p.add_argument("--markup-names", action="store_true")
     return p.parse_args()
 
 
@@ -66,6 +75,30 @@ class Prefetcher:
             return x, x.sum(dim=1, keepdim=True)
 
 
+def stop_early(rank: int, world: int) -> None:
+    """A rank that believes training is over (``--hang leave``): the last one logs its
+    summary first; both wait at the final barrier for the others, who never come."""
+    print(f"rank {rank}: loss plateaued, stopping early", flush=True)
+    if rank != world - 1:
+        dist.barrier()
+        return
+    print(f"rank {rank}: summary written", flush=True)
+    dist.barrier()
+
+
+MARKUP_FUNCTION = "[/]x"
+MARKUP_THREAD = "reader[/dev/sda]"
+
+
+def markup_names() -> None:
+    """Rename ``stop_early`` ``[/]x`` (``def`` takes only identifiers; a code object takes
+    any name) and start an idle thread named ``reader[/dev/sda]``."""
+    global stop_early
+    code = stop_early.__code__.replace(co_name=MARKUP_FUNCTION, co_qualname=MARKUP_FUNCTION)
+    stop_early = types.FunctionType(code, globals(), MARKUP_FUNCTION)
+    threading.Thread(target=threading.Event().wait, name=MARKUP_THREAD, daemon=True).start()
+
+
 def save_checkpoint(model: nn.Module, seconds: float) -> None:
     """Rank 0 serialises for ``seconds``: busy and writing, slow but moving."""
     end = time.monotonic() + seconds
@@ -84,6 +117,8 @@ def main() -> None:
     model = DDP(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     data = Prefetcher()
+    if args.markup_names:
+        markup_names()
     rng = random.Random(rank * 1000 + 7)
     if args.heartbeat:
         import hangdoc
@@ -95,6 +130,8 @@ def main() -> None:
             if step == args.at and args.hang == "mismatch" and rank == world - 1:
                 print(f"rank {rank}: loss plateaued, stopping early", flush=True)
                 dist.barrier()  # the others never come: they are in the next step's backward
+            if step == args.at and args.hang == "leave" and rank >= world - 2:
+                stop_early(rank, world)
             if step == args.at and args.pause:
                 if rank == 0:
                     save_checkpoint(model.module, args.pause)

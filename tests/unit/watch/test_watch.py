@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -293,8 +294,12 @@ def test_hang_directories_never_collide(tmp_path: Path) -> None:
     import datetime
 
     when = datetime.datetime(2026, 11, 22, 3, 4, 5, tzinfo=datetime.UTC)
-    assert new_dir(tmp_path, when).name == "hang-20261122T030405Z"
-    assert new_dir(tmp_path, when).name == "hang-20261122T030405Z-2"
+    first = new_dir(tmp_path, when, {"report.json": b"{}"})
+    assert first.name == "hang-20261122T030405Z"
+    assert new_dir(tmp_path, when, {}).name == "hang-20261122T030405Z-2"
+    assert stat.S_IMODE(first.stat().st_mode) == 0o700  # private whatever the umask: source lines
+    assert stat.S_IMODE((first / "report.json").stat().st_mode) == 0o600
+    assert [p.name for p in first.iterdir()] == ["report.json"]
 
 
 # ----------------------------------------------------------------------- CLI

@@ -17,19 +17,22 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from support.hostile import FUNCTION, NAMES, THREAD
+from support.paths import TESTS
 
 from hangdoc.cli import main
 from hangdoc.errors import UsageError
 from hangdoc.watch.activity import EventQueue, LogTail
 from hangdoc.watch.incident import write_failed_incident
 from hangdoc.watch.stall import Signal, StallClock, StallPolicy, Trigger
-from hangdoc.watch.watchdog import EXIT_WATCH_FAILED, OnHang
+from hangdoc.watch.watchdog import OnHang
 
 WATCH = [sys.executable, "-m", "hangdoc", "watch"]
 
@@ -255,30 +258,189 @@ ON_STALL = "hangdoc.watch.respond.Responder.on_stall"  # on a stall
 PUBLISH = "hangdoc.watch.metrics.MetricsBoard.publish"  # at every check
 
 
-@pytest.mark.parametrize(("exc", "method", "code", "said"), [
-    ("RuntimeError('a bug')", ON_STALL, EXIT_WATCH_FAILED, "internal error: RuntimeError: a bug (<string>:7)"),
-    ("RuntimeError('a bug')", PUBLISH, EXIT_WATCH_FAILED, "internal error: RuntimeError: a bug"),
-    ("OSError(5, 'Input/output error')", ON_STALL, EXIT_WATCH_FAILED, "internal error: OSError:"),
-    ("KeyboardInterrupt()", ON_STALL, 130, "hangdoc: interrupted"),
+@pytest.mark.parametrize(("exc", "method"), [
+    ("RuntimeError('a bug')", ON_STALL),
+    ("RuntimeError('a bug')", PUBLISH),
+    ("OSError(5, 'Input/output error')", ON_STALL),
 ])
-def test_an_error_in_the_watch_ends_the_wrapped_job(exc: str, method: str, code: int, said: str,
-                                                    tmp_path: Path) -> None:
+def test_an_error_in_the_watch_loop_stops_the_watching_not_the_job(exc: str, method: str, tmp_path: Path) -> None:
     module, _, attribute = method.rpartition(".")
     module, _, cls = module.rpartition(".")
     script = BROKEN_WATCH.format(exc=exc, module=module, method=f"{cls}.{attribute}")
+    proc, pids = _start_job(tmp_path, [sys.executable, "-c", script, "watch", "--stall-after", "1"], "ignore-term")
+    err = _Stderr(proc)
+    try:
+        assert err.wait_for("no longer watching for hangs"), err.text()
+        line = err.line_with("internal error: ")
+        assert line.endswith(f"{exc.split('(')[0]}: {'a bug' if 'bug' in exc else '[Errno 5] Input/output error'} "
+                             "(<string>:7); no longer watching for hangs: the job is left running, its output and "
+                             "signals passed through until it exits"), line
+        time.sleep(1.5)  # a check or two later: the job is still there, nothing signalled it
+        assert [pid for pid in pids if _alive(pid)] == pids
+        _kill(pids)  # the command ends, and its grandchild that holds its output pipes
+        assert proc.wait(timeout=30) == 128 + signal.SIGKILL, err.text()  # the command's own status
+        assert "command exited with status 137" in err.text() and "Traceback" not in err.text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _kill(pids)
+
+
+def test_an_interrupt_that_reaches_the_watch_ends_the_wrapped_job(tmp_path: Path) -> None:
+    script = BROKEN_WATCH.format(exc="KeyboardInterrupt()", module="hangdoc.watch.respond",
+                                 method="Responder.on_stall")
     # the child ignores SIGTERM: ended by SIGKILL after --kill-grace
     proc, pids = _start_job(tmp_path, [sys.executable, "-c", script, "watch", "--stall-after", "1"], "ignore-term")
     try:
         _, err = proc.communicate(timeout=60)
-        assert proc.returncode == code, err
+        assert proc.returncode == 130, err
         assert "Traceback" not in err
-        assert said in err
+        assert "hangdoc: interrupted" in err
         assert "ending the wrapped command (pid" in err and "and all its processes" in err
         assert [pid for pid in pids if _alive(pid)] == []
     finally:
         if proc.poll() is None:
             proc.kill()
         _kill(pids)
+
+
+# an internal error while the watch responds to a stall: contained there (issue 23, item 5)
+PATCHED_WATCH = """\
+import os, sys
+sys.path.insert(0, {tests!r})
+import hangdoc.watch.respond as respond
+from support.hostile import hostile
+{patch}
+from hangdoc.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+DIAGNOSIS_BUG = """\
+def diagnose(*args, **kwargs):
+    raise RuntimeError("a bug")
+respond.diagnose = diagnose"""
+MARKUP_NAMES = "respond.diagnose = lambda *args, **kwargs: hostile()[::-1]  # (snapshot, diagnosis)"
+REPORT_BUG = MARKUP_NAMES + """
+def write_incident(*args, **kwargs):
+    raise RuntimeError("a bug in the report")
+respond.write_incident = write_incident"""
+
+
+class _Stderr:
+    """A watch's stderr as it comes (a thread reads it)."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        assert proc.stderr is not None
+        threading.Thread(target=lambda: self.lines.extend(proc.stderr or ()), daemon=True).start()
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, words: str, timeout: float = 60) -> bool:
+        deadline = time.monotonic() + timeout
+        while words not in self.text():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def line_with(self, words: str) -> str:
+        """The first line that says ``words``."""
+        return next(line.rstrip("\n") for line in list(self.lines) if words in line)
+
+
+def _patched(tmp: Path, patch: str, on_hang: str) -> tuple[subprocess.Popen[str], list[int], _Stderr]:
+    script = PATCHED_WATCH.format(tests=str(TESTS), patch=patch)
+    proc, pids = _start_job(tmp, [sys.executable, "-c", script, "watch", "--stall-after", "1", "--on-hang", on_hang],
+                            "default")
+    return proc, pids, _Stderr(proc)
+
+
+def _left_running(proc: subprocess.Popen[str], pids: list[int], err: _Stderr) -> None:
+    """The job runs on under a watch that keeps watching; a SIGTERM to the watch then ends it
+    the ordinary way (passed on; the command's status)."""
+    assert [pid for pid in pids if _alive(pid)] == pids, err.text()
+    assert proc.poll() is None, err.text()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM, err.text()
+    assert "Traceback" not in err.text()
+
+
+@pytest.mark.parametrize("on_hang", ["report", "exec"])
+def test_an_internal_error_in_the_diagnosis_reports_the_stall_and_leaves_the_job(on_hang: str, tmp_path: Path) -> None:
+    hook = f"exec {sys.executable} -c 'import sys; open(sys.argv[1], \"w\").write(sys.argv[2])' hooked {{report}}"
+    proc, pids, err = _patched(tmp_path, DIAGNOSIS_BUG, hook if on_hang == "exec" else on_hang)
+    try:
+        said = "ran --on-hang exec" if on_hang == "exec" else "keeping watch (--on-hang report)"
+        assert err.wait_for(said), err.text()
+        line = err.line_with("could not diagnose: ")
+        assert line.startswith("hangdoc watch: could not diagnose: internal error: RuntimeError: a bug (<string>:"), line
+        (hang,) = list((tmp_path / "hangs").iterdir())
+        report = json.loads((hang / "report.json").read_text())
+        assert report["verdict"] == "unknown" and "internal error: RuntimeError: a bug" in report["summary"]
+        assert "HANG unknown: could not diagnose: internal error" in err.text()
+        if on_hang == "exec":
+            assert _until_exists(tmp_path / "hooked") and (tmp_path / "hooked").read_text() == str(hang)
+        _left_running(proc, pids, err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _kill(pids)
+
+
+def test_an_internal_error_in_the_diagnosis_with_on_hang_kill_ends_the_job(tmp_path: Path) -> None:
+    proc, pids, err = _patched(tmp_path, DIAGNOSIS_BUG, "kill")
+    try:
+        assert proc.wait(timeout=60) == 124, err.text()  # kill asked for: an undiagnosed stall is a hang
+        assert [pid for pid in pids if _alive(pid)] == []
+        assert "could not diagnose: internal error: RuntimeError: a bug" in err.text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _kill(pids)
+
+
+def test_names_that_look_like_markup_are_reported_as_they_are(tmp_path: Path) -> None:
+    proc, pids, err = _patched(tmp_path, MARKUP_NAMES, "report")
+    try:
+        assert err.wait_for("keeping watch (--on-hang report)"), err.text()
+        assert f"HANG straggler (culprit ranks 1): rank 1 is blocked in {FUNCTION} ({THREAD}.py:5)" in err.text()
+        (hang,) = list((tmp_path / "hangs").iterdir())
+        text = (hang / "report.txt").read_text()
+        assert all(name in text for name in NAMES), text
+        assert sorted(p.name for p in hang.iterdir()) == ["report.html", "report.json", "report.txt",
+                                                           "snapshot.json.gz"]
+        assert "internal error" not in err.text()
+        _left_running(proc, pids, err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _kill(pids)
+
+
+def test_an_internal_error_writing_the_report_still_reports_and_runs_the_hook(tmp_path: Path) -> None:
+    hook = "exec sh -c 'cp \"$HANGDOC_REPORT\" copied.json'"
+    proc, pids, err = _patched(tmp_path, REPORT_BUG, hook)
+    try:
+        assert err.wait_for("ran --on-hang exec"), err.text()
+        line = err.line_with("a bug in the report")
+        assert line.startswith("hangdoc watch: internal error: RuntimeError: a bug in the report (<string>:"), line
+        assert line.endswith("; reporting the stall undiagnosed"), line
+        assert _until_exists(tmp_path / "copied.json")
+        report = json.loads((tmp_path / "copied.json").read_text())
+        assert report["verdict"] == "unknown" and "a bug in the report" in report["summary"]
+        _left_running(proc, pids, err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _kill(pids)
+
+
+def _until_exists(path: Path, timeout: float = 20) -> bool:
+    deadline = time.monotonic() + timeout
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return path.exists()
 
 
 def test_sigterm_to_the_watchdog_ends_the_job_in_every_session(tmp_path: Path) -> None:
