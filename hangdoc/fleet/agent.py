@@ -5,7 +5,11 @@ gRPC health service, on loopback by default. Off loopback it refuses to start wi
 token (``--token-file``, checked on every call as ``authorization: Bearer <token>``) or
 mutual TLS, unless ``--insecure`` is given on purpose. It only reads: discovery, py-spy
 dumps, /proc; it never signals the job. Blocking work runs in threads so that one slow
-dump does not stall other callers.
+dump does not stall other callers, in pools split by caller (``hangdoc.fleet.limits``): the
+operator always has threads of its own, a local user has a small quota of requests and
+probe reads, and connections are capped and timed out, so that no caller can starve
+another or take the agent's descriptors. SIGTERM ends it within ``STOP_GRACE_S`` seconds
+whatever its callers do; a second SIGTERM or SIGINT at once.
 
 Without a token or certificate a caller is identified by the kernel (hangdoc.callers) and
 sees only the processes it could read with py-spy itself. Every request, denied and
@@ -18,6 +22,7 @@ process that has other work to do (a Ray actor: ``hangdoc.fleet.ray_agents``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import ipaddress
 import logging
@@ -54,9 +59,10 @@ from ..model import (
     Sample,
     SourceFile,
 )
-from . import wire
+from . import limits, wire
 from .callers import OPERATOR_BY_CERT, OPERATOR_BY_TOKEN, Caller, identify
 from .credfiles import check_tls, read_private, read_token
+from .limits import Lanes, OverQuota
 from .node import LocalNode, NodeDevices, ProbeAnswers, ReplayNode
 from .v1 import agent_pb2 as pb
 from .v1 import agent_pb2_grpc as pb_grpc
@@ -178,6 +184,7 @@ class AgentService(pb_grpc.AgentServicer):
         if config.replay:
             self.node = ReplayNode(load_snapshot(config.replay), config.host or socket.gethostname(),
                                    config.replay_rank_offset, config.replay_world_size)
+        self.lanes = Lanes()
 
     def caller(self, context: grpc.aio.ServicerContext) -> Caller:
         if self.config.token:
@@ -225,19 +232,21 @@ class AgentService(pb_grpc.AgentServicer):
         self, request: pb.HeartbeatsRequest, context: grpc.aio.ServicerContext
     ) -> pb.HeartbeatsResponse:
         caller = self.caller(context)
+        lane = self.lanes.lane(caller)
 
         def beats() -> dict[int, Heartbeat]:
             if len(request.pids) > MAX_PIDS_PER_CALL:
                 raise UsageError(f"{len(request.pids)} pids in one call; at most {MAX_PIDS_PER_CALL}")
             pids = [pid for pid in dict.fromkeys(request.pids)
                     if pid in self.found_pids and caller.may_read(pid)]
-            return self.node.heartbeats(pids)
+            return self.node.heartbeats(pids, lane.probes, lane.who)
 
         found = await self._run(context, caller, "Heartbeats", f"pids={_pid_list(request.pids)}", beats)
         return pb.HeartbeatsResponse(heartbeats=[wire.heartbeat_to_proto(b) for b in found.values()])
 
     async def Flight(self, request: pb.FlightRequest, context: grpc.aio.ServicerContext) -> pb.FlightResponse:
         caller = self.caller(context)
+        lane = self.lanes.lane(caller)
 
         def answers() -> ProbeAnswers:
             if len(request.pids) > MAX_PIDS_PER_CALL:
@@ -247,7 +256,7 @@ class AgentService(pb_grpc.AgentServicer):
                 raise UsageError(f"timeout_seconds must be in (0, {MAX_DUMP_TIMEOUT:g}], not {timeout!r}")
             pids = [pid for pid in dict.fromkeys(request.pids)
                     if pid in self.found_pids and caller.may_read(pid)]
-            return self.node.probe(pids, timeout)
+            return self.node.probe(pids, timeout, lane.probes, lane.who)
 
         found = await self._run(context, caller, "Flight", f"pids={_pid_list(request.pids)}", answers)
         return pb.FlightResponse(ranks=[_rank_flight(pid, answer) for pid, answer in found.items()])
@@ -351,14 +360,15 @@ class AgentService(pb_grpc.AgentServicer):
         t0 = time.monotonic()
         peer = context.peer()
         try:
-            result = await asyncio.to_thread(fn, *args)
+            result = await self.lanes.run(self.lanes.lane(caller), fn, *args)
         except Exception as exc:  # noqa: BLE001 - the agent stays up whatever one request hits
             failure = exc
         else:
             audit(peer, caller.label, method, what, "ok", _ms(t0))
             return result
         outcome, code = _status_of(failure)
-        detail = str(failure) if isinstance(failure, HangdocError) else f"{type(failure).__name__}: {failure}"
+        told = isinstance(failure, (HangdocError, OverQuota))
+        detail = str(failure) if told else f"{type(failure).__name__}: {failure}"
         if code is grpc.StatusCode.INTERNAL:
             log.error("%s from %s failed", method, _clean(peer), exc_info=failure)
         audit(peer, caller.label, method, what, f"{outcome}: {detail}", _ms(t0))
@@ -372,6 +382,8 @@ class AgentService(pb_grpc.AgentServicer):
 
 def _status_of(failure: Exception) -> tuple[str, grpc.StatusCode]:
     """The audit outcome and gRPC status for an error raised by a request's work."""
+    if isinstance(failure, OverQuota):
+        return "refused", grpc.StatusCode.RESOURCE_EXHAUSTED
     if isinstance(failure, JobNotFound):
         return "not found", grpc.StatusCode.NOT_FOUND
     if isinstance(failure, UsageError):
@@ -428,14 +440,18 @@ def _credentials(config: AgentConfig) -> grpc.ServerCredentials | None:
 
 
 async def serve(config: AgentConfig, ready: Callable[[int], None] | None = None,
-                stop: asyncio.Event | None = None) -> None:
+                stop: asyncio.Event | None = None) -> int:
     """Run until SIGTERM/SIGINT, or until ``stop`` is set when one is given (then no signal
     handler is installed: see ``serve_in_thread``). ``ready(port)`` is called once the port
-    is bound."""
+    is bound. Calls in flight get ``STOP_GRACE_S`` seconds; returns how many requests'
+    work was still running in threads then (each ends by its own deadline, unwaited)."""
     check_listen_policy(config)
     interceptors = [TokenAuth(config.token, config.open_health)] if config.token else []
-    server = grpc.aio.server(interceptors=interceptors)
-    pb_grpc.add_AgentServicer_to_server(AgentService(config), server)
+    fds = limits.fd_limit()
+    server = grpc.aio.server(interceptors=interceptors, options=limits.server_options(fds),
+                             maximum_concurrent_rpcs=limits.MAX_CALLS)
+    service = AgentService(config)
+    pb_grpc.add_AgentServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     creds = _credentials(config)
@@ -452,19 +468,58 @@ async def serve(config: AgentConfig, ready: Callable[[int], None] | None = None,
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set("hangdoc.v1.Agent", health_pb2.HealthCheckResponse.SERVING)
     if stop is None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        stop = _stop_on_signals()
     auth = "token" if config.token else "mTLS" if creds else "none"
     log.info("hangdoc agent %s on %s (port %d, auth: %s, host %s)", __version__, config.listen,
              port, auth, socket.gethostname())
+    log.info("limits: %d connections (descriptor limit %d), operator %d threads and %d probe reads, "
+             "local users %d threads (%d requests per user) and %d probe reads (%d per user); "
+             "probe answers held at once <= %d MiB", limits.max_connections(fds), fds,
+             limits.OPERATOR_WORKERS, limits.OPERATOR_PROBE_READS, limits.USER_WORKERS,
+             limits.REQUESTS_PER_USER, limits.USER_PROBE_READS, limits.PROBE_READS_PER_USER,
+             limits.answer_memory_bound() >> 20)
     if ready:
         ready(port)
     await stop.wait()
     log.info("shutting down")
     await health_servicer.enter_graceful_shutdown()
-    await server.stop(grace=2.0)
+    await server.stop(grace=limits.STOP_GRACE_S)
+    running = service.lanes.shutdown()
+    if running:
+        log.info("%d request(s) still running after the grace period, not waited for", running)
+    return running
+
+
+def _stop_on_signals() -> asyncio.Event:
+    """An event set by the first SIGTERM or SIGINT; the next one ends the process at once."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def first(sig: signal.Signals) -> None:
+        log.info("%s: stopping (again to stop at once)", sig.name)
+        stop.set()
+        for each in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(each, _exit_now, each)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, first, sig)
+    return stop
+
+
+def _exit_now(sig: signal.Signals) -> None:
+    log.info("%s again: stopping now", sig.name)
+    _flush_and_exit(128 + sig)
+
+
+def _flush_and_exit(code: int) -> None:
+    """``os._exit``: no thread is joined (the work left ends by its own deadlines, or with
+    the process); the log is flushed first."""
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(code)
 
 
 class BackgroundAgent:
@@ -520,11 +575,13 @@ def run_agent(config: AgentConfig) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s hangdoc-agent %(message)s")
     check_listen_policy(config)
+    limits.raise_fd_limit()
 
     def announce(port: int) -> None:
         print(f"hangdoc agent listening on port {port}", file=sys.stderr, flush=True)
 
-    asyncio.run(serve(config, announce))
+    if asyncio.run(serve(config, announce)):
+        _flush_and_exit(0)  # threads still reading a probe or running py-spy are not joined
     return 0
 
 

@@ -9,8 +9,9 @@ know which one answered.
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -39,6 +40,76 @@ from ..model import (
 # what each of ``pids``' probe told (its flight recorder dump, heartbeat, live exceptions)
 ProbeAnswers = dict[int, ProbeAnswer]
 PROBE_HEARTBEAT_TIMEOUT = 1.0  # seconds for a probe to say its heartbeat (polled by watch)
+PROBES_AT_ONCE = 16  # probes one call of the embedded node reads at once
+
+
+class Quota:
+    """At most ``limit`` of something held at once per key (a caller's uid): ``take``
+    waits for a turn, ``try_take`` says at once whether there is one."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._held: dict[Hashable, int] = {}
+        self._free = threading.Condition()
+
+    def try_take(self, key: Hashable) -> bool:
+        with self._free:
+            if self._held.get(key, 0) >= self.limit:
+                return False
+            self._held[key] = self._held.get(key, 0) + 1
+            return True
+
+    def take(self, key: Hashable) -> None:
+        with self._free:
+            self._free.wait_for(lambda: self._held.get(key, 0) < self.limit)
+            self._held[key] = self._held.get(key, 0) + 1
+
+    def give(self, key: Hashable) -> None:
+        with self._free:
+            left = self._held.get(key, 0) - 1
+            if left > 0:
+                self._held[key] = left
+            else:
+                self._held.pop(key, None)  # a key nobody holds takes no memory
+            self._free.notify_all()
+
+    def held(self, key: Hashable) -> int:
+        with self._free:
+            return self._held.get(key, 0)
+
+
+class ProbeReads:
+    """The threads that read probes for an agent's requests, shared by all of them: at most
+    ``workers`` probes read at once in all (so at most ``workers`` answers of at most
+    ``probe_client.MAX_ANSWER_BYTES`` each held at once), and, with ``per_caller``, at most
+    that many for one caller: a caller whose probes drip holds its own share, never the
+    others'. Reads past a share wait in the asking request's thread."""
+
+    def __init__(self, workers: int, per_caller: int | None, name: str) -> None:
+        self.workers = workers
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+        self._quota = Quota(per_caller) if per_caller is not None else None
+
+    def ask_all(self, pids: Sequence[int], ask: Callable[[int], ProbeAnswer], who: Hashable) -> ProbeAnswers:
+        asked = [self._submit(ask, pid, who) for pid in pids]
+        return dict(zip(pids, (f.result() for f in asked), strict=True))
+
+    def _submit(self, ask: Callable[[int], ProbeAnswer], pid: int, who: Hashable) -> Future[ProbeAnswer]:
+        quota = self._quota
+        if quota is None:
+            return self._pool.submit(ask, pid)
+        quota.take(who)
+        try:
+            future = self._pool.submit(ask, pid)
+        except BaseException:
+            quota.give(who)
+            raise
+        future.add_done_callback(lambda _: quota.give(who))  # run or cancelled
+        return future
+
+    def shutdown(self) -> None:
+        """Start no more reads; those running end by their own deadlines, unwaited."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 @dataclass(frozen=True)
@@ -114,18 +185,23 @@ class LocalNode:
     def sources(self, wanted: Mapping[int, Sequence[Frame]]) -> tuple[SourceFile, ...]:
         return merge_sources(collect_sources(SourceReader(pid), frames) for pid, frames in wanted.items())
 
-    def heartbeats(self, pids: Sequence[int]) -> dict[int, Heartbeat]:
+    def heartbeats(self, pids: Sequence[int], reads: ProbeReads | None = None,
+                   who: Hashable = None) -> dict[int, Heartbeat]:
         """The records the processes wrote; for those whose record cannot be read here (a
-        container's private /dev/shm), what their probes say."""
+        container's private /dev/shm), what their probes say (read by ``reads`` for ``who``
+        when given: an agent's shared, bounded probe threads)."""
         found = read_processes(pids)
         probed = [pid for pid in pids if pid not in found and has_probe(pid)]
-        for pid, answer in _ask_all(probed, lambda pid: probe_heartbeat(pid, PROBE_HEARTBEAT_TIMEOUT)).items():
+        asked = _ask_all(probed, lambda pid: probe_heartbeat(pid, PROBE_HEARTBEAT_TIMEOUT), reads, who)
+        for pid, answer in asked.items():
             if answer.heartbeat is not None:
                 found[pid] = answer.heartbeat
         return found
 
-    def probe(self, pids: Sequence[int], timeout: float) -> ProbeAnswers:
-        return _ask_all(pids, lambda pid: probe_state(pid, timeout))
+    def probe(self, pids: Sequence[int], timeout: float, reads: ProbeReads | None = None,
+              who: Hashable = None) -> ProbeAnswers:
+        """``reads``, ``who``: as for ``heartbeats``."""
+        return _ask_all(pids, lambda pid: probe_state(pid, timeout), reads, who)
 
     def devices(self, pids: Sequence[int], *, listen: float, timeout: float, ras: bool) -> NodeDevices:
         return read_devices(pids, listen=listen, timeout=timeout, ras=ras, host=self._host)
@@ -177,10 +253,12 @@ class ReplayNode:
         names = {f.filename for frames in wanted.values() for f in frames}
         return tuple(s for s in self.snapshot.sources if s.filename in names)
 
-    def heartbeats(self, pids: Sequence[int]) -> dict[int, Heartbeat]:
+    def heartbeats(self, pids: Sequence[int], reads: ProbeReads | None = None,
+                   who: Hashable = None) -> dict[int, Heartbeat]:
         return {}  # a snapshot's heartbeats are as old as it is, not beats of now
 
-    def probe(self, pids: Sequence[int], timeout: float) -> ProbeAnswers:
+    def probe(self, pids: Sequence[int], timeout: float, reads: ProbeReads | None = None,
+              who: Hashable = None) -> ProbeAnswers:
         """What the snapshot holds of each rank's probe."""
         out = {}
         for pid in pids:
@@ -197,14 +275,17 @@ class ReplayNode:
         return NodeDevices(gpus, "", report, "")
 
 
-def _ask_all(pids: Sequence[int], ask: Callable[[int], ProbeAnswer]) -> ProbeAnswers:
-    """``ask`` of every pid at once: a probe that does not answer (a main thread holding the
-    GIL) costs its timeout, not the sum of every rank's."""
+def _ask_all(pids: Sequence[int], ask: Callable[[int], ProbeAnswer], reads: ProbeReads | None = None,
+             who: Hashable = None) -> ProbeAnswers:
+    """``ask`` of every pid at once (by ``reads`` for ``who`` when given): a probe that does
+    not answer (a main thread holding the GIL) costs its timeout, not the sum of every rank's."""
     if not pids:
         return {}
+    if reads is not None:
+        return reads.ask_all(pids, ask, who)
     if len(pids) == 1:
         return {pids[0]: ask(pids[0])}
-    with ThreadPoolExecutor(max_workers=min(16, len(pids)), thread_name_prefix="hangdoc-probe") as pool:
+    with ThreadPoolExecutor(max_workers=min(PROBES_AT_ONCE, len(pids)), thread_name_prefix="hangdoc-probe") as pool:
         return dict(zip(pids, pool.map(ask, pids), strict=True))
 
 

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,9 +23,10 @@ class Agent:
         return f"127.0.0.1:{self.port}"
 
 
-def start_agent(tmp: Path, *args: str) -> Agent:
+def start_agent(tmp: Path, *args: str, wrapper: Sequence[str] = ()) -> Agent:
+    """``wrapper``: a command the agent runs under (``prlimit --nofile=256 --``)."""
     log = (tmp / f"agent-{time.monotonic_ns()}.log").open("w+")
-    proc = subprocess.Popen([sys.executable, "-m", "hangdoc", "agent", *args], stderr=log,
+    proc = subprocess.Popen([*wrapper, sys.executable, "-m", "hangdoc", "agent", *args], stderr=log,
                             stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, cwd=REPO)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
