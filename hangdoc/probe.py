@@ -19,10 +19,17 @@ It serves, over a Unix socket that only the job's user (and root) can open:
   the exception type's qualified name, and the function, file and line where it was
   raised. Never its message, arguments or any other value.
 
-The socket is ``/tmp/hangdoc-probe-<uid>/<pid>.sock`` (the pid as the process sees it), in
-a directory of mode 0700 that the probe refuses to use when another user owns it or others
-may write it; hangdoc reaches it through ``/proc/<pid>/root``, so it works across
-containers. A caller whose uid is neither the job's nor root is turned away (``SO_PEERCRED``).
+The socket is ``<pid>.sock`` (the pid as the process sees it) in a directory of mode 0700
+that nobody else can have made first: ``$XDG_RUNTIME_DIR/hangdoc-probe`` when the process
+has a runtime directory of its own (its user's, no group or other bits), else a fresh
+``/tmp/hangdoc-probe-<uid>-<random>`` made for this process alone (``mkdir`` fails on a
+name that exists: another user who creates names in ``/tmp`` ahead of the job never decides
+where it listens, and never stops it listening). hangdoc finds the socket through the
+process itself (its listening socket among its descriptors, the path the kernel lists for
+it in ``/proc/<pid>/net/unix``) and reaches it through ``/proc/<pid>/root``, so it works
+across containers. A caller whose uid is neither the job's nor root is turned away
+(``SO_PEERCRED``). A probe that cannot listen says why on stderr, once per process,
+whenever it was asked for (``HANGDOC_PROBE`` set, or ``start()``).
 
 It costs nothing while idle: one daemon thread asleep in ``accept``. It never blocks the
 job: the answering thread takes the GIL only for bounded work (one request line of at most
@@ -36,7 +43,9 @@ A forked child (a DataLoader worker) closes the listening socket it inherited: i
 answers as its parent, and serves a probe of its own only when it calls ``start()``.
 
 Protocol: the client sends one line; the probe answers with an 8-byte big-endian length
-and that many bytes of JSON, ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``:
+and that many bytes of JSON (ASCII), ``{"ok": true, ...}`` or ``{"ok": false, "error":
+"..."}``, never more than ``MAX_ANSWER_BYTES`` (a longer flight recorder dump is left out
+and said):
 
 - ``ping``: ``"pid"``;
 - ``flight``: ``"dump"``, the dump's JSON text;
@@ -60,6 +69,7 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Iterator  # threading imported collections already
 from pathlib import Path
 
 ENV = "HANGDOC_PROBE"  # "1": start at interpreter start-up; "verbose": and say so on stderr
@@ -74,20 +84,30 @@ MAX_PATH_CHARS = 1024
 # RecursionError's traceback is ~1,000 deep): a few ms of GIL at most; an exception whose
 # raising place lies beyond is left out, not placed wrongly
 MAX_TRACEBACK_STEPS = 20_000
+# the most bytes of JSON one answer holds; the client reads no more. A real job's answer, a
+# gloo job of torch 2.13 with two groups and the flight recorder's default ring of 2,000
+# entries (TORCH_FR_BUFFER_SIZE=2000): 1,057,816 bytes, built and sent in 0.05 s; 10,000
+# entries: 5.3 MB; 20,000: 10,633,715 bytes in 0.48 s (~530 bytes an entry, the dump's
+# quotes escaped). 8 MiB holds a ring of ~15,000 such entries, 7.5 times the default; the
+# client's count of the dump's values (probe_client.MAX_DUMP_OBJECTS) stops at ~11,000
+MAX_ANSWER_BYTES = 8 * 2**20
+DIR_PREFIX = "hangdoc-probe"  # the socket's directory's name starts so; the client looks for it
+RUNTIME_SUBDIR = DIR_PREFIX  # in $XDG_RUNTIME_DIR
+_TMP = "/tmp"
+_TRIES = 16  # random names tried in /tmp before giving up
 
 _started: dict[int, str] = {}  # pid -> socket path: a forked child starts its own
 _servers: dict[int, socket.socket] = {}  # pid -> its listening socket
+_own_dirs: dict[int, str] = {}  # pid -> the /tmp directory made for it (removed with its socket)
 _refused: set[int] = set()  # pids told why their probe could not start (said once)
 _lock = threading.Lock()
 
 
-def socket_dir(uid: int, root: str = "") -> Path:
-    """Where the probes of user ``uid`` listen (under ``root``: ``/proc/PID/root``)."""
-    return Path(f"{root}/tmp/hangdoc-probe-{uid}")
-
-
-def socket_path(uid: int, pid: int, root: str = "") -> Path:
-    return socket_dir(uid, root) / f"{pid}.sock"
+def legacy_socket_path(uid: int, pid: int, root: str = "") -> Path:
+    """Where probes of hangdoc before issue 23 listened (under ``root``: ``/proc/PID/root``),
+    a name any user could take first: read only where the process's own sockets cannot be
+    listed, and only as the process's own."""
+    return Path(f"{root}/tmp/{DIR_PREFIX}-{uid}/{pid}.sock")
 
 
 def start() -> str | None:
@@ -97,17 +117,17 @@ def start() -> str | None:
 
 
 def start_from_environment() -> str | None:
-    """What the start-up hooks call: ``start()`` when ``HANGDOC_PROBE`` is ``1`` (silently)
-    or ``verbose`` (saying on stderr where it serves, or why it cannot). Never raises."""
+    """What the start-up hooks call: ``start()`` when ``HANGDOC_PROBE`` is ``1`` or
+    ``verbose`` (which also says on stderr where it serves). Why it cannot serve is said
+    on stderr in both modes, once per process. Never raises."""
     mode = os.environ.get(ENV)
     if mode not in ENABLED:
         return None
     verbose = mode == "verbose"
-    try:
-        path, new = _start(say_why_not=verbose)
+    try:  # asked for and not served is said, whatever the mode: a probe that is not there is the bug
+        path, new = _start(say_why_not=True)
     except Exception as err:  # noqa: BLE001 - the job starts whatever happens here
-        if verbose:
-            print(f"hangdoc.probe: not started: {type(err).__name__}: {err}", file=sys.stderr)
+        print(f"hangdoc.probe: not started: {type(err).__name__}: {err}", file=sys.stderr)
         return None
     if new and verbose:  # a venv's lib64 -> lib runs the hook twice: said once
         print(f"hangdoc.probe: pid {os.getpid()} serves {path}", file=sys.stderr)
@@ -133,17 +153,69 @@ def _start(say_why_not: bool) -> tuple[str | None, bool]:
 
 def _listen(pid: int) -> Path:
     uid = os.geteuid()
-    directory = socket_dir(uid)
+    refused: list[str] = []
+    for directory in _directories(uid, pid, refused):
+        path = Path(directory) / f"{pid}.sock"
+        try:
+            if path.exists() or path.is_symlink():
+                path.unlink()  # a dead process's socket with a reused pid (the runtime directory)
+            server = _bind(path)
+        except OSError as err:
+            refused.append(f"{path}: {err.strerror or err}")
+            _remove_own_dir(pid)
+            continue
+        _servers[pid] = server
+        atexit.register(_remove, path, pid)
+        return path
+    raise OSError(f"no private directory to listen in for uid {uid} ({'; '.join(refused) or 'none made'})")
+
+
+def _directories(uid: int, pid: int, refused: list[str]) -> Iterator[str]:
+    """Where to listen, in order: the process's runtime directory, then a fresh directory of
+    its own in /tmp (made only when the first cannot serve); why one cannot, in ``refused``."""
+    runtime = _runtime_dir(uid)
+    if runtime is not None:
+        yield runtime
+    for _ in range(_TRIES):
+        directory = f"{_TMP}/{DIR_PREFIX}-{uid}-{os.urandom(6).hex()}"
+        try:
+            os.mkdir(directory, 0o700)  # fails where the name exists: nobody picks it for us
+        except FileExistsError:
+            continue
+        except OSError as err:
+            refused.append(f"{_TMP}: {err.strerror or err}")
+            return
+        os.chmod(directory, 0o700)  # whatever the umask left
+        _own_dirs[pid] = directory
+        yield directory
+        return
+
+
+def _runtime_dir(uid: int) -> str | None:
+    """``$XDG_RUNTIME_DIR/hangdoc-probe`` when the runtime directory is a private one of
+    ``uid`` (no link in its path: the client follows none); None otherwise."""
+    base = os.environ.get("XDG_RUNTIME_DIR", "")
+    if not base.startswith("/"):
+        return None
+    base = os.path.realpath(base)
+    directory = os.path.join(base, RUNTIME_SUBDIR)
     try:
-        directory.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(directory)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
-        raise PermissionError(f"{directory} is not a private directory of uid {uid}")
-    path = directory / f"{pid}.sock"
-    if path.exists() or path.is_symlink():
-        path.unlink()  # a dead process's socket with a reused pid
+        if not _private(os.lstat(base), uid):
+            return None
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass
+        return directory if _private(os.lstat(directory), uid) else None
+    except OSError:
+        return None
+
+
+def _private(st: os.stat_result, uid: int) -> bool:
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077
+
+
+def _bind(path: Path) -> socket.socket:
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         server.bind(str(path))
@@ -153,9 +225,7 @@ def _listen(pid: int) -> Path:
     except BaseException:
         server.close()
         raise
-    _servers[pid] = server
-    atexit.register(_remove, path, pid)
-    return path
+    return server
 
 
 def stop() -> None:
@@ -180,6 +250,16 @@ def _remove(path: Path, pid: int) -> None:
             path.unlink()
         except OSError:
             pass
+        _remove_own_dir(pid)
+
+
+def _remove_own_dir(pid: int) -> None:
+    directory = _own_dirs.pop(pid, None)
+    if directory is not None:
+        try:
+            os.rmdir(directory)
+        except OSError:
+            pass
 
 
 def _forget_parent() -> None:
@@ -191,6 +271,7 @@ def _forget_parent() -> None:
     for owner in [p for p in _servers if p != pid]:
         _servers.pop(owner).close()
         _started.pop(owner, None)
+        _own_dirs.pop(owner, None)  # the parent's: never the child's to remove
 
 
 os.register_at_fork(after_in_child=_forget_parent)
@@ -336,4 +417,17 @@ def _describe(ident: int, thread: object, exc: BaseException, budget: list[int])
 
 def _send(conn: socket.socket, answer: dict[str, object]) -> None:
     data = json.dumps(answer).encode()
+    if len(data) > MAX_ANSWER_BYTES:  # only a flight recorder dump is ever this long
+        _drop_dump(answer, len(data))
+        data = json.dumps(answer).encode()
     conn.sendall(LENGTH.pack(len(data)) + data)
+
+
+def _drop_dump(answer: dict[str, object], size: int) -> None:
+    error = (f"the flight recorder dump makes an answer of {size:,} bytes, more than hangdoc reads "
+             f"({MAX_ANSWER_BYTES:,}): a smaller TORCH_FR_BUFFER_SIZE fits")
+    if "dump" in answer:
+        answer.update(ok=False, error=error)
+        del answer["dump"]
+    else:
+        answer["flight"] = {"error": error}

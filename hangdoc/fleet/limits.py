@@ -14,9 +14,10 @@ Every number below is sized for that, with room, and bounds what an attacker can
 - **Probe reads** (``Flight``, and ``Heartbeats`` of ranks whose record is out of sight)
   run on their own threads: ``OPERATOR_PROBE_READS`` for the operator,
   ``USER_PROBE_READS`` shared by local users with ``PROBE_READS_PER_USER`` for one uid.
-  Each read is bounded by its deadline, and each answer by the probe client's byte cap, so
-  answers held at once take at most ``(OPERATOR_PROBE_READS + USER_PROBE_READS) ×
-  MAX_ANSWER_BYTES`` (``answer_memory_bound``).
+  Each read is bounded by its deadline, and each answer costs its reader at most the probe
+  client's ``PEAK_ANSWER_BYTES`` (measured with hostile answers), so answers being read at
+  once take at most ``(OPERATOR_PROBE_READS + USER_PROBE_READS) × PEAK_ANSWER_BYTES``
+  (``answer_memory_bound``).
 - **Connections**: gRPC closes a connection that sends no HTTP/2 preface within
   ``HANDSHAKE_TIMEOUT_MS``, one without a call for ``IDLE_MS``, any after ``AGE_MS`` (calls
   in flight get ``AGE_GRACE_MS``), and accepts at most ``max_connections(limit)`` at once
@@ -108,7 +109,7 @@ def fd_limit() -> int:
 
 def answer_memory_bound() -> int:
     """Bytes of probe answers the agent holds at once, at most."""
-    return (OPERATOR_PROBE_READS + USER_PROBE_READS) * probe_client.MAX_ANSWER_BYTES
+    return (OPERATOR_PROBE_READS + USER_PROBE_READS) * probe_client.PEAK_ANSWER_BYTES
 
 
 class OverQuota(Exception):

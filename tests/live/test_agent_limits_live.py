@@ -182,7 +182,7 @@ def test_a_second_signal_stops_the_agent_at_once(tmp_path, ranks) -> None:
 
 
 def test_probe_answers_held_at_once_are_bounded() -> None:
-    from hangdoc.capture.probe_client import MAX_ANSWER_BYTES
+    from hangdoc.capture.probe_client import PEAK_ANSWER_BYTES
 
-    assert limits.answer_memory_bound() == (limits.OPERATOR_PROBE_READS + limits.USER_PROBE_READS) * MAX_ANSWER_BYTES
+    assert limits.answer_memory_bound() == (limits.OPERATOR_PROBE_READS + limits.USER_PROBE_READS) * PEAK_ANSWER_BYTES
     assert limits.answer_memory_bound() < 2**30  # the unit's MemoryMax

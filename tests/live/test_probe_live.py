@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from support.harness import free_port, kill_tagged, tagged_pids
 from support.paths import REPO, TESTS
+from support.probes import remove_probe_files
 
 from hangdoc.bundle import load_snapshot
-from hangdoc.probe import socket_path
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(120)]
 JOB = TESTS / "jobs" / "probe" / "fr_probe_mismatch.py"
@@ -62,8 +62,7 @@ def test_hangdoc_run_brings_flight_recorder_and_exceptions_into_the_diagnosis(tm
         kill_tagged(tag)
         launcher.kill()
         launcher.wait()
-        for pid in job:  # SIGKILL runs no atexit: the probes' sockets stay behind
-            socket_path(os.geteuid(), pid).unlink(missing_ok=True)
+        remove_probe_files(job)  # SIGKILL runs no atexit: the probes' sockets stay behind
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert (report["verdict"], report["culprit_ranks"]) == ("collective_mismatch", [0])

@@ -4,7 +4,8 @@ It starts without touching the script (the ``.pth`` hook with ``HANGDOC_PROBE=1`
 run``), answers with the heartbeat and the threads' live exceptions (never a message), says
 what it cannot do, never answers for a forked child's parent, stays silent where hangdoc
 cannot be imported; a process that holds the GIL costs only the timeout, and a socket or
-directory that is not the process owner's private one is never read.
+directory that is not the process owner's private one, or a socket another process listens
+on, is never read.
 """
 
 from __future__ import annotations
@@ -25,19 +26,21 @@ from pathlib import Path
 
 import pytest
 from support.factories import make_snapshot
+from support.probes import probe_socket, remove_probe_files
 
 from hangdoc.analysis.analyse import analyse
 from hangdoc.bundle import snapshot_from_dict, snapshot_to_dict
+from hangdoc.capture import probe_client
 from hangdoc.capture.heartbeat_files import read_processes
 from hangdoc.capture.probe_client import _ask, probe_heartbeat, probe_state
 from hangdoc.fleet.node import LocalNode
 from hangdoc.model import Frame, Heartbeat, ProbeStatus, ThreadException
-from hangdoc.probe import socket_dir, socket_path
 from hangdoc.probe_hook import BOOT_DIR, PTH_NAME
 
 pytestmark = pytest.mark.timeout(60)
 UID = os.geteuid()
 NOT_INITIALISED = "its probe says: torch.distributed is not initialised in this process"
+FAKE_PROBE = Path(__file__).resolve().parents[1] / "support" / "fake_probe.py"
 
 SERVE = """
 import re, sys, time
@@ -75,7 +78,7 @@ def _end(*procs: subprocess.Popen[str]) -> list[str]:
         if proc.poll() is None:
             proc.kill()
         said.append(proc.communicate()[1] or "")
-        socket_path(UID, proc.pid).unlink(missing_ok=True)
+        remove_probe_files([proc.pid])
     return said
 
 
@@ -84,7 +87,7 @@ def _kill_pid(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    socket_path(UID, pid).unlink(missing_ok=True)
+    remove_probe_files([pid])
 
 
 @pytest.fixture
@@ -97,7 +100,7 @@ def serving(request: pytest.FixtureRequest) -> Iterator[tuple[int, str]]:
     finally:
         proc.kill()
         proc.wait()
-        socket_path(UID, proc.pid).unlink(missing_ok=True)
+        remove_probe_files([proc.pid])
 
 
 # ------------------------------------------------------------------ serving and reading
@@ -106,9 +109,10 @@ def serving(request: pytest.FixtureRequest) -> Iterator[tuple[int, str]]:
 @pytest.mark.parametrize("serving", ["idle"], indirect=True)
 def test_the_probe_listens_privately_and_answers(serving: tuple[int, str]) -> None:
     pid, path = serving
-    assert path == str(socket_path(UID, pid))
+    assert path == probe_socket(pid) and Path(path).name == f"{pid}.sock"
+    assert Path(path).parent.name.startswith(f"hangdoc-probe-{UID}-")  # made for it: no name known ahead
     assert os.stat(path).st_mode & 0o777 == 0o600
-    assert os.stat(socket_dir(UID)).st_mode & 0o777 == 0o700
+    assert os.stat(Path(path).parent).st_mode & 0o777 == 0o700
     assert _ask(path, b"ping\n", 5.0) == {"ok": True, "pid": pid}
     assert _ask(path, b"reboot\n", 5.0)["ok"] is False
     answer = probe_state(pid)
@@ -137,30 +141,103 @@ def test_no_probe_is_the_common_case_not_an_error() -> None:
 
 @pytest.mark.parametrize("serving", ["idle"], indirect=True)
 def test_a_directory_others_may_write_is_never_read(serving: tuple[int, str]) -> None:
-    pid, _path = serving
-    directory = socket_dir(UID)
-    mode = os.stat(directory).st_mode & 0o777
+    pid, path = serving
+    directory = Path(path).parent
     os.chmod(directory, 0o777)
     try:
         answer = probe_state(pid)
-        assert answer.status is ProbeStatus.FAILED and "is not a private directory" in answer.reason
-        assert subprocess.run([sys.executable, "-c", "import hangdoc.probe as p; print(p.start())"],
-                              check=False, capture_output=True, text=True, timeout=30).stdout.strip() == "None"
+        assert answer.status is ProbeStatus.FAILED
+        assert answer.reason == f"probe directory {directory} is not private to the process's user (uid {UID}): not read"
     finally:
-        os.chmod(directory, mode)
+        os.chmod(directory, 0o700)
+    assert probe_state(pid).status is ProbeStatus.ANSWERED
 
 
-def test_a_file_in_place_of_the_socket_is_never_read(tmp_path: Path) -> None:
+@pytest.mark.parametrize("serving", ["idle"], indirect=True)
+def test_a_link_or_another_process_s_socket_in_place_of_the_socket_is_never_read(serving: tuple[int, str],
+                                                                                  tmp_path: Path) -> None:
+    pid, path = serving
+    other = subprocess.Popen([sys.executable, "-c", SERVE, "idle"], stdout=subprocess.PIPE, text=True)
+    moved = Path(path).with_suffix(".moved")
+    try:
+        assert other.stdout is not None
+        other_path = other.stdout.readline().strip()
+        os.rename(path, moved)  # the process still listens on it; the name now holds...
+        os.symlink(other_path, path)  # ...a link to another probe
+        answer = probe_state(pid)
+        assert answer.status is ProbeStatus.FAILED and answer.reason == f"{path} is not a socket of the process's user: not read"
+        os.unlink(path)
+        os.link(other_path, path)  # the other process's socket itself, under the name
+        answer = probe_state(pid)
+        assert answer.status is ProbeStatus.FAILED
+        assert answer.reason == (f"its probe socket is listened on by pid {other.pid} of uid {UID}, not by the process: "
+                                 "not read")
+        os.replace(moved, path)
+        assert probe_state(pid).status is ProbeStatus.ANSWERED
+    finally:
+        _end(other)
+
+
+def test_a_socket_planted_under_the_old_name_is_never_looked_at(tmp_path: Path) -> None:
     with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=_env()) as proc:
-        planted = socket_path(UID, proc.pid)
+        planted = Path(f"/tmp/hangdoc-probe-{UID}/{proc.pid}.sock")
         planted.parent.mkdir(mode=0o700, exist_ok=True)
         planted.write_text('{"ok": true}')
         try:
             answer = probe_state(proc.pid)
-            assert answer.status is ProbeStatus.FAILED and "is not a socket of the process's user" in answer.reason
+            assert answer.status is ProbeStatus.NO_PROBE
+            assert answer.reason.startswith(f"no probe socket found for pid {proc.pid} (no hangdoc probe started")
         finally:
             planted.unlink()
             proc.kill()
+
+
+def test_a_probe_of_an_older_hangdoc_under_the_old_name_is_still_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    legacy = Path(f"/tmp/hangdoc-probe-{UID}")  # where a job's older hangdoc listens
+    if legacy.exists() and (legacy.lstat().st_uid != UID or legacy.lstat().st_mode & 0o077):
+        pytest.skip(f"{legacy} is not this user's private directory here")
+    fake = subprocess.Popen([sys.executable, str(FAKE_PROBE), "--dir", str(legacy), "--answer", "quiet"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert fake.stdout is not None and fake.stdout.readline().startswith("ready")
+        assert probe_state(fake.pid).reason == NOT_INITIALISED  # among its own sockets
+        def unlisted(pid: int, inner: int) -> list[str]:
+            raise PermissionError("its descriptors cannot be listed")
+        monkeypatch.setattr(probe_client, "_listening", unlisted)
+        assert probe_state(fake.pid).reason == NOT_INITIALISED  # by the old name, under the same checks
+    finally:
+        _end(fake)
+
+
+def test_the_runtime_directory_is_used_when_it_is_private_and_else_a_fresh_one(tmp_path: Path) -> None:
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    code = "import hangdoc.probe, time; print(hangdoc.probe.start(), flush=True); time.sleep(60)"
+    private, (path,) = _spawn([sys.executable, "-c", code], _env(XDG_RUNTIME_DIR=str(runtime)), tmp_path)
+    try:
+        assert path == f"{runtime}/hangdoc-probe/{private.pid}.sock"
+        assert probe_state(private.pid).status is ProbeStatus.ANSWERED
+        private.send_signal(signal.SIGINT)  # a normal exit (atexit): the socket goes, the shared directory stays
+        private.wait()
+        assert not Path(path).exists() and os.stat(runtime / "hangdoc-probe").st_mode & 0o777 == 0o700
+        os.chmod(runtime, 0o755)  # others may look in: not the job's own any more
+        shared, (path,) = _spawn([sys.executable, "-c", code], _env(XDG_RUNTIME_DIR=str(runtime)), tmp_path)
+        assert Path(path).parent.name.startswith(f"hangdoc-probe-{UID}-")
+        assert probe_state(shared.pid).status is ProbeStatus.ANSWERED
+    finally:
+        _end(private)
+        if "shared" in locals():
+            _end(shared)
+
+
+def test_a_probe_that_cannot_listen_says_why_once_even_when_quiet(tmp_path: Path) -> None:
+    code = ("import os, hangdoc.probe as p; p._TMP = '/nonexistent-hangdoc'; os.environ['HANGDOC_PROBE'] = '1'; "
+            "print(p.start_from_environment(), p.start_from_environment())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False,
+                          env=_env(), cwd=tmp_path)
+    assert done.stdout == "None None\n"
+    assert done.stderr == (f"hangdoc.probe: not started: no private directory to listen in for uid {UID} "
+                           "(/nonexistent-hangdoc: No such file or directory)\n")
 
 
 # ------------------------------------------------------------------ started without the script
@@ -182,7 +259,7 @@ def test_the_pth_hook_starts_the_probe_when_the_environment_asks_and_only_then(t
     off, (off_pid, off_loaded) = _spawn([sys.executable, "-c", SAYS_IF_LOADED], _env(HANGDOC_PROBE="0"), tmp_path)
     try:
         assert loaded == "True" and off_loaded == "False"  # unset or 0: not even imported
-        assert _ask(str(socket_path(UID, int(pid))), b"ping\n", 5.0) == {"ok": True, "pid": int(pid)}
+        assert _ask(probe_socket(int(pid)), b"ping\n", 5.0) == {"ok": True, "pid": int(pid)}
         answer = probe_state(int(pid))
         assert answer.status is ProbeStatus.ANSWERED and answer.reason == NOT_INITIALISED
         assert probe_state(int(off_pid)).status is ProbeStatus.NO_PROBE
@@ -242,7 +319,7 @@ def test_live_exceptions_are_served_by_type_and_place_never_by_message(tmp_path:
     proc, (pid, main_id, loader_id) = _spawn([sys.executable, str(script)], _env(HANGDOC_PROBE="1"), tmp_path)
     try:
         answer = probe_state(int(pid))
-        raw = _ask(str(socket_path(UID, int(pid))), b"state\n", 5.0)
+        raw = _ask(probe_socket(int(pid)), b"state\n", 5.0)
     finally:
         _end(proc)
     assert answer.status is ProbeStatus.ANSWERED
@@ -308,7 +385,7 @@ def test_a_forked_child_never_answers_as_its_parent(tmp_path: Path) -> None:
     script = tmp_path / "fork.py"
     script.write_text(FORKING)
     proc, (pid, child) = _spawn([sys.executable, str(script)], _env(HANGDOC_PROBE="1"), tmp_path)
-    parent_socket = str(socket_path(UID, int(pid)))
+    parent_socket = probe_socket(int(pid))
     try:
         assert probe_state(int(child)).status is ProbeStatus.NO_PROBE
         assert _ask(parent_socket, b"ping\n", 5.0) == {"ok": True, "pid": int(pid)}
@@ -320,7 +397,7 @@ def test_a_forked_child_never_answers_as_its_parent(tmp_path: Path) -> None:
     finally:
         _kill_pid(int(child))
         _end(proc)
-        Path(parent_socket).unlink(missing_ok=True)
+        remove_probe_files([int(pid)])
 
 
 # ------------------------------------------------------------------ hangdoc run
@@ -363,7 +440,7 @@ def test_hangdoc_run_starts_the_probe_in_every_python_process(tmp_path: Path) ->
     try:
         assert path_left == ["[]"]  # the hook's directory left sys.path
         for pid in (parent, child, own_pid):
-            assert _ask(str(socket_path(UID, int(pid))), b"ping\n", 5.0) == {"ok": True, "pid": int(pid)}
+            assert _ask(probe_socket(int(pid)), b"ping\n", 5.0) == {"ok": True, "pid": int(pid)}
         assert sitecustomize == "ran"
     finally:
         _kill_pid(int(child))
@@ -454,7 +531,7 @@ def test_an_answer_is_bounded_and_says_what_it_left_out(tmp_path: Path) -> None:
     proc, (pid,) = _spawn([sys.executable, str(script)], _env(HANGDOC_PROBE="1"), tmp_path)
     try:
         answer = probe_state(int(pid))
-        raw = _ask(str(socket_path(UID, int(pid))), b"state\n", 5.0)
+        raw = _ask(probe_socket(int(pid)), b"state\n", 5.0)
     finally:
         _end(proc)
     assert len(answer.exceptions) == 64 and {e.type_name for e in answer.exceptions} == {"ValueError"}

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from support.factories import make_snapshot
 from support.harness import free_port
+from support.probes import remove_probe_files
 
 from hangdoc.bundle import save_snapshot
 from hangdoc.capture.flight_recorder import flight_record_to_json, read_flight_record
@@ -34,7 +35,6 @@ from hangdoc.model import (
     ProbeStatus,
     ThreadException,
 )
-from hangdoc.probe import socket_path
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 pytestmark = [pytest.mark.timeout(60)]
@@ -123,7 +123,7 @@ def test_a_real_agent_carries_a_real_probe_s_answer(tmp_path: Path) -> None:
         agent.stop()
         proc.kill()
         proc.wait()
-        socket_path(os.geteuid(), proc.pid).unlink(missing_ok=True)  # SIGKILL runs no atexit
+        remove_probe_files([proc.pid])  # SIGKILL runs no atexit
     assert got.status is ProbeStatus.ANSWERED and got.flight is None
     assert got.reason == "its probe says: torch.distributed is not initialised in this process"
     assert got.exceptions == (ThreadException(thread_id, "MainThread", "TimeoutError", Frame("<module>", str(script),
