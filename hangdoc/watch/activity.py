@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO
 
 from ..analysis.progress import relevant_thread
-from ..errors import HangdocError
+from ..errors import HangdocError, described
 from ..fleet.coordinator import Fleet, fan_out, sample_all
 from ..fleet.node import Node
 from ..model import CaptureErrorKind, Heartbeat, Sample
@@ -99,13 +99,17 @@ class EventQueue:
         return out
 
 
-def tee(source: IO[bytes], sink: IO[bytes], pattern: StepPattern | None, queue: EventQueue) -> threading.Thread:
+def tee(source: IO[bytes], sink: IO[bytes], pattern: StepPattern | None, queue: EventQueue,
+        say: Callable[[str], None] = lambda _: None) -> threading.Thread:
     """Copy ``source`` (a child's stdout or stderr pipe) to ``sink`` as it arrives, noting
-    activity; returns the daemon thread doing it (it ends at end of file)."""
-    scanner = _Scanner(pattern, queue.put)
+    activity; returns the daemon thread doing it (it ends at end of file). A bug in noting
+    activity is said once and stops only the noting: the job's output never stops flowing,
+    or its pipe would fill and block the job."""
+    scanner: _Scanner | None = _Scanner(pattern, queue.put)
     fd = source.fileno()
 
     def run() -> None:
+        nonlocal scanner
         while True:
             try:
                 chunk = os.read(fd, 65536)
@@ -113,7 +117,13 @@ def tee(source: IO[bytes], sink: IO[bytes], pattern: StepPattern | None, queue: 
                 return
             if not chunk:
                 return
-            scanner.feed(chunk, time.monotonic())
+            try:
+                if scanner is not None:
+                    scanner.feed(chunk, time.monotonic())
+            except Exception as exc:  # noqa: BLE001 - a bug here must not stop the copying
+                scanner = None  # the job's output still flows; only its activity goes unseen
+                say(f"internal error: reading the job's output for activity stopped ({described(exc)}); "
+                    "its output is still passed through")
             try:
                 sink.write(chunk)
                 sink.flush()

@@ -133,8 +133,8 @@ class WrappedRun:
                     child = sup.start(self.c.env, hb_dir)
                     self.say(f"watching {shlex.join(self.c.command)} (pid {child.pid}); reports go to {self.c.out}/")
                     assert child.stdout is not None and child.stderr is not None
-                    readers = [tee(child.stdout, sys.stdout.buffer, self.pace.pattern, self.pace.queue),
-                               tee(child.stderr, sys.stderr.buffer, self.pace.pattern, self.pace.queue)]
+                    readers = [tee(child.stdout, sys.stdout.buffer, self.pace.pattern, self.pace.queue, self.say),
+                               tee(child.stderr, sys.stderr.buffer, self.pace.pattern, self.pace.queue, self.say)]
                     try:
                         code = self.loop.run(self._ended)
                     except Exception as err:
