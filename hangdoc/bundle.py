@@ -131,6 +131,18 @@ MAX_FILE_BYTES = 512 * 2**20
 MAX_JSON_BYTES = 512 * 2**20
 _READ_CHUNK = 4 * 2**20
 
+
+def read_at_most(fd: int, limit: int) -> bytes | None:
+    """The rest of ``fd``, or None when it holds more than ``limit`` bytes. ``st_size`` can
+    lie (files in /proc say 0, a file can grow while read): the bytes are counted."""
+    chunks, total = [], 0
+    while chunk := os.read(fd, min(_READ_CHUNK, limit + 1 - total)):
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > limit:
+            return None
+    return b"".join(chunks)
+
 # Integer ranges (inclusive); model.MAX_WORLD_SIZE bounds ranks and world sizes.
 # Stacks are interned, so a small file can make thousands of threads share one deep stack;
 # the analysis walks every thread's frames (about 2 us each), so the frames of all threads
@@ -1585,13 +1597,10 @@ def _read_file(path: Path) -> bytes:
                                 "snapshot hangdoc writes")
         if info.st_size > MAX_FILE_BYTES:
             raise too_large
-        chunks, total = [], 0  # st_size can lie (files in /proc say 0): count as well
-        while chunk := os.read(fd, min(_READ_CHUNK, MAX_FILE_BYTES + 1 - total)):
-            chunks.append(chunk)
-            total += len(chunk)
-            if total > MAX_FILE_BYTES:
-                raise too_large
-        return b"".join(chunks)
+        raw = read_at_most(fd, MAX_FILE_BYTES)
+        if raw is None:
+            raise too_large
+        return raw
     except OSError as err:
         raise BundleError(f"cannot read snapshot {path}: {_reason(err)}") from None
     finally:

@@ -26,6 +26,7 @@ import stat
 from pathlib import Path
 
 from .. import __version__
+from ..bundle import read_at_most
 from ..errors import BundleError
 from ..model import JobSnapshot, RankProcess, RankSnapshot, RankSource
 from .flight_recorder import MAX_ENTRIES, FlightRecordInvalid, read_dump
@@ -39,7 +40,6 @@ MAX_FILES = 50_000
 MAX_DIR_ENTRIES = 500_000  # a kept entry costs about 500 bytes: 250 MB
 _MAX_NAMES = 1_000_000  # names looked at in the directory, dumps or not
 _LISTED = 8  # files named in a note
-_READ_CHUNK = 1 << 20
 _RANK_AT_END = re.compile(r"(\d+)(?:\.json|\.pkl|\.pickle)?$")
 _OPEN_FLAGS = (os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
                | getattr(os, "O_CLOEXEC", 0))
@@ -161,13 +161,10 @@ def _read(dir_fd: int, name: str, seen: dict[tuple[int, int], str]) -> bytes:
         too_large = _Refused(f"larger than {MAX_FILE_BYTES >> 20} MiB, more than any flight recorder dump")
         if info.st_size > MAX_FILE_BYTES:
             raise too_large
-        chunks, total = [], 0  # st_size can lie: count as well
-        while chunk := os.read(fd, min(_READ_CHUNK, MAX_FILE_BYTES + 1 - total)):
-            chunks.append(chunk)
-            total += len(chunk)
-            if total > MAX_FILE_BYTES:
-                raise too_large
-        return b"".join(chunks)
+        raw = read_at_most(fd, MAX_FILE_BYTES)
+        if raw is None:
+            raise too_large
+        return raw
     except OSError as err:
         raise _Refused(err.strerror or str(err)) from None
     finally:

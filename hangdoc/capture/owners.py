@@ -23,9 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from .processes import ProcessTable
-
-_LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's st column
-_PROC_NET = ("/proc/net/tcp", "/proc/net/tcp6")
+from .tcptable import LISTEN, PROC_NET_TCP, tcp_rows
 
 
 @dataclass(frozen=True)
@@ -36,24 +34,14 @@ class Owner:
     how: str
 
 
-def listening_uids(port: int, tables: Iterable[str] = _PROC_NET) -> set[int]:
+def listening_uids(port: int, tables: Iterable[str] = PROC_NET_TCP) -> set[int]:
     """The users owning a TCP socket that listens on ``port`` in this network namespace."""
     found: set[int] = set()
-    for path in tables:
+    for row in tcp_rows(tables):
         try:
-            with open(path) as table:
-                next(table, None)
-                for line in table:
-                    cols = line.split()
-                    if len(cols) < 8 or cols[3] != _LISTEN:
-                        continue
-                    _, _, port_hex = cols[1].rpartition(":")
-                    try:
-                        if int(port_hex, 16) == port:
-                            found.add(int(cols[7]))
-                    except ValueError:
-                        continue
-        except OSError:
+            if row.state == LISTEN and row.port == port:
+                found.add(row.uid)
+        except ValueError:
             continue
     return found
 

@@ -37,12 +37,11 @@ import sys
 from dataclasses import dataclass, field
 
 from ..capture.sourcefs import in_our_user_namespace, read_status
+from ..capture.tcptable import ESTABLISHED, tcp_rows
 
 log = logging.getLogger("hangdoc.agent")
 _CAP_SYS_PTRACE = 1 << 19
-_ESTABLISHED = "01"
 _PEER = re.compile(r"^ipv(?P<v>[46]):\[?(?P<addr>[0-9A-Fa-f.:]+?)\]?:(?P<port>\d{1,5})$")
-_PROC_NET = ("/proc/net/tcp", "/proc/net/tcp6")
 # The access check runs as the caller: a fresh interpreter (-I -S: no site, no user paths,
 # no environment) takes the caller's real ids, groups and, for uid 0, its capabilities,
 # then opens each /proc/PID/environ. It is started without switching ids in the agent's
@@ -248,20 +247,13 @@ def _decode_address(text: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Ad
 def socket_owner(addr: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> tuple[int, int] | None:
     """(uid, inode) of the established TCP socket bound to ``addr:port`` in this network
     namespace, or None when the table has none."""
-    for path in _PROC_NET:
+    for row in tcp_rows():
+        if row.state != ESTABLISHED:
+            continue
         try:
-            with open(path) as table:
-                next(table, None)
-                for line in table:
-                    cols = line.split()
-                    if len(cols) < 10 or cols[3] != _ESTABLISHED:
-                        continue
-                    try:
-                        if _decode_address(cols[1]) == (addr, port):
-                            return int(cols[7]), int(cols[9])
-                    except ValueError:
-                        continue
-        except OSError:
+            if _decode_address(row.local) == (addr, port):
+                return row.uid, row.inode
+        except ValueError:
             continue
     return None
 
