@@ -41,6 +41,12 @@ from ..model import (
 ProbeAnswers = dict[int, ProbeAnswer]
 PROBE_HEARTBEAT_TIMEOUT = 1.0  # seconds for a probe to say its heartbeat (polled by watch)
 PROBES_AT_ONCE = 16  # probes one call of the embedded node reads at once
+# Flight recorder entries one call keeps from all its probes' answers: a parsed entry costs
+# about 500 bytes (measured on real torch 2.13 dumps), so 300,000 hold ~150 MB. A 128-rank
+# node at torch's default ring of 2,000 entries answers 256,000. Without it, one call over
+# many processes of one user, each answering the largest dump a probe may send, would be
+# held whole until the call returns.
+MAX_ENTRIES_PER_CALL = 300_000
 
 
 class Quota:
@@ -200,8 +206,11 @@ class LocalNode:
 
     def probe(self, pids: Sequence[int], timeout: float, reads: ProbeReads | None = None,
               who: Hashable = None) -> ProbeAnswers:
-        """``reads``, ``who``: as for ``heartbeats``."""
-        return _ask_all(pids, lambda pid: probe_state(pid, timeout), reads, who)
+        """``reads``, ``who``: as for ``heartbeats``. The answers keep at most
+        ``MAX_ENTRIES_PER_CALL`` flight recorder entries in all; a dump past that is left out
+        of its answer, which says so."""
+        budget = _EntryBudget(MAX_ENTRIES_PER_CALL)
+        return _ask_all(pids, lambda pid: budget.keep(probe_state(pid, timeout)), reads, who)
 
     def devices(self, pids: Sequence[int], *, listen: float, timeout: float, ras: bool) -> NodeDevices:
         return read_devices(pids, listen=listen, timeout=timeout, ras=ras, host=self._host)
@@ -273,6 +282,27 @@ class ReplayNode:
         gpus = {pid: r.gpus for pid in pids if (r := self.by_pid.get(pid)) is not None and r.gpus}
         report = self.snapshot.ras if ras else None
         return NodeDevices(gpus, "", report, "")
+
+
+class _EntryBudget:
+    """Flight recorder entries one call may still keep, shared by its reading threads."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used = limit, 0
+        self._lock = threading.Lock()
+
+    def keep(self, answer: ProbeAnswer) -> ProbeAnswer:
+        if answer.flight is None:
+            return answer
+        size = len(answer.flight.entries)
+        with self._lock:
+            if self.used + size <= self.limit:
+                self.used += size
+                return answer
+            held = self.used
+        why = (f"flight recorder dump of {size:,} entries left out: this call's answers hold "
+               f"{held:,} of at most {self.limit:,}; ask for fewer ranks at once")
+        return replace(answer, flight=None, reason=f"{answer.reason}; {why}" if answer.reason else why)
 
 
 def _ask_all(pids: Sequence[int], ask: Callable[[int], ProbeAnswer], reads: ProbeReads | None = None,

@@ -87,3 +87,19 @@ def test_connections_leave_half_the_descriptors_to_the_work() -> None:
     names = dict(limits.server_options(1024))
     assert names["grpc.max_allowed_incoming_connections"] == 512
     assert names["grpc.server_handshake_timeout_ms"] == limits.HANDSHAKE_TIMEOUT_MS
+
+
+def test_one_call_keeps_a_bounded_number_of_flight_entries() -> None:
+    from hangdoc.fleet.node import _EntryBudget
+    from hangdoc.model import FlightEntry, FlightRecord, ProbeAnswer, ProbeStatus
+
+    def answer(n: int) -> ProbeAnswer:
+        return ProbeAnswer(ProbeStatus.ANSWERED, flight=FlightRecord(tuple(FlightEntry("0", i, "all_reduce")
+                                                                           for i in range(n))))
+
+    budget = _EntryBudget(5_000)
+    kept = [budget.keep(answer(2_000)) for _ in range(3)]
+    assert [a.flight is not None for a in kept] == [True, True, False]  # 4,000 held; 2,000 more is past it
+    assert "left out: this call's answers hold 4,000 of at most 5,000" in kept[2].reason
+    assert budget.keep(answer(1_000)).flight is not None  # a smaller dump still fits
+    assert budget.keep(ProbeAnswer(ProbeStatus.NO_PROBE, reason="no probe")).reason == "no probe"
