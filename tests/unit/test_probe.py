@@ -212,7 +212,10 @@ def test_a_probe_of_an_older_hangdoc_under_the_old_name_is_still_read(monkeypatc
 def test_the_runtime_directory_is_used_when_it_is_private_and_else_a_fresh_one(tmp_path: Path) -> None:
     runtime = tmp_path / "run"
     runtime.mkdir(mode=0o700)
-    code = "import hangdoc.probe, time; print(hangdoc.probe.start(), flush=True); time.sleep(60)"
+    # SIGINT's handler set anew: a test run in the background of a shell (CI's) starts its
+    # children with SIGINT ignored, and Python then installs none
+    code = ("import hangdoc.probe, signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "print(hangdoc.probe.start(), flush=True); time.sleep(60)")
     private, (path,) = _spawn([sys.executable, "-c", code], _env(XDG_RUNTIME_DIR=str(runtime)), tmp_path)
     try:
         assert path == f"{runtime}/hangdoc-probe/{private.pid}.sock"

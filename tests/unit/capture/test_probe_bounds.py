@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -112,7 +113,8 @@ def test_a_probe_that_drips_its_answer_is_dropped_within_seconds(private_dir: st
         proc.kill()
         proc.wait()
     assert answer.status is ProbeStatus.FAILED and took < 4
-    assert answer.reason.startswith("its probe sent 5 bytes of its answer in 2.0 s, slower than hangdoc reads")
+    # a byte every 0.5 s: 4 or 5 of them in the 2 s before the rate drops it, as the machine allows
+    assert re.match(r"its probe sent [3-5] bytes of its answer in 2\.\d s, slower than hangdoc reads", answer.reason)
     assert answer.reason.endswith("(a gap of 2 s at most, 4 MiB/s at least): dropped")
 
 
