@@ -566,6 +566,10 @@ class JobSnapshot:
     # stacks read from text a person may have cut (a pasted ``py-spy dump``): a main thread
     # without its ``<module>`` frame is then no sign of an exit handler
     stacks_may_be_cut: bool = False
+    # the ranks were found by searching their nodes' processes (a live capture); False for
+    # ranks read from dump files, where a rank absent from the files is not seen, never
+    # missing: a file holds what someone dumped, not every process of a node
+    nodes_searched: bool = True
 
     def source(self, filename: str) -> SourceFile | None:
         for src in self.sources:
@@ -774,6 +778,21 @@ class CallTree:
 
 
 @dataclass(frozen=True)
+class Scope:
+    """What a diagnosis saw of the job: a verdict speaks only for the ranks seen."""
+
+    seen: tuple[int, ...] = ()  # ranks whose process was captured (readable or not)
+    not_seen: tuple[int, ...] = ()  # expected, but on nodes not searched or not answering
+    absent: tuple[int, ...] = ()  # no process, on positive evidence (``rank_missing``'s)
+    world_size: int | None = None  # from the ranks' environment or code; None when nothing says
+
+    @property
+    def whole(self) -> bool:
+        """Every rank of the job was seen or proven absent (an unknown size is not whole)."""
+        return self.world_size is not None and not self.not_seen
+
+
+@dataclass(frozen=True)
 class Diagnosis:
     """The result of analysis: a verdict, its culprits and the evidence."""
 
@@ -796,6 +815,7 @@ class Diagnosis:
     confidence: Confidence = Confidence.LOW
     # short phrases: the evidence the verdict rests on, then what lowers the confidence
     basis: tuple[str, ...] = ()
+    scope: Scope = field(default_factory=Scope)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,9 @@ ranks' stacks into one ``CallTree`` (``merge``), then ``classify`` names the ver
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from ..model import (
     MAX_WORLD_SIZE,
@@ -19,6 +21,7 @@ from ..model import (
     RankAnalysis,
     RankSnapshot,
     RankState,
+    Scope,
     Stack,
     StackGroup,
     ThreadStack,
@@ -68,52 +71,103 @@ def _env_int(snap: RankSnapshot, *keys: str, minimum: int = 0) -> int | None:
     return None
 
 
-def off_node_ranks(
-    snapshot: JobSnapshot, absent: set[int], views: Sequence[RankView] = ()
-) -> tuple[set[int], str]:
-    """Absent ranks that may live on nodes this snapshot did not look at.
+@dataclass(frozen=True)
+class Placement:
+    """Where the absent ranks of a job are, as far as what was searched can tell."""
 
-    A multi-node job seen from some of its nodes (LOCAL_WORLD_SIZE / SLURM_NTASKS_PER_NODE
-    smaller than the world) has ranks elsewhere: those are unknown, not missing. A node
-    that was looked at and holds its full local world is missing nothing, whatever the rank
-    numbering; where a node holds fewer, the absent ranks of its block (torchrun's and
-    Slurm's contiguous layout, or GROUP_RANK) are the missing ones, if that accounts for
-    exactly the shortfall. Otherwise hangdoc cannot tell which absent ranks are missing and
-    calls them all unknown.
+    elsewhere: frozenset[int] = frozenset()  # may run on nodes nobody searched: not seen
+    proven: frozenset[int] = frozenset()  # no process, on positive evidence: missing
+    note: str = ""
+
+
+def off_node_ranks(snapshot: JobSnapshot, absent: set[int], views: Sequence[RankView] = ()) -> Placement:
+    """Which absent ranks are missing and which may live on nodes this snapshot did not see.
+
+    An absent rank is missing only on positive evidence that its node was searched and holds
+    no such rank; otherwise it is not seen. The evidence:
+
+    - the job's layout: every node's local world is known (LOCAL_WORLD_SIZE /
+      SLURM_NTASKS_PER_NODE) and the nodes searched hold the whole world, or a searched
+      node holds fewer ranks than its local world and the absent ranks of its block
+      (torchrun's and Slurm's contiguous layout, or GROUP_RANK) account for exactly the
+      shortfall;
+    - a rendezvous on loopback (MASTER_ADDR, or the ``HOST:PORT`` the job was named by, is
+      this node's loopback): no rank can run on another node, and this node was searched.
+
+    Ranks read from dump files (``JobSnapshot.nodes_searched`` false) are never proven absent:
+    a file holds the processes someone dumped, not every process of a node.
     """
     if not absent:
-        return set(), ""
+        return Placement()
+    if not snapshot.nodes_searched:
+        return Placement(frozenset(absent), note=(
+            f"ranks {compress_ranks(absent)[1:-1]} are not in the dumps: not seen, so nothing "
+            "is concluded about them; dump every rank, or diagnose the live job"))
     local_sizes = {
         n for r in snapshot.ranks
         if (n := _env_int(r, "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", minimum=1)) is not None
     }
-    if len(local_sizes) != 1:
-        return set(), ""
-    per_node = local_sizes.pop()
-    world = max(expected_ranks(snapshot, views), default=-1) + 1
     hosts: dict[str, list[RankSnapshot]] = {}
     for r in snapshot.ranks:
         hosts.setdefault(r.process.host, []).append(r)
-    if per_node >= world or len(hosts) * per_node >= world:
-        return set(), ""  # every node was looked at: absent ranks are missing
-    shortfall = sum(max(per_node - len(rs), 0) for rs in hosts.values())
-    blocks = set()
-    for rs in hosts.values():
-        for r in rs:
-            group = _env_int(r, "GROUP_RANK", "NODE_RANK", "SLURM_NODEID")
-            blocks.add(group if group is not None else (r.rank or 0) // per_node)
-    in_blocks = {rank for rank in absent if rank // per_node in blocks}
-    local_missing = in_blocks if len(in_blocks) == shortfall else set()
-    elsewhere = absent - local_missing
-    if not elsewhere:
-        return set(), ""
+    if len(local_sizes) == 1:
+        per_node = local_sizes.pop()
+        world = max(expected_ranks(snapshot, views), default=-1) + 1
+        if per_node >= world or len(hosts) * per_node >= world:
+            return Placement(proven=frozenset(absent))  # every node was looked at
+        shortfall = sum(max(per_node - len(rs), 0) for rs in hosts.values())
+        blocks = set()
+        for rs in hosts.values():
+            for r in rs:
+                group = _env_int(r, "GROUP_RANK", "NODE_RANK", "SLURM_NODEID")
+                blocks.add(group if group is not None else (r.rank or 0) // per_node)
+        in_blocks = {rank for rank in absent if rank // per_node in blocks}
+        local_missing = in_blocks if len(in_blocks) == shortfall else set()
+        elsewhere = absent - local_missing
+        note = (
+            f"ranks {compress_ranks(elsewhere)[1:-1]} may run on nodes that were not asked "
+            f"({per_node} ranks per node, {len(hosts)} node(s) seen): their state is unknown; "
+            "diagnose with an agent on every node to see them"
+        ) if elsewhere else ""
+        return Placement(frozenset(elsewhere), frozenset(local_missing), note)
+    if _loopback_rendezvous(snapshot):
+        return Placement(proven=frozenset(absent))
+    searched = ", ".join(sorted(hosts)[:4]) + (" ..." if len(hosts) > 4 else "")
+    return Placement(frozenset(absent), note=(
+        f"ranks {compress_ranks(absent)[1:-1]} have no process on the node(s) searched "
+        f"({searched}), and nothing shows the job has no other node: not seen, not missing; "
+        "run `hangdoc agent` on the job's other nodes and add --agents NODE:7420,... "
+        "(or --hostfile FILE) to see them"))
 
-    note = (
-        f"ranks {compress_ranks(elsewhere)[1:-1]} may run on nodes that were not asked "
-        f"({per_node} ranks per node, {len(hosts)} node(s) seen): their state is unknown; "
-        "diagnose with an agent on every node to see them"
-    )
-    return elsewhere, note
+
+def _loopback_rendezvous(snapshot: JobSnapshot) -> bool:
+    """The ranks meet on this node's loopback, so none can run on another node: every
+    MASTER_ADDR the ranks show is a loopback name or address; where none shows one, the
+    ``HOST:PORT`` the job was named by."""
+    addrs = {a.strip() for r in snapshot.ranks if (a := r.process.env_get("MASTER_ADDR"))}
+    if not addrs:
+        host, sep, port = snapshot.spec.rpartition(":")
+        if not sep or not port.isdigit():
+            return False
+        addrs = {host.strip("[]")}
+    return all(_is_loopback(a) for a in addrs)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def scope_of(views: Sequence[RankView], missing: set[int], unknown: set[int],
+             world: int | None) -> Scope:
+    """What the diagnosis saw of the job, and what it knows of the rest."""
+    seen = tuple(sorted({v.rank for v in views}))
+    return Scope(seen=seen, not_seen=tuple(sorted(unknown - set(seen))), absent=tuple(sorted(missing)),
+                 world_size=world)
 
 
 def analyse(snapshot: JobSnapshot) -> Diagnosis:
@@ -130,19 +184,24 @@ def _analyse(snapshot: JobSnapshot) -> Diagnosis:
     unknown: set[int] = set()
     for u in snapshot.unreachable:
         unknown.update(u.ranks)
-    absent = expected_ranks(snapshot, views) - present
+    unreachable_ranks = set(unknown)
+    expected = expected_ranks(snapshot, views)
+    absent = expected - present
     if any(not u.ranks for u in snapshot.unreachable):
         unknown |= absent  # an unreachable node could hold any absent rank
-    elsewhere, elsewhere_note = off_node_ranks(snapshot, absent - unknown, views)
-    unknown |= elsewhere
-    missing = absent - unknown
+    placement = off_node_ranks(snapshot, absent - unknown, views)
+    unknown |= placement.elsewhere
+    missing = set(placement.proven)
+    elsewhere_note = placement.note
 
     merged = once_per_object(_tree_frames)  # ranks share stacks: one merged stack for each
     stacks: dict[int, Stack] = {v.rank: merged(v.thread.frames) for v in views if v.thread is not None}
     tree = build_tree(stacks)
     groups, group_of = _groups(tree, {v.rank: v.op for v in views})
 
-    result = classify.classify(views, sorted(missing), sorted(unknown))
+    # one rank, and nothing says the job's size: its peers exist but nobody saw them
+    others_unseen = not expected and len(present) == 1
+    result = classify.classify(views, sorted(missing), sorted(unknown), others_unseen=others_unseen)
     describe = _details()
     if elsewhere_note:
         result.evidence.append(elsewhere_note)
@@ -165,12 +224,14 @@ def _analyse(snapshot: JobSnapshot) -> Diagnosis:
         for r in sorted(missing)
     ]
     ranks += [
-        RankAnalysis(r, None, "", RankState.UNKNOWN, None, None, None, "its node did not answer")
+        RankAnalysis(r, None, "", RankState.UNKNOWN, None, None, None,
+                     "its node did not answer" if r in unreachable_ranks else "not seen")
         for r in sorted(unknown - present)
     ]
     ranks.sort(key=lambda r: (r.rank is None, r.rank))
     observed = max((v.move.seconds for v in views if v.move), default=0.0)
-    judged = confidence.judge(result.finding, views, sorted(unknown), len(snapshot.unreachable))
+    judged = confidence.judge(result.finding, views, sorted(unknown), len(snapshot.unreachable),
+                              world_known=bool(expected))
     diagnosis = Diagnosis(
         verdict=result.verdict,
         culprit_ranks=tuple(sorted(result.culprits)),
@@ -185,6 +246,7 @@ def _analyse(snapshot: JobSnapshot) -> Diagnosis:
         ambiguous=result.ambiguous,
         confidence=judged.confidence,
         basis=judged.basis,
+        scope=scope_of(views, missing, unknown, (max(expected) + 1) if expected else None),
     )
     # the ranks' flight recorder dumps, when had, sharpen or override what the stacks say
     diagnosis = apply_flight(diagnosis, match_flight(snapshot), stacks=any(r.samples for r in snapshot.ranks))

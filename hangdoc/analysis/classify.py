@@ -34,7 +34,9 @@ from .wording import (
     Progressing,
     RanksGone,
     SameOp,
+    SeenInOneOp,
     Straggling,
+    Teardown,
     Unexplained,
     Unpaired,
     Unseen,
@@ -85,10 +87,10 @@ class Finding:
 
 
 def classify(
-    views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[int]
+    views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[int], *, others_unseen: bool = False
 ) -> Classification:
     """The verdict of ``decide``, in words."""
-    found = decide(views, missing, unknown)
+    found = decide(views, missing, unknown, others_unseen=others_unseen)
     summary, evidence = wording.words(found.facts)
     if found.quiet_over is not None:
         evidence.append(wording.quiet_line(found.quiet_over))
@@ -105,8 +107,12 @@ def classify(
     return Classification(found, summary, evidence, wording.next_steps(found.verdict, found.facts))
 
 
-def decide(views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[int]) -> Finding:
-    """Apply the rules in order; the first that fits gives the verdict."""
+def decide(views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[int], *,
+           others_unseen: bool = False) -> Finding:
+    """Apply the rules in order; the first that fits gives the verdict. ``others_unseen``:
+    the job has ranks nobody saw besides ``unknown`` (one rank's dump, and nothing says the
+    job's size): a claim about every rank cannot be made."""
+    partial = bool(unknown) or others_unseen
     by_state: dict[RankState, list[RankView]] = defaultdict(list)
     for v in views:
         by_state[v.state].append(v)
@@ -149,6 +155,12 @@ def decide(views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[
             Verdict.CLEANUP_DEADLOCK, [v.rank for v in cleanup], CleanupStuck(cleanup, training),
             quiet_over=in_op,
         )
+    if cleanup and partial and not outside_of(cleanup, in_op, outside):
+        # every rank seen is in cleanup, the others were not seen: cleanup from one side
+        return Finding(
+            Verdict.CLEANUP_DEADLOCK, [v.rank for v in cleanup], CleanupStuck(cleanup, [], unknown),
+            quiet_over=in_op,
+        )
 
     # -- straggler
     if outside and in_op:
@@ -181,7 +193,7 @@ def decide(views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[
             # every rank at one host sync: the devices wait in some collective that does
             # not complete (transport-like, said with low confidence); anything else: what
             # is missing, not a guess
-            verdict = Verdict.NCCL_TIMEOUT if facts.one_site else Verdict.UNKNOWN
+            verdict = Verdict.NCCL_TIMEOUT if facts.one_site and not partial else Verdict.UNKNOWN
             return Finding(verdict, [], facts, quiet_over=in_op)
     if in_op and unseen:
         # every rank that could be read waits in one op: the ranks not seen there are what
@@ -189,9 +201,21 @@ def decide(views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[
         # py-spy cannot pause); the report says it rests on elimination, not a stack
         return Finding(Verdict.STRAGGLER, [v.rank for v in unseen], Unseen(unseen, in_op),
                        quiet_over=in_op)
+    if in_op and partial:
+        # "every rank in the same op" holds only over the whole world: what the ranks not
+        # seen do decides between a transport hang and one rank the others wait for
+        return Finding(Verdict.UNKNOWN, [], SeenInOneOp(in_op, unknown), quiet_over=in_op)
+    if in_op and all(id(v) in in_cleanup for v in in_op) and not outside:
+        return Finding(Verdict.NCCL_TIMEOUT, [], Teardown(in_op), quiet_over=in_op)
     if in_op:
         return Finding(Verdict.NCCL_TIMEOUT, [], SameOp(in_op), quiet_over=in_op)
     return Finding(Verdict.UNKNOWN, [], Unexplained(views))
+
+
+def outside_of(cleanup: Sequence[RankView], in_op: Sequence[RankView], outside: Sequence[RankView]) -> bool:
+    """Some rank seen is in an op or outside any op and not in cleanup."""
+    ids = {id(v) for v in cleanup}
+    return any(id(v) not in ids for v in (*in_op, *outside))
 
 
 def _not_hung(

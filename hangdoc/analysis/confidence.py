@@ -34,7 +34,9 @@ from .wording import (
     Progressing,
     RanksGone,
     SameOp,
+    SeenInOneOp,
     Straggling,
+    Teardown,
     Unexplained,
     Unseen,
     Working,
@@ -69,10 +71,12 @@ class Case:
     in_op: Sequence[RankView]  # waiting or communicating in a distributed op
     outside: Sequence[RankView]  # busy, blocked or stopped outside any op
     samples: Sequence[int]  # how many good samples each of ``read`` has, in its order
+    world_known: bool = True  # the ranks' environment or code says the job's size
 
     @classmethod
     def of(
-        cls, found: Finding, views: Sequence[RankView], unknown: Sequence[int], silent_nodes: int
+        cls, found: Finding, views: Sequence[RankView], unknown: Sequence[int], silent_nodes: int,
+        world_known: bool = True,
     ) -> Case:
         read = [v for v in views if v.state not in (RankState.UNREADABLE, RankState.EXITED)]
         return cls(
@@ -81,6 +85,7 @@ class Case:
             in_op=[v for v in views if v.state in IN_OP],
             outside=[v for v in views if v.state in OUTSIDE],
             samples=[len(v.snap.good_samples) for v in read],
+            world_known=world_known,
         )
 
     @property
@@ -90,10 +95,11 @@ class Case:
 
 
 def judge(
-    found: Finding, views: Sequence[RankView], unknown: Sequence[int] = (), silent_nodes: int = 0
+    found: Finding, views: Sequence[RankView], unknown: Sequence[int] = (), silent_nodes: int = 0,
+    world_known: bool = True,
 ) -> Judgement:
     """The confidence of ``found`` and its basis: what it rests on, then what lowers it."""
-    case = Case.of(found, views, unknown, silent_nodes)
+    case = Case.of(found, views, unknown, silent_nodes, world_known)
     level = Confidence.HIGH
     basis = rests_on(case)
     for cap, rule in RULES:
@@ -228,7 +234,27 @@ def _silent_nodes(case: Case) -> str | None:
         answered = len({v.snap.process.host for v in case.views})
         return (f"{case.silent_nodes} of {answered + case.silent_nodes} nodes did not answer: "
                 f"{rank_words(case.unknown)} unknown")
-    return f"{rank_words(case.unknown)} unknown: their nodes were not asked"
+    return f"{rank_words(case.unknown)} not seen"
+
+
+def _hang_over_part(case: Case) -> str | None:
+    """A hang verdict said of part of the job, or one the ranks not seen decide: those
+    ranks may change it."""
+    f = case.found.facts
+    if not case.unknown and (isinstance(f, SeenInOneOp) or (isinstance(f, CleanupStuck) and not f.training)):
+        return "one rank seen, and nothing says how many the job has: its peers were not seen"
+    return _silent_nodes(case) if case.hang or isinstance(f, SeenInOneOp) else None
+
+
+def _other_part(case: Case) -> str | None:
+    return None if case.hang or isinstance(case.found.facts, SeenInOneOp) else _silent_nodes(case)
+
+
+def _size_unknown(case: Case) -> str | None:
+    """"Every rank waits in the same op" with nothing to say how many ranks the job has."""
+    if case.world_known or not isinstance(case.found.facts, (SameOp, Teardown)):
+        return None
+    return "the job's size is unknown: ranks not captured may be elsewhere"
 
 
 def _unread(case: Case) -> str | None:
@@ -429,8 +455,13 @@ RULES: tuple[Rule, ...] = (
     # a culprit on a line of the job whose text was not captured (a dump file): it may be a
     # host sync, where the rank waits for its own collective rather than computes
     (Confidence.LOW, _line_unseen),
-    # ranks on nodes that did not answer may be anywhere, the culprits' place included
-    (Confidence.MEDIUM, _silent_nodes),
+    # a hang said of part of the job: ranks not seen (nodes not searched or not answering,
+    # ranks not in the dumps) may be anywhere, the culprits' place included
+    (Confidence.LOW, _hang_over_part),
+    # "every rank in one op" where nothing says how many ranks the job has
+    (Confidence.LOW, _size_unknown),
+    # a job that moves, or nothing to say, while some ranks were not seen
+    (Confidence.MEDIUM, _other_part),
     # a rank that could not be read may be the one the others wait for
     (Confidence.MEDIUM, _unread),
     # one sample shows where a rank is, not whether it moves

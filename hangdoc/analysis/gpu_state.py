@@ -303,8 +303,14 @@ def apply_device_state(diagnosis: Diagnosis, snapshot: JobSnapshot) -> Diagnosis
         basis.insert(0, "NVML: the culprits' GPUs are idle while the others' run")
     if culprits and culprits == set(found.behind):
         basis.insert(0, "NCCL RAS: the culprits launched fewer collectives than the others")
-    if diagnosis.verdict is not Verdict.NCCL_TIMEOUT:
+    # every rank seen waits in one op and the ranks not seen decide (``unknown``): RAS sees
+    # every rank of the communicator, so one it cannot reach among them decides it
+    unseen_named = diagnosis.verdict is Verdict.UNKNOWN and bool(
+        set(found.unreachable) & set(diagnosis.scope.not_seen)) and not diagnosis.culprit_ranks
+    if diagnosis.verdict is not Verdict.NCCL_TIMEOUT and not unseen_named:
         return dataclasses.replace(diagnosis, evidence=evidence, next_steps=next_steps, basis=tuple(basis))
+    if unseen_named:
+        diagnosis = dataclasses.replace(diagnosis, verdict=Verdict.NCCL_TIMEOUT)
     if found.behind:
         overridden = (f"the stacks alone read nccl_timeout: {diagnosis.summary}; NCCL RAS's "
                       "launch counts override it")

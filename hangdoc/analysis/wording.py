@@ -156,10 +156,12 @@ class InitStuck:
 
 @dataclass(frozen=True)
 class CleanupStuck:
-    """``cleanup`` left the training loop and wait in cleanup while ``training`` wait in an op."""
+    """``cleanup`` left the training loop and wait in cleanup while ``training`` wait in an op;
+    with no ``training`` rank seen, cleanup seen from one side: ``unseen`` were not seen."""
 
     cleanup: Sequence[RankView]
     training: Sequence[RankView]
+    unseen: Sequence[int] = ()
 
 
 @dataclass(frozen=True)
@@ -211,6 +213,23 @@ class SameOp:
 
 
 @dataclass(frozen=True)
+class SeenInOneOp:
+    """Every rank seen waits in the same op; ``unseen`` ranks of the job were not seen, and
+    what they do decides between a transport hang and a rank the others wait for."""
+
+    waiting: Sequence[RankView]
+    unseen: Sequence[int]
+
+
+@dataclass(frozen=True)
+class Teardown:
+    """Every rank of the job waits in the same op on its way out (``destroy_process_group``,
+    a barrier in ``__exit__``/``finally``, atexit)."""
+
+    waiting: Sequence[RankView]
+
+
+@dataclass(frozen=True)
 class DeviceWaits:
     """Every rank in an op waits in it or at a host sync, at least one at a host sync
     (``device``), and their ops do not disagree: ``device`` wait for device work whose
@@ -236,6 +255,7 @@ class Unexplained:
 Facts = (
     NothingCaptured | Progressing | DataMoving | Working | RanksGone | InitSplit | InitStuck
     | CleanupStuck | Straggling | Unseen | Mismatch | SameOp | DeviceWaits | Unexplained
+    | SeenInOneOp | Teardown
 )
 
 
@@ -252,9 +272,16 @@ def words(facts: Facts) -> Words:
     return _SAY[type(facts)](facts)
 
 
+SEE_THE_REST = ("See the ranks that were not seen: diagnose the live job through an agent on "
+                "every node (`hangdoc agent` there, then --agents NODE:7420,... or --hostfile FILE), "
+                "or dump every rank (py-spy dump --pid PID for each).")
+
+
 def next_steps(verdict: Verdict, facts: Facts | None = None) -> tuple[str, ...]:
     if isinstance(facts, DeviceWaits):
         return DEVICE_NEXT_STEPS
+    if isinstance(facts, SeenInOneOp) or (isinstance(facts, CleanupStuck) and not facts.training):
+        return (SEE_THE_REST, *NEXT_STEPS[verdict])
     return NEXT_STEPS[verdict]
 
 
@@ -262,7 +289,9 @@ def notes(unknown: Sequence[int], unreadable: Sequence[RankView]) -> list[str]:
     """Evidence lines on the ranks hangdoc could not see, added to every verdict."""
     lines: list[str] = []
     if unknown:
-        lines.append(f"{_r(unknown)} are on nodes that did not answer: their state is unknown")
+        lines.append(f"{_r(unknown)} {_v(unknown, 'was', 'were')} not seen (on a node not searched, "
+                     "not in the dumps, or on a node that did not answer): nothing is concluded "
+                     f"about {_v(unknown, 'it', 'them')}")
     if unreadable:
         lines.append(
             f"{_r([v.rank for v in unreadable])} could not be read: "
@@ -372,6 +401,13 @@ def _cleanup_stuck(f: CleanupStuck) -> Words:
                 f"{where(v.op) if v.op is not None else cleanup_where(v)}" for v in f.cleanup]
     evidence += op_lines(training)
     shorts = {short(v.op) if v.op is not None else cleanup_short(v) for v in f.cleanup}
+    if not training:
+        return Words(
+            f"cleanup seen from one side: {_r(culprits)} left the training loop and "
+            f"{_v(culprits, 'waits', 'wait')} in cleanup ({' / '.join(sorted(shorts))}); "
+            f"{_unseen_words(f.unseen)}: if they wait in the training loop, this is a cleanup deadlock",
+            evidence,
+        )
     return Words(
         f"cleanup deadlock: {_r(culprits)} left the training loop and "
         f"{_v(culprits, 'waits', 'wait')} in cleanup "
@@ -525,6 +561,33 @@ def _same_op(f: SameOp) -> Words:
     )
 
 
+def _seen_in_one_op(f: SeenInOneOp) -> Words:
+    op = f.waiting[0].op
+    assert op is not None
+    return Words(
+        f"every rank seen ({_r(_ranks(f.waiting))}) waits in the same {_where(op)}, and "
+        f"{_unseen_words(f.unseen)}: if they wait there too, suspect the transport "
+        "(nccl_timeout); one that is elsewhere is what the others wait for",
+        op_lines(f.waiting),
+    )
+
+
+def _unseen_words(unseen: Sequence[int]) -> str:
+    if not unseen:
+        return "the job's other ranks were not seen"
+    return f"{_r(unseen)} {_v(unseen, 'was', 'were')} not seen"
+
+
+def _teardown(f: Teardown) -> Words:
+    op = f.waiting[0].op
+    assert op is not None
+    return Words(
+        f"teardown hang: every rank ({_r(_ranks(f.waiting))}) waits in the same {_where(op)} on "
+        "its way out, and no data moves",
+        op_lines(f.waiting),
+    )
+
+
 NOT_VISIBLE = ("stacks cannot tell which collective a device waits in: a transport problem and "
                "ranks that queued different collectives before their host sync look alike")
 
@@ -577,7 +640,7 @@ _SAY: dict[type, Callable[[Any], Words]] = {
     Working: _working, RanksGone: _ranks_gone, InitSplit: _init_split, InitStuck: _init_stuck,
     CleanupStuck: _cleanup_stuck, Straggling: _straggling, Unseen: _unseen,
     Mismatch: _mismatch, SameOp: _same_op, Unexplained: _unexplained,
-    DeviceWaits: _device_waits,
+    DeviceWaits: _device_waits, SeenInOneOp: _seen_in_one_op, Teardown: _teardown,
 }
 
 

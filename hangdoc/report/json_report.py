@@ -35,12 +35,14 @@ from ..model import (
     NcclRasReport,
     RankAnalysis,
     RankProcess,
+    Scope,
     StackGroup,
     Unreachable,
     Verdict,
     compress_ranks,
     once_per_object,
 )
+from .rankset import ranges
 
 # escaped in the JSON text: the terminal-unsafe characters json.dumps lets through raw (it
 # escapes only C0 controls, quotes and backslashes)
@@ -142,12 +144,21 @@ def _report(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
         "world_size": snapshot.world_size,
         "observed_seconds": _finite(float(diagnosis.observed_seconds)),
         "partial": diagnosis.partial,
+        "scope": _scope(diagnosis.scope),
         "captured_at": snapshot.captured_at,
         "notes": list(snapshot.notes),
         **({"nccl_ras": _ras(snapshot.ras)} if snapshot.ras is not None else {}),
         "hangdoc_version": __version__,
         "schema_version": SCHEMA_VERSION,
     }
+
+
+def _scope(scope: Scope) -> dict[str, Any]:
+    """What was seen of the job, as inclusive ``[first, last]`` rank ranges."""
+    return {"world_size": scope.world_size, "whole": scope.whole,
+            "seen": [list(r) for r in ranges(scope.seen)],
+            "not_seen": [list(r) for r in ranges(scope.not_seen)],
+            "absent": [list(r) for r in ranges(scope.absent)]}
 
 
 def _with_gpus(rank: dict[str, Any], gpus: tuple[GpuState, ...]) -> dict[str, Any]:
@@ -206,6 +217,7 @@ def undiagnosed_to_json_dict(
         "world_size": None,
         "observed_seconds": 0.0,
         "partial": True,
+        "scope": _scope(Scope()),
         "captured_at": captured_at,
         "notes": [f"diagnosis failed: {error}"],
         "hangdoc_version": __version__,
@@ -222,14 +234,15 @@ class _Processes:
     """The snapshot's rank processes, found by host and pid, else by rank."""
 
     def __init__(self, snapshot: JobSnapshot) -> None:
-        self._by_pid = {(rs.process.host, rs.process.pid): rs.process for rs in snapshot.ranks}
+        # ranks read from files have no pid (0): they are told apart by rank, not all as one
+        self._by_pid = {(rs.process.host, rs.process.pid): rs.process for rs in snapshot.ranks if rs.process.pid}
         self._by_rank: dict[int, RankProcess] = {}
         for rs in snapshot.ranks:
             if rs.process.rank is not None:
                 self._by_rank.setdefault(rs.process.rank, rs.process)
 
     def of(self, ra: RankAnalysis) -> RankProcess | None:
-        if ra.pid is not None and (found := self._by_pid.get((ra.host, ra.pid))) is not None:
+        if ra.pid and (found := self._by_pid.get((ra.host, ra.pid))) is not None:
             return found
         return None if ra.rank is None else self._by_rank.get(ra.rank)
 

@@ -82,3 +82,23 @@ def ranks_label(ranks: Sequence[int], limit: int = 40, count_over: int = 32) -> 
     if cut or len(ranks) > count_over:
         label += f" ({count_text(len(ranks))})"
     return label
+
+
+def scope_text(seen: Sequence[int], not_seen: Sequence[int], absent: Sequence[int],
+               world_size: int | None) -> str:
+    """What a diagnosis saw of the job, for a report's header: ``saw ranks 0-1 of 4; ranks
+    2-3 not seen``; ``""`` when every rank of a job of known size was seen."""
+    def who(ranks: Sequence[int]) -> str:
+        return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {short_ranges(ranks)}"
+
+    if not (seen or not_seen or absent):
+        return ""  # nothing recorded (a diagnosis built by hand)
+    if world_size is not None and not not_seen and not absent and len(seen) == world_size:
+        return ""
+    of = f" of {count_text(world_size)}" if world_size is not None else " (the job's size is not known)"
+    parts = [f"saw {who(seen) if seen else 'no rank'}{of}"]
+    if not_seen:
+        parts.append(f"{who(not_seen)} not seen (nodes not searched or not answering, or not in the dumps)")
+    if absent:
+        parts.append(f"{who(absent)} absent (no process)")
+    return "; ".join(parts)

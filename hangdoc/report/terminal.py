@@ -64,7 +64,7 @@ from ..model import (
     Unreachable,
     Verdict,
 )
-from .rankset import count_text, cut_ranges, ranks_label
+from .rankset import count_text, cut_ranges, ranks_label, scope_text
 
 _VERDICT_STYLE = {Verdict.NOT_HUNG: "bold green", Verdict.UNKNOWN: "bold yellow"}
 _HANG_STYLE = "bold red"
@@ -157,6 +157,9 @@ def _header(diagnosis: Diagnosis, snapshot: JobSnapshot) -> Text:
     found = count_text(len(snapshot.ranks))
     size = f" of {count_text(snapshot.world_size)}" if snapshot.world_size is not None else ""
     job = f"\njob {printable(snapshot.spec)} · {found}{size} rank processes found"
+    scope = diagnosis.scope
+    if said := scope_text(scope.seen, scope.not_seen, scope.absent, scope.world_size):
+        job += f" · {said}"
     if snapshot.captured_at:
         job += f" · captured {printable(snapshot.captured_at)}"
     head.append(job, "dim")

@@ -152,6 +152,18 @@ def progress_by_ops() -> JobSnapshot:
     return make_snapshot([make_rank(r, stacks=stacks) for r in range(2)])
 
 
+def size_unknown() -> JobSnapshot:
+    """Two ranks in one all_reduce, and nothing says how many ranks the job has (dumps)."""
+    return dataclasses.replace(make_snapshot([make_rank(r, in_op()) for r in range(2)]), world_size=None)
+
+
+def progress_partly_seen() -> JobSnapshot:
+    """Ranks 0-1 complete ops; ranks 2-3 are on a node that did not answer."""
+    stacks = [in_op("all_reduce", 40), in_op("broadcast", 50), in_op("all_reduce", 40)]
+    return make_snapshot([make_rank(r, stacks=stacks, world_size=4) for r in range(2)],
+                         unreachable=[Unreachable("node1:50051", "connection refused", (2, 3))])
+
+
 def progress_by_wakeups() -> JobSnapshot:
     return make_snapshot([make_rank(r, in_op(), ctx_per_sample=8) for r in range(2)])
 
@@ -267,7 +279,11 @@ CASES: dict[str, tuple[Callable[[], JobSnapshot], Verdict, Confidence, tuple[str
     "unseen_rank": (unseen_rank, Verdict.STRAGGLER, LOW, (
         "rank 3 could not be read (py-spy timed out; process in uninterruptible sleep (D)",
         "culprit by elimination, not by a stack")),
-    "silent_node": (silent_node, Verdict.NCCL_TIMEOUT, MEDIUM, (
+    "size_unknown": (size_unknown, Verdict.NCCL_TIMEOUT, LOW, (
+        "the job's size is unknown: ranks not captured may be elsewhere",)),
+    "progress_partly_seen": (progress_partly_seen, Verdict.NOT_HUNG, MEDIUM, (
+        "1 of 2 nodes did not answer: ranks 2-3 unknown",)),
+    "silent_node": (silent_node, Verdict.UNKNOWN, LOW, (
         "stacks of ranks 0-1 in 3 samples",
         "1 of 2 nodes did not answer: ranks 2-3 unknown")),
     "unread_bystander": (unread_bystander, Verdict.COLLECTIVE_MISMATCH, MEDIUM, (
@@ -348,7 +364,8 @@ def _case(snap: JobSnapshot) -> Case:
     if snap.world_size and not unknown:  # the missing ranks, as analyse finds them
         present = {v.rank for v in views}
         found = classify.decide(views, sorted(set(range(snap.world_size)) - present), unknown)
-    return Case.of(found, views, unknown, len(snap.unreachable))
+    known = bool(snap.world_size or any(r.process.world_size for r in snap.ranks))
+    return Case.of(found, views, unknown, len(snap.unreachable), world_known=known)
 
 
 def test_every_rule_is_exercised() -> None:
@@ -382,8 +399,8 @@ def test_basis_says_what_it_rests_on_before_what_lowers_it() -> None:
 def test_ranks_not_asked_are_unknown_too() -> None:
     case = _case(transport_hang())
     judged = judge(case.found, case.views, unknown=[4, 5, 6, 7], silent_nodes=0)
-    assert judged.confidence is MEDIUM
-    assert "ranks 4-7 unknown: their nodes were not asked" in judged.basis
+    assert judged.confidence is LOW  # a hang said of part of the job
+    assert "ranks 4-7 not seen" in judged.basis
     assert not any(p.startswith("stacks of all") for p in judged.basis)  # not every rank was read
 
 

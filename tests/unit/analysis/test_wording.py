@@ -217,7 +217,8 @@ def test_unreadable_rank_is_described_by_its_error() -> None:
     not_python = view(3, error=CaptureErrorKind.NOT_PYTHON, state=RankState.UNREADABLE)
     assert wording.describe_rank(denied) == "ptrace_denied (pid 1002)"
     assert wording.notes([4, 5], [denied, not_python]) == [
-        "ranks 4-5 are on nodes that did not answer: their state is unknown",
+        ("ranks 4-5 were not seen (on a node not searched, not in the dumps, or on a node that did "
+         "not answer): nothing is concluded about them"),
         "ranks 2-3 could not be read: not_python (pid 1003); ptrace_denied (pid 1002)",
     ]
     assert wording.notes([], []) == []
