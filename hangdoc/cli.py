@@ -168,7 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
         "cannot show (ranks taken from command lines or file order, progress with one dump).",
     )
     ana.add_argument("bundle", metavar="FILE", help="a snapshot written by `hangdoc diagnose "
-                     "--save`, or py-spy / ray stack dumps")
+                     "--save`, or py-spy / ray stack dumps, or stacks as pasted in an issue "
+                     "(frame lines or tracebacks under labels such as `rank 3:`); `-` reads "
+                     "standard input")
     ana.add_argument("-q", "--quiet", action="store_true",
                      help="nothing on stderr but errors (no live progress line)")
     ana.set_defaults(func=_cmd_analyze)
@@ -441,7 +443,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
     _check_report_files(args)
     with _progress(args) as shown, shown.busy(f"reading {args.bundle}") as now_doing:
-        snapshot = load_evidence(args.bundle)  # a saved snapshot, or py-spy / ray stack dumps
+        # a saved snapshot, or py-spy / ray stack dumps / pasted stacks; `-`: standard input
+        snapshot = load_evidence(args.bundle, sys.stdin.buffer if args.bundle == "-" else None)
         now_doing(f"analysing {len(snapshot.ranks)} rank(s)")
         diagnosis = analyse(snapshot)
     _emit(args, snapshot, diagnosis)

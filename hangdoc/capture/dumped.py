@@ -65,6 +65,11 @@ class ProcessDump:
     threads: tuple[ThreadStack, ...] = ()
     error: CaptureError | None = None  # py-spy failed on this process; no threads
     python: str = ""  # the interpreter version py-spy's header shows ("3.11.7")
+    # what a pasted stack's label says (``dumpcondensed``): its rank, the words it was read
+    # from, and a world size the text states
+    rank: int | None = None
+    rank_words: str = ""
+    world_size: int | None = None
 
 
 def is_native(filename: str, line: int | None) -> bool:

@@ -9,6 +9,8 @@ caps, gzip recognised by its content) and tells by the content what it holds:
 - ``Stack dump for`` lines: ``ray stack`` output; ``Process N:`` or ``Thread N (idle)``
   lines: the text of ``py-spy dump``, for one process or many (``dumptext``);
 - JSON lists: ``py-spy dump --json`` output, one dump or several (``dumpjson``);
+- stacks as people paste them: frame lines without py-spy's headers, tracebacks,
+  faulthandler's output, under labels such as ``TP0 stuck in:`` (``dumpcondensed``);
 - a directory: flight recorder dumps, one file per rank (``flight_files``).
 
 A dump file becomes a snapshot with one ``RankSnapshot`` per process (several dumps of one
@@ -22,10 +24,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import BinaryIO
 
 from .. import __version__
-from ..bundle import read_input, snapshot_from_bytes
+from ..bundle import read_at_most, read_input, snapshot_from_bytes
 from ..errors import DumpFileError
 from ..model import (
     MAX_WORLD_SIZE,
@@ -37,9 +41,10 @@ from ..model import (
     RankSnapshot,
     Sample,
 )
+from .dumpcondensed import describe, looks_condensed, parse_condensed
 from .dumped import ProcessDump
 from .dumpjson import parse_json
-from .dumpranks import hint, not_a_rank, number, ray_actor, ray_training_classes
+from .dumpranks import dump_hint, not_a_rank, number, ray_actor, ray_training_classes
 from .dumptext import looks_like_text_dump, parse_text
 from .flight_files import read_flight_dir
 from .redact import redact_argv
@@ -57,6 +62,7 @@ class DumpFormat(enum.Enum):
     PYSPY_TEXT = "py-spy dump text"
     PYSPY_JSON = "py-spy dump --json output"
     RAY_STACK = "ray stack output"
+    CONDENSED = "pasted stacks (frame lines or tracebacks under labels)"
 
 
 def sniff(text: str) -> DumpFormat | None:
@@ -68,20 +74,45 @@ def sniff(text: str) -> DumpFormat | None:
     if looks_like_text_dump(lines):
         ray = any(line.lstrip().startswith("Stack dump for ") for line in lines)
         return DumpFormat.RAY_STACK if ray else DumpFormat.PYSPY_TEXT
-    if any(line.lstrip().startswith("[") for line in lines):
+    json = any(line.lstrip().startswith("[") for line in lines)
+    if looks_condensed(lines) and not (json and _json_list(stripped)):
+        return DumpFormat.CONDENSED
+    if json:
         return DumpFormat.PYSPY_JSON
     return None
 
 
-def load_evidence(path: str | Path) -> JobSnapshot:
-    """The snapshot in the file ``path``: a saved one, or one built from stack dumps.
+def _json_list(text: str) -> bool:
+    """Whether ``text`` opens as a JSON list (``[{`` or ``[]``), not ``[rank3]:`` text."""
+    return text.startswith("[") and text[1:].lstrip()[:1] in ("{", "[", "]")
+
+
+def read_stdin(stream: BinaryIO) -> bytes:
+    """What ``hangdoc analyze -`` reads: standard input, at most ``MAX_DUMP_BYTES``."""
+    try:
+        raw = read_at_most(stream.fileno(), MAX_DUMP_BYTES)
+    except OSError as err:
+        raise DumpFileError(f"standard input could not be read: {err.strerror or err}") from None
+    if raw is None:
+        raise DumpFileError(f"more than {MAX_DUMP_BYTES // 2**20} MiB on standard input, more "
+                            "than hangdoc reads as dumps: save it to a file and pass that")
+    if raw.startswith(b"\x1f\x8b"):
+        raise DumpFileError("gzip data on standard input: pass the file itself "
+                            "(`hangdoc analyze FILE.gz`) or inflate it (`zcat FILE.gz | "
+                            "hangdoc analyze -`)")
+    return raw
+
+
+def load_evidence(path: str | Path, stdin: BinaryIO | None = None) -> JobSnapshot:
+    """The snapshot in the file ``path``: a saved one, or one built from stack dumps; with
+    ``stdin``, what it holds (``path`` is ``-``).
 
     Raises ``BundleError`` (``DumpFileError`` for dumps) and nothing else.
     """
-    path = Path(path)
-    if path.is_dir():  # torch writes one flight recorder dump per rank into a directory
+    path = Path("<stdin>") if stdin is not None else Path(path)
+    if stdin is None and path.is_dir():  # torch's flight recorder: one dump per rank
         return read_flight_dir(path)
-    raw = read_input(path)
+    raw = read_stdin(stdin) if stdin is not None else read_input(path)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -92,25 +123,34 @@ def load_evidence(path: str | Path) -> JobSnapshot:
     if fmt is None:
         raise DumpFileError(f"{path}: neither a hangdoc snapshot nor a stack dump: no "
                             "'Process N:' or 'Thread N (idle)' line of py-spy's text, no "
-                            "'Stack dump for' line of ray stack, no JSON")
+                            "'Stack dump for' line of ray stack, no JSON, no frame line "
+                            "('function (file.py:LINE)') and no traceback "
+                            "('File \"file.py\", line N, in function')")
     if len(raw) > MAX_DUMP_BYTES:
         raise DumpFileError(f"{path}: {len(raw):,} bytes of {fmt.value}, more than the "
                             f"{MAX_DUMP_BYTES // 2**20} MiB hangdoc reads as dumps: split it "
                             "by node and analyse each part")
     del raw
     skipped = 0
+    read_notes: list[str] = []
     if fmt is DumpFormat.PYSPY_JSON:
         dumps = parse_json(text, str(path))
+    elif fmt is DumpFormat.CONDENSED:
+        condensed = parse_condensed(text.splitlines(), str(path))
+        dumps = list(condensed.dumps)
+        read_notes = describe(condensed, path.name)
     else:
         dumps, skipped = parse_text(text.splitlines(), str(path))
     if not dumps:
-        raise DumpFileError(f"{path}: {fmt.value} without a single dump in it")
-    return snapshot_of(dumps, fmt, path, skipped)
+        raise DumpFileError(f"{path}: {fmt.value} without a single dump in it"
+                            + "".join(f"; {n}" for n in read_notes))
+    return snapshot_of(dumps, fmt, path, skipped, read_notes)
 
 
 def snapshot_of(dumps: Sequence[ProcessDump], fmt: DumpFormat, path: Path,
-                skipped: int = 0) -> JobSnapshot:
-    """The snapshot of the dumps a file holds (see the module docstring)."""
+                skipped: int = 0, read_notes: Sequence[str] = ()) -> JobSnapshot:
+    """The snapshot of the dumps a file holds (see the module docstring); ``read_notes``
+    say what its reader took from the text and what it skipped."""
     notes: list[str] = []
     processes, inferred_pids = _processes(dumps)
     left_out: dict[str, list[str]] = {}
@@ -130,7 +170,7 @@ def snapshot_of(dumps: Sequence[ProcessDump], fmt: DumpFormat, path: Path,
     if len(kept) > MAX_WORLD_SIZE:
         raise DumpFileError(f"{path}: dumps of {len(kept):,} processes, more than the "
                             f"{MAX_WORLD_SIZE:,} ranks hangdoc analyses")
-    hints = [hint(group[0].cmdline, group[0].label) for group in kept]
+    hints = [dump_hint(group[0]) for group in kept]
     numbering = number(hints)
     ranks = []
     for group, h, (rank, source, evidence) in zip(kept, hints, numbering.ranks):
@@ -152,6 +192,7 @@ def snapshot_of(dumps: Sequence[ProcessDump], fmt: DumpFormat, path: Path,
                  f"{'s' if count != 1 else ''} of {len(processes)} process"
                  f"{'es' if len(processes) != 1 else ''}")
     notes.append(numbering.note)
+    notes.extend(read_notes)
     for why, who in left_out.items():
         notes.append(f"left out as not a rank ({why}): {_listed(who)}")
     if inferred_pids:
@@ -180,7 +221,9 @@ def snapshot_of(dumps: Sequence[ProcessDump], fmt: DumpFormat, path: Path,
         world_size=numbering.world_size,
         hangdoc_version=__version__,
         notes=tuple(notes),
-        stacks_may_be_cut=fmt in (DumpFormat.PYSPY_TEXT, DumpFormat.RAY_STACK),
+        stacks_may_be_cut=fmt in (DumpFormat.PYSPY_TEXT, DumpFormat.RAY_STACK,
+                                  DumpFormat.CONDENSED),
+        nodes_searched=False,  # the processes someone dumped, not every process of a node
     )
 
 
@@ -192,7 +235,7 @@ def _processes(dumps: Sequence[ProcessDump]) -> tuple[list[list[ProcessDump]], l
     groups: dict[object, list[ProcessDump]] = {}
     inferred: list[str] = []
     for k, dump in enumerate(dumps):
-        shown = hint(dump.cmdline, dump.label)
+        shown = dump_hint(dump)
         pid = dump.pid
         if pid is None:
             pid = shown.pid
@@ -202,8 +245,7 @@ def _processes(dumps: Sequence[ProcessDump]) -> tuple[list[list[ProcessDump]], l
                 pid = main.native_id
                 inferred.append(f"pid {pid}")
         if pid is not None and pid != dump.pid:
-            dump = ProcessDump(dump.line, pid, dump.cmdline, dump.label, dump.threads,
-                               dump.error, dump.python)
+            dump = replace(dump, pid=pid)
         groups.setdefault((pid, shown.rank) if pid is not None else ("dump", k), []).append(dump)
     return list(groups.values()), list(dict.fromkeys(inferred))
 

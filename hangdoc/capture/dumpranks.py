@@ -7,7 +7,8 @@ first found wins:
    ``process_info``): an environment assignment (``RANK=3 python train.py``,
    ``SLURM_PROCID=3``) or a flag (``--rank 3``, ``--global-rank=3``);
 2. the label just before its dump, when it names one rank (``=== rank 3 ===``,
-   ``[rank3]``, ``Rank 3:``);
+   ``[rank3]``, ``Rank 3:``, and as ``dumplabels`` reads them ``TP0``, ``worker-2``), or
+   the rank a pasted stack's label gave it (``dumpcondensed``);
 3. a local rank on its command line (``--local_rank=3``, as DeepSpeed's launcher passes
    it, or ``LOCAL_RANK=3``), when no process shows a global one: one node is assumed;
 4. otherwise the order of the dumps in the file.
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 
 from ..model import MAX_WORLD_SIZE, PID_MAX, RankSource, ThreadStack, bounded_int
 from .dumped import ProcessDump
+from .dumplabels import LabelIndex, label_ranks
 from .rankenv import LOCAL_RANK_VARS, RANK_VARS, WORLD_SIZE_VARS, parse_env_int
 
 _RANK_FLAGS = ("rank", "global_rank")
@@ -114,10 +116,34 @@ def hint(cmdline: str, label: str) -> Hint:
         if len(named) == 1 and (number := named.pop()) < MAX_WORLD_SIZE:
             line = next(ln for ln in label.splitlines() if _LABEL_RANK.search(ln))
             rank, rank_words = number, f"the line {line[:80]!r} before its dump"
+        elif not named:
+            rank, rank_words = _other_label_rank(label)
     pids = {int(m.group(1)) for m in _LABEL_PID.finditer(label)}
     pid = pids.pop() if len(pids) == 1 else None
     return Hint(rank, rank_words, rank_is_env, local, local_words, world,
                 pid if pid is not None and 0 < pid <= PID_MAX else None, tuple(env))
+
+
+def _other_label_rank(label: str) -> tuple[int | None, str]:
+    """The one rank a TP, GPU or worker label names (``[2025-03-10 16:29:01 TP0] Pyspy dump
+    for PID 4711:``), the nearest line first; (None, "") when none names one."""
+    for line in reversed(label.splitlines()):
+        found = label_ranks(line)
+        if found is not None and found.kind in (LabelIndex.TP, LabelIndex.WORKER) \
+                and len(found.ranks) == 1:  # a local rank or GPU alone is not the rank
+            return found.ranks[0], f"the line {line[:80]!r} before its dump ({found.kind.value})"
+    return None, ""
+
+
+def dump_hint(dump: ProcessDump) -> Hint:
+    """What ``dump`` shows of its rank: its command line and label (``hint``), or the rank
+    and world size a pasted stack's label and text gave it."""
+    found = hint(dump.cmdline, dump.label) if dump.rank is None else \
+        Hint(dump.rank, dump.rank_words)
+    if found.world_size is None and dump.world_size is not None:
+        found = Hint(found.rank, found.rank_words, found.rank_is_env, found.local_rank,
+                     found.local_words, dump.world_size, found.pid, found.env)
+    return found
 
 
 def number(hints: Sequence[Hint]) -> Numbering:

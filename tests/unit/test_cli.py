@@ -393,7 +393,7 @@ def test_unexpected_exception_is_one_line_internal_error(tmp_path, capsys, monke
 def test_interrupt_with_json(tmp_path, capsys, monkeypatch) -> None:
     from hangdoc.capture import dumpfile  # what `analyze` reads its file with
 
-    def interrupted(path):
+    def interrupted(path, stdin=None):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(dumpfile, "load_evidence", interrupted)
