@@ -14,12 +14,35 @@ group by group, over the members that have a dump:
   added) k calls. A call skipped among calls of the same op and sizes shifts the numbers
   without changing what is recorded under them: the dumps then show where the calls
   first differ, not where the shift began, and the evidence says which numbers agree.
-* **behind**: some members wait, unfinished, in the group's newest collective while others
-  have not issued it (their newest number is lower): those have not called it.
-* **all in**: every member issued the same newest collective and none finished it: the
-  ranks agree; the problem is below them (transport, a peer process, the device).
+* **behind**: every collective of the group is looked at, not only the newest: the group
+  is stuck at the lowest number any member has not finished; the members that wait in it
+  are held by the members whose newest number is lower (they have not called it, even
+  where other members finished their side and went on: a gather's non-roots, say).
+* **unseen**: every member with a dump called that collective, and members the dumps'
+  group config lists left no dump: the collective waits on them. A rank with no dump is
+  *not seen*, never missing: the verdict names it on its peers' word, at low confidence.
+* **all in**: every member issued the collective and none finished it: the ranks agree;
+  the problem is below them (transport, a peer process, the device).
+* **stuck**: every member issued it, some finished their side and the others did not. The
+  dumps do not record a broadcast's (reduce's, gather's, scatter's) root, so they cannot
+  tell which side is wrong: no culprit, and stacks that blame a rank the dumps show past
+  it are overruled (``unknown``).
 * **idle**: no rank has an unfinished op in its dump: the ranks wait outside anything the
   flight recorder saw.
+
+**Every group, then between them.** Each group gives its finding; then the waits decide:
+a rank waiting in a group waits for the members that have not called its collective. A
+rank waited for that itself waits in another group is a victim, not a cause (ranks 2-3
+wait in group B for rank 1, which waits in group A for rank 0: rank 0 is the culprit);
+the culprits are the ranks the waits end at. Waits that end in a collective every member
+called leave that group's finding; waits that close a cycle across groups are groups
+called in different orders (a **group cycle**, a collective mismatch naming its ranks).
+
+**Membership.** A group's members are the ranks whose ops name it, every rank for WORLD,
+and the ranks its config lists. gloo's ``pg_config`` names WORLD ``''`` (with the ranks
+``[0, 1, 2]``, or ``[]`` once subgroups exist) while its entries name it ``'0'``: an
+unnamed config that holds the rank that wrote it is taken as that rank's WORLD. gloo
+describes a group made without ``group_desc`` as ``undefined``: it is labelled by name.
 
 **p2p ops.** ``p2p_seq_id`` counts a rank's p2p ops on a group, to every peer together, so
 equal numbers on two ranks are not the same transfer. What pairs is order per ordered
@@ -40,8 +63,8 @@ an unfinished receive whose send the peer has not issued, is a wait on that peer
 that close a cycle (two stages both sending, or both receiving) are a **p2p deadlock**
 naming every rank in it; a wait on a rank that waits on no p2p peer names that rank.
 
-Members with no dump are named, never judged (a rank stuck in ``destroy_process_group``
-never dumps; its stacks cover it). Unlike an analyzer that takes the first rank's view as
+Members with no dump are named, and judged only as above (a rank stuck in
+``destroy_process_group`` never dumps; its stacks cover it). Unlike an analyzer that takes the first rank's view as
 the reference, the majority decides, so one bad rank cannot make the healthy ones look
 wrong. The dumps are indexed once; matching costs time linear in their entries (plus
 sorting each group's distinct sequence numbers).
@@ -83,17 +106,30 @@ class FlightKind(enum.Enum):
     """A send and its receive differ, or a rank waits on a peer that has not posted the
     other side and waits elsewhere (or nowhere)."""
     BEHIND = "behind"
-    """Some members have not issued the collective the others wait in."""
+    """Some members have not issued the collective the others wait in (its lowest unfinished
+    number): the ranks that have not called it are the culprits."""
+    UNSEEN = "unseen"
+    """Every member with a dump issued the collective the group waits in; members its peers'
+    dumps list left no dump: the collective waits on them (not seen: low confidence)."""
+    GROUP_CYCLE = "group_cycle"
+    """Ranks wait on each other across process groups: each waits in one group for a rank
+    that has not called it because it waits in another (groups used in different orders)."""
     ALL_IN = "all_in"
-    """Every member waits, unfinished, in the same newest collective."""
+    """Every member waits, unfinished, in the same collective."""
+    STUCK = "stuck"
+    """Every member issued the collective; some finished their side and others wait. The
+    dumps cannot tell which side is wrong (a broadcast's root is not in them)."""
     IDLE = "idle"
     """No rank has an unfinished op in its dump."""
     UNPAIRED = "unpaired"
     """Ranks wait in p2p ops the dumps cannot pair (no member list, a ring that wrapped)."""
 
 
-_ORDER = {FlightKind.MISMATCH: 0, FlightKind.P2P_DEADLOCK: 1, FlightKind.P2P_MISMATCH: 2,
-          FlightKind.BEHIND: 3, FlightKind.ALL_IN: 4, FlightKind.IDLE: 5, FlightKind.UNPAIRED: 6}
+_ORDER = {FlightKind.MISMATCH: 0, FlightKind.GROUP_CYCLE: 1, FlightKind.P2P_DEADLOCK: 2, FlightKind.P2P_MISMATCH: 3,
+          FlightKind.BEHIND: 4, FlightKind.UNSEEN: 5, FlightKind.ALL_IN: 6, FlightKind.STUCK: 7,
+          FlightKind.IDLE: 8, FlightKind.UNPAIRED: 9}
+# collectives with a root (src/dst) that the dumps do not record
+_ROOTED = frozenset({"broadcast", "reduce", "gather", "scatter", "_broadcast_oop", "_reduce_oop"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,24 +142,37 @@ class FlightFinding:
     evidence: tuple[str, ...]
     basis: str = ""  # what the verdict rests on, one phrase
     verdict: Verdict | None = None  # the verdict the dumps support; None: evidence only
+    # culprits no evidence shows (no dump, no stacks): named on their peers' word, so the
+    # verdict is stated with low confidence
+    unseen: tuple[int, ...] = ()
+    # ranks the dumps show finished their side of the collective the others wait in: not
+    # culprits, whatever their stacks look like (they wait past it)
+    cleared: tuple[int, ...] = ()
 
 
 def match_flight(snapshot: JobSnapshot) -> FlightFinding | None:
-    """The strongest finding over every group the dumps mention, or None."""
+    """The finding that explains the others, over every collective of every group the dumps
+    mention, or None."""
     records = {r.rank: r.flight for r in snapshot.ranks if r.flight is not None and r.rank is not None}
     if not records:
         return None
     groups = _index(records)
     findings: list[FlightFinding] = []
+    fronts: list[tuple[_Front, FlightFinding]] = []
     notes: list[str] = []
     for name in sorted(groups):
         group = groups[name]
-        found = _match_collectives(group)
+        found = _mismatch(group.label, group.colls) if group.colls else None
+        front = _front(group, records) if found is None else None
+        if front is not None:
+            found = _front_finding(front)
         p2p, unjudged = _match_p2p(group, records)
         notes.extend(unjudged)
         for finding in (found, p2p):
             if finding is not None:
                 findings.append(_with_missing(finding, group, records))
+                if front is not None and finding is found:
+                    fronts.append((front, findings[-1]))
     if not findings:
         idle = _idle(groups, records)
         if idle is not None:
@@ -133,9 +182,21 @@ def match_flight(snapshot: JobSnapshot) -> FlightFinding | None:
             return FlightFinding(FlightKind.UNPAIRED, "", 0, (), summary, tuple(notes[:8]),
                                  "flight recorder: p2p ops not paired")
         return None
+    decided = _decide(fronts)
+    if decided is not None:
+        findings.append(decided)
     findings.sort(key=lambda f: (_ORDER[f.kind], not f.culprits, f.seq))
     best = findings[0]
-    return dataclasses.replace(best, evidence=(*best.evidence, *notes[:4])) if notes else best
+    if decided is not None and best.kind in (FlightKind.BEHIND, FlightKind.UNSEEN, FlightKind.ALL_IN,
+                                             FlightKind.STUCK):
+        best = decided  # the waits across groups decide between the groups' findings
+    seen = {r.rank for r in snapshot.ranks if r.rank is not None}
+    unseen = tuple(r for r in best.culprits if r not in seen)
+    # the other groups' findings, said; where the waits across groups decided, that says theirs
+    weighed = {id(f) for _, f in fronts} if best is decided else set()
+    others = [f"also on {f.group}: {f.summary}" for f in findings
+              if f.group != best.group and f.group and f is not decided and id(f) not in weighed]
+    return dataclasses.replace(best, unseen=unseen, evidence=(*best.evidence, *others[:4], *notes[:4]))
 
 
 # ------------------------------------------------------------------ the dumps, indexed once
@@ -156,12 +217,24 @@ class _Group:
         """``default_pg (0)``: the description its config or its ops give, and its name."""
         return f"{self.desc} ({self.name})" if self.desc else f"group {self.name}"
 
+    @property
+    def default(self) -> bool:
+        """WORLD: every rank is a member."""
+        return self.desc == "default_pg" or (self.name == "0" and not self.desc)
+
 
 def _index(records: dict[int, FlightRecord]) -> dict[str, _Group]:
     groups: dict[str, _Group] = {}
     entry_desc: dict[str, str] = {}
+    entry_names = {e.group for rec in records.values() for e in rec.entries}
+    unnamed: list[tuple[int, tuple[int, ...]]] = []  # (rank, ranks) of configs with no group's name
     for rank, rec in records.items():
         for config in rec.groups:
+            if config.name not in entry_names and not config.name:
+                # gloo's pg_config names WORLD '' (its entries say '0'): placed once the
+                # entries show which group is the default one
+                unnamed.append((rank, config.ranks))
+                continue
             group = groups.setdefault(config.name, _Group(config.name))
             group.configured.update(config.ranks)
             group.desc = group.desc or config.desc
@@ -180,26 +253,25 @@ def _index(records: dict[int, FlightRecord]) -> dict[str, _Group]:
                     colls = group.colls[rank] = {}
                 colls[e.seq] = e
     for group_name, desc in entry_desc.items():
-        groups[group_name].desc = groups[group_name].desc or desc
+        if desc != "undefined":  # gloo's description of a group created without one
+            groups[group_name].desc = groups[group_name].desc or desc
+    world = next((g for g in groups.values() if g.default), None)
+    if world is not None:
+        for rank, ranks in unnamed:
+            if rank in ranks:  # a rank's view of WORLD holds that rank
+                world.configured.update(ranks)
     return groups
 
 
 def _with_missing(finding: FlightFinding, group: _Group, records: dict[int, FlightRecord]) -> FlightFinding:
     undumped = sorted(group.configured - set(records))
-    if not undumped:
+    if not undumped or finding.kind is FlightKind.UNSEEN:  # that one says so itself
         return finding
     line = f"no flight recorder dump from rank(s) {compress_ranks(undumped)[1:-1]} of {group.label}"
     return dataclasses.replace(finding, evidence=(*finding.evidence, line))
 
 
 # ------------------------------------------------------------------ collectives
-
-
-def _match_collectives(group: _Group) -> FlightFinding | None:
-    ops = group.colls
-    if not ops:
-        return None
-    return _mismatch(group.label, ops) or _behind(group.label, ops) or _all_in(group.label, ops)
 
 
 def _mismatch(label: str, ops: dict[int, dict[int, FlightEntry]]) -> FlightFinding | None:
@@ -340,40 +412,204 @@ def _moved_on(label: str, seq: int, ops: dict[int, dict[int, FlightEntry]], culp
             for (now, what), ranks in moved.items()]
 
 
-def _behind(label: str, ops: dict[int, dict[int, FlightEntry]]) -> FlightFinding | None:
-    newest = {r: max(by_seq) for r, by_seq in ops.items() if by_seq}
-    if not newest:
-        return None
-    front = max(newest.values())
-    waiting = sorted(r for r, s in newest.items() if s == front and not ops[r][s].finished)
-    behind = sorted(r for r, s in newest.items() if s < front)
-    if not waiting or not behind:
-        return None
-    entry = ops[waiting[0]][front]
-    last = ", ".join(f"rank {r} up to #{newest[r]}" for r in behind[:8]) + (", ..." if len(behind) > 8 else "")
-    summary = (f"{_who(behind)} {'has' if len(behind) == 1 else 'have'} not called collective #{front} "
-               f"({entry.describe()}) of {label}, which {_who(waiting)} "
-               f"{'waits' if len(waiting) == 1 else 'wait'} in (flight recorder)")
-    started = (f"{_who(waiting)} issued collective #{front} ({entry.describe()}) of {label} and "
-               f"{'has' if len(waiting) == 1 else 'have'} not finished it")
-    evidence = (started, f"issued so far on {label}: {last}")
-    basis = f"flight recorder: collective #{front} of {label} not yet called by the culprits"
-    return FlightFinding(FlightKind.BEHIND, label, front, tuple(behind), summary, evidence, basis, Verdict.STRAGGLER)
+@dataclass(slots=True)
+class _Front:
+    """Where one group's collectives stand, over its members with a dump."""
+
+    group: _Group
+    newest: dict[int, int]  # member -> its newest collective number on the group (0: none yet)
+    pending: dict[int, int]  # member -> its lowest unfinished collective number (only ranks with one)
+    unseen: list[int]  # members by some dump's config that left no dump
+
+    @property
+    def seq(self) -> int:
+        """The number the group is stuck at: the lowest any member has not finished."""
+        return min(self.pending.values())
 
 
-def _all_in(label: str, ops: dict[int, dict[int, FlightEntry]]) -> FlightFinding | None:
+def _front(group: _Group, records: dict[int, FlightRecord]) -> _Front | None:
+    """The group's front, or None where no member has an unfinished collective on it."""
+    ops = group.colls
+    pending: dict[int, int] = {}
+    for rank, by_seq in ops.items():
+        low = min((n for n, e in by_seq.items() if not e.finished), default=None)
+        if low is not None:
+            pending[rank] = low
+    if not pending:
+        return None
     newest = {r: max(by_seq) for r, by_seq in ops.items() if by_seq}
-    if len(newest) < 2 or len(set(newest.values())) != 1:
+    members = group.configured | ops.keys()
+    if group.default:
+        members |= records.keys()  # every rank is in WORLD
+    for rank in members:
+        rec = records.get(rank)
+        if rank not in newest and rec is not None and rec.from_start:
+            newest[rank] = 0  # its whole ring holds no op of the group: it has issued none
+    # a member whose ring wrapped past every op of the group: where it stands is not known
+    return _Front(group, newest, pending, sorted(members - records.keys()))
+
+
+def _front_finding(front: _Front) -> FlightFinding | None:
+    """What the group's front shows: members that have not called the collective the others
+    wait in; else members without a dump it waits on; else every member in it."""
+    ops, label, seq = front.group.colls, front.group.label, front.seq
+    waiting = sorted(r for r, p in front.pending.items() if p == seq)
+    entry = ops[waiting[0]][seq]
+    behind = sorted(r for r, n in front.newest.items() if n < seq)
+    done = sorted(r for r, n in front.newest.items() if n >= seq and front.pending.get(r) != seq)
+    one = len(waiting) == 1
+    started = (f"{_who(waiting)} issued collective #{seq} ({entry.describe()}) of {label} and "
+               f"{'has' if one else 'have'} not finished it")
+    moved = _moved_past(label, seq, ops, front.pending, done)
+    if behind:
+        last = ", ".join(f"rank {r} up to #{front.newest[r]}" if front.newest[r] else f"rank {r} none"
+                         for r in behind[:8]) + (", ..." if len(behind) > 8 else "")
+        summary = (f"{_who(behind)} {'has' if len(behind) == 1 else 'have'} not called collective #{seq} "
+                   f"({entry.describe()}) of {label}, which {_who(waiting)} "
+                   f"{'waits' if one else 'wait'} in (flight recorder)")
+        basis = f"flight recorder: collective #{seq} of {label} not yet called by the culprits"
+        return FlightFinding(FlightKind.BEHIND, label, seq, tuple(behind), summary,
+                             (started, f"issued so far on {label}: {last}", *moved), basis, Verdict.STRAGGLER)
+    if front.unseen:
+        unseen = front.unseen
+        who, single = _who(unseen), len(unseen) == 1
+        summary = (f"{_who(waiting)} {'waits' if one else 'wait'} in collective #{seq} ({entry.describe()}) of "
+                   f"{label} for {who}, which {'its' if one else 'their'} dump{'' if one else 's'} list as "
+                   f"{'a member' if single else 'members'} and which left no dump (not seen) (flight recorder)")
+        lines = (started, *moved,
+                 (f"every rank of {label} with a dump issued collective #{seq}; their dumps list {who} as "
+                  f"{'a member' if single else 'members'} of {label}: the collective waits on "
+                  f"{'it' if single else 'them'}"),
+                 (f"{who} left no flight recorder dump: not seen, which is no evidence of "
+                  f"{'a dead process' if single else 'dead processes'}; whether {'it lags' if single else 'they lag'} "
+                  f"before #{seq} or {'waits' if single else 'wait'} inside it the dumps cannot show"))
+        basis = f"flight recorder: every rank of {label} with a dump waits in collective #{seq}; {who} left none"
+        return FlightFinding(FlightKind.UNSEEN, label, seq, tuple(unseen), summary, lines, basis,
+                             Verdict.STRAGGLER, unseen=tuple(unseen))
+    if done:
+        summary = (f"every rank of {label} issued collective #{seq} ({entry.describe()}); {_who(waiting)} "
+                   f"{'has' if one else 'have'} not finished it while {_who(done)} finished "
+                   f"{'its' if len(done) == 1 else 'their'} side (flight recorder)")
+        why = (f"the dumps do not record a {entry.op}'s root (src/dst): whether the ranks agree on it they "
+               "cannot show, so they name no culprit" if entry.op in _ROOTED else
+               "every rank recorded the same call: what holds the others in it the dumps cannot show")
+        basis = f"flight recorder: every rank of {label} issued collective #{seq}; some finished it"
+        return FlightFinding(FlightKind.STUCK, label, seq, (), summary, (started, *moved, why), basis,
+                             cleared=tuple(done))
+    if len(waiting) < 2:
         return None
-    seq = next(iter(newest.values()))
-    entries = [ops[r][seq] for r in newest]
-    if any(e.finished for e in entries):
-        return None
-    ranks = sorted(newest)
-    line = (f"{_who(ranks)} all issued collective #{seq} ({entries[0].describe()}) of {label}; "
+    line = (f"{_who(waiting)} all issued collective #{seq} ({entry.describe()}) of {label}; "
             f"none has finished it (flight recorder)")
     basis = f"flight recorder: every rank of {label} issued collective #{seq}"
     return FlightFinding(FlightKind.ALL_IN, label, seq, (), line, (line,), basis)
+
+
+def _moved_past(label: str, seq: int, ops: dict[int, dict[int, FlightEntry]], pending: dict[int, int],
+                done: Sequence[int]) -> list[str]:
+    """Members that finished their side of #seq, and where in the group they wait now."""
+    moved: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for rank in done:
+        now = pending.get(rank)
+        moved[(now, ops[rank][now].describe()) if now is not None else (0, "")].append(rank)
+    lines = []
+    for (now, what), ranks in sorted(moved.items())[:8]:
+        who, one = _who(ranks), len(ranks) == 1
+        lines.append(f"{who} finished {'its' if one else 'their'} side of collective #{seq} and "
+                     + (f"{'waits' if one else 'wait'} in collective #{now} ({what}) of {label}" if now else
+                        f"{'has' if one else 'have'} no unfinished collective on {label}"))
+    return lines
+
+
+def _decide(fronts: Sequence[tuple[_Front, FlightFinding]]) -> FlightFinding | None:
+    """Every group's finding weighed against the others: each rank waiting in a group waits
+    for the members that have not called its collective (those whose newest number is
+    lower; the members without a dump where every member with one has called it). A rank
+    waited for that itself waits elsewhere is a victim: the culprits are the ranks the
+    waits end at that wait on nothing the dumps show. Waits that end at ranks waiting in a
+    collective every member called leave that group's finding (no culprit); waits that
+    close a cycle are groups called in different orders. None where no rank waits for
+    another."""
+    waits: dict[int, tuple[_Front, int]] = {}  # rank -> (where it waits, one rank it waits for)
+    targets: set[int] = set()
+    pending: dict[int, tuple[_Front, int]] = {}  # rank -> a group it has an unfinished collective in
+    for front, _ in fronts:
+        for rank, at in front.pending.items():
+            pending.setdefault(rank, (front, at))
+        lowest = min(front.newest.items(), key=lambda kv: kv[1], default=None)
+        top = max(front.pending.values())
+        targets.update(r for r, n in front.newest.items() if n < top)
+        if lowest is not None:
+            for rank, at in front.pending.items():
+                if lowest[1] < at:
+                    waits.setdefault(rank, (front, lowest[0]))
+        if front.unseen and (lowest is None or lowest[1] >= front.seq):
+            targets.update(front.unseen)
+            for rank, at in front.pending.items():
+                if at == front.seq:
+                    waits.setdefault(rank, (front, front.unseen[0]))
+    if not waits:
+        return None
+    sinks = targets - waits.keys()
+    free = sorted(r for r in sinks if r not in pending)
+    if free:
+        named = set(free)
+        roots = [f for _, f in fronts if not named.isdisjoint(f.culprits)]
+        if not roots:  # waited for only past where its group is stuck (async ops): no group's culprit
+            return None
+    elif sinks:
+        stuck = {pending[r][0].group.name for r in sinks}
+        roots = [f for front, f in fronts if front.group.name in stuck]
+    else:
+        return _group_cycle(waits)
+    roots.sort(key=lambda f: (_ORDER[f.kind], f.seq))
+    primary = roots[0]
+    rooted = {id(f) for f in roots}
+    victims = [_victims(front, f, waits, pending) for front, f in fronts
+               if f.culprits and id(f) not in rooted and all(r in waits or r in pending for r in f.culprits)]
+    also = [f"also on {f.group}: {f.summary}" for f in roots[1:]]
+    return dataclasses.replace(primary, culprits=tuple(free), evidence=(*primary.evidence, *victims[:8], *also[:4]))
+
+
+def _victims(front: _Front, finding: FlightFinding, waits: dict[int, tuple[_Front, int]],
+             pending: dict[int, tuple[_Front, int]]) -> str:
+    """``ranks 2-3 wait in collective #3 (...) of group 2, which rank 1 has not called: it
+    waits in collective #5 (...) of group 1 for rank 0``."""
+    waiting = sorted(r for r, p in front.pending.items() if p == front.seq)
+    entry = front.group.colls[waiting[0]][front.seq]
+    culprit = finding.culprits[0]
+    where, on = waits[culprit] if culprit in waits else (pending[culprit][0], None)
+    at = where.pending[culprit]
+    one = len(finding.culprits) == 1
+    return (f"{_who(waiting)} {'waits' if len(waiting) == 1 else 'wait'} in collective #{front.seq} "
+            f"({entry.describe()}) of {front.group.label}, which {_who(finding.culprits)} "
+            f"{'has' if one else 'have'} not called: {_who([culprit])} waits in collective #{at} "
+            f"({where.group.colls[culprit][at].describe()}) of {where.group.label}"
+            + (f" for rank {on}" if on is not None else ""))
+
+
+def _group_cycle(waits: dict[int, tuple[_Front, int]]) -> FlightFinding:
+    """Every rank waited for waits for another: follow the waits from one until they close."""
+    rank = next(iter(waits))
+    order: dict[int, int] = {}
+    path: list[int] = []
+    while rank not in order:
+        order[rank] = len(path)
+        path.append(rank)
+        rank = waits[rank][1]
+    cycle = path[order[rank]:]
+    parts = []
+    for r in cycle:
+        front, on = waits[r]
+        at = front.pending[r]
+        parts.append(f"rank {r} waits in collective #{at} ({front.group.colls[r][at].describe()}) of "
+                     f"{front.group.label} for rank {on}")
+    ranks = sorted(cycle)
+    summary = ("collective mismatch (flight recorder): ranks wait on each other across process groups: "
+               + ", ".join(parts) + ": the groups' collectives are called in different orders")
+    basis = f"flight recorder: ranks {compress_ranks(ranks)[1:-1]} wait on each other in different groups"
+    first = waits[cycle[0]][0]
+    return FlightFinding(FlightKind.GROUP_CYCLE, first.group.label, first.pending[cycle[0]], tuple(ranks),
+                         summary, tuple(parts), basis, Verdict.COLLECTIVE_MISMATCH)
 
 
 def _idle(groups: dict[str, _Group], records: dict[int, FlightRecord]) -> FlightFinding | None:
@@ -598,6 +834,17 @@ def apply_flight(diagnosis: Diagnosis, finding: FlightFinding | None, stacks: bo
         return dataclasses.replace(diagnosis, evidence=(*diagnosis.evidence, note))
     if finding.kind in (FlightKind.IDLE, FlightKind.UNPAIRED):  # consistent with any wait: evidence only
         return dataclasses.replace(diagnosis, evidence=(*diagnosis.evidence, *finding.evidence))
+    cleared = sorted(set(finding.cleared) & set(diagnosis.culprit_ranks))
+    if finding.verdict is None and cleared:
+        # the stacks blame ranks the dumps show past the collective the others wait in
+        overruled = (f"the stacks alone read {diagnosis.verdict.value} (culprits "
+                     f"{', '.join(map(str, diagnosis.culprit_ranks))}): {diagnosis.summary}; the flight recorder "
+                     f"shows {_who(cleared)} finished {'its' if len(cleared) == 1 else 'their'} side of collective "
+                     f"#{finding.seq} of {finding.group}, which the others wait in")
+        return dataclasses.replace(
+            diagnosis, verdict=Verdict.UNKNOWN, culprit_ranks=(), summary=finding.summary,
+            evidence=(*finding.evidence, overruled, *diagnosis.evidence), basis=(finding.basis, *diagnosis.basis),
+            confidence=Confidence.LOW, ambiguous=False)
     if finding.verdict is None:
         return dataclasses.replace(diagnosis, evidence=(*diagnosis.evidence, *finding.evidence),
                                    basis=(finding.basis, *diagnosis.basis))
@@ -612,7 +859,8 @@ def apply_flight(diagnosis: Diagnosis, finding: FlightFinding | None, stacks: bo
             basis=(finding.basis, *diagnosis.basis),
             # a rank still working (ambiguous) stays as unsure as the stacks leave it: the
             # dumps show it has not issued the collective, not that it never will
-            confidence=Confidence.HIGH if finding.culprits and not diagnosis.ambiguous else diagnosis.confidence)
+            confidence=_seen(finding, Confidence.HIGH if finding.culprits and not diagnosis.ambiguous
+                             else diagnosis.confidence))
     overridden = (f"the stacks alone read {diagnosis.verdict.value}"
                   + (f" (culprits {', '.join(map(str, diagnosis.culprit_ranks))})" if diagnosis.culprit_ranks else "")
                   + f": {diagnosis.summary}; the flight recorder overrides it")
@@ -620,7 +868,13 @@ def apply_flight(diagnosis: Diagnosis, finding: FlightFinding | None, stacks: bo
         diagnosis, verdict=verdict, culprit_ranks=tuple(sorted(finding.culprits)),
         summary=finding.summary, evidence=(*finding.evidence, overridden, *diagnosis.evidence),
         basis=(finding.basis, *diagnosis.basis),
-        confidence=Confidence.HIGH if finding.culprits else Confidence.MEDIUM, ambiguous=False)
+        confidence=_seen(finding, Confidence.HIGH if finding.culprits else Confidence.MEDIUM), ambiguous=False)
+
+
+def _seen(finding: FlightFinding, confidence: Confidence) -> Confidence:
+    """At most low where the culprits include ranks nothing shows (no dump, no stacks):
+    their peers' dumps say the collective waits on them, not what they do."""
+    return Confidence.LOW if finding.unseen else confidence
 
 
 def _dumps_alone(diagnosis: Diagnosis, finding: FlightFinding) -> Diagnosis:
@@ -633,4 +887,4 @@ def _dumps_alone(diagnosis: Diagnosis, finding: FlightFinding) -> Diagnosis:
     return dataclasses.replace(
         diagnosis, verdict=finding.verdict, culprit_ranks=tuple(sorted(finding.culprits)), summary=finding.summary,
         evidence=finding.evidence, basis=(finding.basis, unsure),
-        confidence=Confidence.MEDIUM if finding.culprits else Confidence.LOW, ambiguous=False)
+        confidence=_seen(finding, Confidence.MEDIUM if finding.culprits else Confidence.LOW), ambiguous=False)

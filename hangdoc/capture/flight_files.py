@@ -28,7 +28,7 @@ from pathlib import Path
 from .. import __version__
 from ..bundle import read_at_most
 from ..errors import BundleError
-from ..model import JobSnapshot, RankProcess, RankSnapshot, RankSource
+from ..model import FlightRecord, JobSnapshot, RankProcess, RankSnapshot, RankSource
 from .flight_recorder import MAX_ENTRIES, FlightRecordInvalid, read_dump
 
 # torch 2.13 (gloo, TORCH_FR_BUFFER_SIZE=2000, stacks on) writes 255 kB of pickle for a full
@@ -90,7 +90,8 @@ def _read_all(path: Path, dir_fd: int) -> JobSnapshot:
             raise FlightDirError(f"{path}: two dumps for rank {rank} ({_shown(name)} and another)",
                                  help=FlightDirError.help)
         process = RankProcess(pid=0, host="", rank=rank, rank_source=RankSource.INFERRED,
-                              rank_evidence=f"from the dump's file name {_shown(name)}")
+                              rank_evidence=f"from the dump's file name {_shown(name)}",
+                              world_size=_world_size(record, rank))
         ranks[rank] = RankSnapshot(process=process, samples=(), flight=record)
     skipped.sort()
     if not ranks:
@@ -105,8 +106,17 @@ def _read_all(path: Path, dir_fd: int) -> JobSnapshot:
         notes.append(f"not read as dumps: {', '.join(skipped[:_LISTED])}" +
                      (f" and {len(skipped) - _LISTED:,} more" if len(skipped) > _LISTED else ""))
     notes.extend(more)
+    # the files hold the ranks someone dumped: a rank without one is not seen, never missing
     return JobSnapshot(spec=f"flight recorder dumps in {path.name}", ranks=tuple(ranks[r] for r in sorted(ranks)),
-                       hangdoc_version=__version__, notes=tuple(notes))
+                       hangdoc_version=__version__, notes=tuple(notes), nodes_searched=False)
+
+
+def _world_size(record: FlightRecord, rank: int) -> int | None:
+    """The job's size by the dump's config of WORLD (``default_pg``; gloo names it ``''``):
+    its ranks, where they are 0..n-1 and hold the rank that wrote it."""
+    sizes = [len(g.ranks) for g in record.groups
+             if (g.desc == "default_pg" or not g.name) and g.ranks == tuple(range(len(g.ranks))) and rank in g.ranks]
+    return max(sizes) if sizes else None
 
 
 def _list(path: Path, dir_fd: int) -> tuple[list[tuple[str, int]], list[str], list[str]]:

@@ -166,14 +166,22 @@ def test_the_first_differing_number_decides_even_when_the_ring_lost_older_ones()
 
 
 def test_all_in_and_a_member_without_a_dump() -> None:
+    # every rank with a dump waits in #2 and their config lists rank 3, which left none and
+    # has no stacks: the collective waits on it (not seen: low, never "missing")
     snap = make_snapshot({0: ALL_REDUCE, 1: ALL_REDUCE, 2: ALL_REDUCE})
-    found = match_flight(with_flight(snap, {r: record(entry(1), entry(2, retired=False), ranks="[0, 1, 2, 3]")
-                                            for r in (0, 1, 2)}))
-    assert found is not None and found.kind is FlightKind.ALL_IN and found.culprits == ()
+    flights = with_flight(snap, {r: record(entry(1), entry(2, retired=False), ranks="[0, 1, 2, 3]") for r in (0, 1, 2)})
+    found = match_flight(flights)
+    assert found is not None and (found.kind, found.culprits, found.unseen) == (FlightKind.UNSEEN, (3,), (3,))
+    assert found.evidence[0] == "ranks 0-2 issued collective #2 (all_reduce Float[4]) of default_pg (0) and have not finished it"
+    assert "rank 3 left no flight recorder dump: not seen" in found.evidence[2]
+    diagnosis = analyse(flights)
+    assert (diagnosis.verdict, diagnosis.culprit_ranks, diagnosis.confidence) == (Verdict.STRAGGLER, (3,), Confidence.LOW)
+    # the same with every member's dump: they all wait in it, and the dumps name no one
+    found = match_flight(with_flight(snap, {r: record(entry(1), entry(2, retired=False)) for r in (0, 1, 2)}))
+    assert found is not None and (found.kind, found.culprits) == (FlightKind.ALL_IN, ())
     assert found.evidence == (
         ("ranks 0-2 all issued collective #2 (all_reduce Float[4]) of default_pg (0); none has finished it "
-        "(flight recorder)"),
-        "no flight recorder dump from rank(s) 3 of default_pg (0)")
+         "(flight recorder)"),)
 
 
 def test_nothing_pending_and_p2p_ops_give_no_finding() -> None:

@@ -1,0 +1,245 @@
+"""Flight recorder matching over every collective of every group (issue 24 item 7): a member
+without a dump that its peers' dumps list, a member that never issued an older collective
+(a gather) than the group's newest, a hang in one group while another waits behind it, and
+a broadcast whose root the dumps do not record.
+
+The real dumps (``tests/data/flight/{unseen_member,gather_never_issued,two_groups,
+broadcast_root}``) were recorded once from hung 3-rank (two_groups: 4-rank) gloo jobs by
+``tests/data/flight/record_groups.py``; they are replayed here through ``hangdoc analyze
+DIR --json`` (the CLI, real files) and through ``match_flight``/``apply_flight``, with
+every recorded hung dump of ``tests/data/flight`` held to its verdict and culprits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from support.factories import make_snapshot
+from support.paths import TESTS
+
+from hangdoc.analysis.analyse import analyse
+from hangdoc.analysis.flight import FlightKind, apply_flight, match_flight
+from hangdoc.capture.flight_files import read_flight_dir
+from hangdoc.capture.flight_recorder import read_flight_record
+from hangdoc.cli import main
+from hangdoc.model import Confidence, FlightRecord, Verdict
+
+pytestmark = pytest.mark.timeout(60)
+DUMPS = TESTS / "data" / "flight"
+C10D = "torch/distributed/distributed_c10d.py"
+ALL_REDUCE = ["train.py:main:10", "train.py:step:40", f"{C10D}:all_reduce:2800"]
+SUB_REDUCE = ["train.py:main:10", "train.py:step:52", f"{C10D}:all_reduce:2800"]
+LOADING = ["train.py:main:10", "train.py:next_batch:71", "time.py:sleep"]
+
+# every recorded hung job's dumps: (verdict, culprits, confidence) by `hangdoc analyze DIR`
+EXPECTED = {
+    "op_mismatch": ("collective_mismatch", [0], "medium"),
+    "behind": ("straggler", [1], "medium"),
+    "drifted_broadcast": ("collective_mismatch", [1], "medium"),
+    "drifted_silent": ("collective_mismatch", [1], "medium"),
+    "size_mismatch": ("collective_mismatch", [2], "medium"),
+    "p2p_pipeline": ("unknown", [], "low"),
+    "unseen_member": ("straggler", [2], "low"),  # not seen: named on its peers' word
+    "gather_never_issued": ("straggler", [2], "medium"),
+    "two_groups": ("straggler", [0], "medium"),
+    "broadcast_root": ("unknown", [], "low"),
+}
+
+
+def analyze_json(capsys: pytest.CaptureFixture[str], case: str) -> dict:
+    """``hangdoc analyze tests/data/flight/CASE --json``, through the CLI."""
+    assert main(["analyze", str(DUMPS / case), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def real_records(case: str) -> dict[int, FlightRecord]:
+    return {r.rank: r.flight for r in read_flight_dir(DUMPS / case).ranks if r.flight and r.rank is not None}
+
+
+def with_flight(snapshot, records: dict[int, FlightRecord]):
+    return dataclasses.replace(snapshot, ranks=tuple(
+        dataclasses.replace(r, flight=records.get(r.rank)) for r in snapshot.ranks))
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_every_recorded_hung_dump_gets_its_verdict_and_culprits(capsys, case: str) -> None:
+    report = analyze_json(capsys, case)
+    assert (report["verdict"], report["culprit_ranks"], report["confidence"]) == EXPECTED[case]
+
+
+# ------------------------------------------------------------------ (a) a member with no dump
+
+
+def test_a_member_without_a_dump_that_its_peers_list_is_waited_on_not_missing(capsys) -> None:
+    report = analyze_json(capsys, "unseen_member")
+    assert report["summary"] == (
+        "ranks 0-1 wait in collective #4 (all_reduce Float[1000]) of default_pg (0) for rank 2, which their "
+        "dumps list as a member and which left no dump (not seen) (flight recorder)")
+    assert report["evidence"][1:] == [
+        ("every rank of default_pg (0) with a dump issued collective #4; their dumps list rank 2 as a member "
+         "of default_pg (0): the collective waits on it"),
+        ("rank 2 left no flight recorder dump: not seen, which is no evidence of a dead process; whether it "
+         "lags before #4 or waits inside it the dumps cannot show")]
+    assert report["verdict"] != "rank_missing" and report["confidence"] == "low"
+    # the dumps' WORLD config gives the job's size: rank 2 is known to exist, not seen, never missing
+    assert {r["rank"]: r["state"] for r in report["ranks"]}.get(2) == "unknown"
+    assert "missing" not in {r["state"] for r in report["ranks"]}
+
+
+def test_gloo_names_world_blank_in_its_config_and_the_entries_place_it() -> None:
+    records = real_records("unseen_member")
+    assert {(g.name, g.ranks) for rec in records.values() for g in rec.groups} == {("", (0, 1, 2))}
+    found = match_flight(read_flight_dir(DUMPS / "unseen_member"))
+    assert found is not None and (found.kind, found.culprits, found.unseen) == (FlightKind.UNSEEN, (2,), (2,))
+    # an unnamed config that does not hold the rank that wrote it is not that rank's WORLD
+    raw = json.loads((DUMPS / "unseen_member" / "fr_trace_0.json").read_text())
+    raw["pg_config"][""]["ranks"] = "[1, 2]"
+    odd = {**records, 0: read_flight_record(json.dumps(raw).encode())}
+    snap = read_flight_dir(DUMPS / "unseen_member")
+    snap = dataclasses.replace(snap, ranks=tuple(dataclasses.replace(r, flight=odd[r.rank]) for r in snap.ranks))
+    found = match_flight(snap)
+    assert found is not None and found.unseen == (2,)  # rank 1's config still lists it
+
+
+def test_stacks_that_see_the_rank_without_a_dump_keep_their_confidence() -> None:
+    snap = make_snapshot({0: ALL_REDUCE, 1: ALL_REDUCE, 2: LOADING})
+    found = match_flight(with_flight(snap, real_records("unseen_member")))
+    assert found is not None and (found.kind, found.culprits, found.unseen) == (FlightKind.UNSEEN, (2,), ())
+    diagnosis = analyse(with_flight(snap, real_records("unseen_member")))
+    assert (diagnosis.verdict, diagnosis.culprit_ranks) == (Verdict.STRAGGLER, (2,))
+    assert diagnosis.confidence is Confidence.MEDIUM  # seen by its stacks: not capped as not seen
+
+
+# ------------------------------------------------------------------ (b) an older collective never issued
+
+
+def test_a_member_that_never_issued_a_gather_is_found_below_the_newest_collective(capsys) -> None:
+    report = analyze_json(capsys, "gather_never_issued")
+    assert report["summary"] == ("rank 2 has not called collective #8 (gather Float[1]) of default_pg (0), "
+                                 "which rank 0 waits in (flight recorder)")
+    assert report["evidence"] == [
+        "rank 0 issued collective #8 (gather Float[1]) of default_pg (0) and has not finished it",
+        "issued so far on default_pg (0): rank 2 up to #7",
+        ("rank 1 finished its side of collective #8 and waits in collective #9 (all_reduce Float[1]) of "
+         "default_pg (0)")]
+    found = match_flight(read_flight_dir(DUMPS / "gather_never_issued"))
+    assert found is not None and (found.kind, found.seq, found.culprits) == (FlightKind.BEHIND, 8, (2,))
+
+
+# ------------------------------------------------------------------ (c) one group waits behind another
+
+
+def test_a_hang_in_one_group_names_its_cause_not_the_victim_another_group_waits_for(capsys) -> None:
+    report = analyze_json(capsys, "two_groups")
+    assert report["summary"] == ("rank 0 has not called collective #5 (all_reduce Float[8]) of group 1, "
+                                 "which rank 1 waits in (flight recorder)")
+    assert report["evidence"] == [
+        "rank 1 issued collective #5 (all_reduce Float[8]) of group 1 and has not finished it",
+        "issued so far on group 1: rank 0 up to #4",
+        ("ranks 2-3 wait in collective #3 (all_reduce Float[32]) of group 2, which rank 1 has not called: "
+         "rank 1 waits in collective #5 (all_reduce Float[8]) of group 1 for rank 0")]
+
+
+def test_two_groups_with_stacks() -> None:
+    # the stacks: rank 0 loading data, rank 1 in group 1's all_reduce, ranks 2-3 in group 2's
+    snap = with_flight(make_snapshot({0: LOADING, 1: SUB_REDUCE, 2: ALL_REDUCE, 3: ALL_REDUCE}),
+                       real_records("two_groups"))
+    found = match_flight(snap)
+    assert found is not None and (found.kind, found.group, found.culprits) == (FlightKind.BEHIND, "group 1", (0,))
+    diagnosis = analyse(snap)
+    assert (diagnosis.verdict, diagnosis.culprit_ranks) == (Verdict.STRAGGLER, (0,))
+    assert diagnosis.evidence[2] == (
+        "ranks 2-3 wait in collective #3 (all_reduce Float[32]) of group 2, which rank 1 has not called: "
+        "rank 1 waits in collective #5 (all_reduce Float[8]) of group 1 for rank 0")
+
+
+def _rec(rank: int, *ops: tuple[str, int, bool]) -> FlightRecord:
+    """A gloo-shaped dump: (group, number, finished) per op, every op an all_reduce."""
+    entries = [{"record_id": i, "process_group": [g, "default_pg" if g == "0" else "undefined"],
+                "collective_seq_id": n, "p2p_seq_id": 0, "profiling_name": "gloo:all_reduce",
+                "input_sizes": [[4]], "input_dtypes": ["Float"], "is_p2p": False, "state": "scheduled",
+                "retired": done} for i, (g, n, done) in enumerate(ops)]
+    return read_flight_record(json.dumps({"version": "2.10", "entries": entries,
+                                          "pg_config": {"": {"name": "", "desc": "", "ranks": "[]"}}}).encode())
+
+
+def test_groups_called_in_different_orders_wait_on_each_other() -> None:
+    # ranks 0 and 1 share groups 1 and 2; rank 0 calls 1 then 2, rank 1 calls 2 then 1
+    snap = make_snapshot({0: ALL_REDUCE, 1: SUB_REDUCE})
+    records = {0: _rec(0, ("0", 1, True), ("1", 1, True), ("2", 1, True), ("1", 2, False)),
+               1: _rec(1, ("0", 1, True), ("1", 1, True), ("2", 1, True), ("2", 2, False))}
+    found = match_flight(with_flight(snap, records))
+    assert found is not None and (found.kind, found.culprits) == (FlightKind.GROUP_CYCLE, (0, 1))
+    assert found.verdict is Verdict.COLLECTIVE_MISMATCH
+    assert found.evidence == ("rank 0 waits in collective #2 (all_reduce Float[4]) of group 1 for rank 1",
+                              "rank 1 waits in collective #2 (all_reduce Float[4]) of group 2 for rank 0")
+
+
+def test_waits_that_end_in_a_collective_every_member_called_name_no_one() -> None:
+    # rank 1 waits in group 1 with rank 0 (both called it); rank 2 waits in group 2 for rank 1
+    snap = make_snapshot({0: ALL_REDUCE, 1: ALL_REDUCE, 2: SUB_REDUCE})
+    records = {0: _rec(0, ("0", 1, True), ("1", 1, False)),
+               1: _rec(1, ("0", 1, True), ("2", 1, True), ("1", 1, False)),
+               2: _rec(2, ("0", 1, True), ("2", 1, True), ("2", 2, False))}
+    found = match_flight(with_flight(snap, records))
+    assert found is not None and (found.kind, found.group, found.culprits) == (FlightKind.ALL_IN, "group 1", ())
+    assert found.evidence == (
+        "ranks 0-1 all issued collective #1 (all_reduce Float[4]) of group 1; none has finished it (flight recorder)",
+        ("rank 2 waits in collective #2 (all_reduce Float[4]) of group 2, which rank 1 has not called: rank 1 "
+         "waits in collective #1 (all_reduce Float[4]) of group 1"))
+
+
+# ------------------------------------------------------------------ (d) a root the dumps do not record
+
+
+def test_a_broadcast_whose_root_the_dumps_do_not_record_names_no_one(capsys) -> None:
+    report = analyze_json(capsys, "broadcast_root")
+    assert report["summary"] == (
+        "every rank of default_pg (0) issued collective #8 (broadcast Float[64]); ranks 0,2 have not finished "
+        "it while rank 1 finished its side (flight recorder)")
+    assert report["evidence"] == [
+        "ranks 0,2 issued collective #8 (broadcast Float[64]) of default_pg (0) and have not finished it",
+        ("rank 1 finished its side of collective #8 and waits in collective #9 (all_reduce Float[1]) of "
+         "default_pg (0)"),
+        ("the dumps do not record a broadcast's root (src/dst): whether the ranks agree on it they cannot "
+         "show, so they name no culprit")]
+    found = match_flight(read_flight_dir(DUMPS / "broadcast_root"))
+    assert found is not None and (found.kind, found.culprits, found.verdict) == (FlightKind.STUCK, (), None)
+    diagnosis = apply_flight(analyse(dataclasses.replace(read_flight_dir(DUMPS / "broadcast_root"))), found,
+                             stacks=False)
+    assert (diagnosis.verdict, diagnosis.culprit_ranks) == (Verdict.UNKNOWN, ())
+
+
+def test_stacks_that_blame_the_rank_past_the_broadcast_are_overruled() -> None:
+    # ranks 0,2 sit in broadcast, rank 1 in the next all_reduce: the stacks blame rank 1,
+    # which the dumps show got its data and waits past #8
+    broadcast = ["train.py:main:10", "train.py:step:44", f"{C10D}:broadcast:2600"]
+    loss = ["train.py:main:10", "train.py:step:46", f"{C10D}:all_reduce:2800"]
+    snap = make_snapshot({0: broadcast, 1: loss, 2: broadcast})
+    stacks = analyse(snap)
+    assert (stacks.verdict, stacks.culprit_ranks) == (Verdict.COLLECTIVE_MISMATCH, (1,))
+    diagnosis = analyse(with_flight(snap, real_records("broadcast_root")))
+    assert (diagnosis.verdict, diagnosis.culprit_ranks, diagnosis.confidence) == (Verdict.UNKNOWN, (), Confidence.LOW)
+    assert any(e.startswith("the stacks alone read collective_mismatch (culprits 1)") and e.endswith(
+        "the flight recorder shows rank 1 finished its side of collective #8 of default_pg (0), which the others "
+        "wait in") for e in diagnosis.evidence)
+
+
+# ------------------------------------------------------------------ the files each rank came from
+
+
+def test_each_rank_read_from_a_file_names_its_own_file() -> None:
+    snap = read_flight_dir(DUMPS / "two_groups")
+    assert [(r.rank, r.process.rank_evidence) for r in snap.ranks] == [
+        (r, f"from the dump's file name fr_trace_{r}.json") for r in range(4)]
+
+
+
+def test_each_rank_read_from_a_dump_names_its_own_file_in_the_json_report(capsys: pytest.CaptureFixture[str]) -> None:
+    report = analyze_json(capsys, "two_groups")
+    evidence = {r["rank"]: r["rank_evidence"] for r in report["ranks"] if r["pid"] in (None, 0)}
+    assert len(evidence) >= 2 and len(set(evidence.values())) == len(evidence), evidence
+    for rank, said in evidence.items():
+        assert str(rank) in said, (rank, said)
