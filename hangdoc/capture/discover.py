@@ -10,6 +10,11 @@ processes that may be ranks cannot be.
 
 A ``pid:`` or ``slurm:`` scope may hold the ranks of several jobs; ``jobsplit`` tells them
 apart by rendezvous and refuses (``MultipleJobs``) rather than merge them.
+
+A ``pid:`` of a rank widens to its job on this node (``wholejob``: the same rendezvous, Slurm
+step or launcher, the same user), and says so in a note. Where the ranks' environment shows
+the job also runs on other nodes, a note says which ranks are here and the command lines
+that take in the others (agents on every node).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from ..errors import JobNotFound
 from ..model import RankProcess
 from .hosts import endpoint_scope
 from .jobspec import JobKind, JobSpec
-from .jobsplit import Member, MultipleJobs, check_one_job
+from .jobsplit import Member, MultipleJobs, check_one_job, plural
 from .owners import by_owner, job_owner
 from .processes import ProcessTable, describe, read_process_table, withhold
 from .rankenv import env_int_notes
@@ -39,6 +44,7 @@ from .ranks import (
 )
 from .ray_job import job_processes_here
 from .slurm import slurm_scope
+from .wholejob import job_here, other_nodes_note
 
 __all__ = ["Discovery", "MultipleJobs", "discover"]  # MultipleJobs: discover() raises it
 
@@ -102,6 +108,46 @@ def _one_rank_note(spec: JobSpec, selection: Selection) -> list[str]:
         return []
     endpoint = f"{only.env.get('MASTER_ADDR', '?')}:{only.env['MASTER_PORT']}"
     return [f"pid {spec.pid} is one rank; to see the whole job name it by {endpoint}"]
+
+
+def _widen(spec: JobSpec, table: ProcessTable, scope: Scope,
+           selection: Selection) -> tuple[Selection, str, str] | None:
+    """A ``pid:``'s ranks widened to their job on this node (``wholejob.job_here``): the new
+    selection, the note that says so and what was searched; None when the job has no other
+    rank here, or the wider view would not keep the ranks the pid found."""
+    job = job_here(table, selection.ranks)
+    if job is None:
+        return None
+    uid = selection.ranks[0].proc.uid
+    narrow = [pid for pid in scope.pids if table.procs[pid].uid == uid]
+    wide = list(dict.fromkeys([*narrow, *job.pids]))
+    if len(wide) == len(narrow):
+        return None
+    chosen = select_ranks(table, wide)
+    found = {r.proc.pid for r in chosen.ranks}
+    if len(found) <= len(selection.ranks) or not {r.proc.pid for r in selection.ranks} <= found:
+        return None
+    if job.spec is None or job.spec.startswith("pid:"):  # not one rendezvous: check it is one job
+        try:
+            launchers = {pid: launcher_of(table, pid, chosen.launchers) for pid in found}
+            _check_one_job(spec, chosen, launchers)
+        except MultipleJobs:
+            return None
+    mine = next((r for r in chosen.ranks if r.proc.pid == spec.pid), None)
+    if mine is None:
+        who = f"pid {spec.pid} started ranks of"
+    elif mine.rank is None:
+        who = f"pid {spec.pid} is a rank (number unknown) of"
+    else:
+        who = f"pid {spec.pid} is rank {mine.rank} of"
+    note = (f"{who} {job.name}; took in its {plural(len(chosen.ranks), 'rank', 'ranks')} "
+            "on this node")
+    if job.others:
+        shown = ", ".join(f"pid {pid} (uid {table.procs[pid].uid})" for pid in job.others[:8])
+        more = f" and {len(job.others) - 8} more" if len(job.others) > 8 else ""
+        note += (f", not {plural(len(job.others), 'process', 'processes')} of other users "
+                 f"that name its rendezvous ({shown}{more})")
+    return chosen, note, f"{scope.what}, widened to {job.name}"
 
 
 def _keep_the_owners(spec: JobSpec, what: str, table: ProcessTable, selection: Selection,
@@ -185,9 +231,18 @@ def discover(spec: JobSpec, host: str | None = None, table: ProcessTable | None 
     owner_notes = _keep_the_owners(spec, scope.what, table, selection, launchers)
     if spec.kind is not JobKind.ENDPOINT:  # an endpoint names one rendezvous already
         _check_one_job(spec, selection, launchers)
-    notes = selection.notes + owner_notes + _one_rank_note(spec, selection) + \
+    scope_notes = _one_rank_note(spec, selection)
+    if spec.kind is JobKind.PID and (widened := _widen(spec, table, scope, selection)):
+        selection, widened_note, what = widened
+        scope_notes = [widened_note]
+        searched = f"{what} on {host} ({counted})"
+        launchers = {r.proc.pid: launcher_of(table, r.proc.pid, selection.launchers)
+                     for r in selection.ranks}
+    notes = selection.notes + owner_notes + scope_notes + \
         duplicate_notes(selection.ranks) + env_int_notes(r.proc for r in selection.ranks) + \
         unreadable_notes(selection)
     size = world_size(selection.ranks, notes)
+    if elsewhere := other_nodes_note(selection.ranks, size, host, str(spec)):
+        notes.append(elsewhere)
     ranks = tuple(rank_process(r, host, launchers[r.proc.pid]) for r in selection.ranks)
     return Discovery(ranks, size, tuple(notes), searched)

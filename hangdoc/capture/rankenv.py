@@ -21,6 +21,8 @@ RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_R
 WORLD_SIZE_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "SLURM_NPROCS", "OMPI_COMM_WORLD_SIZE",
                    "PMI_SIZE")
 LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
+LOCAL_WORLD_SIZE_VARS = ("LOCAL_WORLD_SIZE",)
+NODE_RANK_VARS = ("GROUP_RANK", "NODE_RANK")
 
 # Integer variables read here or downstream (analysis reads LOCAL_WORLD_SIZE, GROUP_RANK,
 # ...): a value that is not one is ignored and left out of the rank's environment.

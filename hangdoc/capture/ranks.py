@@ -16,8 +16,11 @@
 
 A rank's number comes from its start-up environment (``rankenv``).
 ``torch.multiprocessing.spawn`` children and scripts that set ``os.environ["RANK"]``
-themselves have none there; their numbers are inferred (``infer_spawn_ranks``) and marked
-``RankSource.INFERRED``.
+themselves have none there; their numbers are inferred and marked ``RankSource.INFERRED``:
+from the local rank they were started with (``infer_local_ranks``), else from their place
+among their siblings (``infer_spawn_ranks``). A launcher that is itself rank 0 (it starts its
+other ranks with ``LOCAL_RANK`` 1, 2, ... and joins their rendezvous) is a rank, not a
+launcher.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 
 from ..errors import PermissionDenied
 from ..model import RankProcess, RankSource
-from .jobsplit import pid_list, plural
+from .jobsplit import pid_list, plural, rendezvous_key
 from .processes import (
     ProcessTable,
     ProcInfo,
@@ -37,7 +40,15 @@ from .processes import (
     launcher_name,
     tool_kind,
 )
-from .rankenv import LOCAL_RANK_VARS, WORLD_SIZE_VARS, env_int, env_rank, select_env
+from .rankenv import (
+    LOCAL_RANK_VARS,
+    LOCAL_WORLD_SIZE_VARS,
+    NODE_RANK_VARS,
+    WORLD_SIZE_VARS,
+    env_int,
+    env_rank,
+    select_env,
+)
 from .redact import redact_argv
 
 # Why a Python process whose environment is not known is not a rank.
@@ -130,6 +141,80 @@ def infer_spawn_ranks(table: ProcessTable, unranked: Iterable[int]) -> dict[int,
     return found
 
 
+def _local_rank(proc: ProcInfo) -> int | None:
+    found = env_int(proc.env, LOCAL_RANK_VARS)
+    return found[1] if found else None
+
+
+def _from_local_rank(proc: ProcInfo, local: int, world: int | None, evidence: str) -> FoundRank:
+    """A rank numbered by its local rank: offset by its node's (``GROUP_RANK`` or
+    ``NODE_RANK`` times ``LOCAL_WORLD_SIZE``) where the environment gives both."""
+    node = env_int(proc.env, NODE_RANK_VARS)
+    per_node = env_int(proc.env, LOCAL_WORLD_SIZE_VARS)
+    rank = local
+    if node is not None and per_node is not None and node[1]:
+        rank = node[1] * per_node[1] + local
+        evidence += f", {node[0]}={node[1]} x {per_node[0]}={per_node[1]}"
+    return FoundRank(proc, rank, RankSource.INFERRED, evidence, world, local)
+
+
+def _world_of(procs: Iterable[ProcInfo]) -> int | None:
+    sizes = [w[1] for p in procs if (w := env_int(p.env, WORLD_SIZE_VARS)) is not None]
+    return max(sizes) if sizes else None
+
+
+def infer_local_ranks(table: ProcessTable, unranked: Iterable[int]) -> dict[int, FoundRank]:
+    """Number the processes that were started with a local rank but no rank.
+
+    Siblings with distinct ``LOCAL_RANK``s (a launcher that sets only the local rank, or
+    scripts that set ``RANK`` in code) are ranks by their local rank. Their parent, when it
+    is an unnumbered candidate in the same rendezvous (``MASTER_ADDR``/``MASTER_PORT``, ...)
+    and they are numbered 1, 2, ..., is local rank 0: a launcher that is itself a rank (it
+    started the others and joins them). A lone process with a local rank is numbered only
+    as such a child. A process with the local rank of a numbered ancestor inherited its
+    environment: it is that rank's child (a DataLoader worker), left to the caller. World
+    sizes come from ``WORLD_SIZE`` (never from counting processes).
+    """
+    candidates = set(unranked)
+    groups: dict[int, list[tuple[ProcInfo, int]]] = {}
+    for pid in candidates:
+        proc = table.procs[pid]
+        local = _local_rank(proc)
+        if local is not None:
+            groups.setdefault(proc.ppid, []).append((proc, local))
+    found: dict[int, FoundRank] = {}
+
+    def inherited(proc: ProcInfo, local: int) -> bool:
+        return any(a.pid in found and found[a.pid].local_rank == local
+                   for a in table.ancestors(proc.pid))
+
+    depth = {ppid: sum(1 for _ in table.ancestors(ppid)) for ppid in groups}
+    for ppid in sorted(groups, key=lambda p: (depth[p], p)):
+        members = [(p, n) for p, n in groups[ppid] if not inherited(p, n)]
+        numbers = sorted(n for _, n in members)
+        if not members or len(set(numbers)) != len(numbers):
+            continue  # one local rank twice: workers of one rank, not ranks
+        parent = table.procs.get(ppid)
+        keys = {rendezvous_key(p.env) for p, _ in members}
+        world = _world_of(p for p, _ in members)
+        rank0 = (parent is not None and ppid in candidates and ppid not in found
+                 and _local_rank(parent) in (None, 0) and len(keys) == 1
+                 and None not in keys and rendezvous_key(parent.env) in keys
+                 and numbers == list(range(1, len(numbers) + 1)))
+        if len(members) < 2 and not rank0:
+            continue
+        for proc, local in members:
+            evidence = f"inferred: LOCAL_RANK={local} (no rank in its start-up environment)"
+            found[proc.pid] = _from_local_rank(proc, local, world, evidence)
+        if rank0:
+            assert parent is not None
+            shown = ", ".join(map(str, numbers))
+            evidence = (f"inferred: local rank 0: it started local ranks {shown} and shares "
+                        "their rendezvous")
+            found[ppid] = _from_local_rank(parent, 0, _world_of([parent]) or world, evidence)
+    return found
+
+
 def _env_rank_of(proc: ProcInfo) -> FoundRank:
     key = env_rank(proc)
     assert key is not None
@@ -175,11 +260,14 @@ def select_ranks(table: ProcessTable, scope: Iterable[int]) -> Selection:
 
     unranked = [p.pid for p in candidates if p.pid not in env_ranked and p.pid not in launchers
                 and p.pid not in children and below_rank(p.pid, env_ranked) is None]
+    local_ranked = infer_local_ranks(table, unranked)
+    unranked = [pid for pid in unranked
+                if pid not in local_ranked and below_rank(pid, local_ranked) is None]
     inferred = infer_spawn_ranks(table, unranked)
     # Inferred groups nested under other inferred ranks are those ranks' workers.
     inferred = {pid: r for pid, r in inferred.items() if below_rank(pid, inferred) is None}
     launchers |= {r.proc.ppid for r in inferred.values()}
-    ranked: dict[int, FoundRank] = {**env_ranked, **inferred}
+    ranked: dict[int, FoundRank] = {**env_ranked, **local_ranked, **inferred}
 
     notes: list[str] = []
     for proc in candidates:
@@ -209,7 +297,20 @@ def select_ranks(table: ProcessTable, scope: Iterable[int]) -> Selection:
         notes.append(f"ranks of {len(inferred)} spawn children were inferred from their start "
                      "order (they have no RANK in their start-up environment); on several "
                      "nodes these are local indices")
+    if local_ranked:
+        notes.append(_local_ranks_note(local_ranked))
     return Selection(sorted(ranked.values(), key=_rank_order), launchers, notes, rejected)
+
+
+def _local_ranks_note(found: Mapping[int, FoundRank]) -> str:
+    pids = sorted(found, key=lambda pid: (found[pid].rank or 0, pid))
+    shown = ", ".join(f"{pid} (rank {found[pid].rank})" for pid in pids[:8])
+    more = f" and {len(pids) - 8} more" if len(pids) > 8 else ""
+    rank0 = [pid for pid in pids if any(r.proc.ppid == pid for r in found.values())]
+    launcher = (f"; pid {rank0[0]} started the others and shares their rendezvous: it is local "
+                "rank 0, not a launcher") if rank0 else ""
+    return (f"ranks inferred from their local rank (no RANK in their start-up environment): "
+            f"pid {shown}{more}{launcher}")
 
 
 def _rank_order(rank: FoundRank) -> tuple[bool, int, int]:

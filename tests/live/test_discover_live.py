@@ -64,12 +64,12 @@ def test_torchrun_job_by_launcher_pid(torchrun_job: RunningJob) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_pid_of_one_rank_finds_that_rank_and_points_at_the_endpoint(
-        torchrun_job: RunningJob) -> None:
-    pid = ready_pids(torchrun_job)[1]
-    found = discover(parse_job_spec(f"pid:{pid}"))
-    assert [(r.rank, r.pid) for r in found.ranks] == [(1, pid)]
-    assert any(f"127.0.0.1:{torchrun_job.port}" in n for n in found.notes)
+def test_pid_of_one_rank_takes_in_its_job_on_this_node(torchrun_job: RunningJob) -> None:
+    pids = ready_pids(torchrun_job)
+    found = discover(parse_job_spec(f"pid:{pids[1]}"))
+    assert [(r.rank, r.pid) for r in found.ranks] == [(0, pids[0]), (1, pids[1])]
+    assert (f"pid {pids[1]} is rank 1 of the job at 127.0.0.1:{torchrun_job.port}; took in "
+            "its 2 ranks on this node") in found.notes
 
 
 @pytest.mark.timeout(120)
