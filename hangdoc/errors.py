@@ -136,7 +136,9 @@ class DumpFileError(BundleError):
         "`hangdoc analyze` reads a snapshot written by `hangdoc diagnose --save`, the text "
         "`py-spy dump` prints (one or more processes, with --native or --locals too), "
         "`py-spy dump --json` output (one or more dumps, concatenated or in a JSON list), "
-        "or `ray stack` output."
+        "`ray stack` output, stacks as pasted in issues (`func (file:line)` frame lines under "
+        "labels such as `rank 3:`, Python tracebacks, faulthandler output), or a directory of "
+        "flight recorder dumps; `-` reads standard input."
     )
 
 
