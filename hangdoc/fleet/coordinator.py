@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ..capture.discover import Discovery
-from ..capture.jobspec import JobSpec
+from ..capture.jobspec import JobKind, JobSpec, parse_job_spec
+from ..capture.jobsplit import MultipleJobs, rendezvous_key
 from ..errors import HangdocError, JobNotFound
 from ..model import RankProcess, Sample, Unreachable
 from .node import Node
@@ -89,8 +90,70 @@ def _reason(exc: BaseException) -> str:
 
 
 def find_ranks(nodes: Sequence[Node], spec: JobSpec, deadline: float | None = None) -> Fleet:
-    """Discover the job on every node; raise ``JobNotFound`` only if no node has a rank."""
-    results = fan_out(nodes, lambda n: n.find_ranks(spec), deadline)
+    """Discover the job on every node; raise ``JobNotFound`` only if no node has a rank.
+
+    A ``pid:`` names a process of one node: the same number on another node is some other
+    process. So with several nodes, the pid is looked up everywhere, the node that holds it
+    names the job (its ranks' rendezvous: ``MASTER_ADDR:MASTER_PORT`` or the Slurm step), and
+    the other nodes are asked for that job, never for the pid."""
+    if spec.kind is JobKind.PID and len(nodes) > 1:
+        return _find_by_pid(nodes, spec, deadline)
+    return _assemble(nodes, spec, fan_out(nodes, lambda n: n.find_ranks(spec), deadline))
+
+
+def _find_by_pid(nodes: Sequence[Node], spec: JobSpec, deadline: float | None) -> Fleet:
+    first = fan_out(nodes, lambda n: n.find_ranks(spec), deadline)
+    holders = [(node, found) for node, found, _ in first if isinstance(found, Discovery)]
+    if not holders:
+        return _assemble(nodes, spec, first)
+    specs = {node.name: _job_of(found) for node, found in holders}
+    named = set(specs.values())
+    if len(holders) > 1 and (len(named) > 1 or None in named):
+        listed = "; ".join(f"{name}: {job or 'a job with no rendezvous to name it by'}"
+                           for name, job in sorted(specs.items()))
+        raise MultipleJobs(
+            f"{spec} names rank processes on {len(holders)} nodes ({listed}): a pid is one "
+            "node's number", tuple(sorted(j for j in named if j)),
+            help="Name the job by its rendezvous (HOST:PORT or slurm:JOBID), or ask only the "
+            "node that holds the pid.")
+    held = {node.name for node, _ in holders}
+    others = [n for n in nodes if n.name not in held]
+    job = next(iter(named))
+    anchor = ", ".join(sorted(held))
+    if job is None:
+        note = (f"{spec} is on {anchor}; its ranks show no rendezvous (MASTER_ADDR/MASTER_PORT, "
+                f"a Slurm step) to ask the other {len(others)} node(s) for: they were not asked")
+        kept = [(node, found, exc) for node, found, exc in first if node.name in held]
+        fleet = _assemble(nodes, spec, kept)
+        return Fleet(fleet.placed, fleet.world_size, (note, *fleet.notes), fleet.unreachable)
+    rest = fan_out_caught(others, lambda n: n.find_ranks(parse_job_spec(job)), deadline)
+    kept = [(node, found, exc) for node, found, exc in first if node.name in held]
+    fleet = _assemble(nodes, spec, kept + rest)
+    note = f"{spec} is on {anchor}, a rank of {job}; the other node(s) were asked for {job}"
+    return Fleet(fleet.placed, fleet.world_size, (note, *fleet.notes), fleet.unreachable)
+
+
+def _job_of(found: Discovery) -> str | None:
+    """The spec of the rendezvous the ranks found share, or None."""
+    keys = {rendezvous_key(dict(p.env)) for p in found.ranks}
+    specs = {k.spec() if k is not None else None for k in keys}
+    return specs.pop() if len(specs) == 1 else None
+
+
+def fan_out_caught(
+    nodes: Sequence[Node], call: Callable[[Node], T], deadline: float | None
+) -> list[tuple[Node, T | None, BaseException | None]]:
+    """``fan_out`` whose single-node case also hands errors back instead of raising them."""
+    if len(nodes) != 1:
+        return fan_out(nodes, call, deadline)
+    try:
+        return [(nodes[0], call(nodes[0]), None)]
+    except Exception as exc:  # noqa: BLE001 - reported as that node's answer
+        return [(nodes[0], None, exc)]
+
+
+def _assemble(nodes: Sequence[Node], spec: JobSpec,
+              results: list[tuple[Node, Discovery | None, BaseException | None]]) -> Fleet:
     placed: list[tuple[Node, RankProcess]] = []
     notes: list[str] = []
     unreachable: list[Unreachable] = []

@@ -259,3 +259,48 @@ def test_a_rank_at_a_host_sync_by_its_python_frames_gets_its_native_frames(stack
     snapshot, _ = observe("x", fleet, CaptureOptions(window=0.2, interval=0.05), lambda m: None)
     assert sorted(node.native_for) == ([100, 101] if asked else [])
     assert any(n.startswith("native frames taken of pid(s) 100, 101") for n in snapshot.notes) == asked
+
+
+# ------------------------------------------------------------------ pid: over several nodes
+
+
+class PidNode:
+    """A node that answers ``pid:N`` with what it holds under that number (a rank of some job,
+    or nothing), and a rendezvous spec with the ranks of that job it holds."""
+
+    def __init__(self, name: str, by_pid: Mapping[int, RankProcess], job: Sequence[RankProcess]):
+        self.name, self.by_pid, self.job, self.asked = name, by_pid, job, []
+
+    def find_ranks(self, spec) -> Discovery:
+        self.asked.append(str(spec))
+        if spec.pid is not None:
+            if spec.pid not in self.by_pid:
+                raise JobNotFound(f"no process with pid {spec.pid} on {self.name}")
+            return Discovery((self.by_pid[spec.pid],), 4, (), "pid")
+        if not self.job:
+            raise JobNotFound(f"no process has MASTER_ADDR={spec.host} on {self.name}")
+        return Discovery(tuple(self.job), 4, (), "endpoint")
+
+
+def _proc(pid: int, rank: int, host: str, port: str = "29500") -> RankProcess:
+    return RankProcess(pid, host, rank, world_size=4,
+                       env=(("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", port), ("RANK", str(rank))))
+
+
+def test_a_pid_is_looked_up_on_its_node_and_the_others_are_asked_for_its_job() -> None:
+    a = PidNode("a", {4242: _proc(4242, 1, "a")}, [_proc(4241, 0, "a"), _proc(4242, 1, "a")])
+    b = PidNode("b", {}, [_proc(4242, 2, "b"), _proc(4243, 3, "b")])  # 4242 there is another rank
+    fleet = find_ranks([a, b], parse_job_spec("pid:4242"), deadline=5)
+    assert [(n.name, p.rank) for n, p in fleet.placed] == [("a", 1), ("b", 2), ("b", 3)]
+    assert b.asked == ["pid:4242", "10.0.0.1:29500"]  # never the pid, once it is known where it is
+    assert fleet.notes[0] == "pid:4242 is on a, a rank of 10.0.0.1:29500; the other node(s) were asked for 10.0.0.1:29500"
+
+
+def test_one_pid_number_on_two_nodes_in_different_jobs_is_refused() -> None:
+    from hangdoc.capture.jobsplit import MultipleJobs
+
+    a = PidNode("a", {4242: _proc(4242, 1, "a")}, [])
+    b = PidNode("b", {4242: _proc(4242, 0, "b", port="31000")}, [])
+    with pytest.raises(MultipleJobs) as err:
+        find_ranks([a, b], parse_job_spec("pid:4242"), deadline=5)
+    assert "pid:4242 names rank processes on 2 nodes (a: 10.0.0.1:29500; b: 10.0.0.1:31000)" in str(err.value)
