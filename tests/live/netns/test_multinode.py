@@ -65,6 +65,16 @@ def assert_diagnosis(report: dict, job: ClusterJob) -> None:
     assert report["unreachable"] == []
 
 
+def _assert_part_of_the_job(report: dict) -> None:
+    """Ranks 1-2 seen of 4: the others are not seen, never missing, and no verdict about them
+    is above low confidence."""
+    why = f"{report['summary']}\n" + "\n".join(report["evidence"])
+    assert report["scope"]["world_size"] == 4 and not report["scope"]["whole"], report["scope"]
+    assert report["scope"]["absent"] == [] and report["scope"]["not_seen"] == [[0, 0], [3, 3]], report["scope"]
+    assert report["verdict"] != "rank_missing" and not any(r["state"] == "missing" for r in report["ranks"]), why
+    assert report["confidence"] == "low", why
+
+
 def _wrong_token(tmp_path) -> Path:
     wrong = tmp_path / "wrong"
     wrong.write_text("f" * 40)
@@ -128,6 +138,22 @@ class TestCollectiveMismatch:
         report = report_of(out)
         found = {r["rank"]: r["host"] for r in report["ranks"] if r["pid"] is not None}
         assert found == {1: "node1", 2: "node1"}, report["ranks"]
+        _assert_part_of_the_job(report)
+
+    def test_one_node_without_agents_concludes_nothing_about_the_others(self, mc: Cluster) -> None:
+        """`hangdoc diagnose` run on node1 itself, no agents: ranks 0 and 3 live on the other
+        nodes, which nobody searched."""
+        import psutil
+
+        node_init = psutil.Process(mc.supervisors[1].pid).children()[0].pid  # PID 1 of node1
+        out = subprocess.run(["nsenter", "-t", str(node_init), "-p", "-m", "-n", sys.executable, "-m",
+                              "hangdoc", "diagnose", mc.job_spec(), "--json", "-q"],
+                             capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
+        report = report_of(out)
+        assert report["scope"]["seen"] == [[1, 2]], report["scope"]
+        _assert_part_of_the_job(report)
+        assert any("--agents NODE:7420" in e or "hangdoc agent" in e
+                   for e in report["evidence"] + report["notes"]), report["evidence"]
 
     def test_wrong_token_is_refused_by_one_agent(self, mc: Cluster, tmp_path) -> None:
         out, _ = mc.diagnose("--agents", mc.agent_address(0), "--token-file",
