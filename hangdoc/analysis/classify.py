@@ -18,6 +18,14 @@ from dataclasses import dataclass, field
 from ..model import GIVEN_GROUP, Frame, OpKind, RankState, Verdict
 from . import wording
 from .device import waits_for_device
+from .structure import (
+    could_be_groups,
+    minority,
+    sides,
+    structure_of,
+    tiny_parting,
+    whole_groups,
+)
 from .views import OpKey, RankView, op_keys
 from .wording import (
     AllReceive,
@@ -26,6 +34,7 @@ from .wording import (
     DeviceWaits,
     EnvSplit,
     Facts,
+    GroupsApart,
     InitSplit,
     InitStuck,
     Mismatch,
@@ -307,8 +316,17 @@ def _mismatch(
     p2p_problem: tuple[list[int], list[P2PFact]] | None,
     in_op: list[RankView],
 ) -> Finding:
+    """Ranks in different ops. The culprits are the minority side by the ops' scopes
+    (``structure``): ranks on WORLD that left a structure of passed groups, or the ranks
+    outside the class that holds most of them; else the send/recv calls that do not pair
+    up; else where the stacks part (with a WORLD op among the classes, the smaller path; in
+    a structure of groups, only a side smaller than each of its places). A structure with
+    no one outside it is ``GroupsApart``: nothing to blame."""
     groups = sorted(classes.values(), key=lambda vs: (-len(vs), vs[0].rank))
-    culprits = _minority([[v.rank for v in vs] for vs in groups])
+    shape = structure_of(groups)
+    apart = whole_groups(shape)
+    culprits = [] if apart else minority(sides(shape))
+    left = bool(culprits) and len(shape.part) > 1 and bool(shape.world)
     p2p: list[P2PFact] = []
     by_peers = False
     if p2p_problem is not None:
@@ -319,15 +337,26 @@ def _mismatch(
         named = set(culprits)
         if not culprits or all(v.op is not None and v.op.group == GIVEN_GROUP
                                for v in in_op if v.rank in named):
-            culprits, by_peers = p2p_culprits, True
+            culprits, by_peers, left = p2p_culprits, True, False
+    if apart and not culprits:
+        return Finding(Verdict.UNKNOWN, [], GroupsApart(groups, apart, shape.from_lines),
+                       quiet_over=in_op)
     parted: list[tuple[Frame, list[RankView]]] = []
+    by_tree = False
     if not culprits:
         parted = _parting(in_op)
-        culprits = _minority([[v.rank for v in vs] for _, vs in parted])
+        if shape.world or not could_be_groups(parted, groups):
+            # a WORLD op needs every rank, and a class of one rank is no whole group: the
+            # ops are not legitimately apart, and the smaller path is the odd one out
+            culprits = _minority([[v.rank for v in vs] for _, vs in parted])
+        else:  # maybe a structure of groups: only ranks that left it
+            culprits = tiny_parting(parted, groups)
+            by_tree = bool(culprits)
         if not culprits:
             parted = []
     return Finding(
-        Verdict.COLLECTIVE_MISMATCH, culprits, Mismatch(groups, culprits, p2p, by_peers, parted),
+        Verdict.COLLECTIVE_MISMATCH, culprits,
+        Mismatch(groups, culprits, p2p, by_peers, parted, shape if left else None, by_tree),
         quiet_over=in_op,
     )
 

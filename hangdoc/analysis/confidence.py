@@ -27,6 +27,7 @@ from .wording import (
     CleanupStuck,
     DataMoving,
     DeviceWaits,
+    GroupsApart,
     InitSplit,
     InitStuck,
     Mismatch,
@@ -183,6 +184,12 @@ def _named_by(case: Case) -> str | None:
     elif isinstance(f, Straggling):
         return f"{_who(f.outside)} named by {_their(f.outside)}: outside any distributed op"
     elif isinstance(f, Mismatch) and culprits:
+        if f.structure is not None:
+            return (f"{rank_words(culprits)} named by the ops' process groups: on WORLD, which "
+                    "needs every rank, while the others wait on groups their callers passed")
+        if f.by_tree:
+            return (f"{rank_words(culprits)} named by the merged call tree: one place off the "
+                    "others' path, with fewer ranks than any place of theirs")
         if f.parted:
             return (f"{rank_words(culprits)} named by where the stacks part: the smaller path "
                     f"({f.parted[1][0]})")
@@ -217,8 +224,17 @@ def _by_elimination(case: Case) -> str | None:
 def _no_minority(case: Case) -> str | None:
     f = case.found.facts
     if isinstance(f, Mismatch) and len(f.groups) > 1 and not case.found.culprits:
-        return (f"ranks split evenly between {len(f.groups)} ops: no minority to blame, "
-                "and ops of different process groups are not told apart")
+        sizes = sorted((len(g) for g in f.groups), reverse=True)
+        if sizes[0] == sizes[-1]:
+            return (f"ranks split evenly between {len(f.groups)} ops: no minority to blame, "
+                    "and ops of different process groups are not told apart")
+        return (f"no op holds most of the ranks ({sizes[0]:,} of {sum(sizes):,} in the largest of "
+                f"{len(f.groups)}) and no small set is off the others' path: ranks of different "
+                "process groups may wait apart legitimately, and stacks do not tell the groups apart")
+    if isinstance(f, GroupsApart):
+        return (f"every op runs on a group its caller passed, at {len(f.groups)} places that may "
+                "each hold whole groups: no small set of ranks explains the hang, and stacks do "
+                "not show what each group waits for (the flight recorder would)")
     if isinstance(f, InitStuck) and not f.differ:
         key = op_keys()
         calls = {key(v.op) for v in f.init if v.op is not None}
@@ -407,7 +423,7 @@ def _counters_only(case: Case) -> str | None:
 
 def _groups_unseen(case: Case) -> str | None:
     f = case.found.facts
-    if not isinstance(f, Mismatch) or not f.culprits or f.by_peers or f.parted:
+    if not isinstance(f, Mismatch) or not f.culprits or f.by_peers or f.parted or f.structure:
         return None
     common = f.groups[0]
     if not all(v.op is not None and v.op.group == GIVEN_GROUP for v in common):
@@ -417,9 +433,28 @@ def _groups_unseen(case: Case) -> str | None:
             "(the flight recorder would tell)")
 
 
+def _groups_from_lines(case: Case) -> str | None:
+    f = case.found.facts
+    if not isinstance(f, Mismatch) or f.structure is None or not f.structure.from_lines:
+        return None
+    return ("which ops run on WORLD and which on passed groups was read from the call lines "
+            "(`group=`), not from call arguments: a wrapper that passes its own group on may "
+            "pass None; call arguments (py-spy --locals) would tell")
+
+
+def _by_tree_shape(case: Case) -> str | None:
+    f = case.found.facts
+    if isinstance(f, Mismatch) and f.by_tree:
+        return ("the culprits rest on the merged tree's shape alone: the ops do not say which "
+                "process groups they run on, so ranks at different places may each be whole "
+                "groups; call arguments (py-spy --locals), the call lines or the flight "
+                "recorder would tell")
+    return None
+
+
 def _by_parting(case: Case) -> str | None:
     f = case.found.facts
-    if isinstance(f, Mismatch) and f.parted:
+    if isinstance(f, Mismatch) and f.parted and not f.by_tree:
         return ("the ops name no minority: the culprits are the smaller path where the stacks "
                 "part, and ranks in different ops on one path may still wait for each other")
     return None
@@ -441,9 +476,13 @@ RULES: tuple[Rule, ...] = (
     # the culprits were never seen: named only because every rank that was read waits, and
     # a rank py-spy cannot read may be waiting too
     (Confidence.LOW, _by_elimination),
-    # the ranks split evenly between ops: nobody to blame, and ops in different process
-    # groups (not told apart from stacks) may each be legitimate
+    # the ranks split evenly between ops, or over places none of which holds most of them:
+    # nobody to blame, and ops in different process groups (not told apart from stacks) may
+    # each be legitimate
     (Confidence.LOW, _no_minority),
+    # culprits from the merged tree's shape only (a small path off a possible structure of
+    # groups), the ops' groups not known
+    (Confidence.LOW, _by_tree_shape),
     # every rank waits for device work at a host sync (or some in one c10d op): which
     # collective the GPUs wait in is not on any stack; a transport hang and ranks that
     # queued different collectives before the same line look the same
@@ -485,6 +524,8 @@ RULES: tuple[Rule, ...] = (
     (Confidence.MEDIUM, _groups_unseen),
     # culprits from where the stacks part, not from the ops they wait in
     (Confidence.MEDIUM, _by_parting),
+    # the culprits left a structure of groups read from call lines, not arguments
+    (Confidence.MEDIUM, _groups_from_lines),
     # a few ranks completed ops while more waited: the job may be stuck around them
     (Confidence.MEDIUM, _few_moving),
 )

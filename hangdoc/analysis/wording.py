@@ -25,6 +25,7 @@ from ..model import (
 )
 from .device import waits_for_device
 from .locks import REENTRANT, LockEdge, LockGraph
+from .structure import Structure
 from .views import RankView, op_keys
 
 NEXT_STEPS: dict[Verdict, tuple[str, ...]] = {
@@ -203,6 +204,24 @@ class Mismatch:
     by_peers: bool = False  # the culprits are named by the p2p calls, not as the minority
     # where the ranks' paths part when their ops name no minority: (frame, ranks), largest first
     parted: Sequence[tuple[Frame, Sequence[RankView]]] = ()
+    # the culprits are on WORLD and the others wait on groups their callers passed, at
+    # several places (``structure``): the culprits left that structure
+    structure: Structure | None = None
+    # the culprits are a path smaller than each place of a structure of groups, where the
+    # paths part: named by the tree's shape alone
+    by_tree: bool = False
+
+
+@dataclass(frozen=True)
+class GroupsApart:
+    """Every rank in an op waits on a group its caller passed, at several places, and each
+    place could hold whole groups of ``size`` ranks: ranks of different groups wait apart
+    legitimately, and no small set of ranks is outside that structure. ``from_lines``: the
+    groups were read from call lines, not arguments."""
+
+    groups: Sequence[Sequence[RankView]]
+    size: int
+    from_lines: bool = False
 
 
 @dataclass(frozen=True)
@@ -255,6 +274,7 @@ class Unexplained:
 Facts = (
     NothingCaptured | Progressing | DataMoving | Working | RanksGone | InitSplit | InitStuck
     | CleanupStuck | Straggling | Unseen | Mismatch | SameOp | DeviceWaits | Unexplained
+    | GroupsApart
     | SeenInOneOp | Teardown
 )
 
@@ -280,6 +300,8 @@ SEE_THE_REST = ("See the ranks that were not seen: diagnose the live job through
 def next_steps(verdict: Verdict, facts: Facts | None = None) -> tuple[str, ...]:
     if isinstance(facts, DeviceWaits):
         return DEVICE_NEXT_STEPS
+    if isinstance(facts, GroupsApart):
+        return GROUPS_NEXT_STEPS
     if isinstance(facts, SeenInOneOp) or (isinstance(facts, CleanupStuck) and not facts.training):
         return (SEE_THE_REST, *NEXT_STEPS[verdict])
     return NEXT_STEPS[verdict]
@@ -509,6 +531,18 @@ def _mismatch(f: Mismatch) -> Words:
     evidence += p2p
     if f.by_peers and p2p:
         summary = "collective mismatch: point-to-point calls do not pair up: " + "; ".join(p2p[:2])
+    elif f.structure is not None:
+        summary, more = _left_structure(f.structure, culprits)
+        evidence.append(more)
+    elif f.parted and f.by_tree:
+        (_, common), *others = f.parted
+        left = " / ".join(sorted({_where(v.op) for _, vs in others for v in vs[:1]}))
+        summary = (f"collective mismatch: {_r(culprits)} left the others' path for {left}, "
+                   f"while the other {_count(common)} wait in {len(groups) - 1} ops at "
+                   "different places, as ranks of different process groups may")
+        evidence.append("the paths part at the first frame where the ranks call different "
+                        "functions: " + "; ".join(f"{_count(vs)} in {frame}" for frame, vs in f.parted)
+                        + f"; {_r(culprits)} are fewer than the ranks at any one place of the others")
     elif f.parted:
         (_, common), *others = f.parted
         left = " / ".join(str(frame) for frame, _ in others)
@@ -528,15 +562,68 @@ def _mismatch(f: Mismatch) -> Words:
                 f"{'is' if len(culprits) == 1 else 'are'} in {minority_where} while "
                 f"{_r(_ranks(majority))} are in {where[0]}"
             )
+        elif len(groups) > 2 and 2 * len(groups[0]) <= sum(map(len, groups)):
+            total = sum(map(len, groups))
+            summary = (f"collective mismatch: ranks wait in {len(groups)} ops and none holds most "
+                       f"of them (the largest, {where[0]}, {len(groups[0]):,} of {total:,}): ranks "
+                       "of different process groups may wait apart legitimately, and no small set "
+                       "of ranks is off the others' path, so no rank is named")
         else:
             summary = "collective mismatch: " + "; ".join(
-                f"{_r(_ranks(vs))} in {w}" for vs, w in zip(groups, where)
+                f"{_brief(_ranks(vs))} in {w}" for vs, w in zip(groups, where)
             )
     else:
         summary = "collective mismatch: point-to-point calls do not pair up: " + (
             p2p[0] if p2p else ""
         )
     return Words(summary, evidence)
+
+
+def _left_structure(s: Structure, culprits: Sequence[int]) -> tuple[str, str]:
+    """The summary and an evidence line for ranks on WORLD that left a structure of groups."""
+    named = set(culprits)
+    world = [vs for vs in s.world if vs and vs[0].rank in named]
+    where = " / ".join(sorted({_where(vs[0].op) for vs in world})) or "a WORLD op"
+    structure = [v for vs in s.part for v in vs]
+    summary = (f"collective mismatch: {_r(culprits)} {_v(culprits, 'is', 'are')} in {where} on "
+               f"WORLD, which waits for every rank, while the other {_count(structure)} wait in "
+               f"{len(s.part)} ops on groups their callers passed: {_v(culprits, 'it', 'they')} "
+               "left the group structure")
+    evidence = ("a collective on a group its caller passed waits only for that group's members, "
+                f"so the {_count(structure)} at {len(s.part)} places wait apart legitimately; one on "
+                f"WORLD waits for every rank: the groups of {_r(culprits)} wait for "
+                f"{_v(culprits, 'it', 'them')} in their ops, and {_v(culprits, 'it waits', 'they wait')} "
+                "for everyone")
+    return summary, evidence
+
+
+def _groups_apart(f: GroupsApart) -> Words:
+    ranks = [v for vs in f.groups for v in vs]
+    where = _apart(f.groups)
+    evidence = [f"{_count(vs)} ({_r(_ranks(vs))}) {_v(vs, 'waits', 'wait')} in {w}"
+                for vs, w in zip(f.groups, where)]
+    evidence.append(f"each op runs on a group its caller passed, and each holds a multiple of "
+                    f"{f.size} ranks: every place may hold whole groups; stacks do not show which "
+                    "ranks each group has, nor what a whole group waits for")
+    return Words(
+        f"every rank in an op ({_count(ranks)}) waits on a group its caller passed, at "
+        f"{len(f.groups)} places: ranks of different groups wait apart legitimately, and no small "
+        "set of ranks is outside that structure, so no rank is named", evidence)
+
+
+def _brief(ranks: Sequence[int]) -> str:
+    """``ranks 0-3,8`` where that is short to read, else how many (``1,997 ranks``): a
+    summary names the ranks of each side, not thousands of numbers."""
+    said = _r(ranks)
+    return said if len(said) <= _BRIEF else _count(ranks)
+
+
+_BRIEF = 80  # characters: one line of a terminal
+
+
+def _count(views: Sequence[object]) -> str:
+    """``1 rank`` / ``1,997 ranks``."""
+    return f"{len(views):,} rank{'' if len(views) == 1 else 's'}"
 
 
 def p2p_line(p: P2PFact) -> str:
@@ -623,6 +710,14 @@ def _by_where(views: Sequence[RankView]) -> dict[str, list[int]]:
     return {k: sorted(r) for k, r in found.items()}
 
 
+GROUPS_NEXT_STEPS = (
+    ("Stacks cannot tell which ranks each process group holds: relaunch with the flight "
+     "recorder (TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1) and read its "
+     "dump (torchfrtrace), which matches every group's collectives by member."),
+    *NEXT_STEPS[Verdict.UNKNOWN],
+)
+
+
 DEVICE_NEXT_STEPS = (
     ("Stacks cannot tell which collective the GPUs wait in: relaunch with the flight recorder "
      "(TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1) and read its dump "
@@ -641,6 +736,7 @@ _SAY: dict[type, Callable[[Any], Words]] = {
     CleanupStuck: _cleanup_stuck, Straggling: _straggling, Unseen: _unseen,
     Mismatch: _mismatch, SameOp: _same_op, Unexplained: _unexplained,
     DeviceWaits: _device_waits, SeenInOneOp: _seen_in_one_op, Teardown: _teardown,
+    GroupsApart: _groups_apart,
 }
 
 

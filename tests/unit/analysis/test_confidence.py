@@ -226,6 +226,21 @@ def groups_unseen(majority: str = "<ProcessGroup>") -> JobSnapshot:
                           on_group(3, 55, "<ProcessGroup>")])
 
 
+def left_groups(code: bool) -> JobSnapshot:
+    """Ranks 0-3 and 4-7 in all_reduce on passed groups at two places (two tensor-parallel
+    groups), rank 8 at an epoch-end barrier; with ``code``, the call lines say which op runs
+    on which group (no arguments); without, only the merged tree's shape says who left."""
+    def site(line: int, text: str) -> object:
+        return make_frame(f"train.py:train_step:{line}", code=text if code else None)
+
+    def tp(rank: int, line: int) -> object:
+        return make_rank(rank, [*LOOP, "train.py:step:90", site(line, "dist.all_reduce(x, group=tp_group)"),
+                                f"{C10D}:all_reduce:2800"], world_size=9)
+    barrier = make_rank(8, [*LOOP, make_frame("train.py:epoch_end:120", code="dist.barrier()" if code else None),
+                            f"{C10D}:barrier:4100"], world_size=9)
+    return make_snapshot([*(tp(r, 40) for r in range(4)), *(tp(r, 55) for r in range(4, 8)), barrier])
+
+
 GPU = {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
 AT_ITEM = [*LOOP, make_frame("train.py:train_step:40", code="loss_value = loss.item()")]
 
@@ -328,6 +343,14 @@ CASES: dict[str, tuple[Callable[[], JobSnapshot], Verdict, Confidence, tuple[str
     # the other side: the majority's op is on WORLD, which needs rank 3 whatever its group
     "world_majority": (lambda: groups_unseen("(default)"), Verdict.COLLECTIVE_MISMATCH, HIGH, (
         "rank 3 named by its stack: the minority op",)),
+    # rank 8 on WORLD left a structure of passed groups read from the call lines
+    "groups_from_lines": (lambda: left_groups(True), Verdict.COLLECTIVE_MISMATCH, MEDIUM, (
+        "rank 8 named by the ops' process groups: on WORLD",
+        "read from the call lines (`group=`), not from call arguments")),
+    # no line, no argument: rank 8 is named by the tree's shape alone
+    "tree_shape": (lambda: left_groups(False), Verdict.COLLECTIVE_MISMATCH, LOW, (
+        "rank 8 named by the merged call tree",
+        "the culprits rest on the merged tree's shape alone")),
     "few_moving": (few_moving, Verdict.NOT_HUNG, MEDIUM, (
         "only rank 0 completed ops while ranks 1-3 waited throughout",)),
     "device_one_site": (device_one_site, Verdict.NCCL_TIMEOUT, LOW, (
