@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from ..model import (
     MAX_WORLD_SIZE,
     CallTree,
+    Confidence,
     Diagnosis,
     DistOp,
     JobSnapshot,
@@ -25,6 +26,7 @@ from ..model import (
     Stack,
     StackGroup,
     ThreadStack,
+    Verdict,
     bounded_int,
     collections_paused,
     compress_ranks,
@@ -58,7 +60,10 @@ def expected_ranks(snapshot: JobSnapshot, views: Sequence[RankView] = ()) -> set
     sizes |= {v.code_world for v in views if v.code_world}
     if snapshot.world_size:
         sizes.add(snapshot.world_size)
-    return set(range(min(max(sizes), MAX_WORLD_SIZE))) if sizes else set()
+    if sizes:
+        return set(range(min(max(sizes), MAX_WORLD_SIZE)))
+    # nothing says the size, but a rank that sends to or receives from rank N shows N exists
+    return {p for v in views if v.op is not None and (p := v.op.peer) is not None and 0 <= p < MAX_WORLD_SIZE}
 
 
 def _env_int(snap: RankSnapshot, *keys: str, minimum: int = 0) -> int | None:
@@ -230,8 +235,13 @@ def _analyse(snapshot: JobSnapshot) -> Diagnosis:
     ]
     ranks.sort(key=lambda r: (r.rank is None, r.rank))
     observed = max((v.move.seconds for v in views if v.move), default=0.0)
+    world_known = any(r.process.world_size for r in snapshot.ranks) or bool(snapshot.world_size) \
+        or any(v.code_world for v in views)
+    # what was seen may be the whole job or a small part of it: one rank, or dumps of a job
+    # whose size nothing shows
+    coverage_unknown = not world_known and (len(present) == 1 or not snapshot.nodes_searched)
     judged = confidence.judge(result.finding, views, sorted(unknown), len(snapshot.unreachable),
-                              world_known=bool(expected))
+                              world_known=world_known, coverage_unknown=coverage_unknown)
     diagnosis = Diagnosis(
         verdict=result.verdict,
         culprit_ranks=tuple(sorted(result.culprits)),
@@ -254,9 +264,23 @@ def _analyse(snapshot: JobSnapshot) -> Diagnosis:
     diagnosis = apply_device_state(diagnosis, snapshot)
     # and what their probes told: live exceptions, last heartbeats (evidence only)
     diagnosis = apply_probe_evidence(diagnosis, snapshot)
+    diagnosis = _over_part(diagnosis, coverage_unknown)
     if diagnosis.culprit_ranks and diagnosis.tree is not None:  # the tree's outliers, knowing them
         diagnosis = dataclasses.replace(diagnosis, tree=with_culprits(diagnosis.tree, diagnosis.culprit_ranks))
     return diagnosis
+
+
+def _over_part(diagnosis: Diagnosis, coverage_unknown: bool) -> Diagnosis:
+    """A hang verdict said of part of the job, or of a part of unknown size, stays low,
+    whichever evidence source set its confidence last (the flight recorder's and the device
+    state's say-so included)."""
+    if not (diagnosis.scope.not_seen or coverage_unknown) \
+            or diagnosis.verdict in (Verdict.NOT_HUNG, Verdict.UNKNOWN) or diagnosis.confidence is Confidence.LOW:
+        return diagnosis
+    said = (f"{wording.rank_words(list(diagnosis.scope.not_seen))} not seen" if diagnosis.scope.not_seen
+            else "the job's size is unknown: ranks not captured may be elsewhere")
+    basis = diagnosis.basis if any(said in b for b in diagnosis.basis) else (*diagnosis.basis, said)
+    return dataclasses.replace(diagnosis, confidence=Confidence.LOW, basis=basis)
 
 
 def _details() -> Callable[[RankView], str]:

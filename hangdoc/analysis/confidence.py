@@ -73,11 +73,12 @@ class Case:
     outside: Sequence[RankView]  # busy, blocked or stopped outside any op
     samples: Sequence[int]  # how many good samples each of ``read`` has, in its order
     world_known: bool = True  # the ranks' environment or code says the job's size
+    coverage_unknown: bool = False  # one rank, or dumps, and nothing says the job's size
 
     @classmethod
     def of(
         cls, found: Finding, views: Sequence[RankView], unknown: Sequence[int], silent_nodes: int,
-        world_known: bool = True,
+        world_known: bool = True, coverage_unknown: bool = False,
     ) -> Case:
         read = [v for v in views if v.state not in (RankState.UNREADABLE, RankState.EXITED)]
         return cls(
@@ -87,6 +88,7 @@ class Case:
             outside=[v for v in views if v.state in OUTSIDE],
             samples=[len(v.snap.good_samples) for v in read],
             world_known=world_known,
+            coverage_unknown=coverage_unknown,
         )
 
     @property
@@ -97,10 +99,10 @@ class Case:
 
 def judge(
     found: Finding, views: Sequence[RankView], unknown: Sequence[int] = (), silent_nodes: int = 0,
-    world_known: bool = True,
+    world_known: bool = True, coverage_unknown: bool = False,
 ) -> Judgement:
     """The confidence of ``found`` and its basis: what it rests on, then what lowers it."""
-    case = Case.of(found, views, unknown, silent_nodes, world_known)
+    case = Case.of(found, views, unknown, silent_nodes, world_known, coverage_unknown)
     level = Confidence.HIGH
     basis = rests_on(case)
     for cap, rule in RULES:
@@ -262,15 +264,27 @@ def _hang_over_part(case: Case) -> str | None:
     return _silent_nodes(case) if case.hang or isinstance(f, SeenInOneOp) else None
 
 
+def _progress_over_part(case: Case) -> str | None:
+    """``not_hung`` over part of the job resting on counters or a working rank, with no
+    completed op: a busy straggler looks exactly so while the ranks not seen wait for it."""
+    if case.found.verdict is not Verdict.NOT_HUNG or not (case.unknown or case.coverage_unknown):
+        return None
+    if _counters_only(case) is None:
+        return None
+    return "the ranks not seen may be waiting for the ones that move: no op completed"
+
+
 def _other_part(case: Case) -> str | None:
     return None if case.hang or isinstance(case.found.facts, SeenInOneOp) else _silent_nodes(case)
 
 
 def _size_unknown(case: Case) -> str | None:
     """"Every rank waits in the same op" with nothing to say how many ranks the job has."""
-    if case.world_known or not isinstance(case.found.facts, (SameOp, Teardown)):
+    if case.world_known:
         return None
-    return "the job's size is unknown: ranks not captured may be elsewhere"
+    if isinstance(case.found.facts, (SameOp, Teardown)) or (case.hang and case.coverage_unknown):
+        return "the job's size is unknown: ranks not captured may be elsewhere"
+    return None
 
 
 def _unread(case: Case) -> str | None:
@@ -499,6 +513,8 @@ RULES: tuple[Rule, ...] = (
     (Confidence.LOW, _hang_over_part),
     # "every rank in one op" where nothing says how many ranks the job has
     (Confidence.LOW, _size_unknown),
+    # a job said to move, over part of it, with no op completed
+    (Confidence.LOW, _progress_over_part),
     # a job that moves, or nothing to say, while some ranks were not seen
     (Confidence.MEDIUM, _other_part),
     # a rank that could not be read may be the one the others wait for

@@ -177,6 +177,13 @@ def working() -> JobSnapshot:
     return make_snapshot([make_rank(r, compute, cpu_per_sample=0.5) for r in range(2)])
 
 
+def working_partly_seen() -> JobSnapshot:
+    """Ranks 0-1 compute; ranks 2-3 are on a node that did not answer: they may wait for them."""
+    compute = [*LOOP, "train.py:forward:12"]
+    return make_snapshot([make_rank(r, compute, cpu_per_sample=0.5, world_size=4) for r in range(2)],
+                         unreachable=[Unreachable("node1:50051", "connection refused", (2, 3))])
+
+
 def rank_missing() -> JobSnapshot:
     return make_snapshot([waiting(r) for r in range(3)], world_size=4)
 
@@ -298,6 +305,8 @@ CASES: dict[str, tuple[Callable[[], JobSnapshot], Verdict, Confidence, tuple[str
         "the job's size is unknown: ranks not captured may be elsewhere",)),
     "progress_partly_seen": (progress_partly_seen, Verdict.NOT_HUNG, MEDIUM, (
         "1 of 2 nodes did not answer: ranks 2-3 unknown",)),
+    "working_partly_seen": (working_partly_seen, Verdict.NOT_HUNG, LOW, (
+        "the ranks not seen may be waiting for the ones that move: no op completed",)),
     "silent_node": (silent_node, Verdict.UNKNOWN, LOW, (
         "stacks of ranks 0-1 in 3 samples",
         "1 of 2 nodes did not answer: ranks 2-3 unknown")),

@@ -35,26 +35,7 @@ pytestmark = pytest.mark.timeout(60)
 RECORDINGS = recordings()
 
 # recording -> the rule the analysis lacks (found by this test; the lead decides the fix)
-NOT_HUNG_ALONE = ("one rank busy or polling outside any collective, seen alone, reads not_hung at medium: "
-                  "not_hung over part of a job without a completed op needs to be low (a straggler's own "
-                  "work looks the same while the unseen ranks wait for it)")
-SIZE_UNKNOWN = ("dumps whose job size nothing shows: a hang verdict over them is medium, where the user "
-                "guide says at most low; and a p2p op's peer that left no dump is not counted as a rank "
-                "not seen")
-KNOWN = {
-    "straggler_accelerate_main_process_first_cache_lock": NOT_HUNG_ALONE,
-    "straggler_crop_retry_spin": NOT_HUNG_ALONE,
-    "straggler_dead_prefetcher_metrics_thread": NOT_HUNG_ALONE,
-    "straggler_pipeline_stage_label_wait": NOT_HUNG_ALONE,
-    "straggler_stale_cache_lock": NOT_HUNG_ALONE,
-    "dumps/public/bloom_prequel_host_sync_after_step.txt": NOT_HUNG_ALONE,
-    "dumps/mismatch_pipeline_short_last_batch_p2p.json": SIZE_UNKNOWN,
-    "dumps/mismatch_pipeline_short_last_batch_p2p_labelled.txt": SIZE_UNKNOWN,
-    "dumps/public/bloom176b_eval_dataloader_deadlock.txt": SIZE_UNKNOWN,
-    "flight/two_groups": ("flight recorder, rank 0's dump left out: rank 1 waits in group 1's collective "
-                          "that no dumped rank shares, and is named behind group 2's at medium; a wait "
-                          "on members nobody dumped ends at ranks not seen (at most low)"),
-}
+KNOWN: dict[str, str] = {}  # every one found so far is fixed
 
 
 def _param(rec: Recording) -> object:
