@@ -14,6 +14,7 @@ import contextlib
 import enum
 import functools
 import gc
+import ipaddress
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -44,6 +45,16 @@ def bounded_int(text: str, minimum: int, maximum: int) -> int | None:
         return None
     number = int(digits)
     return number if minimum <= number <= maximum else None
+
+
+def is_loopback_host(host: str) -> bool:
+    """``localhost`` or a loopback address (``127.0.0.0/8``, ``::1``); no name is looked up."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class Origin(enum.Enum):

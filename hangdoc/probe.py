@@ -113,7 +113,7 @@ def legacy_socket_path(uid: int, pid: int, root: str = "") -> Path:
 def start() -> str | None:
     """Serve this process's probe (once per process); its socket path, or None when it
     cannot be served (the reason goes to stderr once, the job goes on)."""
-    return _start(say_why_not=True)[0]
+    return _start()[0]
 
 
 def start_from_environment() -> str | None:
@@ -125,7 +125,7 @@ def start_from_environment() -> str | None:
         return None
     verbose = mode == "verbose"
     try:  # asked for and not served is said, whatever the mode: a probe that is not there is the bug
-        path, new = _start(say_why_not=True)
+        path, new = _start()
     except Exception as err:  # noqa: BLE001 - the job starts whatever happens here
         print(f"hangdoc.probe: not started: {type(err).__name__}: {err}", file=sys.stderr)
         return None
@@ -134,7 +134,7 @@ def start_from_environment() -> str | None:
     return path
 
 
-def _start(say_why_not: bool) -> tuple[str | None, bool]:
+def _start() -> tuple[str | None, bool]:
     """The socket path (None: not served) and whether this call started it."""
     pid = os.getpid()
     with _lock:
@@ -143,7 +143,7 @@ def _start(say_why_not: bool) -> tuple[str | None, bool]:
         try:
             path = _listen(pid)
         except OSError as err:
-            if say_why_not and pid not in _refused:
+            if pid not in _refused:
                 print(f"hangdoc.probe: not started: {err}", file=sys.stderr)
             _refused.add(pid)
             return None, False
@@ -200,18 +200,19 @@ def _runtime_dir(uid: int) -> str | None:
     base = os.path.realpath(base)
     directory = os.path.join(base, RUNTIME_SUBDIR)
     try:
-        if not _private(os.lstat(base), uid):
+        if not private_dir(os.lstat(base), uid):
             return None
         try:
             os.mkdir(directory, 0o700)
         except FileExistsError:
             pass
-        return directory if _private(os.lstat(directory), uid) else None
+        return directory if private_dir(os.lstat(directory), uid) else None
     except OSError:
         return None
 
 
-def _private(st: os.stat_result, uid: int) -> bool:
+def private_dir(st: os.stat_result, uid: int) -> bool:
+    """A directory of ``uid`` that no one else may enter: where a probe listens."""
     return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077
 
 

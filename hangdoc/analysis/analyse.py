@@ -8,7 +8,6 @@ ranks' stacks into one ``CallTree`` (``merge``), then ``classify`` names the ver
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -30,6 +29,7 @@ from ..model import (
     bounded_int,
     collections_paused,
     compress_ranks,
+    is_loopback_host,
     once_per_object,
 )
 from . import classify, confidence, wording
@@ -155,16 +155,7 @@ def _loopback_rendezvous(snapshot: JobSnapshot) -> bool:
         if not sep or not port.isdigit():
             return False
         addrs = {host.strip("[]")}
-    return all(_is_loopback(a) for a in addrs)
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return all(is_loopback_host(a) for a in addrs)
 
 
 def scope_of(views: Sequence[RankView], missing: set[int], unknown: set[int],
@@ -204,8 +195,12 @@ def _analyse(snapshot: JobSnapshot) -> Diagnosis:
     tree = build_tree(stacks)
     groups, group_of = _groups(tree, {v.rank: v.op for v in views})
 
-    # one rank, and nothing says the job's size: its peers exist but nobody saw them
-    others_unseen = not expected and len(present) == 1
+    # does anything say the job's size (a peer a rank names does not)? One rank, or dumps,
+    # of a job of unknown size may be any part of it
+    world_known = any(r.process.world_size for r in snapshot.ranks) or bool(snapshot.world_size) \
+        or any(v.code_world for v in views)
+    coverage_unknown = not world_known and (len(present) == 1 or not snapshot.nodes_searched)
+    others_unseen = not world_known and len(present) == 1  # its peers exist; nobody saw them
     result = classify.classify(views, sorted(missing), sorted(unknown), others_unseen=others_unseen)
     describe = _details()
     if elsewhere_note:
@@ -235,11 +230,6 @@ def _analyse(snapshot: JobSnapshot) -> Diagnosis:
     ]
     ranks.sort(key=lambda r: (r.rank is None, r.rank))
     observed = max((v.move.seconds for v in views if v.move), default=0.0)
-    world_known = any(r.process.world_size for r in snapshot.ranks) or bool(snapshot.world_size) \
-        or any(v.code_world for v in views)
-    # what was seen may be the whole job or a small part of it: one rank, or dumps of a job
-    # whose size nothing shows
-    coverage_unknown = not world_known and (len(present) == 1 or not snapshot.nodes_searched)
     judged = confidence.judge(result.finding, views, sorted(unknown), len(snapshot.unreachable),
                               world_known=world_known, coverage_unknown=coverage_unknown)
     diagnosis = Diagnosis(
@@ -256,7 +246,7 @@ def _analyse(snapshot: JobSnapshot) -> Diagnosis:
         ambiguous=result.ambiguous,
         confidence=judged.confidence,
         basis=judged.basis,
-        scope=scope_of(views, missing, unknown, (max(expected) + 1) if expected else None),
+        scope=scope_of(views, missing, unknown, (max(expected) + 1) if world_known and expected else None),
     )
     # the ranks' flight recorder dumps, when had, sharpen or override what the stacks say
     diagnosis = apply_flight(diagnosis, match_flight(snapshot), stacks=any(r.samples for r in snapshot.ranks))

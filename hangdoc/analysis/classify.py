@@ -164,8 +164,9 @@ def decide(views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[
             Verdict.CLEANUP_DEADLOCK, [v.rank for v in cleanup], CleanupStuck(cleanup, training),
             quiet_over=in_op,
         )
-    if cleanup and partial and not outside_of(cleanup, in_op, outside):
-        # every rank seen is in cleanup, the others were not seen: cleanup from one side
+    if cleanup and partial and all(id(v) in in_cleanup for v in outside):
+        # every rank seen is in cleanup (no rank is in training: that returned above), the
+        # others were not seen: cleanup from one side
         return Finding(
             Verdict.CLEANUP_DEADLOCK, [v.rank for v in cleanup], CleanupStuck(cleanup, [], unknown),
             quiet_over=in_op,
@@ -219,12 +220,6 @@ def decide(views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[
     if in_op:
         return Finding(Verdict.NCCL_TIMEOUT, [], SameOp(in_op), quiet_over=in_op)
     return Finding(Verdict.UNKNOWN, [], Unexplained(views))
-
-
-def outside_of(cleanup: Sequence[RankView], in_op: Sequence[RankView], outside: Sequence[RankView]) -> bool:
-    """Some rank seen is in an op or outside any op and not in cleanup."""
-    ids = {id(v) for v in cleanup}
-    return any(id(v) not in ids for v in (*in_op, *outside))
 
 
 def _not_hung(

@@ -420,11 +420,7 @@ class _Front:
     newest: dict[int, int]  # member -> its newest collective number on the group (0: none yet)
     pending: dict[int, int]  # member -> its lowest unfinished collective number (only ranks with one)
     unseen: list[int]  # members by some dump's config that left no dump
-
-    @property
-    def seq(self) -> int:
-        """The number the group is stuck at: the lowest any member has not finished."""
-        return min(self.pending.values())
+    seq: int  # the number the group is stuck at: the lowest any member has not finished
 
 
 def _front(group: _Group, records: dict[int, FlightRecord]) -> _Front | None:
@@ -446,7 +442,7 @@ def _front(group: _Group, records: dict[int, FlightRecord]) -> _Front | None:
         if rank not in newest and rec is not None and rec.from_start:
             newest[rank] = 0  # its whole ring holds no op of the group: it has issued none
     # a member whose ring wrapped past every op of the group: where it stands is not known
-    return _Front(group, newest, pending, sorted(members - records.keys()))
+    return _Front(group, newest, pending, sorted(members - records.keys()), min(pending.values()))
 
 
 def _front_finding(front: _Front) -> FlightFinding | None:

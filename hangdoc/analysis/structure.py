@@ -156,15 +156,6 @@ class Structure:
     unseen: Sequence[Sequence[RankView]]
     from_lines: bool
 
-    @property
-    def ranks(self) -> int:
-        return sum(len(c) for c in (*self.world, *self.part, *self.unseen))
-
-    @property
-    def places(self) -> int:
-        """How many classes wait on passed groups."""
-        return len(self.part)
-
 
 def structure_of(classes: Sequence[Sequence[RankView]]) -> Structure:
     """The classes by scope (a class whose ranks' ops disagree, or say nothing, is unseen)."""

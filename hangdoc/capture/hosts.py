@@ -15,6 +15,7 @@ import socket
 
 import psutil
 
+from ..model import is_loopback_host
 from .jobspec import JobSpec, normalise_host
 from .processes import ProcessTable
 
@@ -48,12 +49,7 @@ def _is_ip(host: str) -> bool:
 
 
 def _is_local(host: str) -> bool:
-    if host in _local_names():
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return host in _local_names() or is_loopback_host(host)
 
 
 def same_host(a: str, b: str) -> bool:

@@ -38,7 +38,14 @@ from typing import Any
 
 import psutil
 
-from ..model import MAX_WORLD_SIZE, PID_MAX, NcclRasReport, RasCommunicator, RasRank
+from ..model import (
+    MAX_WORLD_SIZE,
+    PID_MAX,
+    NcclRasReport,
+    RasCommunicator,
+    RasRank,
+    is_loopback_host,
+)
 from .gpu import loaded_library
 
 RAS_BINARY = "ncclras"
@@ -293,14 +300,12 @@ def is_node_address(host: str, pid: int) -> bool:
     """Whether ``host`` is ``localhost`` or an IP literal assigned to an interface in the
     network namespace of ``pid`` (its kernel tables, ``/proc/PID/net``): never a name to look
     up, never another host."""
-    if host == "localhost":
+    if is_loopback_host(host):
         return True
     try:
         addr = ipaddress.ip_address(host)
     except ValueError:
         return False
-    if addr.is_loopback:
-        return True
     return addr in _local_addresses(pid)
 
 

@@ -41,11 +41,12 @@ from ..probe import (
     MAX_NAME_CHARS,
     MAX_PATH_CHARS,
     legacy_socket_path,
+    private_dir,
 )
 from .boundedjson import JsonTooBig, JsonTooDeep, ascii_json, check_counts, loads_small
 from .flight_recorder import read_flight_record
 
-__all__ = ["MAX_ANSWER_BYTES", "PEAK_ANSWER_BYTES", "has_probe", "probe_heartbeat", "probe_state"]
+__all__ = ["MAX_ANSWER_BYTES", "PEAK_ANSWER_BYTES", "probe_heartbeat", "probe_state"]
 
 # values one answer may hold, keys included: 64 exceptions of 13 keys and values are 832
 MAX_ANSWER_VALUES = 4_096
@@ -83,20 +84,6 @@ class _Refused(Exception):
 
 class _TooSlow(Exception):
     """The probe started its answer and sent the rest too slowly; the reason."""
-
-
-def has_probe(pid: int) -> bool:
-    """Whether process ``pid`` listens on a probe socket that passes the checks (its socket
-    table and descriptors read, nothing connected): the cheap check before a poll asks."""
-    try:
-        uid, inner_pid = _owner_and_inner_pid(pid)
-        fd = _open_probe_socket(pid, uid, inner_pid)
-    except (OSError, ValueError, _Refused):
-        return False
-    if fd is None:
-        return False
-    os.close(fd)
-    return True
 
 
 def probe_state(pid: int, timeout: float = 3.0) -> ProbeAnswer:
@@ -256,7 +243,7 @@ def _open_checked(pid: int, path: str, uid: int) -> int:
                 raise _Refused(f"{path}: {name} is a link or not a directory: not followed") from None
             os.close(fd)
             fd = step
-        if not _private(os.fstat(fd), uid):
+        if not private_dir(os.fstat(fd), uid):
             raise _Refused(f"probe directory {os.path.dirname(path)} is not private to the process's user "
                            f"(uid {uid}): not read")
         sock = os.open(parts[-1], os.O_PATH | os.O_NOFOLLOW, dir_fd=fd)
@@ -267,10 +254,6 @@ def _open_checked(pid: int, path: str, uid: int) -> int:
         os.close(sock)
         raise _Refused(f"{path} is not a socket of the process's user: not read")
     return sock
-
-
-def _private(st: os.stat_result, uid: int) -> bool:
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077
 
 
 def _heartbeat(raw: object, pid: int) -> Heartbeat | None:

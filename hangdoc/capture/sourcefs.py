@@ -27,6 +27,7 @@ source (the safe side).
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import stat
@@ -56,13 +57,18 @@ def user_namespace(pid: int | str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+@functools.lru_cache(maxsize=1)
+def _own_user_namespace() -> tuple[int, int] | None:
+    return user_namespace("self")  # a process that does not unshare itself keeps its own
+
+
 def in_our_user_namespace(pid: int) -> bool:
     """Whether ``pid``'s capabilities mean what they say here: it shares our user namespace.
 
     Any user can make a user namespace (``unshare -Ur``) in which it holds every capability;
     those are valid only inside it, so a process elsewhere counts as having none."""
     theirs = user_namespace(pid)
-    return theirs is not None and theirs == user_namespace("self")
+    return theirs is not None and theirs == _own_user_namespace()
 
 
 def read_status(pid: int) -> dict[str, str] | None:

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
-import ipaddress
 import logging
 import math
 import os
@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import grpc
@@ -58,6 +59,7 @@ from ..model import (
     ProbeStatus,
     Sample,
     SourceFile,
+    is_loopback_host,
 )
 from . import limits, wire
 from .callers import OPERATOR_BY_CERT, OPERATOR_BY_TOKEN, Caller, identify
@@ -112,22 +114,13 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def check_listen_policy(config: AgentConfig) -> None:
     """Refuse to expose ptrace-backed reads off loopback without authentication."""
     host, _ = split_address(config.listen)
     tls = bool(config.tls_cert and config.tls_key and config.tls_ca)
     if any((config.tls_cert, config.tls_key, config.tls_ca)) and not tls:
         raise UsageError("mutual TLS needs all of --tls-cert, --tls-key and --tls-ca")
-    if not is_loopback(host) and not (config.token or tls or config.insecure):
+    if not is_loopback_host(host) and not (config.token or tls or config.insecure):
         raise UsageError(
             f"refusing to listen on {config.listen} without authentication: give --token-file "
             "or --tls-cert/--tls-key/--tls-ca (or --insecure, if the network is trusted)"
@@ -185,13 +178,18 @@ class AgentService(pb_grpc.AgentServicer):
             self.node = ReplayNode(load_snapshot(config.replay), config.host or socket.gethostname(),
                                    config.replay_rank_offset, config.replay_world_size)
         self.lanes = Lanes()
+        self._identify = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hangdoc-identify")
+        self._identify.submit(int)  # its thread started now, counted with the agent's own
 
-    def caller(self, context: grpc.aio.ServicerContext) -> Caller:
+    async def caller(self, context: grpc.aio.ServicerContext) -> Caller:
         if self.config.token:
             return OPERATOR_BY_TOKEN  # the interceptor let only token holders through
         if self.config.tls_cert:
             return OPERATOR_BY_CERT  # the TLS layer let only certificates from the CA through
-        return identify(context.peer(), trust_remote=self.config.insecure)
+        # the socket tables and /proc/*/fd are read in a thread of its own (a few ms; a root
+        # caller's holder is looked for among every process), never on the event loop
+        ask = functools.partial(identify, context.peer(), trust_remote=self.config.insecure)
+        return await asyncio.get_running_loop().run_in_executor(self._identify, ask)
 
     async def GetInfo(self, request: pb.GetInfoRequest, context: grpc.aio.ServicerContext) -> pb.AgentInfo:
         info = pb.AgentInfo(
@@ -207,12 +205,12 @@ class AgentService(pb_grpc.AgentServicer):
         return info
 
     async def FindRanks(self, request: pb.FindRanksRequest, context: grpc.aio.ServicerContext) -> pb.Discovery:
-        caller = self.caller(context)
+        caller = await self.caller(context)
         found = await self._run(context, caller, "FindRanks", f"job={request.job}", self._find, request.job, caller)
         return wire.discovery_to_proto(found)
 
     async def Sample(self, request: pb.SampleRequest, context: grpc.aio.ServicerContext) -> pb.SampleResponse:
-        caller = self.caller(context)
+        caller = await self.caller(context)
         target = request.WhichOneof("target")
         pids = [p.pid for p in request.processes.processes] if target == "processes" else []
         what = f"job={request.job}" if target == "job" else f"pids={_pid_list(pids)}"
@@ -222,7 +220,7 @@ class AgentService(pb_grpc.AgentServicer):
     async def SampleSources(
         self, request: pb.SampleSourcesRequest, context: grpc.aio.ServicerContext
     ) -> pb.SampleSourcesResponse:
-        caller = self.caller(context)
+        caller = await self.caller(context)
         pids = [q.pid for q in request.queries]
         sources = await self._run(context, caller, "SampleSources", f"pids={_pid_list(pids)}",
                                   self._sources, request, caller)
@@ -231,7 +229,7 @@ class AgentService(pb_grpc.AgentServicer):
     async def Heartbeats(
         self, request: pb.HeartbeatsRequest, context: grpc.aio.ServicerContext
     ) -> pb.HeartbeatsResponse:
-        caller = self.caller(context)
+        caller = await self.caller(context)
         lane = self.lanes.lane(caller)
 
         def beats() -> dict[int, Heartbeat]:
@@ -245,7 +243,7 @@ class AgentService(pb_grpc.AgentServicer):
         return pb.HeartbeatsResponse(heartbeats=[wire.heartbeat_to_proto(b) for b in found.values()])
 
     async def Flight(self, request: pb.FlightRequest, context: grpc.aio.ServicerContext) -> pb.FlightResponse:
-        caller = self.caller(context)
+        caller = await self.caller(context)
         lane = self.lanes.lane(caller)
 
         def answers() -> ProbeAnswers:
@@ -262,7 +260,7 @@ class AgentService(pb_grpc.AgentServicer):
         return pb.FlightResponse(ranks=[_rank_flight(pid, answer) for pid, answer in found.items()])
 
     async def Devices(self, request: pb.DevicesRequest, context: grpc.aio.ServicerContext) -> pb.DevicesResponse:
-        caller = self.caller(context)
+        caller = await self.caller(context)
         found = await self._run(context, caller, "Devices", f"pids={_pid_list(request.pids)} ras={request.ras}",
                                 self._devices, request, caller)
         return pb.DevicesResponse(

@@ -10,6 +10,7 @@ its errors pass through unchanged.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -118,19 +119,19 @@ def _find_by_pid(nodes: Sequence[Node], spec: JobSpec, deadline: float | None) -
             "node that holds the pid.")
     held = {node.name for node, _ in holders}
     others = [n for n in nodes if n.name not in held]
+    kept = [(node, found, exc) for node, found, exc in first if node.name in held]
     job = next(iter(named))
     anchor = ", ".join(sorted(held))
     if job is None:
         note = (f"{spec} is on {anchor}; its ranks show no rendezvous (MASTER_ADDR/MASTER_PORT, "
                 f"a Slurm step) to ask the other {len(others)} node(s) for: they were not asked")
-        kept = [(node, found, exc) for node, found, exc in first if node.name in held]
-        fleet = _assemble(nodes, spec, kept)
-        return Fleet(fleet.placed, fleet.world_size, (note, *fleet.notes), fleet.unreachable)
-    rest = fan_out_caught(others, lambda n: n.find_ranks(parse_job_spec(job)), deadline)
-    kept = [(node, found, exc) for node, found, exc in first if node.name in held]
+        rest: list[tuple[Node, Discovery | None, BaseException | None]] = []
+    else:
+        job_spec = parse_job_spec(job)
+        note = f"{spec} is on {anchor}, a rank of {job}; the other node(s) were asked for {job}"
+        rest = _fan_out_caught(others, lambda n: n.find_ranks(job_spec), deadline)
     fleet = _assemble(nodes, spec, kept + rest)
-    note = f"{spec} is on {anchor}, a rank of {job}; the other node(s) were asked for {job}"
-    return Fleet(fleet.placed, fleet.world_size, (note, *fleet.notes), fleet.unreachable)
+    return dataclasses.replace(fleet, notes=(note, *fleet.notes))
 
 
 def _job_of(found: Discovery) -> str | None:
@@ -140,7 +141,7 @@ def _job_of(found: Discovery) -> str | None:
     return specs.pop() if len(specs) == 1 else None
 
 
-def fan_out_caught(
+def _fan_out_caught(
     nodes: Sequence[Node], call: Callable[[Node], T], deadline: float | None
 ) -> list[tuple[Node, T | None, BaseException | None]]:
     """``fan_out`` whose single-node case also hands errors back instead of raising them."""

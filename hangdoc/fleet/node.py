@@ -20,7 +20,7 @@ from ..capture.gpu import read_gpus
 from ..capture.heartbeat_files import read_processes
 from ..capture.jobspec import JobSpec
 from ..capture.ncclras import RasQuery, query_ras
-from ..capture.probe_client import has_probe, probe_heartbeat, probe_state
+from ..capture.probe_client import probe_heartbeat, probe_state
 from ..capture.sample import sample_round
 from ..capture.source import collect_sources, merge_sources
 from ..capture.sourcefs import SourceReader
@@ -197,7 +197,7 @@ class LocalNode:
         container's private /dev/shm), what their probes say (read by ``reads`` for ``who``
         when given: an agent's shared, bounded probe threads)."""
         found = read_processes(pids)
-        probed = [pid for pid in pids if pid not in found and has_probe(pid)]
+        probed = [pid for pid in pids if pid not in found]  # no probe: NO_PROBE, no heartbeat
         asked = _ask_all(probed, lambda pid: probe_heartbeat(pid, PROBE_HEARTBEAT_TIMEOUT), reads, who)
         for pid, answer in asked.items():
             if answer.heartbeat is not None:
