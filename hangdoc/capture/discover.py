@@ -13,8 +13,8 @@ apart by rendezvous and refuses (``MultipleJobs``) rather than merge them.
 
 A ``pid:`` of a rank widens to its job on this node (``wholejob``: the same rendezvous, Slurm
 step or launcher, the same user), and says so in a note. Where the ranks' environment shows
-the job also runs on other nodes, a note says which ranks are here and the command lines
-that take in the others (agents on every node).
+the job also runs on other nodes, ``Discovery.elsewhere`` says why and which; the fleet
+makes one note of it for all the nodes asked (``wholejob.elsewhere_note``).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from .ranks import (
 )
 from .ray_job import job_processes_here
 from .slurm import slurm_scope
-from .wholejob import job_here, other_nodes_note
+from .wholejob import Elsewhere, elsewhere, job_here
 
 __all__ = ["Discovery", "MultipleJobs", "discover"]  # MultipleJobs: discover() raises it
 
@@ -57,6 +57,7 @@ class Discovery:
     world_size: int | None
     notes: tuple[str, ...]
     searched: str  # what was looked at, e.g. "MASTER_ADDR=h MASTER_PORT=p on vm: 213 processes"
+    elsewhere: Elsewhere | None = None  # what the ranks say of the job's other nodes
 
 
 # ------------------------------------------------------------------ choosing the scope
@@ -242,7 +243,5 @@ def discover(spec: JobSpec, host: str | None = None, table: ProcessTable | None 
         duplicate_notes(selection.ranks) + env_int_notes(r.proc for r in selection.ranks) + \
         unreadable_notes(selection)
     size = world_size(selection.ranks, notes)
-    if elsewhere := other_nodes_note(selection.ranks, size, host, str(spec)):
-        notes.append(elsewhere)
     ranks = tuple(rank_process(r, host, launchers[r.proc.pid]) for r in selection.ranks)
-    return Discovery(ranks, size, tuple(notes), searched)
+    return Discovery(ranks, size, tuple(notes), searched, elsewhere(selection.ranks, size, host))

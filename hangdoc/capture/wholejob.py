@@ -15,10 +15,11 @@ it, and is named in ``others``. Where another user listens on the job's ``MASTER
 (``owners`` rule 1: the job is that user's), the named ranks are not the job's own, and
 nothing is widened.
 
-``other_nodes_note`` says, from the ranks' own environment, that the job also runs on
-other nodes (``LOCAL_WORLD_SIZE`` below ``WORLD_SIZE``, ``GROUP_RANK``/``NODE_RANK``/
-``SLURM_NODEID`` past 0, ``GROUP_WORLD_SIZE``/``NNODES``/``SLURM_NNODES`` above 1), and the
-command lines that bring them in: an agent on each node, and the diagnosis that asks them.
+``elsewhere`` reads, from the ranks' own environment, that the job also runs on other nodes
+(``LOCAL_WORLD_SIZE`` below ``WORLD_SIZE``, ``GROUP_RANK``/``NODE_RANK``/``SLURM_NODEID``
+past 0, ``GROUP_WORLD_SIZE``/``NNODES``/``SLURM_NNODES`` above 1) and which ones;
+``elsewhere_note`` says it once for all the nodes asked, with the command lines that bring
+the rest in: an agent on each node, and the diagnosis that asks them.
 A world larger than the ranks found, alone, proves nothing: those ranks may be missing.
 """
 
@@ -177,33 +178,73 @@ def _other_nodes(envs: Sequence[Mapping[str, str]], host: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def other_nodes_note(ranks: Sequence[FoundRank], world: int | None, host: str,
-                     spec: str) -> str | None:
-    """A note when the ranks' environment shows the job runs on other nodes too, with the
-    command lines that take them in; None otherwise. ``spec`` names the job when its
-    ranks' rendezvous gives no spec of its own (a ``pid:`` never does on other nodes)."""
+@dataclass(frozen=True)
+class Elsewhere:
+    """What one node's ranks say of the job's other nodes: why they show there are some,
+    the nodes their environment names, and the spec that names the job on every node."""
+
+    host: str
+    why: str  # e.g. "LOCAL_WORLD_SIZE=2 of WORLD_SIZE=4"
+    nodes: tuple[str, ...] = ()  # other nodes named by SLURM_JOB_NODELIST or MASTER_ADDR
+    job: str | None = None  # "HOST:PORT" or "slurm:JOB.STEP" where the ranks name one
+
+
+def _host_of(address: str) -> str:
+    """The host of an agent address ``host:port`` or ``[v6]:port`` (a bare host as is)."""
+    if address.startswith("["):
+        return address[1:].partition("]")[0]
+    host, colon, port = address.rpartition(":")
+    return host if colon and port.isdigit() and ":" not in host else address
+
+
+def elsewhere(ranks: Sequence[FoundRank], world: int | None, host: str) -> Elsewhere | None:
+    """What the ranks' environment shows of the job's other nodes; None when it shows none
+    (or the ranks found are the whole world)."""
     if world is None or len(ranks) >= world:
         return None
     envs = [r.proc.env for r in ranks if r.proc.env]
     why = next((w for env in envs if (w := _spans_nodes(env, world))), None)
     if why is None:
         return None
-    numbered = [r.rank for r in ranks if r.rank is not None]
+    keys = {rendezvous_key(env) for env in envs} - {None}
+    key = keys.pop() if len(keys) == 1 else None
+    job = key.spec() if key is not None else None
+    return Elsewhere(host, why, tuple(_other_nodes(envs, host)), job)
+
+
+def elsewhere_note(found: Sequence[Elsewhere], ranks: Sequence[int | None], world: int | None,
+                   asked: Sequence[str], spec: str, *, agents: bool) -> str | None:
+    """One note for the whole job when the nodes asked hold fewer ranks than its world and
+    their ranks say the job runs on other nodes, with the command lines that take those in;
+    None when the ranks asked are the whole world. ``asked`` are the nodes that answered
+    (agent addresses, or this host without agents); ``spec`` names the job where its ranks'
+    rendezvous gives no spec of its own (a ``pid:`` never does on other nodes)."""
+    if not found or world is None or len(set(ranks)) >= world:
+        return None
+    numbered = sorted({r for r in ranks if r is not None})
     here = (f"{'rank' if len(numbered) == 1 else 'ranks'} {compress_ranks(numbered)[1:-1]}"
             if numbered else plural(len(ranks), "rank", "ranks"))
-    keys = {rendezvous_key(env) for env in envs} - {None}
-    job = spec
-    if len(keys) == 1:
-        (key,) = keys
-        job = (key.spec() if key is not None else None) or spec
+    why = found[0].why
+    jobs = {e.job for e in found}
+    named = jobs.pop() if len(jobs) == 1 else None
+    job = named or spec
     if job.startswith("pid:"):
         job = "HOST:PORT"  # a pid names a process of this node only
-    nodes = _other_nodes(envs, host)
-    shown = ",".join(f"{n}:{AGENT_PORT}" for n in [host, *nodes][:_NODES_SHOWN])
-    agents = shown if nodes else f"{host}:{AGENT_PORT},NODE:{AGENT_PORT},..."
+    hosts = [e.host for e in found] + [_host_of(a) for a in asked]
+    nodes = [n for n in dict.fromkeys(n for e in found for n in e.nodes)
+             if not any(same_host(n, h) for h in hosts)]
     named = f" ({', '.join(nodes[:_NODES_SHOWN])})" if nodes else ""
+    more = [f"{n}:{AGENT_PORT}" for n in nodes] or [f"NODE:{AGENT_PORT}", "..."]
+    start = f"`hangdoc agent --listen 0.0.0.0:{AGENT_PORT} --token-file FILE`"
+    if agents:
+        shown = ",".join([*asked, *more][:_NODES_SHOWN + 1])
+        return (f"{here} of {world} are on the nodes asked ({', '.join(asked)}) and {why}: "
+                f"the others run on other nodes{named}, not asked. To take them in, run {start} "
+                f"on those nodes, then add them: `hangdoc diagnose {job} --agents {shown} "
+                "--token-file FILE` (or --hostfile FILE, one agent a line)")
+    host = found[0].host
+    shown = ",".join([f"{host}:{AGENT_PORT}", *more][:_NODES_SHOWN + 1])
     return (f"{here} of {world} are on this node ({host}) and {why}: the others run on other "
-            f"nodes{named}, not searched here. To take them in, run `hangdoc agent --listen "
-            f"0.0.0.0:{AGENT_PORT} --token-file FILE` on every node of the job, this one too, "
-            f"then `hangdoc diagnose {job} --agents {agents} --token-file FILE` (or --hostfile "
-            "FILE, one agent a line)")
+            f"nodes{named}, not searched here. To take them in, run {start} on every node of "
+            f"the job, this one too, then `hangdoc diagnose {job} --agents {shown} "
+            "--token-file FILE` (or --hostfile FILE, one agent a line)")

@@ -18,9 +18,10 @@ from typing import TypeVar
 from ..capture.discover import Discovery
 from ..capture.jobspec import JobKind, JobSpec, parse_job_spec
 from ..capture.jobsplit import MultipleJobs, rendezvous_key
+from ..capture.wholejob import Elsewhere, elsewhere_note
 from ..errors import HangdocError, JobNotFound
 from ..model import RankProcess, Sample, Unreachable
-from .node import Node
+from .node import LocalNode, Node
 
 MAX_IN_FLIGHT = 64
 ROUND_SLACK = 1.0  # seconds a node may take beyond its dumps' own timeout (network, queueing)
@@ -160,12 +161,15 @@ def _assemble(nodes: Sequence[Node], spec: JobSpec,
     unreachable: list[Unreachable] = []
     worlds: set[int] = set()
     empty: list[str] = []
+    elsewhere: list[Elsewhere] = []
     for node, found, exc in results:
         if isinstance(found, Discovery):
             placed += [(node, p) for p in found.ranks]
             notes += [f"{node.name}: {n}" if len(nodes) > 1 else n for n in found.notes]
             if found.world_size:
                 worlds.add(found.world_size)
+            if found.elsewhere is not None:
+                elsewhere.append(found.elsewhere)
         elif isinstance(exc, JobNotFound):
             empty.append(f"{node.name}: {exc}")  # the node answered: none of the job there
         elif exc is not None:
@@ -182,7 +186,12 @@ def _assemble(nodes: Sequence[Node], spec: JobSpec,
                           unreachable=tuple(f"{u.target}: {u.reason}" for u in unreachable))
     notes += [f"{e} (no rank there)" for e in empty]
     placed.sort(key=lambda np: (np[1].rank is None, np[1].rank if np[1].rank is not None else 0))
-    return Fleet(tuple(placed), max(worlds) if worlds else None, tuple(notes), tuple(unreachable))
+    world = max(worlds) if worlds else None
+    local = len(nodes) == 1 and isinstance(nodes[0], LocalNode)
+    if note := elsewhere_note(elsewhere, [p.rank for _, p in placed], world,
+                              [n.name for n in nodes], str(spec), agents=not local):
+        notes.append(note)
+    return Fleet(tuple(placed), world, tuple(notes), tuple(unreachable))
 
 
 @dataclass(frozen=True, slots=True)

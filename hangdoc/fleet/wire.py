@@ -19,6 +19,7 @@ from typing import TypeVar
 
 from ..bundle import StackTable
 from ..capture.discover import Discovery
+from ..capture.wholejob import Elsewhere
 from ..errors import HangdocError
 from ..model import (
     MAX_WORLD_SIZE,
@@ -74,6 +75,7 @@ _ERROR_KIND_TO_PB = {
 }
 _ERROR_KIND_FROM_PB = {v: k for k, v in _ERROR_KIND_TO_PB.items()}
 
+_NODES_KEPT = 64  # other node names kept from one agent's answer (a note shows 16)
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -154,6 +156,9 @@ def discovery_to_proto(found: Discovery) -> pb.Discovery:
         world_size=found.world_size,
         notes=found.notes,
         searched=found.searched,
+        elsewhere=None if found.elsewhere is None else pb.Elsewhere(
+            host=found.elsewhere.host, why=found.elsewhere.why, nodes=found.elsewhere.nodes,
+            job=found.elsewhere.job),
     )
 
 
@@ -163,7 +168,13 @@ def discovery_from_proto(msg: pb.Discovery) -> Discovery:
         world_size=_rank_count(msg, "world_size"),
         notes=tuple(msg.notes),
         searched=msg.searched,
+        elsewhere=_elsewhere(msg.elsewhere) if msg.HasField("elsewhere") else None,
     )
+
+
+def _elsewhere(msg: pb.Elsewhere) -> Elsewhere:
+    job = msg.job if msg.HasField("job") else None
+    return Elsewhere(msg.host, msg.why, tuple(msg.nodes[:_NODES_KEPT]), job)
 
 
 # ------------------------------------------------------------------ frames and sources

@@ -79,16 +79,30 @@ class FindRanksRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ...) -> None: ...
 
 class Discovery(_message.Message):
-    __slots__ = ("ranks", "world_size", "notes", "searched")
+    __slots__ = ("ranks", "world_size", "notes", "searched", "elsewhere")
     RANKS_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     NOTES_FIELD_NUMBER: _ClassVar[int]
     SEARCHED_FIELD_NUMBER: _ClassVar[int]
+    ELSEWHERE_FIELD_NUMBER: _ClassVar[int]
     ranks: _containers.RepeatedCompositeFieldContainer[RankProcess]
     world_size: int
     notes: _containers.RepeatedScalarFieldContainer[str]
     searched: str
-    def __init__(self, ranks: _Optional[_Iterable[_Union[RankProcess, _Mapping]]] = ..., world_size: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., searched: _Optional[str] = ...) -> None: ...
+    elsewhere: Elsewhere
+    def __init__(self, ranks: _Optional[_Iterable[_Union[RankProcess, _Mapping]]] = ..., world_size: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., searched: _Optional[str] = ..., elsewhere: _Optional[_Union[Elsewhere, _Mapping]] = ...) -> None: ...
+
+class Elsewhere(_message.Message):
+    __slots__ = ("host", "why", "nodes", "job")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    WHY_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    why: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    job: str
+    def __init__(self, host: _Optional[str] = ..., why: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., job: _Optional[str] = ...) -> None: ...
 
 class EnvVar(_message.Message):
     __slots__ = ("name", "value")

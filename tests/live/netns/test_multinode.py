@@ -120,7 +120,9 @@ class TestCollectiveMismatch:
 
     def test_verdict_culprit_and_host_of_every_rank(self, mc: Cluster) -> None:
         out, _ = mc.diagnose(*with_token(mc))
-        assert_diagnosis(report_of(out), MISMATCH)
+        report = report_of(out)
+        assert_diagnosis(report, MISMATCH)
+        assert not any("other nodes" in n for n in report["notes"]), report["notes"]  # all asked
 
     def test_watch_through_agents_fires_on_the_hung_job(self, mc: Cluster, tmp_path) -> None:
         report_path, err = watch_until_report(mc, tmp_path / "hangs")
@@ -139,6 +141,8 @@ class TestCollectiveMismatch:
         found = {r["rank"]: r["host"] for r in report["ranks"] if r["pid"] is not None}
         assert found == {1: "node1", 2: "node1"}, report["ranks"]
         _assert_part_of_the_job(report)
+        (note,) = [n for n in report["notes"] if "other nodes" in n]  # once, not per agent
+        assert note.startswith("ranks 1-2 of 4 are on the nodes asked"), note
 
     def test_one_node_without_agents_concludes_nothing_about_the_others(self, mc: Cluster) -> None:
         """`hangdoc diagnose` run on node1 itself, no agents: ranks 0 and 3 live on the other

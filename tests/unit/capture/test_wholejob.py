@@ -12,7 +12,7 @@ from hangdoc.capture.discover import MultipleJobs, discover
 from hangdoc.capture.jobspec import parse_job_spec
 from hangdoc.capture.processes import ProcInfo
 from hangdoc.capture.ranks import select_ranks
-from hangdoc.capture.wholejob import _expand_nodelist, other_nodes_note
+from hangdoc.capture.wholejob import _expand_nodelist, elsewhere, elsewhere_note
 from hangdoc.model import RankSource
 
 HOST = "node0"
@@ -33,8 +33,14 @@ def torchrun_job(world: int = 3, port: int = 29500, uid: int | None = None) -> l
 
 
 def found(spec: str, *procs: ProcInfo) -> tuple[list[tuple[int | None, int]], int | None, list[str]]:
+    """The ranks, world size and notes of ``spec`` found on this node alone (the note on
+    other nodes as the fleet makes it for one local node)."""
     d = discover(parse_job_spec(spec), host=HOST, table=table(*procs))
-    return [(r.rank, r.pid) for r in d.ranks], d.world_size, list(d.notes)
+    notes = list(d.notes)
+    if d.elsewhere is not None and (note := elsewhere_note(
+            [d.elsewhere], [r.rank for r in d.ranks], d.world_size, [HOST], spec, agents=False)):
+        notes.append(note)
+    return [(r.rank, r.pid) for r in d.ranks], d.world_size, notes
 
 
 # ------------------------------------------------------------------ pid: of one rank
@@ -231,9 +237,10 @@ def test_slurm_nodes_are_named_from_the_node_list() -> None:
     procs = [proc(30, 1, ("/usr/sbin/slurmstepd", "[9.0]"), env)] + [
         proc(31 + r, 30, (PY, "t.py"), {**env, "SLURM_PROCID": str(r)}) for r in (0, 1)]
     d = discover(parse_job_spec("slurm:9.0"), host="gpu07", table=table(*procs))
-    assert "ranks 0-1 of 4 are on this node (gpu07) and SLURM_NNODES=2" in d.notes[-1]
-    assert ("`hangdoc diagnose slurm:9.0 --agents gpu07:7420,gpu08:7420 --token-file FILE`"
-            in d.notes[-1])
+    assert d.elsewhere is not None and d.elsewhere.nodes == ("gpu08",)
+    note = elsewhere_note([d.elsewhere], [0, 1], 4, ["gpu07"], "slurm:9.0", agents=False)
+    assert note is not None and "ranks 0-1 of 4 are on this node (gpu07) and SLURM_NNODES=2" in note
+    assert "`hangdoc diagnose slurm:9.0 --agents gpu07:7420,gpu08:7420 --token-file FILE`" in note
 
 
 def test_a_single_node_job_with_ranks_missing_names_no_other_node() -> None:
@@ -246,11 +253,43 @@ def test_a_single_node_job_with_ranks_missing_names_no_other_node() -> None:
 def test_without_a_named_node_the_command_line_shows_where_they_go() -> None:
     env = {"WORLD_SIZE": "4", "NNODES": "2", "RANK": "0"}
     selection = select_ranks(table(proc(20, 1, (PY, "t.py"), env)), [20])
-    note = other_nodes_note(selection.ranks, 4, HOST, "pid:20")
+    there = elsewhere(selection.ranks, 4, HOST)
+    assert there is not None and there.job is None
+    note = elsewhere_note([there], [0], 4, [HOST], "pid:20", agents=False)
     assert note is not None
     assert "rank 0 of 4 are on this node (node0) and NNODES=2" in note
     assert "`hangdoc diagnose HOST:PORT --agents node0:7420,NODE:7420,... --token-file FILE`" \
         in note
+
+
+def test_the_nodes_asked_say_it_once_and_not_at_all_when_they_hold_the_world() -> None:
+    a = elsewhere_of("gpu07", "gpu[07-10]")
+    b = elsewhere_of("gpu08", "gpu[07-10]")
+    asked = ["gpu07:7420", "gpu08:7420"]
+    note = elsewhere_note([a, b], [0, 1, 2, 3], 8, asked, "slurm:9.0", agents=True)
+    assert note == (
+        "ranks 0-3 of 8 are on the nodes asked (gpu07:7420, gpu08:7420) and SLURM_NNODES=4: the "
+        "others run on other nodes (gpu09, gpu10), not asked. To take them in, run `hangdoc agent "
+        "--listen 0.0.0.0:7420 --token-file FILE` on those nodes, then add them: `hangdoc "
+        "diagnose slurm:9.0 --agents gpu07:7420,gpu08:7420,gpu09:7420,gpu10:7420 --token-file "
+        "FILE` (or --hostfile FILE, one agent a line)")
+    assert elsewhere_note([a, b], list(range(8)), 8, asked, "slurm:9.0", agents=True) is None
+
+
+def test_a_node_asked_that_held_no_rank_is_not_named_as_another_node() -> None:
+    a = elsewhere_of("gpu07", "gpu[07-09]")
+    note = elsewhere_note([a], [0, 1], 6, ["gpu07:7420", "[gpu08]:7420"], "slurm:9.0", agents=True)
+    assert note is not None and "other nodes (gpu09), not asked" in note
+
+
+def elsewhere_of(host: str, nodelist: str):
+    env = {"SLURM_JOB_ID": "9", "SLURM_STEP_ID": "0", "SLURM_NNODES": "4",
+           "SLURM_JOB_NODELIST": nodelist}
+    procs = [proc(31 + r, 1, (PY, "t.py"), {**env, "SLURM_PROCID": str(r)}) for r in (0, 1)]
+    selection = select_ranks(table(*procs), [31, 32])
+    there = elsewhere(selection.ranks, 8, host)
+    assert there is not None
+    return there
 
 
 @pytest.mark.parametrize(("text", "names"), [

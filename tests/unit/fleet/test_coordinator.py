@@ -6,6 +6,7 @@ processes elsewhere); what is under test is how the coordinator combines them.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 
@@ -14,6 +15,7 @@ from support.factories import make_rank
 
 from hangdoc.capture.discover import Discovery
 from hangdoc.capture.jobspec import parse_job_spec
+from hangdoc.capture.wholejob import Elsewhere
 from hangdoc.diagnose import CaptureOptions, observe
 from hangdoc.errors import JobNotFound
 from hangdoc.fleet.client import AgentError
@@ -304,3 +306,31 @@ def test_one_pid_number_on_two_nodes_in_different_jobs_is_refused() -> None:
     with pytest.raises(MultipleJobs) as err:
         find_ranks([a, b], parse_job_spec("pid:4242"), deadline=5)
     assert "pid:4242 names rank processes on 2 nodes (a: 10.0.0.1:29500; b: 10.0.0.1:31000)" in str(err.value)
+
+
+class SpanningNode(PidNode):
+    """A node whose ranks' environment says the job runs on four nodes."""
+
+    def find_ranks(self, spec) -> Discovery:
+        found = super().find_ranks(spec)
+        there = Elsewhere(self.name.partition(":")[0], "GROUP_WORLD_SIZE=4",
+                          ("a", "b", "c", "d"), "10.0.0.1:29500")
+        return dataclasses.replace(found, world_size=8, elsewhere=there)
+
+
+def test_the_other_nodes_note_is_made_once_for_the_nodes_asked() -> None:
+    a = SpanningNode("a:7420", {}, [_proc(11, 0, "a"), _proc(12, 1, "a")])
+    b = SpanningNode("b:7420", {}, [_proc(21, 2, "b"), _proc(22, 3, "b")])
+    fleet = find_ranks([a, b], parse_job_spec("10.0.0.1:29500"), deadline=5)
+    (note,) = [n for n in fleet.notes if "other nodes" in n]
+    assert note.startswith("ranks 0-3 of 8 are on the nodes asked (a:7420, b:7420)")
+    assert "other nodes (c, d), not asked" in note
+    assert "--agents a:7420,b:7420,c:7420,d:7420 " in note
+
+
+def test_no_other_nodes_note_when_the_nodes_asked_hold_the_world() -> None:
+    nodes = [SpanningNode(f"{h}:7420", {}, [_proc(10 * i + j, 2 * i + j, h) for j in (0, 1)])
+             for i, h in enumerate("abcd")]
+    fleet = find_ranks(nodes, parse_job_spec("10.0.0.1:29500"), deadline=5)
+    assert len(fleet.placed) == 8
+    assert not any("other nodes" in n for n in fleet.notes)

@@ -23,6 +23,7 @@ from support.paths import REPO
 
 from hangdoc.bundle import load_snapshot
 from hangdoc.capture.discover import Discovery
+from hangdoc.capture.wholejob import Elsewhere
 from hangdoc.fleet import wire
 from hangdoc.fleet.v1 import agent_pb2 as pb
 from hangdoc.fleet.wire import AgentApiError
@@ -125,6 +126,14 @@ def test_sample_response_can_carry_the_discovery():
     msg = over_the_wire(wire.samples_to_proto({rs.process.pid: rs.samples[0]}, found))
     assert wire.response_discovery(msg) == found
     assert wire.response_discovery(over_the_wire(wire.samples_to_proto({}))) is None
+
+
+@pytest.mark.parametrize("job", ["10.0.0.1:29500", None])
+def test_what_a_node_says_of_the_job_s_other_nodes_round_trips(job):
+    rs = make_rank(0, ["train.py:main:1"])
+    found = Discovery(ranks=(rs.process,), world_size=4, notes=(), searched="x",
+                      elsewhere=Elsewhere("n0", "NNODES=2", ("n1",), job))
+    assert wire.discovery_from_proto(over_the_wire(wire.discovery_to_proto(found))) == found
 
 
 def test_source_file_and_frame_round_trip():
