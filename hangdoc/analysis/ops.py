@@ -539,6 +539,20 @@ def _stdlib_cleanup(frame: Frame) -> bool:
     return False
 
 
+def exit_frame(thread: ThreadStack) -> Frame | None:
+    """The outermost frame of a main thread that runs the interpreter's exit in the standard
+    library's exit-time machinery, called from C: ``threading._shutdown`` (joining
+    non-daemon threads, ``concurrent.futures``' exit handler), ``atexit``, multiprocessing's
+    finalizers. None for any other thread. (A job's own exit handler is read as cleanup by
+    ``cleanup_marker``; its outermost frame alone does not tell it from a cut stack.)"""
+    if not thread.is_main:
+        return None
+    outer = next((f for f in thread.frames if not f.native), None)
+    if outer is None or outer.origin.kind is not Origin.STDLIB:
+        return None
+    return outer if outer.function.rsplit(".", 1)[-1] in _EXIT_TIME else None
+
+
 def _is_exit_handler(thread: ThreadStack) -> bool:
     pyframes = [f for f in thread.frames if not f.native]
     if not pyframes:

@@ -28,7 +28,7 @@ from ..model import (
     ThreadCounters,
     ThreadStack,
 )
-from .ops import Recogniser
+from .ops import Recogniser, exit_frame
 
 # A rank using less than this share of one core is idle (a gloo/NCCL wait uses ~0).
 CPU_BUSY_FRACTION = 0.20
@@ -99,8 +99,9 @@ def relevant_thread(
     sample: Sample, snapshot: JobSnapshot | None = None, recogniser: Recogniser | None = None,
     gpu: bool = False,
 ) -> tuple[ThreadStack | None, DistOp | None]:
-    """The thread that matters for a rank: the one in a distributed op (main first), else
-    main (or the thread running the job's code), with the device work it waits for at a
+    """The thread that matters for a rank: a main thread running the interpreter's exit
+    (``ops.exit_frame``), else the one in a distributed op (main first), else main (or the
+    thread running the job's code), with the device work it waits for at a
     host sync, if any (``device``; ``gpu``: the rank runs on a GPU, so a host-syncing line
     of the job's code counts). Only that thread's host sync counts: a side thread's
     ``.item()`` (a metrics thread) is not what the rank waits in.
@@ -108,6 +109,11 @@ def relevant_thread(
     An analysis passes its ``recogniser`` (of ``snapshot``); without one, one is made."""
     rec = recogniser if recogniser is not None else Recogniser(snapshot)
     main = sample.main_thread
+    if main is not None and exit_frame(main) is not None:
+        # the process is exiting (an uncaught exception, the script's end): what keeps it
+        # alive is the exit (joining a worker, an exit handler), whatever its other threads
+        # wait in; its peers wait for a rank that will not come back
+        return main, rec.recognise(main)
     ordered = ([main] if main else []) + [t for t in sample.threads if t is not main]
     for thread in ordered:
         op = rec.recognise(thread)

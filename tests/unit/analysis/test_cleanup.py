@@ -108,3 +108,45 @@ def test_an_exit_with_no_kept_arguments_is_cleanup_by_its_name() -> None:
     # snapshots taken without arguments (older captures): the name is all there is
     d = analyse(make_snapshot([_in_training(0), _trainer_exit(None), _in_training(2)]))
     assert d.verdict is Verdict.CLEANUP_DEADLOCK
+
+
+# ------------------------------------------------------------------ a rank dying at exit
+
+SHUTDOWN = ["threading.py:_shutdown:1583", "concurrent/futures/thread.py:_python_exit:31",
+            "threading.py:Thread.join:1112", "threading.py:Thread._wait_for_tstate_lock:1132"]
+WORKER = ["threading.py:Thread._bootstrap:995", "threading.py:Thread._bootstrap_inner:1038",
+          "concurrent/futures/thread.py:_worker:83", "concurrent/futures/thread.py:_WorkItem.run:58"]
+ALL_REDUCE = [*LOOP, make_frame("train.py:main:170", code="dist.all_reduce(loss)"),
+              f"{C10D}:all_reduce:2800"]
+
+
+def _dying(worker: list) -> object:
+    """Rank 1 raised: its main thread is in the interpreter's exit, joining a worker."""
+    return make_rank(1, SHUTDOWN, threads={"ThreadPoolExecutor-0_0": [*WORKER, *worker]})
+
+
+def test_a_rank_whose_main_thread_exits_joining_a_blocked_worker_is_the_cleanup_culprit() -> None:
+    worker = ["train.py:upload:40", make_frame("queue.py:Queue.get:171", code="self.not_empty.wait()"),
+              "threading.py:Condition.wait:327"]
+    d = analyse(make_snapshot([make_rank(r, ALL_REDUCE) for r in (0, 2)] + [_dying(worker)]))
+    assert (d.verdict, d.culprit_ranks) == (Verdict.CLEANUP_DEADLOCK, (1,))
+    rank1 = next(r for r in d.ranks if r.rank == 1)
+    assert rank1.thread == "MainThread"
+
+
+def test_an_exiting_rank_s_worker_in_a_collective_does_not_hide_the_exit() -> None:
+    """Whatever the worker waits in (here a collective of its own), the rank is exiting."""
+    worker = ["ckpt.py:save:12", make_frame("ckpt.py:gather:30", code="dist.all_gather(out, t)"),
+              f"{C10D}:all_gather:3100"]
+    d = analyse(make_snapshot([make_rank(r, ALL_REDUCE) for r in (0, 2)] + [_dying(worker)]))
+    assert (d.verdict, d.culprit_ranks) == (Verdict.CLEANUP_DEADLOCK, (1,))
+
+
+def test_a_main_thread_that_starts_elsewhere_is_not_exiting_by_that_alone() -> None:
+    """A main thread whose outermost frame is the job's (a stack a person cut) is not read
+    as the interpreter's exit."""
+    from hangdoc.analysis.ops import exit_frame
+    assert exit_frame(make_thread(["train.py:main:150", "queue.py:Queue.get:171"])) is None
+    frame = exit_frame(make_thread(SHUTDOWN))
+    assert frame is not None and frame.function == "_shutdown"
+    assert exit_frame(make_thread(SHUTDOWN, name="Thread-1")) is None
