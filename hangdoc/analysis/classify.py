@@ -19,6 +19,7 @@ from ..model import GIVEN_GROUP, Frame, OpKind, RankState, Verdict
 from . import wording
 from .device import waits_for_device
 from .structure import (
+    Structure,
     could_be_groups,
     minority,
     sides,
@@ -322,6 +323,9 @@ def _mismatch(
     apart = whole_groups(shape)
     culprits = [] if apart else minority(sides(shape))
     left = bool(culprits) and len(shape.part) > 1 and bool(shape.world)
+    waiting = _waiting_for_members(shape, culprits)
+    if waiting:
+        culprits = []
     p2p: list[P2PFact] = []
     by_peers = False
     if p2p_problem is not None:
@@ -351,9 +355,30 @@ def _mismatch(
             parted = []
     return Finding(
         Verdict.COLLECTIVE_MISMATCH, culprits,
-        Mismatch(groups, culprits, p2p, by_peers, parted, shape if left else None, by_tree),
+        Mismatch(groups, culprits, p2p, by_peers, parted, shape if left else None, by_tree,
+                 waiting),
         quiet_over=in_op,
     )
+
+
+def _waiting_for_members(shape: Structure, few: Sequence[int]) -> list[RankView]:
+    """The few ranks, when they all wait in collectives on groups their callers passed while
+    the ranks in a WORLD op hold most of the job: such a collective completes once every
+    member of its group has entered it, so some fellow member of each is not in it, and
+    every rank not in it is in the WORLD op (a member that skipped the group's op, or calls
+    it later). The few wait for those members; the members, in the WORLD op, wait for the
+    few: the ones to blame are the members, whom the stacks do not name. [] otherwise."""
+    if not few or not shape.world or shape.unseen:
+        return []
+    named = set(few)
+    world = {v.rank for c in shape.world for v in c}
+    if named & world or 2 * len(world) <= len(world) + len(named):
+        return []
+    waiting = [v for c in shape.part for v in c if v.rank in named]
+    if len(waiting) != len(named) or any(v.op is None or v.op.kind is not OpKind.COLLECTIVE
+                                         for v in waiting):
+        return []
+    return waiting
 
 
 def _parting(views: Sequence[RankView]) -> list[tuple[Frame, list[RankView]]]:

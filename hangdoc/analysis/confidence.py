@@ -223,9 +223,19 @@ def _by_elimination(case: Case) -> str | None:
             "not by a stack; reading it would settle it")
 
 
+def _members_unknown(case: Case) -> str | None:
+    f = case.found.facts
+    if isinstance(f, Mismatch) and f.waiting_for_members:
+        return (f"the members {_who(f.waiting_for_members)} wait for, in the WORLD op, are not "
+                "named: py-spy cannot see which ranks a passed process group holds (the flight "
+                "recorder's process groups would name them)")
+    return None
+
+
 def _no_minority(case: Case) -> str | None:
     f = case.found.facts
-    if isinstance(f, Mismatch) and len(f.groups) > 1 and not case.found.culprits:
+    if (isinstance(f, Mismatch) and len(f.groups) > 1 and not case.found.culprits
+            and not f.waiting_for_members):
         sizes = sorted((len(g) for g in f.groups), reverse=True)
         if sizes[0] == sizes[-1]:
             return (f"ranks split evenly between {len(f.groups)} ops: no minority to blame, "
@@ -494,6 +504,9 @@ RULES: tuple[Rule, ...] = (
     # nobody to blame, and ops in different process groups (not told apart from stacks) may
     # each be legitimate
     (Confidence.LOW, _no_minority),
+    # the few wait on passed groups while the rest are in a WORLD op: the members they wait
+    # for are among the rest, and stacks do not say which
+    (Confidence.LOW, _members_unknown),
     # culprits from the merged tree's shape only (a small path off a possible structure of
     # groups), the ops' groups not known
     (Confidence.LOW, _by_tree_shape),

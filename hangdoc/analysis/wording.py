@@ -210,6 +210,9 @@ class Mismatch:
     # the culprits are a path smaller than each place of a structure of groups, where the
     # paths part: named by the tree's shape alone
     by_tree: bool = False
+    # the few ranks in collectives on groups their callers passed, while the rest wait in a
+    # WORLD op: they wait for fellow members who are in the WORLD op, not named by stacks
+    waiting_for_members: Sequence[RankView] = ()
 
 
 @dataclass(frozen=True)
@@ -531,6 +534,9 @@ def _mismatch(f: Mismatch) -> Words:
     evidence += p2p
     if f.by_peers and p2p:
         summary = "collective mismatch: point-to-point calls do not pair up: " + "; ".join(p2p[:2])
+    elif f.waiting_for_members:
+        summary, more = _members_elsewhere(f.waiting_for_members, groups, where)
+        evidence.append(more)
     elif f.structure is not None:
         summary, more = _left_structure(f.structure, culprits)
         evidence.append(more)
@@ -577,6 +583,28 @@ def _mismatch(f: Mismatch) -> Words:
             p2p[0] if p2p else ""
         )
     return Words(summary, evidence)
+
+
+def _members_elsewhere(few: Sequence[RankView], groups: Sequence[Sequence[RankView]],
+                       where: Sequence[str]) -> tuple[str, str]:
+    """The summary and an evidence line for ranks in collectives on passed groups whose
+    fellow members are in the WORLD op with the rest."""
+    named = {v.rank for v in few}
+    theirs = [w for vs, w in zip(groups, where) if vs[0].rank in named]
+    rest = [v for vs in groups for v in vs if v.rank not in named]
+    others = [w for vs, w in zip(groups, where) if vs[0].rank not in named]
+    summary = (f"collective mismatch: {_r(_ranks(few))} {_v(few, 'waits', 'wait')} in "
+               f"{' / '.join(theirs)} on a group {_v(few, 'its', 'their')} caller passed, while "
+               f"{_r(_ranks(rest))} are in {' / '.join(others)} on WORLD: the members of "
+               f"{_v(few, 'its', 'their')} group that are in the WORLD op skipped "
+               f"{_v(few, 'its', 'their')} collective (or call it later); those members are "
+               "the ones to look at, and stacks do not say which ranks they are")
+    evidence = ("a collective on a group its caller passed completes once every member of the "
+                f"group has entered it, so a member of the group of {_r(_ranks(few))} is not in "
+                f"it, and every rank not in it is in the WORLD op, which in turn waits for "
+                f"{_r(_ranks(few))}: the group's members (the flight recorder's process "
+                "groups, through `hangdoc probe`) would name them")
+    return summary, evidence
 
 
 def _left_structure(s: Structure, culprits: Sequence[int]) -> tuple[str, str]:

@@ -349,9 +349,11 @@ CASES: dict[str, tuple[Callable[[], JobSnapshot], Verdict, Confidence, tuple[str
         "the ops name no minority")),
     "groups_unseen": (groups_unseen, Verdict.COLLECTIVE_MISMATCH, MEDIUM, (
         "ranks 0-2 wait on a process group their caller passed",)),
-    # the other side: the majority's op is on WORLD, which needs rank 3 whatever its group
-    "world_majority": (lambda: groups_unseen("(default)"), Verdict.COLLECTIVE_MISMATCH, HIGH, (
-        "rank 3 named by its stack: the minority op",)),
+    # the other side: the majority's op is on WORLD, which waits for rank 3; rank 3 waits on
+    # its passed group for members who are in the WORLD op (they skipped its collective):
+    # those are the ones to blame, and stacks do not name them
+    "world_majority": (lambda: groups_unseen("(default)"), Verdict.COLLECTIVE_MISMATCH, LOW, (
+        "the members rank 3 wait for, in the WORLD op, are not named",)),
     # rank 8 on WORLD left a structure of passed groups read from the call lines
     "groups_from_lines": (lambda: left_groups(True), Verdict.COLLECTIVE_MISMATCH, MEDIUM, (
         "rank 8 named by the ops' process groups: on WORLD",
@@ -476,7 +478,7 @@ RECORDED_CONFIDENCE = {
     "mismatch_async_grad_norm": MEDIUM,  # op recognised from a Work.wait line
     "mismatch_contextmanager_zero_first": HIGH,
     "mismatch_ddp_uneven_epoch_end": MEDIUM,  # DDP's all_reduce from native frames
-    "mismatch_expert_subgroup_stats": HIGH,
+    "mismatch_expert_subgroup_stats": LOW,  # the members rank 3 waits for are not named
     "mismatch_funcol_skipped_batch": MEDIUM,  # functional-collective waits, not the calls
     "mismatch_pipeline_schedule_p2p": HIGH,
     "mismatch_uneven_shards_eval_gather": HIGH,

@@ -179,3 +179,35 @@ def test_a_minority_is_fewer_than_half() -> None:
 ])
 def test_the_call_line_says_the_scope(name: str, line: str | None, scope: Scope | None) -> None:
     assert line_scope(name, make_frame("train.py:f:1", code=line)) is scope
+
+
+# ------------------------------------------------------------------ who waits for whom
+
+
+def _expert_step(rank: int, line: int, text: str) -> object:
+    return make_rank(rank, [*LOOP, make_frame(f"moe.py:step:{line}", code=text),
+                            f"{C10D}:all_reduce:2800"], world_size=4)
+
+
+def test_a_rank_in_its_group_s_collective_waits_for_members_in_the_world_op() -> None:
+    """Rank 3 waits in its expert group's all_reduce; ranks 0-2 are in the WORLD all_reduce.
+    Rank 3's collective needs a fellow member who is in the WORLD op (it skipped it): rank 3
+    is a victim, and the stacks do not say which member skipped."""
+    ranks = [_expert_step(r, 75, "dist.all_reduce(p.grad)") for r in range(3)]
+    ranks.append(_expert_step(3, 70, "dist.all_reduce(tokens, group=ep_group)"))
+    d = analyse(make_snapshot(ranks))
+    assert (d.verdict, d.culprit_ranks, d.confidence) == (
+        Verdict.COLLECTIVE_MISMATCH, (), Confidence.LOW)
+    assert d.summary.startswith("collective mismatch: rank 3 waits in all_reduce (moe.py:70) on "
+                                "a group its caller passed, while ranks 0-2 are in all_reduce "
+                                "(moe.py:75) on WORLD"), d.summary
+    assert any("completes once every member of the group has entered it" in e for e in d.evidence)
+
+
+def test_a_rank_on_world_among_ranks_in_group_collectives_is_still_the_one_named() -> None:
+    """The other way round: rank 3 alone on WORLD while ranks 0-2 wait on passed groups is
+    the rank every group waits for (it left the structure)."""
+    ranks = [_expert_step(r, 70, "dist.all_reduce(tokens, group=ep_group)") for r in range(3)]
+    ranks.append(_expert_step(3, 75, "dist.all_reduce(p.grad)"))
+    d = analyse(make_snapshot(ranks))
+    assert (d.verdict, d.culprit_ranks) == (Verdict.COLLECTIVE_MISMATCH, (3,))
