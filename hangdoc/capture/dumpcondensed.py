@@ -52,10 +52,16 @@ _TB_LAST = re.compile(r"Traceback \(most recent call last\):|Traceback for threa
 _TB_FIRST = re.compile(r"(Current thread|Thread|Stack)(?: (0x[0-9a-fA-F]{1,16}))?(?: \[[^]]*\])?"
                        r" \(most recent call first\):")
 _VARS = re.compile(r"(?:Arguments|Locals)::?")
+# a C++ function named without its library, as people trim py-spy's ``--native`` frames
+# (``at::native::nonzero_cuda``): read only inside a stack, never to start one
+_SYMBOL_PART = r"[A-Za-z_~][\w~]*(?:<[^()\s]*>)?"
+_NATIVE_SYMBOL = re.compile(rf"{_SYMBOL_PART}(?:::{_SYMBOL_PART})+")
+_ELISION = re.compile(r"\.{3,}|…|\[(?:\.{3,}|…)\]|\((?:\.{3,}|…)\)")  # frames left out
 _CARETS = re.compile(r"[~^]+")
 
 _PROSE = "text that is neither a frame nor the label of a stack"
 _LONG = f"longer than {MAX_LINE_CHARS // 1024} KiB"
+_ELIDED = "a mark of frames left out inside a stack: the stack is cut there"
 
 
 def _strip(raw: str) -> tuple[str, int | None]:
@@ -249,6 +255,13 @@ class _Parser:
             block.indent = indent if block.indent is None else block.indent
             block.in_vars = False
             self._add(block, (*frame, None, True))
+            return True
+        if block is not None and block.frames and _ELISION.fullmatch(text):
+            self.skip(lineno, _ELIDED)  # the stack goes on below the cut
+            return True
+        if block is not None and block.frames and block.frames[-1][4] and \
+                _NATIVE_SYMBOL.fullmatch(text):
+            self._add(block, (text, "?", None, None, True))  # native, its library not shown
             return True
         if block is None or not block.frames or block.indent is None or indent <= block.indent:
             return False

@@ -83,6 +83,43 @@ def test_deepspeed_faulthandler_dump_of_one_process_names_no_culprit(capsys) -> 
     assert thread.frames[-1].function == "synchronize" and thread.frames[-1].line == 95
 
 
+def test_sglang_every_tp_rank_at_one_host_sync_names_no_culprit(capsys) -> None:
+    """sglang#36702: one stack under 'TP0–TP7', with native frames named without their
+    library and a '...' cut; every rank waits for its device at the same host sync."""
+    name = "sglang_36702_dcp_all_ranks_stream_sync.txt"
+    report = analyze(capsys, name)
+    assert report["culprit_ranks"] == [] and report["confidence"] in ("low", None)
+    assert report["verdict"] in ("unknown", "nccl_timeout")
+    assert [r["rank"] for r in report["ranks"]] == list(range(8))
+    assert {r["state"] for r in report["ranks"]} == {"waiting"}
+    snapshot = load_evidence(CONDENSED / name)
+    frames = snapshot.ranks[0].samples[0].threads[0].frames
+    assert len({r.samples[0].threads for r in snapshot.ranks}) == 1  # one stack, 8 ranks
+    assert frames[0].function == "event_loop_overlap"
+    assert [f.function for f in frames[-6:-2]] == [
+        "torch::autograd::THPVariable_getitem", "at::_ops::index_Tensor::call",
+        "at::native::nonzero_cuda", "at::native::nonzero_cuda_out_impl<bool>"]
+    assert all(f.native for f in frames[-6:]) and not frames[-7].native
+    notes = " | ".join(snapshot.notes)
+    assert "-> ranks 0-7 (TP rank, taken as the global rank)" in notes
+    assert "ranks seen: 0-7" in notes and "line 17 (a mark of frames left out" in notes
+    assert snapshot.world_size is None and snapshot.stacks_may_be_cut
+
+
+def test_sglang_tp0_alone_in_writing_check_names_no_culprit(capsys) -> None:
+    """sglang#10070: only TP0's py-spy stack (under 'TP0:') of a two-rank job; its peer
+    is not in the text, so nothing may be said of it."""
+    name = "sglang_10070_tp0_writing_check_all_reduce.txt"
+    report = analyze(capsys, name)
+    assert (report["verdict"], report["culprit_ranks"]) == ("unknown", [])
+    assert report["confidence"] in ("low", None)
+    (rank,) = report["ranks"]
+    assert (rank["rank"], rank["state"], rank["op"]["name"]) == (0, "waiting", "all_reduce")
+    snapshot = load_evidence(CONDENSED / name)
+    assert snapshot.world_size is None and not snapshot.nodes_searched
+    assert "TP rank" in snapshot.ranks[0].process.rank_evidence
+
+
 def test_function_only_fingerprints_are_refused_saying_what_is_read() -> None:
     """sglang#27489 names functions only (``all_reduce → writing_check``): no file, no line."""
     with pytest.raises(DumpFileError, match=r"no frame line \('function \(file.py:LINE\)'\)"):
@@ -131,6 +168,28 @@ def test_frame_lines_under_labels_innermost_first() -> None:
     assert functions(result.dumps[0]) == ["train", "all_reduce"]
     assert result.dumps[1].threads == result.dumps[2].threads
     assert result.dumps[0].threads[0].frames[-1].filename.endswith("site-packages/" + C10D)
+
+
+def test_native_frames_without_library_and_cut_marks_inside_a_stack() -> None:
+    result = read(f"rank 1:\n  cudaStreamSynchronize (libcudart.so.13)\n"
+                  "  at::native::nonzero_cuda_out_impl<bool>\n  c10::cuda::stream_synchronize\n"
+                  f"  …\n  train (t.py:2)\n\nrank 2:\n  all_reduce ({C10D}:1)\n  [...]\n"
+                  "  main (t.py:9)\n")
+    assert [(d.rank, functions(d)) for d in result.dumps] == [
+        (1, ["train", "c10::cuda::stream_synchronize",
+             "at::native::nonzero_cuda_out_impl<bool>", "cudaStreamSynchronize"]),
+        (2, ["main", "all_reduce"])]
+    assert [f.native for f in result.dumps[0].threads[0].frames] == [False, True, True, True]
+    assert dict(result.skipped) == {
+        "a mark of frames left out inside a stack: the stack is cut there": (5, 10)}
+
+
+def test_symbols_and_dots_outside_a_stack_are_text() -> None:
+    result = read("std::thread::join\n...\nrank 0:\n  get (queue.py:171)\n")
+    (dump,) = result.dumps
+    assert (dump.rank, functions(dump)) == (0, ["get"])
+    assert dict(result.skipped) == {
+        "text that is neither a frame nor the label of a stack": (1, 2)}
 
 
 def test_top_frame_summaries() -> None:
