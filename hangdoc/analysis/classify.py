@@ -15,13 +15,15 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..model import GIVEN_GROUP, Frame, OpKind, RankState, Verdict
+from ..model import GIVEN_GROUP, WORLD_GROUP, DistOp, Frame, OpKind, RankState, Verdict
 from . import wording
 from .device import waits_for_device
 from .structure import (
+    Scope,
     Structure,
     could_be_groups,
     minority,
+    op_scope,
     sides,
     structure_of,
     tiny_parting,
@@ -47,6 +49,7 @@ from .wording import (
     SeenInOneOp,
     Straggling,
     Teardown,
+    ThreadsRace,
     Unexplained,
     Unpaired,
     Unseen,
@@ -172,6 +175,13 @@ def decide(views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[
             Verdict.CLEANUP_DEADLOCK, [v.rank for v in cleanup], CleanupStuck(cleanup, [], unknown),
             quiet_over=in_op,
         )
+
+    # -- two threads of one rank in collectives on one group: their order is a race
+    raced = [v for v in in_op if _one_group_twice(v)]
+    if raced:
+        others = [v for v in in_op if not _one_group_twice(v)]
+        return Finding(Verdict.COLLECTIVE_MISMATCH, [v.rank for v in raced],
+                       ThreadsRace(raced, others), quiet_over=in_op)
 
     # -- straggler
     if outside and in_op:
@@ -359,6 +369,22 @@ def _mismatch(
                  waiting),
         quiet_over=in_op,
     )
+
+
+def _one_group_twice(v: RankView) -> bool:
+    """Two of the rank's threads wait in collectives on one process group: both on WORLD,
+    or both on the same named group. (Two passed groups may be different groups.)"""
+    mine = _group_of(v.op)
+    return mine is not None and any(_group_of(op) == mine for _, op in v.side_ops)
+
+
+def _group_of(op: DistOp | None) -> str | None:
+    if op is None or op.kind is not OpKind.COLLECTIVE:
+        return None
+    if op.group is not None and op.group.startswith("name:"):
+        return op.group
+    read = op_scope(op)
+    return WORLD_GROUP if read is not None and read.scope is Scope.WORLD else None
 
 
 def _waiting_for_members(shape: Structure, few: Sequence[int]) -> list[RankView]:

@@ -38,6 +38,7 @@ from .wording import (
     SeenInOneOp,
     Straggling,
     Teardown,
+    ThreadsRace,
     Unexplained,
     Unseen,
     Working,
@@ -185,6 +186,9 @@ def _named_by(case: Case) -> str | None:
         return f"{_who(f.cleanup)} named by {_their(f.cleanup)}: on a cleanup path"
     elif isinstance(f, Straggling):
         return f"{_who(f.outside)} named by {_their(f.outside)}: outside any distributed op"
+    elif isinstance(f, ThreadsRace):
+        return (f"{_who(f.raced)} named by {_their(f.raced)}: two threads in collectives on "
+                "one process group")
     elif isinstance(f, Mismatch) and culprits:
         if f.structure is not None:
             return (f"{rank_words(culprits)} named by the ops' process groups: on WORLD, which "
@@ -457,6 +461,18 @@ def _groups_unseen(case: Case) -> str | None:
             "(the flight recorder would tell)")
 
 
+def _race_from_lines(case: Case) -> str | None:
+    f = case.found.facts
+    if not isinstance(f, ThreadsRace):
+        return None
+    ops = [op for v in f.raced for op in (v.op, *(o for _, o in v.side_ops)) if op is not None]
+    if all(op.group is not None for op in ops):
+        return None
+    return ("that the threads' collectives run on one group was read from the call lines (no "
+            "`group=` passed), not from call arguments: a wrapper that passes its own group on "
+            "may pass another; call arguments (py-spy --locals) would tell")
+
+
 def _groups_from_lines(case: Case) -> str | None:
     f = case.found.facts
     if not isinstance(f, Mismatch) or f.structure is None or not f.structure.from_lines:
@@ -532,6 +548,8 @@ RULES: tuple[Rule, ...] = (
     (Confidence.MEDIUM, _other_part),
     # a rank that could not be read may be the one the others wait for
     (Confidence.MEDIUM, _unread),
+    # two threads' collectives on one group, read from their call lines
+    (Confidence.MEDIUM, _race_from_lines),
     # one sample shows where a rank is, not whether it moves
     (Confidence.MEDIUM, _one_sample),
     # an op inferred from a .wait() line, native frames or DDP's sync may not be the

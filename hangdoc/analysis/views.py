@@ -50,6 +50,8 @@ class RankView:
     locks: LockGraph | None = None
     # how many of the rank's samples show the same deadlocks (0 without one)
     deadlock_seen: int = 0
+    # the rank's other threads that wait in a collective or send/recv too, with their ops
+    side_ops: tuple[tuple[ThreadStack, DistOp], ...] = ()
 
     @property
     def deadlocked(self) -> bool:
@@ -145,8 +147,9 @@ class Views:
             if code_rank is not None and snap.process.rank_source not in (RankSource.ENV, RankSource.RAY):
                 rank = code_rank
         graph, seen = _locks(snap, latest, self.rec) if said.locked else (None, 0)
+        side = tuple((latest.threads[i], o) for i, o in said.side_ops)
         return RankView(-1 if rank is None else rank, snap, rank_state(snap, op, move), op, thread,
-                        move, said.cleanup, code_world, graph, seen)
+                        move, said.cleanup, code_world, graph, seen, side)
 
     def _stacks(self, good: tuple[Sample, ...]) -> _Stacks:
         """What the stacks of ``good`` (a rank's good samples) say: by their shape.
@@ -183,6 +186,7 @@ class Views:
         return kept if any(kept) else ()
 
 
+_TRAFFIC = (OpKind.COLLECTIVE, OpKind.P2P)
 _THREADS = attrgetter("threads")
 _FRAMES = attrgetter("frames")
 _ACTIVE = attrgetter("active")
@@ -202,6 +206,7 @@ class _Said:
     cleanup: Frame | None  # ``RankView.cleanup``
     init_at: int | None  # where the init_process_group frame is when the op is init
     locked: bool  # some thread waits on a lock (the rank's lock graph is worked out then)
+    side_ops: tuple[tuple[int, DistOp], ...] = ()  # other threads in a collective or p2p op
 
 
 class _Stacks:
@@ -278,7 +283,21 @@ class _Stacks:
             init_at=init_frame(thread.frames) if thread is not None and op is not None
             and op.kind is OpKind.INIT else None,
             locked=waits_on_a_lock(latest),
+            side_ops=self._side_ops(latest, thread, op),
         )
+
+    def _side_ops(self, latest: Sample, thread: ThreadStack | None,
+                  op: DistOp | None) -> tuple[tuple[int, DistOp], ...]:
+        """The threads besides the relevant one that wait in a collective or send/recv, by
+        position, when the relevant one does too (two ops of one process at once)."""
+        if thread is None or op is None or op.kind not in _TRAFFIC:
+            return ()
+        found = []
+        for index, other in enumerate(latest.threads):
+            if other is not thread and (side := self.rec.recognise(other)) is not None \
+                    and side.kind in _TRAFFIC:
+                found.append((index, side))
+        return tuple(found)
 
 
 def _sync_line(sample: Sample) -> bool:

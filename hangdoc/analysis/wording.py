@@ -166,6 +166,16 @@ class CleanupStuck:
 
 
 @dataclass(frozen=True)
+class ThreadsRace:
+    """``raced`` have two threads or more waiting in collectives on one process group at
+    once (``RankView.side_ops``): the order they reach the group is a race between ranks;
+    ``others`` are the other ranks in an op."""
+
+    raced: Sequence[RankView]
+    others: Sequence[RankView]
+
+
+@dataclass(frozen=True)
 class Straggling:
     """``outside`` are outside any op (computing, blocked, stopped) while ``waiting`` wait."""
 
@@ -278,7 +288,7 @@ Facts = (
     NothingCaptured | Progressing | DataMoving | Working | RanksGone | InitSplit | InitStuck
     | CleanupStuck | Straggling | Unseen | Mismatch | SameOp | DeviceWaits | Unexplained
     | GroupsApart
-    | SeenInOneOp | Teardown
+    | SeenInOneOp | Teardown | ThreadsRace
 )
 
 
@@ -301,6 +311,8 @@ SEE_THE_REST = ("See the ranks that were not seen: diagnose the live job through
 
 
 def next_steps(verdict: Verdict, facts: Facts | None = None) -> tuple[str, ...]:
+    if isinstance(facts, ThreadsRace):
+        return RACE_NEXT_STEPS
     if isinstance(facts, DeviceWaits):
         return DEVICE_NEXT_STEPS
     if isinstance(facts, GroupsApart):
@@ -441,6 +453,35 @@ def _cleanup_stuck(f: CleanupStuck) -> Words:
         f"{in_ops(training)}",
         evidence,
     )
+
+
+def _threads_race(f: ThreadsRace) -> Words:
+    culprits = _ranks(f.raced)
+    by_text: dict[str, list[int]] = {}
+    for v in f.raced:
+        text = "; ".join(_thread_in_op(th, op) for th, op in _raced_ops(v))
+        by_text.setdefault(text, []).append(v.rank)
+    evidence = [f"{_r(ranks)}: {text}" for text, ranks in by_text.items()]
+    evidence += op_lines(f.others)
+    first = f.raced[0]
+    pair = " and ".join(_thread_in_op(th, op) for th, op in _raced_ops(first)[:2])
+    each = "each have" if len(culprits) > 1 else "has"
+    return Words(
+        f"collective mismatch: {_r(culprits)} {each} two threads in collectives on one process "
+        f"group at once ({'on rank ' + str(first.rank) + ': ' if len(culprits) > 1 else ''}{pair}): "
+        "the order in which a process's threads reach a group can differ between ranks, and "
+        "then each rank waits in a collective the others issued second (a deadlock by issue order)",
+        evidence,
+    )
+
+
+def _raced_ops(v: RankView) -> list[tuple[ThreadStack, DistOp]]:
+    main = [(v.thread, v.op)] if v.thread is not None and v.op is not None else []
+    return main + list(v.side_ops)
+
+
+def _thread_in_op(thread: ThreadStack, op: DistOp) -> str:
+    return f"thread '{thread.name or thread.thread_id}' in {op.describe()}"
 
 
 def _straggling(f: Straggling) -> Words:
@@ -738,6 +779,14 @@ def _by_where(views: Sequence[RankView]) -> dict[str, list[int]]:
     return {k: sorted(r) for k, r in found.items()}
 
 
+RACE_NEXT_STEPS = (
+    ("Give the side thread a process group of its own: create it with dist.new_group() on "
+     "every rank (every rank creates every group, in the same order) and pass it to that "
+     "thread's collectives (group=...); or issue those collectives from the main thread."),
+    ("Relaunch with TORCH_DISTRIBUTED_DEBUG=DETAIL to log every collective with ranks and "
+     "shapes, and the thread that issued it."),
+)
+
 GROUPS_NEXT_STEPS = (
     ("Stacks cannot tell which ranks each process group holds: relaunch with the flight "
      "recorder (TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1) and read its "
@@ -764,7 +813,7 @@ _SAY: dict[type, Callable[[Any], Words]] = {
     CleanupStuck: _cleanup_stuck, Straggling: _straggling, Unseen: _unseen,
     Mismatch: _mismatch, SameOp: _same_op, Unexplained: _unexplained,
     DeviceWaits: _device_waits, SeenInOneOp: _seen_in_one_op, Teardown: _teardown,
-    GroupsApart: _groups_apart,
+    GroupsApart: _groups_apart, ThreadsRace: _threads_race,
 }
 
 

@@ -216,6 +216,22 @@ def parted_paths() -> JobSnapshot:
     ])
 
 
+def threads_race(arguments: bool) -> JobSnapshot:
+    """Every rank: the main thread in a barrier, a checkpoint thread in an all_gather, both on
+    WORLD; with ``arguments``, the call arguments say so, without, the call lines do."""
+    wrapper = "torch/distributed/c10d_logger.py:_exception_logger.<locals>.wrapper:83"
+    given = [(-2, {"group": "(default)"})] if arguments else []
+
+    def rank(r: int) -> object:
+        side = ["threading.py:Thread._bootstrap:995", "ckpt.py:save:12",
+                make_frame("ckpt.py:gather:30", code="dist.all_gather(out, t)"), wrapper,
+                f"{C10D}:all_gather:3100"]
+        return make_rank(r, [*LOOP, make_frame("train.py:main:160", code="dist.barrier()"),
+                             wrapper, f"{C10D}:barrier:4100"], world_size=2, arguments=given,
+                         threads={"ckpt": side}, thread_arguments={"ckpt": given})
+    return make_snapshot([rank(0), rank(1)])
+
+
 def few_moving() -> JobSnapshot:
     moving = [in_op("all_reduce", 40), in_op("broadcast", 50), in_op("all_reduce", 40)]
     return make_snapshot([make_rank(0, stacks=moving)] + [waiting(r) for r in (1, 2, 3)])
@@ -362,6 +378,10 @@ CASES: dict[str, tuple[Callable[[], JobSnapshot], Verdict, Confidence, tuple[str
     "tree_shape": (lambda: left_groups(False), Verdict.COLLECTIVE_MISMATCH, LOW, (
         "rank 8 named by the merged call tree",
         "the culprits rest on the merged tree's shape alone")),
+    "threads_race": (lambda: threads_race(True), Verdict.COLLECTIVE_MISMATCH, HIGH, (
+        "ranks 0-1 named by their stacks: two threads in collectives on one process group",)),
+    "race_from_lines": (lambda: threads_race(False), Verdict.COLLECTIVE_MISMATCH, MEDIUM, (
+        "read from the call lines (no `group=` passed)",)),
     "few_moving": (few_moving, Verdict.NOT_HUNG, MEDIUM, (
         "only rank 0 completed ops while ranks 1-3 waited throughout",)),
     "device_one_site": (device_one_site, Verdict.NCCL_TIMEOUT, LOW, (
