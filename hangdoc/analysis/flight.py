@@ -36,7 +36,12 @@ rank waited for that itself waits in another group is a victim, not a cause (ran
 wait in group B for rank 1, which waits in group A for rank 0: rank 0 is the culprit);
 the culprits are the ranks the waits end at. Waits that end in a collective every member
 called leave that group's finding; waits that close a cycle across groups are groups
-called in different orders (a **group cycle**, a collective mismatch naming its ranks).
+called in different orders (a **group cycle**, a collective mismatch). The members of every
+group in the cycle then say, by their rings' order, which of the collectives it waits in
+they issued first: a minority that issued another first than the majority are the
+culprits (ranks 3-4 wait in an expert group for rank 5, which skipped it and waits in
+WORLD for them: rank 5). A tie (two ranks, one each way) names every member that took a
+side: the dumps cannot tell a skipped call on one from an added call on the other.
 
 **Membership.** A group's members are the ranks whose ops name it, every rank for WORLD,
 and the ranks its config lists. gloo's ``pg_config`` names WORLD ``''`` (with the ranks
@@ -182,7 +187,7 @@ def match_flight(snapshot: JobSnapshot) -> FlightFinding | None:
             return FlightFinding(FlightKind.UNPAIRED, "", 0, (), summary, tuple(notes[:8]),
                                  "flight recorder: p2p ops not paired")
         return None
-    decided = _decide(fronts)
+    decided = _decide(fronts, records)
     if decided is not None:
         findings.append(decided)
     findings.sort(key=lambda f: (_ORDER[f.kind], not f.culprits, f.seq))
@@ -516,7 +521,8 @@ def _moved_past(label: str, seq: int, ops: dict[int, dict[int, FlightEntry]], pe
     return lines
 
 
-def _decide(fronts: Sequence[tuple[_Front, FlightFinding]]) -> FlightFinding | None:
+def _decide(fronts: Sequence[tuple[_Front, FlightFinding]],
+            records: dict[int, FlightRecord]) -> FlightFinding | None:
     """Every group's finding weighed against the others: each rank waiting in a group waits
     for the members that have not called its collective (those whose newest number is
     lower; the members without a dump where every member with one has called it). A rank
@@ -556,7 +562,7 @@ def _decide(fronts: Sequence[tuple[_Front, FlightFinding]]) -> FlightFinding | N
         stuck = {pending[r][0].group.name for r in sinks}
         roots = [f for front, f in fronts if front.group.name in stuck]
     else:
-        return _group_cycle(waits)
+        return _group_cycle(waits, records)
     roots.sort(key=lambda f: (_ORDER[f.kind], f.seq))
     primary = roots[0]
     rooted = {id(f) for f in roots}
@@ -583,8 +589,12 @@ def _victims(front: _Front, finding: FlightFinding, waits: dict[int, tuple[_Fron
             + (f" for rank {on}" if on is not None else ""))
 
 
-def _group_cycle(waits: dict[int, tuple[_Front, int]]) -> FlightFinding:
-    """Every rank waited for waits for another: follow the waits from one until they close."""
+def _group_cycle(waits: dict[int, tuple[_Front, int]], records: dict[int, FlightRecord]) -> FlightFinding:
+    """Every rank waited for waits for another: follow the waits from one until they close.
+    The members of every group in the cycle then say which of the collectives the cycle
+    waits in they issued first; a minority that issued another first than the majority are
+    the culprits. A tie (two ranks, one each way) or no such member names every rank of
+    the cycle: the dumps cannot tell an added call from a skipped one."""
     rank = next(iter(waits))
     order: dict[int, int] = {}
     path: list[int] = []
@@ -599,13 +609,83 @@ def _group_cycle(waits: dict[int, tuple[_Front, int]]) -> FlightFinding:
         at = front.pending[r]
         parts.append(f"rank {r} waits in collective #{at} ({front.group.colls[r][at].describe()}) of "
                      f"{front.group.label} for rank {on}")
-    ranks = sorted(cycle)
-    summary = ("collective mismatch (flight recorder): ranks wait on each other across process groups: "
-               + ", ".join(parts) + ": the groups' collectives are called in different orders")
-    basis = f"flight recorder: ranks {compress_ranks(ranks)[1:-1]} wait on each other in different groups"
     first = waits[cycle[0]][0]
-    return FlightFinding(FlightKind.GROUP_CYCLE, first.group.label, first.pending[cycle[0]], tuple(ranks),
-                         summary, tuple(parts), basis, Verdict.COLLECTIVE_MISMATCH)
+    groups, votes = _issued_first(cycle, waits, records)
+    ranked = sorted(votes.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    lines: list[str] = []
+    if len(ranked) > 1 and len(ranked[0][1]) > len(ranked[1][1]):
+        usual, majority = ranked[0]
+        culprits = sorted(r for _, ranks in ranked[1:] for r in ranks)
+        members = sorted(r for _, ranks in ranked for r in ranks)
+        lines = [f"{_who(ranks)} issued collective #{seq} of {label} first" for (label, seq), ranks in ranked]
+        lines.append(f"{_who(members)}, the members of {groups} with a dump, issued these collectives in "
+                     f"different orders: {_who(majority)} one way, {_who(culprits)} the other")
+        other = ranked[1][0]
+        summary = (f"collective mismatch (flight recorder): {_who(culprits)} issued collective #{other[1]} of "
+                   f"{other[0]} first while {_who(majority)} issued collective #{usual[1]} of {usual[0]} first: "
+                   "the ranks wait on each other across process groups")
+        basis = f"flight recorder: {_who(culprits)} issued the collectives of {groups} in another order than the rest"
+        shown = {*cycle, *members}
+    else:
+        culprits = sorted({*cycle, *(r for _, ranks in ranked for r in ranks)})
+        summary = ("collective mismatch (flight recorder): ranks wait on each other across process groups: "
+                   + ", ".join(parts) + ": the groups' collectives are called in different orders")
+        basis = f"flight recorder: ranks {compress_ranks(culprits)[1:-1]} wait on each other in different groups"
+        shown = set(culprits)
+    return FlightFinding(FlightKind.GROUP_CYCLE, first.group.label, first.pending[cycle[0]], tuple(culprits),
+                         summary, (*parts, *lines, *_held_behind(waits, shown)), basis, Verdict.COLLECTIVE_MISMATCH)
+
+
+def _issued_first(cycle: Sequence[int], waits: dict[int, tuple[_Front, int]],
+                  records: dict[int, FlightRecord]) -> tuple[str, dict[tuple[str, int], list[int]]]:
+    """(the groups, named) and, for each of the collectives the cycle waits in (one per
+    group), the members of all those groups that issued it first, by their rings' order
+    (an entry a ring no longer holds came before every entry it holds). A member whose
+    ring does not show where it stands on a group (wrapped past it) has no say; nor one
+    that issued none of them."""
+    at: dict[str, tuple[_Front, int]] = {}
+    for r in cycle:
+        front = waits[r][0]
+        seq = front.pending[r]
+        if at.setdefault(front.group.name, (front, seq))[1] != seq:
+            return "", {}  # one group's members wait at different numbers: no one set of calls
+    if len(at) < 2:
+        return "", {}
+    colls = list(at.values())
+    names = " and ".join(front.group.label for front, _ in colls)
+    voters = set.intersection(*(set(front.newest) for front, _ in colls)) & records.keys()
+    votes: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for rank in sorted(voters):
+        position = {id(e): i for i, e in enumerate(records[rank].entries)}
+        issued = []
+        for front, seq in colls:
+            entry = front.group.colls.get(rank, {}).get(seq)
+            if entry is not None:
+                issued.append((position[id(entry)], front.group.label, seq))
+            elif front.newest[rank] >= seq:
+                issued.append((-1, front.group.label, seq))  # dropped from its ring: older than all it holds
+        if issued:
+            _, label, seq = min(issued)
+            votes[(label, seq)].append(rank)
+    return names, votes
+
+
+def _held_behind(waits: dict[int, tuple[_Front, int]], cycle: set[int]) -> list[str]:
+    """The ranks outside the cycle that wait on a rank in it."""
+    held: dict[tuple[str, int], tuple[_Front, list[int], set[int]]] = {}
+    for rank, (front, on) in sorted(waits.items()):
+        if rank in cycle or on not in cycle:
+            continue
+        at = front.pending[rank]
+        key = (front.group.name, at)
+        held.setdefault(key, (front, [], set()))[1].append(rank)
+        held[key][2].update(r for r, n in front.newest.items() if n < at)
+    lines = []
+    for (_, at), (front, ranks, behind) in sorted(held.items())[:4]:
+        lines.append(f"{_who(ranks)} {'waits' if len(ranks) == 1 else 'wait'} in collective #{at} "
+                     f"({front.group.colls[ranks[0]][at].describe()}) of {front.group.label} for "
+                     f"{_who(sorted(behind))}, which {'waits' if len(behind) == 1 else 'wait'} in the cycle")
+    return lines
 
 
 def _idle(groups: dict[str, _Group], records: dict[int, FlightRecord]) -> FlightFinding | None:

@@ -1,13 +1,16 @@
 """Flight recorder matching over every collective of every group (issue 24 item 7): a member
 without a dump that its peers' dumps list, a member that never issued an older collective
-(a gather) than the group's newest, a hang in one group while another waits behind it, and
-a broadcast whose root the dumps do not record.
+(a gather) than the group's newest, a hang in one group while another waits behind it, a
+broadcast whose root the dumps do not record, and groups whose collectives ranks issue in
+different orders.
 
 The real dumps (``tests/data/flight/{unseen_member,gather_never_issued,two_groups,
 broadcast_root}``) were recorded once from hung 3-rank (two_groups: 4-rank) gloo jobs by
-``tests/data/flight/record_groups.py``; they are replayed here through ``hangdoc analyze
-DIR --json`` (the CLI, real files) and through ``match_flight``/``apply_flight``, with
-every recorded hung dump of ``tests/data/flight`` held to its verdict and culprits.
+``tests/data/flight/record_groups.py``, and ``{subgroup_skip,order_inversion,
+object_collective_skip,extra_barrier,all_to_all_skip}`` by ``record_more.py``; they are
+replayed here through ``hangdoc analyze DIR --json`` (the CLI, real files) and through
+``match_flight``/``apply_flight``, with every recorded hung dump of ``tests/data/flight``
+held to its verdict and culprits.
 """
 
 from __future__ import annotations
@@ -45,6 +48,12 @@ EXPECTED = {
     "gather_never_issued": ("straggler", [2], "medium"),
     "two_groups": ("straggler", [0], "low"),  # gloo's subgroup configs list no ranks: size unknown
     "broadcast_root": ("unknown", [], "low"),
+    # record_more.py; gloo's WORLD config lists no ranks once subgroups exist: size unknown, low
+    "subgroup_skip": ("collective_mismatch", [5], "low"),  # not ranks 3-4, whom WORLD's collective names
+    "order_inversion": ("collective_mismatch", [0, 1], "low"),  # two ranks, one order each: a tie
+    "object_collective_skip": ("collective_mismatch", [2], "medium"),
+    "extra_barrier": ("collective_mismatch", [0], "medium"),
+    "all_to_all_skip": ("collective_mismatch", [1], "medium"),
 }
 
 
@@ -189,6 +198,61 @@ def test_waits_that_end_in_a_collective_every_member_called_name_no_one() -> Non
         "ranks 0-1 all issued collective #1 (all_reduce Float[4]) of group 1; none has finished it (flight recorder)",
         ("rank 2 waits in collective #2 (all_reduce Float[4]) of group 2, which rank 1 has not called: rank 1 "
          "waits in collective #1 (all_reduce Float[4]) of group 1"))
+
+
+def test_a_member_that_skipped_its_subgroups_collective_is_outvoted_by_the_members_of_both(capsys) -> None:
+    # ranks 3-4 wait in group 2 for rank 5; rank 5 waits in WORLD with ranks 0-2 for ranks 3-4
+    report = analyze_json(capsys, "subgroup_skip")
+    assert report["summary"] == (
+        "collective mismatch (flight recorder): rank 5 issued collective #3 of default_pg (0) first while "
+        "ranks 3-4 issued collective #3 of group 2 first: the ranks wait on each other across process groups")
+    assert report["evidence"][2:] == [
+        "ranks 3-4 issued collective #3 of group 2 first",
+        "rank 5 issued collective #3 of default_pg (0) first",
+        ("ranks 3-5, the members of group 2 and default_pg (0) with a dump, issued these collectives in "
+         "different orders: ranks 3-4 one way, rank 5 the other"),
+        ("ranks 0-2 wait in collective #3 (all_reduce Float[1000]) of default_pg (0) for ranks 3-4, which wait "
+         "in the cycle")]
+    found = match_flight(read_flight_dir(DUMPS / "subgroup_skip"))
+    assert found is not None and (found.kind, found.culprits) == (FlightKind.GROUP_CYCLE, (5,))
+
+
+def test_two_ranks_that_issue_two_groups_in_opposite_orders_are_both_named(capsys) -> None:
+    report = analyze_json(capsys, "order_inversion")
+    assert report["evidence"] == [
+        "rank 0 waits in collective #3 (all_reduce Float[1000]) of group 1 for rank 1",
+        "rank 1 waits in collective #3 (all_reduce Float[4]) of group 2 for rank 0"]
+    found = match_flight(read_flight_dir(DUMPS / "order_inversion"))
+    assert found is not None and (found.kind, found.culprits) == (FlightKind.GROUP_CYCLE, (0, 1))
+
+
+def test_the_members_of_both_groups_decide_which_order_is_wrong() -> None:
+    # ranks 0-2 share groups 1 and 2; at #2 ranks 0-1 call 1 then 2, rank 2 calls 2 then 1
+    snap = make_snapshot({0: ALL_REDUCE, 1: ALL_REDUCE, 2: SUB_REDUCE})
+    both = (("0", 1, True), ("1", 1, True), ("2", 1, True))
+    records = {0: _rec(0, *both, ("1", 2, False)), 1: _rec(1, *both, ("1", 2, False)),
+               2: _rec(2, *both, ("2", 2, False))}
+    found = match_flight(with_flight(snap, records))
+    assert found is not None and (found.kind, found.culprits) == (FlightKind.GROUP_CYCLE, (2,))
+    assert found.verdict is Verdict.COLLECTIVE_MISMATCH
+    assert found.evidence[-1] == ("ranks 0-2, the members of group 1 and group 2 with a dump, issued these "
+                                  "collectives in different orders: ranks 0-1 one way, rank 2 the other")
+    # two against two: a tie names every member that took a side, not only the two a cycle passes
+    snap = make_snapshot({0: ALL_REDUCE, 1: ALL_REDUCE, 2: SUB_REDUCE, 3: SUB_REDUCE})
+    records[3] = _rec(3, *both, ("2", 2, False))
+    found = match_flight(with_flight(snap, records))
+    assert found is not None and (found.kind, found.culprits) == (FlightKind.GROUP_CYCLE, (0, 1, 2, 3))
+
+
+def test_only_members_of_every_group_in_the_cycle_vote() -> None:
+    # rank 3 is only in group 2 and waits there with rank 2: it has no say on the order of
+    # groups 1 and 2, so ranks 0 and 2 tie and both are named
+    snap = make_snapshot({0: ALL_REDUCE, 2: SUB_REDUCE, 3: SUB_REDUCE})
+    records = {0: _rec(0, ("0", 1, True), ("1", 1, True), ("2", 1, True), ("1", 2, False)),
+               2: _rec(2, ("0", 1, True), ("1", 1, True), ("2", 1, True), ("2", 2, False)),
+               3: _rec(3, ("0", 1, True), ("2", 1, True), ("2", 2, False))}
+    found = match_flight(with_flight(snap, records))
+    assert found is not None and (found.kind, found.culprits) == (FlightKind.GROUP_CYCLE, (0, 2))
 
 
 # ------------------------------------------------------------------ (d) a root the dumps do not record
