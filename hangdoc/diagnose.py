@@ -127,8 +127,9 @@ def diagnose(
 
 
 # a Python stack ending in these torch modules may wait inside the C++ autograd engine
-# (DDP's reducer)
-_ENGINE = ("torch/autograd/graph.py", "torch/autograd/__init__.py", "torch/_tensor.py")
+# (DDP's reducer), or in a C++ operator (a compiled graph's functional collective)
+_ENGINE = ("torch/autograd/graph.py", "torch/autograd/__init__.py", "torch/_tensor.py",
+           "torch/_ops.py")
 
 
 def _in_engine(thread: ThreadStack) -> bool:

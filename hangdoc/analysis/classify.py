@@ -389,20 +389,21 @@ def _group_of(op: DistOp | None) -> str | None:
 
 def _waiting_for_members(shape: Structure, few: Sequence[int]) -> list[RankView]:
     """The few ranks, when they all wait in collectives on groups their callers passed while
-    the ranks in a WORLD op hold most of the job: such a collective completes once every
-    member of its group has entered it, so some fellow member of each is not in it, and
-    every rank not in it is in the WORLD op (a member that skipped the group's op, or calls
-    it later). The few wait for those members; the members, in the WORLD op, wait for the
-    few: the ones to blame are the members, whom the stacks do not name. [] otherwise."""
-    if not few or not shape.world or shape.unseen:
+    the rest, most of the job, wait in other ops whose scope is known: such a collective
+    completes once every member of its group has entered it, so some fellow member of each
+    is not in it but in the others' op (a member that skipped the group's op or calls it
+    later, or the few issued theirs early). Who waits for whom then rests on the groups'
+    members and the order each rank issued its ops, which stacks do not show: the minority
+    is not the culprit by being few. [] otherwise (the few on WORLD wait for everyone: they
+    left, ``sides``)."""
+    if not few or shape.unseen:
         return []
     named = set(few)
-    world = {v.rank for c in shape.world for v in c}
-    if named & world or 2 * len(world) <= len(world) + len(named):
-        return []
     waiting = [v for c in shape.part for v in c if v.rank in named]
-    if len(waiting) != len(named) or any(v.op is None or v.op.kind is not OpKind.COLLECTIVE
-                                         for v in waiting):
+    rest = sum(len(c) for c in (*shape.world, *shape.part)) - len(waiting)
+    if len(waiting) != len(named) or rest <= len(named):
+        return []
+    if any(v.op is None or v.op.kind is not OpKind.COLLECTIVE for v in waiting):
         return []
     return waiting
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from ..model import GIVEN_GROUP, Confidence, Origin, RankState, Verdict
 from .classify import IN_OP, OUTSIDE, Finding
 from .device import sync_call, waits_for_device
+from .ops import COMPILED_MAYBE
 from .views import RankView, op_keys
 from .wording import (
     NOT_VISIBLE,
@@ -230,9 +231,10 @@ def _by_elimination(case: Case) -> str | None:
 def _members_unknown(case: Case) -> str | None:
     f = case.found.facts
     if isinstance(f, Mismatch) and f.waiting_for_members:
-        return (f"the members {_who(f.waiting_for_members)} wait for, in the WORLD op, are not "
-                "named: py-spy cannot see which ranks a passed process group holds (the flight "
-                "recorder's process groups would name them)")
+        return (f"{_who(f.waiting_for_members)} wait on a process group whose other members "
+                "wait in the others' op: which rank skipped an op rests on the order each rank "
+                "issued them, which stacks do not show (the flight recorder's sequence numbers "
+                "would)")
     return None
 
 
@@ -473,6 +475,17 @@ def _race_from_lines(case: Case) -> str | None:
             "may pass another; call arguments (py-spy --locals) would tell")
 
 
+def _maybe_compiled(case: Case) -> str | None:
+    if not case.hang:
+        return None
+    maybe = [v for v in case.in_op if v.op is not None and v.op.via == COMPILED_MAYBE]
+    if not maybe:
+        return None
+    return (f"{_who(maybe)} {_verb(maybe, 'is', 'are')} idle in a C++ op of a compiled graph, "
+            "read as a collective: native frames (--native) or the graph's locals (py-spy "
+            "--locals) would say which op it is")
+
+
 def _groups_from_lines(case: Case) -> str | None:
     f = case.found.facts
     if not isinstance(f, Mismatch) or f.structure is None or not f.structure.from_lines:
@@ -520,8 +533,8 @@ RULES: tuple[Rule, ...] = (
     # nobody to blame, and ops in different process groups (not told apart from stacks) may
     # each be legitimate
     (Confidence.LOW, _no_minority),
-    # the few wait on passed groups while the rest are in a WORLD op: the members they wait
-    # for are among the rest, and stacks do not say which
+    # the few wait on passed groups while the rest are in another op: who skipped which
+    # rests on the order of issue, which stacks do not show
     (Confidence.LOW, _members_unknown),
     # culprits from the merged tree's shape only (a small path off a possible structure of
     # groups), the ops' groups not known
@@ -534,6 +547,8 @@ RULES: tuple[Rule, ...] = (
     # as computing, it may be waiting for device work (the culprits or the progress may be
     # wrong)
     (Confidence.LOW, _maybe_device),
+    # a rank idle in a compiled graph's C++ op, with nothing that says it is a collective
+    (Confidence.LOW, _maybe_compiled),
     # a culprit on a line of the job whose text was not captured (a dump file): it may be a
     # host sync, where the rank waits for its own collective rather than computes
     (Confidence.LOW, _line_unseen),

@@ -71,13 +71,13 @@ CLEANUP_FUNCTIONS = frozenset(
 )  # fmt: skip
 # c10d reducer / autograd native frames that mean "DDP is all-reducing gradients"
 _NATIVE_COLLECTIVE = re.compile(
-    r"(c10d::Reducer|c10d::ProcessGroup\w*::(allreduce|broadcast|allgather|reduce_scatter|barrier)"
+    r"(c10d::Reducer|c10d::wait_tensor|c10d::ProcessGroup\w*::(allreduce|broadcast|allgather|reduce_scatter|barrier)"
     r"|gloo::(allreduce|broadcast|allgather|barrier)|ncclAllReduce|ncclBroadcast)",
     re.IGNORECASE,
 )
 _NATIVE_NAMES = {
     "allreduce": "all_reduce", "broadcast": "broadcast", "allgather": "all_gather",
-    "reduce_scatter": "reduce_scatter", "barrier": "barrier",
+    "reduce_scatter": "reduce_scatter", "barrier": "barrier", "wait_tensor": "wait_tensor",
 }  # fmt: skip
 # torch's own modules, by their path inside the torch package (``FrameOrigin.module_path``)
 _TORCH_DIST = "torch/distributed/"
@@ -85,6 +85,14 @@ _FUNCOL = "torch/distributed/_functional_collectives"
 _DDP = "torch/nn/parallel/distributed.py"
 _C10D = "torch/distributed/distributed_c10d"
 _NOT_WORK = frozenset({"os", "proc", "process", "popen", "subprocess", "p"})
+_PIPELINING = "torch/distributed/pipelining/"
+_GRAPH_FILE = "<eval_with_key>"  # torch.fx's generated code: a compiled graph
+COMPILED = "compiled graph"
+COMPILED_MAYBE = ("compiled graph idle in a C++ op, maybe a collective: neither native frames "
+                  "nor the graph's locals say which")
+# what torch.distributed's own ``x.wait()`` lines wait on that is not a Work handle: the
+# rendezvous store, threading events and conditions, processes and threads
+_NOT_A_WORK = re.compile(r"store|event|cond|lock|thread|proc|popen|barrier|sem", re.IGNORECASE)
 # a literal global peer on the call line, for snapshots taken without locals (``group_dst=``
 # is a rank inside the group, not a global rank: never read as one)
 _PEER = re.compile(r"\b(dst|src|peer)\s*=\s*(\d+)")
@@ -396,6 +404,22 @@ def _recognise_call(thread: ThreadStack, sources: SourceIndex) -> DistOp | None:
         native = _native_op(thread)
         return DistOp(OpKind.COLLECTIVE, native or "wait", inner,
                       "Work.wait (issuing call not in the captured source)")
+    # 2b. torch.distributed's own code waiting on handles it issued elsewhere: a pipelining
+    #    schedule waits on the Work of its stage's batched send/recv in a helper of its own
+    #    (``_wait_batch_p2p``), so no frame names the op
+    if _in_torch(inner) and inner.origin.under(_TORCH_DIST) and waited and not thread.active \
+            and not _NOT_A_WORK.search(waited):
+        site = user_call_site(frames, len(frames) - 1)
+        if inner.origin.under(_PIPELINING):
+            return DistOp(OpKind.P2P, "batch_isend_irecv", site,
+                          f"Work.wait in the pipelining schedule ({inner.function})")
+        return DistOp(OpKind.COLLECTIVE, _native_op(thread) or "wait", site,
+                      f"Work.wait in {inner.origin.module_path} ({inner.function})")
+    # 2c. a compiled graph (torch.compile, AOT autograd) idle in one of its C++ ops: its
+    #    functional collectives run with no torch.distributed frame and no source
+    graph = _compiled_graph(thread)
+    if graph is not None:
+        return graph
     # 3. native frames: DDP reducer / autograd engine all-reducing in C++
     native = _native_op(thread)
     if native is not None:
@@ -413,6 +437,33 @@ def _recognise_call(thread: ThreadStack, sources: SourceIndex) -> DistOp | None:
         if frame.origin.kind is not Origin.TORCH:
             break
     return None
+
+
+def _compiled_graph(thread: ThreadStack) -> DistOp | None:
+    """The op of a thread idle inside a compiled FX graph's frame (``<eval_with_key>``), with
+    only torch's runtime below it: the collective the native frames name (``c10d::``), else
+    the graph's last collective node bound (kept by capture as ``graph_op``), else maybe a
+    collective: an idle C++ op in a distributed job's graph waits on something, and only
+    native frames or the graph's locals say what."""
+    if thread.active:
+        return None
+    frames = thread.frames
+    at = next((i for i in range(len(frames) - 1, -1, -1)
+               if not frames[i].native and frames[i].filename.startswith(_GRAPH_FILE)), None)
+    if at is None or any(not f.native and not _in_torch(f) for f in frames[at + 1:]):
+        return None
+    site = next((f for f in reversed(frames[:at]) if not f.native
+                 and f.origin.kind in (Origin.USER, Origin.LIBRARY)), None)
+    kept = thread.locals_at(at)
+    node = kept.get("graph_op") if kept is not None else None
+    native = _native_op(thread)
+    if native is not None:
+        name = node if node and node != "wait_tensor" else native
+        return DistOp(OpKind.COLLECTIVE, name, site, f"{COMPILED} ({frames[at].filename}): native frames")
+    if node is not None:
+        return DistOp(OpKind.COLLECTIVE, node, site,
+                      f"{COMPILED} ({frames[at].filename}): its last collective node")
+    return DistOp(OpKind.COLLECTIVE, "compiled graph op", site, COMPILED_MAYBE)
 
 
 def _public_op(

@@ -25,7 +25,7 @@ from ..model import (
 )
 from .device import waits_for_device
 from .locks import REENTRANT, LockEdge, LockGraph
-from .structure import Structure
+from .structure import Scope, Structure, op_scope
 from .views import RankView, op_keys
 
 NEXT_STEPS: dict[Verdict, tuple[str, ...]] = {
@@ -629,22 +629,24 @@ def _mismatch(f: Mismatch) -> Words:
 def _members_elsewhere(few: Sequence[RankView], groups: Sequence[Sequence[RankView]],
                        where: Sequence[str]) -> tuple[str, str]:
     """The summary and an evidence line for ranks in collectives on passed groups whose
-    fellow members are in the WORLD op with the rest."""
+    fellow members wait in the others' op."""
     named = {v.rank for v in few}
     theirs = [w for vs, w in zip(groups, where) if vs[0].rank in named]
     rest = [v for vs in groups for v in vs if v.rank not in named]
     others = [w for vs, w in zip(groups, where) if vs[0].rank not in named]
+    on_world = all((read := op_scope(v.op)) is not None and read.scope is Scope.WORLD for v in rest)
+    scope = "on WORLD" if on_world else "(on WORLD or a group of theirs)"
     summary = (f"collective mismatch: {_r(_ranks(few))} {_v(few, 'waits', 'wait')} in "
                f"{' / '.join(theirs)} on a group {_v(few, 'its', 'their')} caller passed, while "
-               f"{_r(_ranks(rest))} are in {' / '.join(others)} on WORLD: the members of "
-               f"{_v(few, 'its', 'their')} group that are in the WORLD op skipped "
-               f"{_v(few, 'its', 'their')} collective (or call it later); those members are "
-               "the ones to look at, and stacks do not say which ranks they are")
+               f"{_r(_ranks(rest))} are in {' / '.join(others)} {scope}: a member of "
+               f"{_v(few, 'its', 'their')} group is in the others' op, so either it skipped "
+               f"this collective (or calls it later) or {_r(_ranks(few))} skipped the others' "
+               "op; stacks do not say which, so no rank is named")
     evidence = ("a collective on a group its caller passed completes once every member of the "
                 f"group has entered it, so a member of the group of {_r(_ranks(few))} is not in "
-                f"it, and every rank not in it is in the WORLD op, which in turn waits for "
-                f"{_r(_ranks(few))}: the group's members (the flight recorder's process "
-                "groups, through `hangdoc probe`) would name them")
+                "it, and every other rank is in the others' op: the order each rank issued its "
+                "ops (the flight recorder's sequence numbers, through `hangdoc probe`, or "
+                "TORCH_DISTRIBUTED_DEBUG=DETAIL logs) names the rank that skipped one")
     return summary, evidence
 
 

@@ -52,6 +52,16 @@ LOCAL_NAMES = frozenset((
     "async_op", "group", "group_name", "group_size", "group_rank", "rank", "world_size",
 ))
 _TORCH_DIST = "torch/distributed/"
+# Code torch.fx generates for a compiled graph (``torch.compile``, AOT autograd) runs from a
+# file name of this form; its locals are the graph's nodes, named after their ops (``_N``
+# added to repeats). The functional collectives' ops (``torch.ops._c10d_functional``):
+_GRAPH_CODE = "<eval_with_key>"
+GRAPH_COLLECTIVES = frozenset({
+    "all_reduce", "all_reduce_coalesced", "all_gather_into_tensor",
+    "all_gather_into_tensor_coalesced", "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced", "all_to_all_single", "broadcast", "wait_tensor",
+})
+_NODE_SUFFIX = re.compile(r"_[0-9]+$")
 # torch wraps its public c10d functions (``_exception_logger``) in a frame whose ``args``
 # and ``kwargs`` are the call as the caller made it, before c10d replaces ``group=None``
 # with the default group: the one place that tells "no group given" (WORLD) apart.
@@ -180,7 +190,10 @@ def frame_locals(index: int, raw: dict[str, Any]) -> FrameLocals | None:
     if str(raw.get("name") or "").rsplit(".", 1)[-1] in _EXIT_METHODS:
         exception = _exit_exception(variables)
         return FrameLocals(index, (("exception", exception),)) if exception else None
-    origin = frame_origin(raw.get("filename") or "")
+    filename = raw.get("filename") or ""
+    if filename.startswith(_GRAPH_CODE):
+        return _graph_locals(index, variables)
+    origin = frame_origin(filename)
     if not origin.under(_TORCH_DIST):
         return None
     reprs = {str(v.get("name")): str(v.get("repr") or "") for v in variables if isinstance(v, dict)}
@@ -190,6 +203,21 @@ def frame_locals(index: int, raw: dict[str, Any]) -> FrameLocals | None:
     kept = tuple((name, value) for name, text in reprs.items()
                  if name in LOCAL_NAMES and (value := _clean(name, text)) is not None)
     return FrameLocals(index, kept) if kept else None
+
+
+def _graph_locals(index: int, variables: list[Any]) -> FrameLocals | None:
+    """Of a compiled FX graph's frame, the last node bound so far that is a functional
+    collective (``graph_op``): the graph's locals are its nodes, named after their ops, in
+    the order the graph runs them, and a node freed is None. The name only."""
+    last = None
+    for variable in variables:
+        if not isinstance(variable, dict):
+            continue
+        name = str(variable.get("name") or "")
+        op = _NODE_SUFFIX.sub("", name)
+        if op in GRAPH_COLLECTIVES and str(variable.get("repr") or "None") != "None":
+            last = op
+    return FrameLocals(index, (("graph_op", last),)) if last else None
 
 
 # Of the job's and its libraries' frames, capture keeps which object each lock expression

@@ -1,4 +1,4 @@
-# hangdoc-expect: verdict=collective_mismatch culprits=3
+# hangdoc-expect: verdict=collective_mismatch culprits=none
 # hangdoc-launch: mode=torchrun nproc=4
 """One in-house collective wrapper, called from two different lines: a mismatch hidden
 behind a single call site.
@@ -9,6 +9,12 @@ also share a data-parallel replica whose router statistics are averaged over the
 Rank 3's batch was flagged as skipped, so it went straight to the router statistics while
 ranks 0-2 were averaging the loss. Rank 2 waits for rank 3 in the world all_reduce, rank 3
 for rank 2 in the pair's. py-spy shows every rank inside `reduce_mean` at the same line."
+
+Culprits: none named from stacks. They show rank 3 in its pair's all_reduce and ranks 0-2 in
+the world's: the same shape as `mismatch_expert_subgroup_stats`, where the rank in the pair's
+op is the victim (its fellow member skipped the pair's op). Here rank 3 skipped the world's
+op instead; only the order each rank issued its ops (the flight recorder's sequence numbers)
+tells the two apart, so hangdoc names no one, at low confidence, and says what would.
 """
 
 import datetime

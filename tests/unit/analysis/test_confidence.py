@@ -232,21 +232,37 @@ def threads_race(arguments: bool) -> JobSnapshot:
     return make_snapshot([rank(0), rank(1)])
 
 
+COMPILED = [*LOOP, make_frame("train.py:main:93", code="loss = compiled_loss(img, txt)"),
+            "torch/_functorch/aot_autograd.py:aot_module_simplified.<locals>.forward:1277",
+            "torch/fx/graph_module.py:_WrappedCall.__call__:493", "<eval_with_key>.3:forward:13",
+            "torch/_ops.py:OpOverload.__call__:875", "torch/_ops.py:OpOverload.redispatch:882"]
+
+
+def compiled_graph(graph_op: str | None) -> JobSnapshot:
+    """Ranks 0, 2, 3 idle in a compiled graph's C++ op; rank 1 in an eager all_reduce. With
+    ``graph_op``, capture kept the graph's last collective node."""
+    kept = [(-3, {"graph_op": graph_op})] if graph_op else []
+    eager = make_rank(1, [*LOOP, make_frame("train.py:main:101", code="dist.all_reduce(stats)"),
+                          f"{C10D}:all_reduce:3252"], world_size=4)
+    return make_snapshot([make_rank(r, COMPILED, world_size=4, arguments=kept) for r in (0, 2, 3)]
+                         + [eager])
+
+
 def few_moving() -> JobSnapshot:
     moving = [in_op("all_reduce", 40), in_op("broadcast", 50), in_op("all_reduce", 40)]
     return make_snapshot([make_rank(0, stacks=moving)] + [waiting(r) for r in (1, 2, 3)])
 
 
-def groups_unseen(majority: str = "<ProcessGroup>") -> JobSnapshot:
+def groups_unseen(majority: str = "<ProcessGroup>", minority: str | None = None) -> JobSnapshot:
     # ranks 0-2 in an all_reduce on a group their caller passed, rank 3 in another op
     wrapper = "torch/distributed/c10d_logger.py:_exception_logger.<locals>.wrapper:83"
 
-    def on_group(rank: int, line: int, group: str) -> object:
+    def on_group(rank: int, line: int, group: str | None) -> object:
         return make_rank(rank, [*LOOP, f"train.py:train_step:{line}", wrapper,
                                 f"{C10D}:all_reduce:2800"], world_size=4,
-                         arguments=[(-2, {"group": group})])
-    return make_snapshot([*(on_group(r, 40, majority) for r in range(3)),
-                          on_group(3, 55, "<ProcessGroup>")])
+                         arguments=[(-2, {"group": group})] if group else [])
+    # rank 3's op says nothing of its group (no arguments, no line): it may be on WORLD
+    return make_snapshot([*(on_group(r, 40, majority) for r in range(3)), on_group(3, 55, minority)])
 
 
 def left_groups(code: bool) -> JobSnapshot:
@@ -368,8 +384,8 @@ CASES: dict[str, tuple[Callable[[], JobSnapshot], Verdict, Confidence, tuple[str
     # the other side: the majority's op is on WORLD, which waits for rank 3; rank 3 waits on
     # its passed group for members who are in the WORLD op (they skipped its collective):
     # those are the ones to blame, and stacks do not name them
-    "world_majority": (lambda: groups_unseen("(default)"), Verdict.COLLECTIVE_MISMATCH, LOW, (
-        "the members rank 3 wait for, in the WORLD op, are not named",)),
+    "world_majority": (lambda: groups_unseen("(default)", "<ProcessGroup>"), Verdict.COLLECTIVE_MISMATCH, LOW, (
+        "rank 3 wait on a process group whose other members wait in the others' op",)),
     # rank 8 on WORLD left a structure of passed groups read from the call lines
     "groups_from_lines": (lambda: left_groups(True), Verdict.COLLECTIVE_MISMATCH, MEDIUM, (
         "rank 8 named by the ops' process groups: on WORLD",
@@ -382,6 +398,11 @@ CASES: dict[str, tuple[Callable[[], JobSnapshot], Verdict, Confidence, tuple[str
         "ranks 0-1 named by their stacks: two threads in collectives on one process group",)),
     "race_from_lines": (lambda: threads_race(False), Verdict.COLLECTIVE_MISMATCH, MEDIUM, (
         "read from the call lines (no `group=` passed)",)),
+    "maybe_compiled": (lambda: compiled_graph(None), Verdict.COLLECTIVE_MISMATCH, LOW, (
+        "ranks 0,2-3 are idle in a C++ op of a compiled graph, read as a collective",)),
+    "compiled_node": (lambda: compiled_graph("all_gather_into_tensor"), Verdict.COLLECTIVE_MISMATCH,
+                      MEDIUM, (("all_gather_into_tensor recognised by compiled graph (<eval_with_key>.3): "
+                                "its last collective node"),)),
     "few_moving": (few_moving, Verdict.NOT_HUNG, MEDIUM, (
         "only rank 0 completed ops while ranks 1-3 waited throughout",)),
     "device_one_site": (device_one_site, Verdict.NCCL_TIMEOUT, LOW, (
@@ -502,7 +523,7 @@ RECORDED_CONFIDENCE = {
     "mismatch_funcol_skipped_batch": MEDIUM,  # functional-collective waits, not the calls
     "mismatch_pipeline_schedule_p2p": HIGH,
     "mismatch_uneven_shards_eval_gather": HIGH,
-    "mismatch_wrapper_two_callers": HIGH,
+    "mismatch_wrapper_two_callers": LOW,  # rank 3 in its pair's op: who skipped, unknown
     "nccl_timeout_grad_bucket_netsplit": HIGH,
     "nccl_timeout_retrieval_eval_allgather": HIGH,
     "nccl_timeout_teacher_broadcast": HIGH,
