@@ -25,6 +25,7 @@ from ..model import (
 )
 from .device import waits_for_device
 from .locks import REENTRANT, LockEdge, LockGraph
+from .ops import exit_frame
 from .structure import Scope, Structure, op_scope
 from .views import RankView, op_keys
 
@@ -1029,6 +1030,9 @@ def cleanup_short(v: RankView) -> str:
     """The same, short, for a summary."""
     if v.op is not None:
         return v.op.describe()
+    if v.thread is not None and (exiting := exit_frame(v.thread)) is not None:
+        joining = " joining its non-daemon threads" if exiting.function.endswith("_shutdown") else ""
+        return f"exiting: {exiting.function} ({exiting.location}){joining}"
     inner = (v.thread.innermost_python if v.thread else None)
     return f"{activity(v)} in {v.cleanup.location if v.cleanup else '?'}" + (
         f" at {inner.function}" if inner else ""
