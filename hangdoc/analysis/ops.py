@@ -372,9 +372,16 @@ def _recognise_call(thread: ThreadStack, sources: SourceIndex) -> DistOp | None:
     pyframes = _python_frames(thread)
     if not pyframes:
         return None
-    # 1. the innermost torch.distributed frame whose function is a known op
+    # 1. the innermost torch.distributed frame whose function is a known op, unless the
+    #    job's own code runs inside it: a callback torch.distributed made (a checkpoint's
+    #    storage writer or planner, inside DCP's ``_DistWrapper.all_reduce``) is where the
+    #    thread waits, not the op
+    job_inside = False
     for idx, frame in reversed(pyframes):
         origin = frame.origin
+        if origin.kind in (Origin.USER, Origin.LIBRARY):
+            job_inside = True
+            continue
         if not origin.under(_TORCH_DIST):
             continue
         path = origin.module_path
@@ -382,6 +389,8 @@ def _recognise_call(thread: ThreadStack, sources: SourceIndex) -> DistOp | None:
         kind = _kind_of(name, path)
         if kind is None:
             continue
+        if job_inside:
+            break
         site = user_call_site(frames, idx)
         if path.startswith(_FUNCOL) and name in FUNCOL_WAITS:
             return DistOp(kind, _funcol_name(frames, idx), site, "functional collective wait")

@@ -174,6 +174,8 @@ def test_a_heartbeat_directory_named_by_the_process_is_read_only_as_it_could(tmp
                 sleeper.wait()
         readable = subprocess.Popen(["sleep", "60"], env={"HANGDOC_HEARTBEAT_DIR": str(real)})
         try:
+            # its environment is the one it was started with only once it has exec'd
+            wait_for(lambda p=readable.pid: Path(f"/proc/{p}/exe").resolve().name == "sleep")
             (real / f"hb-{readable.pid}.bin").write_bytes(record)
             assert read_process(readable.pid).step == 7  # the same record, read the proper way
         finally:

@@ -519,8 +519,10 @@ RECORDED_CONFIDENCE = {
     "mismatch_async_grad_norm": MEDIUM,  # op recognised from a Work.wait line
     "mismatch_contextmanager_zero_first": HIGH,
     "mismatch_ddp_uneven_epoch_end": MEDIUM,  # DDP's all_reduce from native frames
+    "mismatch_dtensor_tp_sampler_empty_batch": MEDIUM,  # DTensor funcol waits, not the calls
     "mismatch_expert_subgroup_stats": LOW,  # the members rank 3 waits for are not named
     "mismatch_funcol_skipped_batch": MEDIUM,  # functional-collective waits, not the calls
+    "mismatch_new_subgroups_monitored_barrier": MEDIUM,  # groups read from call lines
     "mismatch_pipeline_schedule_p2p": HIGH,
     "mismatch_uneven_shards_eval_gather": HIGH,
     "mismatch_wrapper_two_callers": LOW,  # rank 3 in its pair's op: who skipped, unknown
@@ -531,10 +533,13 @@ RECORDED_CONFIDENCE = {
     "not_hung_checkpoint_barrier": MEDIUM,  # CPU and changing stacks, no op completed
     "not_hung_fast_steps": HIGH,
     "not_hung_grad_accumulation": MEDIUM,  # CPU and changing stacks, no op completed
+    "not_hung_pipelining_interleaved": HIGH,
     "not_hung_uneven_slow_reader": MEDIUM,  # wake-up counters
     "rank_missing_never_started": HIGH,
     "rank_missing_slurm_bad_data_path": HIGH,
     "straggler_crop_retry_spin": MEDIUM,  # the culprit spins on CPU: may be slow
+    "straggler_dcp_mirror_queue_full": HIGH,
+    "straggler_dist_breakpoint_rank0": HIGH,
     "straggler_fifo_shard_reader": HIGH,
     "straggler_forked_worker_lock": HIGH,
     "straggler_lock_order_deadlock_curriculum": HIGH,  # a deadlock seen in every sample

@@ -85,3 +85,27 @@ def test_capture_keeps_the_last_collective_node_a_graph_has_bound() -> None:
     assert frame_locals(4, raw) == FrameLocals(4, (("graph_op", "all_gather_into_tensor"),))
     raw["locals"] = [{"name": "primals_1", "repr": "<Tensor at 0x7f>"}]
     assert frame_locals(4, raw) is None
+
+
+DCP = "torch/distributed/checkpoint"
+SAVE = [*LOOP, f"{DCP}/state_dict_saver.py:save:180",
+        f"{DCP}/state_dict_saver.py:_save_state_dict:513", f"{DCP}/utils.py:_DistWrapper.all_reduce:245"]
+
+
+def test_the_job_s_code_called_back_inside_a_torch_distributed_op_is_not_in_the_op() -> None:
+    """DCP's ``_DistWrapper.all_reduce`` runs the job's storage writer on each rank, then
+    gathers: a rank blocked in its writer is outside any op (was: in all_reduce, every rank
+    in one op, a transport hang)."""
+    writer = make_rank(1, [*SAVE[:-1], f"{DCP}/utils.py:_DistWrapper.all_reduce:241",
+                           f"{DCP}/state_dict_saver.py:_save_state_dict.<locals>.write_data:500",
+                           "train.py:MirroringWriter.write_data:55",
+                           make_frame("queue.py:Queue.put:140", code="self.not_full.wait()"),
+                           "threading.py:Condition.wait:327"], world_size=3)
+    gathering = [*SAVE, "torch/distributed/distributed_c10d.py:gather_object:3631",
+                 "torch/distributed/distributed_c10d.py:all_gather:4287"]
+    op = recognise(make_thread(gathering))
+    assert op is not None and op.kind is OpKind.COLLECTIVE
+    assert recognise(writer.samples[-1].threads[0]) is None
+    d = analyse(make_snapshot([make_rank(0, gathering, world_size=3), writer,
+                               make_rank(2, gathering, world_size=3)]))
+    assert (d.verdict, d.culprit_ranks) == (Verdict.STRAGGLER, (1,))
