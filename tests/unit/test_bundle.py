@@ -316,7 +316,7 @@ def test_nul_in_the_path(tmp_path: Path) -> None:
 
 
 def test_plain_file_read_is_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bundle, "MAX_FILE_BYTES", 1000)
+    monkeypatch.setattr(bundle.files, "MAX_FILE_BYTES", 1000)
     path = _write(tmp_path, b" " * 1001)
     assert "larger than 1,000 bytes" in _error(path)
     sparse = tmp_path / "sparse.json"
@@ -326,7 +326,7 @@ def test_plain_file_read_is_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 
 def test_gzip_is_inflated_up_to_a_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bundle, "MAX_JSON_BYTES", 2**20)
+    monkeypatch.setattr(bundle.files, "MAX_JSON_BYTES", 2**20)
     bomb = gzip.compress(bytes(64 * 2**20))  # 64 MiB of zeros in 64 kB
     assert "inflates to more than 1 MiB" in _error(_write(tmp_path, bomb))
     # the cap counts all members of a multi-member file together
@@ -446,6 +446,6 @@ def test_deep_shared_stacks_are_capped(tmp_path: Path, monkeypatch: pytest.Monke
     data = _good_dict()
     data["stacks"][0] = [0] * (bundle.MAX_STACK_DEPTH + 1)
     assert "at stacks[0]: a stack of 100,001 frames" in _error(_write(tmp_path, json.dumps(data).encode()))
-    monkeypatch.setattr(bundle, "MAX_THREAD_FRAMES", 50)
+    monkeypatch.setattr(bundle.tables, "MAX_THREAD_FRAMES", 50)
     message = _error(_write(tmp_path, json.dumps(_good_dict()).encode()))
     assert "hold more than 50 frames in all" in message

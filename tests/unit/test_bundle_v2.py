@@ -404,7 +404,7 @@ def test_records_are_counted_each_time_they_are_used(tmp_path: Path,
     seq = data["tables"]["ThreadStack[]"]
     seq["lengths"], seq["items"] = [1000] + [1] * 6, {"runs": [0, 0, 999, 1, 1, 1, 5]}
     assert load_snapshot_of(tmp_path, data).ranks[0].samples[0].threads[999].thread_id == 1000
-    monkeypatch.setattr(bundle, "MAX_RECORDS", 2000)
+    monkeypatch.setattr(bundle.tables, "MAX_RECORDS", 2000)
     assert "the snapshot holds more than 2,000 records (threads, samples, ...) counted each time" \
         in _error(tmp_path, data)
 
@@ -412,9 +412,9 @@ def test_records_are_counted_each_time_they_are_used(tmp_path: Path,
 def test_frames_are_counted_each_time_a_stack_is_used(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     data = _good()
-    monkeypatch.setattr(bundle, "MAX_THREAD_FRAMES", 50)
+    monkeypatch.setattr(bundle.tables, "MAX_THREAD_FRAMES", 50)
     assert "the threads of all samples hold more than 50 frames in all" in _error(tmp_path, data)
-    monkeypatch.setattr(bundle, "MAX_THREAD_FRAMES", 10**6)
+    monkeypatch.setattr(bundle.tables, "MAX_THREAD_FRAMES", 10**6)
     data["stacks"][0] = [0] * (bundle.MAX_STACK_DEPTH + 1)
     assert "at stacks[0]: a stack of 100,001 frames" in _error(tmp_path, data)
 
@@ -424,8 +424,8 @@ def test_rows_and_items_are_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     data = _good()
     data["tables"]["CaptureError"] = {"n": 490, "columns": {"kind": ["timeout"] * 490,
                                                             "message": {"runs": [0, 0, 489]}}}
-    monkeypatch.setattr(bundle, "MAX_TABLE_ROWS", 500)
+    monkeypatch.setattr(bundle.tables, "MAX_TABLE_ROWS", 500)
     assert "at tables.CaptureError: the tables hold more than 500 rows in all" in _error(tmp_path, data)
-    monkeypatch.setattr(bundle, "MAX_TABLE_ROWS", 2**24)
-    monkeypatch.setattr(bundle, "MAX_TABLE_ITEMS", 10)
+    monkeypatch.setattr(bundle.tables, "MAX_TABLE_ROWS", 2**24)
+    monkeypatch.setattr(bundle.tables, "MAX_TABLE_ITEMS", 10)
     assert "the tables hold more than 10 items of tuples in all" in _error(tmp_path, _good())

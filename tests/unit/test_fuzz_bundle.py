@@ -30,7 +30,8 @@ from rich.console import Console
 from support.paths import REPO, TESTS
 
 from hangdoc.analysis.analyse import analyse
-from hangdoc.bundle import _table_name, _table_order, load_snapshot, snapshot_to_dict
+from hangdoc.bundle import load_snapshot, snapshot_to_dict
+from hangdoc.bundle.layout import _table_name, _table_order
 from hangdoc.errors import BundleError
 from hangdoc.model import JobSnapshot
 from hangdoc.report.json_report import render_json

@@ -15,8 +15,13 @@ import pytest
 from support.paths import REPO
 
 PACKAGE = REPO / "hangdoc"
+# the snapshot file format's files (hangdoc/bundle/), lowest first: each imports only those
+# before it, and none the package itself (its __init__ re-exports them)
+BUNDLE = ["files", "limits", "invalid", "stacks", "layout", "columns", "tables", "codec", "writer",
+          "reader"]
 GROUND = {"hangdoc", "hangdoc.model", "hangdoc.errors", "hangdoc.bundle", "hangdoc.outfiles", "hangdoc.heartbeat",
-          "hangdoc.probe", "hangdoc.probe_hook", "hangdoc.probe_hook.sitecustomize"}
+          "hangdoc.probe", "hangdoc.probe_hook", "hangdoc.probe_hook.sitecustomize",
+          *(f"hangdoc.bundle.{name}" for name in BUNDLE)}
 
 # what each floor may import besides the standard library, third-party packages and itself
 MAY_IMPORT = {
@@ -120,6 +125,16 @@ def test_third_party_stays_on_its_floor(third_party: str) -> None:
     assert {floor(m) for m in users} <= ONLY_IN[third_party], sorted(users)
 
 
+def test_bundle_files_import_only_those_below() -> None:
+    files = sorted(p.stem for p in (PACKAGE / "bundle").glob("*.py") if p.stem != "__init__")
+    assert files == sorted(BUNDLE), "place each file of hangdoc/bundle/ in BUNDLE"
+    for i, name in enumerate(BUNDLE):
+        module = f"hangdoc.bundle.{name}"
+        mine = {n for n in internal(GRAPH[module]) if n == "hangdoc.bundle" or n.startswith("hangdoc.bundle.")}
+        below = {f"hangdoc.bundle.{lower}" for lower in BUNDLE[:i]}
+        assert mine <= below, f"{module} imports {sorted(mine - below)}, not below it"
+
+
 def test_no_import_circles() -> None:
     graph = nx.DiGraph()
     for module, names in GRAPH.items():
@@ -137,6 +152,8 @@ def test_the_rules_see_every_import() -> None:
     assert "hangdoc.fleet.wire" in GRAPH["hangdoc.fleet.agent"]
     assert "networkx" in GRAPH["hangdoc.analysis.merge"]
     assert floor("hangdoc.report.terminal") == "report"
+    assert {"hangdoc.bundle.files", "hangdoc.bundle.codec"} <= GRAPH["hangdoc.bundle.reader"]
+    assert "hangdoc" in GRAPH["hangdoc.bundle.writer"]  # from .. import __version__
 
 
 def test_every_module_imports_without_ray() -> None:

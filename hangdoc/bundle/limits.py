@@ -1,0 +1,62 @@
+"""How much a bundle may make hangdoc hold: the ranges of the model's integers, and the caps
+on what interning multiplies (frames, records, the tables' rows and items).
+
+The checks import these names, so a test that lowers a cap sets it in the file whose check
+it means (``tables``: what a read stores and uses).
+"""
+
+from __future__ import annotations
+
+from ..model import (
+    MAX_WORLD_SIZE,
+    PID_MAX,
+    Frame,
+    FrameLocals,
+    GpuState,
+    Heartbeat,
+    JobSnapshot,
+    ProcessState,
+    RankProcess,
+    RasCommunicator,
+    RasRank,
+    ThreadCounters,
+    Unreachable,
+)
+
+# Integer ranges (inclusive); model.MAX_WORLD_SIZE bounds ranks and world sizes.
+# Stacks are interned, so a small file can make thousands of threads share one deep stack;
+# the analysis walks every thread's frames (about 2 us each), so the frames of all threads
+# of all samples together are capped: 50 million is about 90 s of analysis, and 5 times a
+# 10000-rank capture (5 samples, 2 threads, 100 frames deep). One stack holds at most
+# MAX_STACK_DEPTH frames, far past Python's recursion limit (1000 by default).
+MAX_STACK_DEPTH = 100_000
+MAX_THREAD_FRAMES = 50_000_000
+# Records are interned too (version 2), so a few numbers can make a rank hold a million
+# samples of a million threads: the records reachable from the snapshot, counted each time
+# they are used (a rank's samples, their threads, ...), are capped at MAX_RECORDS, 4 times
+# the largest job hangdoc analyses (MAX_WORLD_SIZE ranks, 5 samples of 12 threads). And
+# since a table's rows can come from a few numbers (runs, columns left out), the tables
+# together hold at most MAX_TABLE_ROWS rows (each a Python object: a 512 MB version 1
+# file holds about 13 million thread records) and MAX_TABLE_ITEMS items of tuples.
+MAX_RECORDS = 2**26
+MAX_TABLE_ROWS = 2**24
+MAX_TABLE_ITEMS = 2**26
+_INT_RANGE = (-(2**63), 2**64 - 1)  # any other int: 64 bits (thread ids are pthread_t values)
+_FIELD_RANGES: dict[tuple[type, str], tuple[int, int]] = {
+    (JobSnapshot, "world_size"): (0, MAX_WORLD_SIZE),
+    (RankProcess, "world_size"): (0, MAX_WORLD_SIZE),
+    (RankProcess, "rank"): (0, MAX_WORLD_SIZE - 1),
+    (RankProcess, "local_rank"): (0, MAX_WORLD_SIZE - 1),
+    (RankProcess, "pid"): (0, PID_MAX),
+    (RankProcess, "launcher_pid"): (0, PID_MAX),
+    (Unreachable, "ranks"): (0, MAX_WORLD_SIZE - 1),
+    (Frame, "line"): (0, 2**31 - 1),
+    (ProcessState, "num_threads"): (0, 2**31 - 1),
+    (ThreadCounters, "native_id"): (0, PID_MAX),
+    (FrameLocals, "index"): (0, MAX_STACK_DEPTH - 1),
+    (GpuState, "utilization_percent"): (0, 100),
+    (RasRank, "comm_rank"): (0, MAX_WORLD_SIZE - 1),
+    (RasCommunicator, "size"): (0, MAX_WORLD_SIZE),
+    (Heartbeat, "pid"): (0, PID_MAX),
+    (Heartbeat, "beats"): (0, 2**63 - 1),
+}
