@@ -103,7 +103,7 @@ def main() -> int:
          f"{statistics.median(answers) * 1000:.1f} ms, max {max(answers) * 1000:.1f} ms "
          f"({len(answers)} requests). A thread that never releases the GIL leaves the probe "
          "unanswered: the caller gives up after its timeout (3 s in `diagnose`; "
-         "tests/unit/test_probe.py)."),
+         "tests/unit/capture/test_probe.py)."),
         "",
     ])
     print(text)

@@ -24,7 +24,6 @@ from ..model import (
     Scope,
     Stack,
     StackGroup,
-    ThreadStack,
     Verdict,
     bounded_int,
     collections_paused,
@@ -42,13 +41,9 @@ from .probe_evidence import apply_probe_evidence
 from .views import RankView, Views
 
 
-def tree_stack(thread: ThreadStack) -> Stack:
+def _tree_frames(frames: Stack) -> Stack:
     """The stack as merged across ranks: unsymbolised native frames (bare addresses, which
     differ per process under ASLR) are left out so identical stacks stay identical."""
-    return _tree_frames(thread.frames)
-
-
-def _tree_frames(frames: Stack) -> Stack:
     return tuple(f for f in frames if not (f.native and f.function.startswith("0x")))
 
 

@@ -77,7 +77,6 @@ RAY_INTERNAL_ACTORS = frozenset({
 })
 TRAIN_WORKER_CLASS = "RayTrainWorker"  # Ray Train V1 and V2 worker actors
 TRAIN_CONTROLLER_CLASS = "TrainController"
-HANGDOC_AGENT_CLASS = "HangdocAgent"
 
 DEFAULT_ADDRESS = "auto"
 CONNECT_TIMEOUT_S = 3.0  # a TCP connect to the address the user gave

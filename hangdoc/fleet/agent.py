@@ -323,10 +323,7 @@ class AgentService(pb_grpc.AgentServicer):
             self.seen.setdefault(pid, set()).update(
                 f.filename for th in sample.threads for f in th.frames)
         samples = [(p.pid, taken.get(p.pid) or Sample(t=request.t, error=refused[p.pid])) for p in procs]
-        response = wire.samples_to_proto(samples)
-        if found is not None:
-            response.discovery.CopyFrom(wire.discovery_to_proto(found))
-        return response
+        return wire.samples_to_proto(samples, found)
 
     def _refusal(self, pid: int, caller: Caller) -> CaptureError | None:
         if pid not in self.found_pids:

@@ -328,11 +328,6 @@ def samples_from_proto(msg: pb.SampleResponse) -> dict[int, Sample]:
     return out
 
 
-def response_discovery(msg: pb.SampleResponse) -> Discovery | None:
-    """The discovery a ``SampleResponse`` carries (requests naming a job), else None."""
-    return discovery_from_proto(msg.discovery) if msg.HasField("discovery") else None
-
-
 def heartbeat_to_proto(beat: Heartbeat) -> pb.Heartbeat:
     msg = pb.Heartbeat(pid=beat.pid, beats=beat.beats, in_step=beat.in_step, age_seconds=beat.age_seconds)
     if beat.step is not None:

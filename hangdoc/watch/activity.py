@@ -102,13 +102,18 @@ class EventQueue:
 def tee(source: IO[bytes], sink: IO[bytes], pattern: StepPattern | None, queue: EventQueue,
         say: Callable[[str], None] = lambda _: None) -> threading.Thread:
     """Copy ``source`` (a child's stdout or stderr pipe) to ``sink`` as it arrives, noting
-    activity; returns the daemon thread doing it (it ends at end of file). A bug in noting
-    activity is said once and stops only the noting: the job's output never stops flowing,
-    or its pipe would fill and block the job."""
+    activity; returns the daemon thread doing it (it ends at end of file and closes
+    ``source``, which nothing else reads). A bug in noting activity is said once and stops
+    only the noting: the job's output never stops flowing, or its pipe would fill and block
+    the job."""
     scanner: _Scanner | None = _Scanner(pattern, queue.put)
     fd = source.fileno()
 
     def run() -> None:
+        with source:
+            copy()
+
+    def copy() -> None:
         nonlocal scanner
         while True:
             try:

@@ -37,6 +37,11 @@ class Pace:
         """``--log FILE``: its growth from now on is output."""
         self.log = LogTail(path, self.pattern, self.queue)
 
+    def close(self) -> None:
+        """Close what the sources hold open (the ``--log`` file)."""
+        if self.log is not None:
+            self.log.close()
+
     def primary(self) -> Signal:
         """The most exact signal this job gives."""
         if self.clocks[Signal.HEARTBEAT].events:

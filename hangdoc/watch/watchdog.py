@@ -109,6 +109,7 @@ class Watchdog:
             self.say(f"metrics written to {textfile.path}")
         if self.c.log:
             self.pace.follow(self.c.log)
+            held.callback(self.pace.close)
         if self.supervisor is not None:
             return WrappedRun(self, self.supervisor).run()
         assert self.ranks is not None

@@ -269,6 +269,7 @@ def python_sleeper(seconds: float = 60) -> Iterator[subprocess.Popen[str]]:
     finally:
         proc.kill()
         proc.wait()
+        proc.stdout.close()
 
 
 def as_rank(pid: int, rank: int | None = None) -> RankProcess:
@@ -313,6 +314,7 @@ def test_process_exiting_mid_capture_is_sampled_until_gone() -> None:
     finally:
         proc.kill()
         proc.wait()
+        proc.stdout.close()
     (snap,) = snapshot.ranks
     assert snap.process.pid == proc.pid
     first, *rest = snap.samples

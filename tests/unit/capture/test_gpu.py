@@ -198,6 +198,7 @@ def test_libraries_are_read_from_the_process_maps(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+        proc.stdout.close()
 
 
 def test_a_process_has_at_least_its_own_pid_as_alias() -> None:

@@ -149,6 +149,7 @@ def nccl_process(tmp_path: Path) -> Iterator[int]:
     finally:
         proc.kill()
         proc.wait()
+        proc.stdout.close()
 
 
 def _client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> Path:
@@ -200,6 +201,7 @@ def test_the_ras_address_the_job_set_is_used(tmp_path: Path, monkeypatch: pytest
     finally:
         proc.kill()
         proc.wait()
+        proc.stdout.close()
 
 
 def test_a_job_that_disabled_ras_is_not_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

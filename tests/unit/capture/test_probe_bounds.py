@@ -112,6 +112,7 @@ def test_a_probe_that_drips_its_answer_is_dropped_within_seconds(private_dir: st
     finally:
         proc.kill()
         proc.wait()
+        proc.stdout.close()
     assert answer.status is ProbeStatus.FAILED and took < 4
     # a byte every 0.5 s: 4 or 5 of them in the 2 s before the rate drops it, as the machine allows
     assert re.match(r"its probe sent [3-5] bytes of its answer in 2\.\d s, slower than hangdoc reads", answer.reason)
@@ -125,6 +126,7 @@ def test_an_answer_past_the_cap_is_refused_unread(private_dir: str) -> None:
     finally:
         proc.kill()
         proc.wait()
+        proc.stdout.close()
     size = len(fake_answer("entries", MAX_ANSWER_BYTES))
     assert answer.status is ProbeStatus.FAILED
     assert answer.reason == (f"its probe sent an answer hangdoc cannot read: an answer of {size:,} bytes, more than "
@@ -149,6 +151,7 @@ def test_an_answer_of_countless_values_is_refused_within_its_memory_bound(privat
         tracemalloc.stop()
         proc.kill()
         proc.wait()
+        proc.stdout.close()
     assert answer.reason.startswith(said) and answer.flight is None
     assert peak < 3 * MAX_ANSWER_BYTES < PEAK_ANSWER_BYTES  # the text, once as bytes and once as text
 

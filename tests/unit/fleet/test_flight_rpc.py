@@ -123,6 +123,7 @@ def test_a_real_agent_carries_a_real_probe_s_answer(tmp_path: Path) -> None:
         agent.stop()
         proc.kill()
         proc.wait()
+        proc.stdout.close()
         remove_probe_files([proc.pid])  # SIGKILL runs no atexit
     assert got.status is ProbeStatus.ANSWERED and got.flight is None
     assert got.reason == "its probe says: torch.distributed is not initialised in this process"

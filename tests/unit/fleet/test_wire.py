@@ -124,8 +124,8 @@ def test_sample_response_can_carry_the_discovery():
     rs = make_rank(0, ["train.py:main:1"])
     found = Discovery(ranks=(rs.process,), world_size=1, notes=(), searched="x")
     msg = over_the_wire(wire.samples_to_proto({rs.process.pid: rs.samples[0]}, found))
-    assert wire.response_discovery(msg) == found
-    assert wire.response_discovery(over_the_wire(wire.samples_to_proto({}))) is None
+    assert wire.discovery_from_proto(msg.discovery) == found
+    assert not over_the_wire(wire.samples_to_proto({})).HasField("discovery")
 
 
 @pytest.mark.parametrize("job", ["10.0.0.1:29500", None])

@@ -141,7 +141,8 @@ def test_server_serves_the_registry_and_nothing_else() -> None:
             scraped = answer.read().decode()
         assert scraped == render(board)
         board.count("dismissed_total")  # each scrape reads the board as it is then
-        scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            scraped = answer.read().decode()
         assert _one(_samples(scraped), "hangdoc_watch_dismissed_total").value == 1
         # a scraper that asks for OpenMetrics gets it: there, info is an info and _total a counter's
         ask = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
@@ -153,6 +154,7 @@ def test_server_serves_the_registry_and_nothing_else() -> None:
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/secrets", timeout=5)
         assert info.value.code == 404
+        info.value.close()  # the error holds the answer's connection
         with pytest.raises(UsageError, match="cannot serve metrics"):
             serve(board, "127.0.0.1", port)  # taken
     finally:
@@ -184,7 +186,8 @@ def _scrape_until(port: int, ready, timeout: float = 60) -> dict[str, list]:
     samples: dict[str, list] = {}
     while time.monotonic() < deadline:
         try:
-            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+                text = answer.read().decode()
         except OSError:
             time.sleep(0.2)
             continue
@@ -245,7 +248,9 @@ def test_scrape_a_running_watch_through_a_stall(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(watch.pid, signal.SIGKILL)
             watch.wait(10)
-    rest = watch.stderr.read() if watch.stderr else ""
+    assert watch.stderr is not None
+    with watch.stderr:
+        rest = watch.stderr.read()
     assert "Traceback" not in "".join(lines) + rest
     assert f"metrics written to {prom}" in "".join(lines) + rest
     assert not prom.exists()  # an ended watch's numbers are not left for node_exporter

@@ -58,6 +58,10 @@ def started(tmp_path: Path) -> Iterator[Callable[[str], tuple[Supervisor, str]]]
         if sup.child is not None and sup.child.poll() is None:
             os.killpg(sup.child.pid, signal.SIGKILL)
             sup.child.wait()
+        if sup.child is not None:  # its output pipes (a watch's tee closes them)
+            for pipe in (sup.child.stdout, sup.child.stderr):
+                if pipe is not None:
+                    pipe.close()
 
 
 @pytest.fixture

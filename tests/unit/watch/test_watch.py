@@ -219,6 +219,7 @@ def test_log_tail_waits_for_a_file_that_does_not_exist_yet(tmp_path: Path) -> No
     (tmp_path / "later.log").write_text("hello\n")
     tail.poll()
     assert [e.signal for e in queue.drain()] == [Signal.OUTPUT]
+    tail.close()
 
 
 def _beat(directory: Path, code: str) -> int:

@@ -254,6 +254,17 @@ def _start_job(tmp: Path, watch: list[str], term: str) -> tuple[subprocess.Popen
     return proc, [int(p) for p in pidfile.read_text().split()]
 
 
+def _end(proc: subprocess.Popen[str], pids: list[int]) -> None:
+    """The watch and its job's processes killed, whatever is left of them; the watch's
+    stdout closed (never read; its stderr is closed by whoever reads it to the end)."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=30)
+    _kill(pids)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
 ON_STALL = "hangdoc.watch.respond.Responder.on_stall"  # on a stall
 PUBLISH = "hangdoc.watch.metrics.MetricsBoard.publish"  # at every check
 
@@ -281,9 +292,7 @@ def test_an_error_in_the_watch_loop_stops_the_watching_not_the_job(exc: str, met
         assert proc.wait(timeout=30) == 128 + signal.SIGKILL, err.text()  # the command's own status
         assert "command exited with status 137" in err.text() and "Traceback" not in err.text()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        _kill(pids)
+        _end(proc, pids)
 
 
 def test_an_interrupt_that_reaches_the_watch_ends_the_wrapped_job(tmp_path: Path) -> None:
@@ -299,9 +308,7 @@ def test_an_interrupt_that_reaches_the_watch_ends_the_wrapped_job(tmp_path: Path
         assert "ending the wrapped command (pid" in err and "and all its processes" in err
         assert [pid for pid in pids if _alive(pid)] == []
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        _kill(pids)
+        _end(proc, pids)
 
 
 # an internal error while the watch responds to a stall: contained there (issue 23, item 5)
@@ -330,8 +337,14 @@ class _Stderr:
 
     def __init__(self, proc: subprocess.Popen[str]) -> None:
         self.lines: list[str] = []
-        assert proc.stderr is not None
-        threading.Thread(target=lambda: self.lines.extend(proc.stderr or ()), daemon=True).start()
+        stderr = proc.stderr
+        assert stderr is not None
+
+        def read() -> None:
+            with stderr:
+                self.lines.extend(stderr)
+
+        threading.Thread(target=read, daemon=True).start()
 
     def text(self) -> str:
         return "".join(self.lines)
@@ -383,9 +396,7 @@ def test_an_internal_error_in_the_diagnosis_reports_the_stall_and_leaves_the_job
             assert _until_exists(tmp_path / "hooked") and (tmp_path / "hooked").read_text() == str(hang)
         _left_running(proc, pids, err)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        _kill(pids)
+        _end(proc, pids)
 
 
 def test_an_internal_error_in_the_diagnosis_with_on_hang_kill_ends_the_job(tmp_path: Path) -> None:
@@ -395,9 +406,7 @@ def test_an_internal_error_in_the_diagnosis_with_on_hang_kill_ends_the_job(tmp_p
         assert [pid for pid in pids if _alive(pid)] == []
         assert "could not diagnose: internal error: RuntimeError: a bug" in err.text()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        _kill(pids)
+        _end(proc, pids)
 
 
 def test_names_that_look_like_markup_are_reported_as_they_are(tmp_path: Path) -> None:
@@ -413,9 +422,7 @@ def test_names_that_look_like_markup_are_reported_as_they_are(tmp_path: Path) ->
         assert "internal error" not in err.text()
         _left_running(proc, pids, err)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        _kill(pids)
+        _end(proc, pids)
 
 
 def test_an_internal_error_writing_the_report_still_reports_and_runs_the_hook(tmp_path: Path) -> None:
@@ -431,9 +438,7 @@ def test_an_internal_error_writing_the_report_still_reports_and_runs_the_hook(tm
         assert report["verdict"] == "unknown" and "a bug in the report" in report["summary"]
         _left_running(proc, pids, err)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        _kill(pids)
+        _end(proc, pids)
 
 
 def _until_exists(path: Path, timeout: float = 20) -> bool:
@@ -453,9 +458,7 @@ def test_sigterm_to_the_watchdog_ends_the_job_in_every_session(tmp_path: Path) -
         assert "leaving processes of its job running: ending them" in err
         assert [pid for pid in pids if _alive(pid)] == []
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        _kill(pids)
+        _end(proc, pids)
 
 
 # ------------------------------------------------------------------- --on-hang
@@ -565,6 +568,7 @@ def test_a_log_that_fails_to_read_is_opened_again(tmp_path: Path) -> None:
         def close(self) -> None:
             pass
 
+    tail.close()  # the file it opened, before a failing one takes its place
     tail._handle = Failing()  # type: ignore[assignment]
     tail.poll()  # no exception: the watch goes on
     with log.open("a") as f:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 from support.factories import make_snapshot
+from support.paths import TESTS
 from support.probes import probe_socket, remove_probe_files
 
 from hangdoc.analysis.analyse import analyse
@@ -40,7 +41,7 @@ from hangdoc.probe_hook import BOOT_DIR, PTH_NAME
 pytestmark = pytest.mark.timeout(60)
 UID = os.geteuid()
 NOT_INITIALISED = "its probe says: torch.distributed is not initialised in this process"
-FAKE_PROBE = Path(__file__).resolve().parents[1] / "support" / "fake_probe.py"
+FAKE_PROBE = TESTS / "support" / "fake_probe.py"
 
 SERVE = """
 import re, sys, time
@@ -100,6 +101,7 @@ def serving(request: pytest.FixtureRequest) -> Iterator[tuple[int, str]]:
     finally:
         proc.kill()
         proc.wait()
+        proc.stdout.close()
         remove_probe_files([proc.pid])
 
 

@@ -108,6 +108,7 @@ def test_read_process_finds_the_record_by_the_process_own_view(tmp_path) -> None
         for proc in (own_dir, namespaced):
             proc.kill()
             proc.wait()
+            proc.stdout.close()
         for leftover in Path("/dev/shm/hangdoc").glob("hb-1-*.bin"):
             leftover.unlink(missing_ok=True)
 
