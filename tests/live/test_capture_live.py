@@ -66,6 +66,8 @@ def test_socket_bytes_of_processes_in_other_network_namespaces() -> None:
                 if proc is not None:
                     proc.kill()
                     proc.wait()
+                    if proc.stdout is not None:
+                        proc.stdout.close()
     # `ip netns exec` execs the command, so the Popen pid is the Python process itself
     assert moved[server.pid] is not None and moved[server.pid] >= 300000  # received
     assert moved[client.pid] is not None and moved[client.pid] >= 300000  # acked

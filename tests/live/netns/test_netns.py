@@ -123,6 +123,9 @@ def test_nodes_talk_until_cut_then_traffic_vanishes(prefix: str) -> None:
         assert _ask(client, "echo") == "timeout"
     assert server.wait(timeout=5) == -signal.SIGKILL
     assert client.wait(timeout=5) == -signal.SIGKILL
+    for pipe in (client.stdin, client.stdout):
+        if pipe is not None:
+            pipe.close()
     assert _leftovers(prefix) == []
 
 
@@ -167,6 +170,8 @@ def test_cleanup_stale_removes_a_crashed_run_but_not_a_live_one(prefix: str) -> 
     finally:
         proc.kill()
         proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
     orphans = _ns_pids(prefix + "xn1")
     assert orphans, "the crashed run's sleeper should still be inside its namespace"
     assert len(_leftovers(prefix + "x")) == 2 + 2 + 1 + 2 + 1
