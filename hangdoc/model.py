@@ -97,6 +97,11 @@ _TORCH_TOP = frozenset({
 })
 
 
+# the file name torch.fx gives the code it generates for a compiled graph (torch.compile,
+# AOT autograd): ``<eval_with_key>.3``
+GRAPH_CODE = "<eval_with_key>"
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def frame_origin(filename: str) -> FrameOrigin:
     """The origin of code in ``filename``, from the path's own layout (see ``Origin``)."""

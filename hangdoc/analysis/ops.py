@@ -21,6 +21,7 @@ from dataclasses import replace
 
 from ..model import (
     GIVEN_GROUP,
+    GRAPH_CODE,
     WORLD_GROUP,
     DistOp,
     Frame,
@@ -86,7 +87,6 @@ _DDP = "torch/nn/parallel/distributed.py"
 _C10D = "torch/distributed/distributed_c10d"
 _NOT_WORK = frozenset({"os", "proc", "process", "popen", "subprocess", "p"})
 _PIPELINING = "torch/distributed/pipelining/"
-_GRAPH_FILE = "<eval_with_key>"  # torch.fx's generated code: a compiled graph
 COMPILED = "compiled graph"
 COMPILED_MAYBE = ("compiled graph idle in a C++ op, maybe a collective: neither native frames "
                   "nor the graph's locals say which")
@@ -458,7 +458,7 @@ def _compiled_graph(thread: ThreadStack) -> DistOp | None:
         return None
     frames = thread.frames
     at = next((i for i in range(len(frames) - 1, -1, -1)
-               if not frames[i].native and frames[i].filename.startswith(_GRAPH_FILE)), None)
+               if not frames[i].native and frames[i].filename.startswith(GRAPH_CODE)), None)
     if at is None or any(not f.native and not _in_torch(f) for f in frames[at + 1:]):
         return None
     site = next((f for f in reversed(frames[:at]) if not f.native

@@ -31,6 +31,7 @@ import psutil
 
 from ..errors import PySpyMissing
 from ..model import (
+    GRAPH_CODE,
     MAX_LINES_BEFORE,
     CaptureError,
     CaptureErrorKind,
@@ -52,10 +53,9 @@ LOCAL_NAMES = frozenset((
     "async_op", "group", "group_name", "group_size", "group_rank", "rank", "world_size",
 ))
 _TORCH_DIST = "torch/distributed/"
-# Code torch.fx generates for a compiled graph (``torch.compile``, AOT autograd) runs from a
-# file name of this form; its locals are the graph's nodes, named after their ops (``_N``
-# added to repeats). The functional collectives' ops (``torch.ops._c10d_functional``):
-_GRAPH_CODE = "<eval_with_key>"
+# The code torch.fx generates for a compiled graph (``model.GRAPH_CODE``) has the graph's
+# nodes as its locals, named after their ops (``_N`` added to repeats). The functional
+# collectives' ops (``torch.ops._c10d_functional``):
 GRAPH_COLLECTIVES = frozenset({
     "all_reduce", "all_reduce_coalesced", "all_gather_into_tensor",
     "all_gather_into_tensor_coalesced", "reduce_scatter_tensor",
@@ -191,7 +191,7 @@ def frame_locals(index: int, raw: dict[str, Any]) -> FrameLocals | None:
         exception = _exit_exception(variables)
         return FrameLocals(index, (("exception", exception),)) if exception else None
     filename = raw.get("filename") or ""
-    if filename.startswith(_GRAPH_CODE):
+    if filename.startswith(GRAPH_CODE):
         return _graph_locals(index, variables)
     origin = frame_origin(filename)
     if not origin.under(_TORCH_DIST):
