@@ -109,3 +109,18 @@ def test_the_job_s_code_called_back_inside_a_torch_distributed_op_is_not_in_the_
     d = analyse(make_snapshot([make_rank(0, gathering, world_size=3), writer,
                                make_rank(2, gathering, world_size=3)]))
     assert (d.verdict, d.culprit_ranks) == (Verdict.STRAGGLER, (1,))
+
+
+def test_a_side_thread_on_a_group_of_its_own_is_no_race() -> None:
+    """The fix the race finding gives: the side thread's collective on a passed group and
+    the main thread's on WORLD are two groups, not a race; every rank in the barrier is
+    the transport reading, not the race."""
+    side = ["threading.py:Thread._bootstrap:995", "ckpt.py:save:12",
+            make_frame("ckpt.py:gather:30", code="dist.all_gather(out, t, group=ckpt_group)"),
+            "torch/distributed/distributed_c10d.py:all_gather:3100"]
+    main = [*LOOP, make_frame("train.py:main:160", code="dist.barrier()"),
+            "torch/distributed/distributed_c10d.py:barrier:4100"]
+    d = analyse(make_snapshot([make_rank(r, main, world_size=2, threads={"ckpt": side})
+                               for r in (0, 1)]))
+    assert d.verdict is Verdict.NCCL_TIMEOUT and d.culprit_ranks == ()
+    assert "two threads" not in d.summary
