@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -393,7 +394,7 @@ def test_an_internal_error_in_the_diagnosis_reports_the_stall_and_leaves_the_job
         assert report["verdict"] == "unknown" and "internal error: RuntimeError: a bug" in report["summary"]
         assert "HANG unknown: could not diagnose: internal error" in err.text()
         if on_hang == "exec":
-            assert _until_exists(tmp_path / "hooked") and (tmp_path / "hooked").read_text() == str(hang)
+            assert _until_written(tmp_path / "hooked", lambda text: text == str(hang)) == str(hang)
         _left_running(proc, pids, err)
     finally:
         _end(proc, pids)
@@ -433,19 +434,32 @@ def test_an_internal_error_writing_the_report_still_reports_and_runs_the_hook(tm
         line = err.line_with("a bug in the report")
         assert line.startswith("hangdoc watch: internal error: RuntimeError: a bug in the report (<string>:"), line
         assert line.endswith("; reporting the stall undiagnosed"), line
-        assert _until_exists(tmp_path / "copied.json")
-        report = json.loads((tmp_path / "copied.json").read_text())
+        report = json.loads(_until_written(tmp_path / "copied.json", _whole_json))
         assert report["verdict"] == "unknown" and "a bug in the report" in report["summary"]
         _left_running(proc, pids, err)
     finally:
         _end(proc, pids)
 
 
-def _until_exists(path: Path, timeout: float = 20) -> bool:
+def _until_written(path: Path, done: Callable[[str], bool], timeout: float = 20) -> str:
+    """The file's text once ``done`` holds of it: the hook creates the file before it writes
+    it, so a read as soon as it exists can find it empty."""
     deadline = time.monotonic() + timeout
-    while not path.exists() and time.monotonic() < deadline:
+    text = ""
+    while time.monotonic() < deadline:
+        text = path.read_text() if path.exists() else ""
+        if done(text):
+            break
         time.sleep(0.05)
-    return path.exists()
+    return text
+
+
+def _whole_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def test_sigterm_to_the_watchdog_ends_the_job_in_every_session(tmp_path: Path) -> None:
