@@ -114,9 +114,11 @@ def test_lock_hang_with_heartbeats_learned_timeout_and_exec(watch_run, tmp_path:
                      "--max-window", "4", "--on-hang", hook], 2,
                     ["--hang", "lock", "--at", "40", "--steps", "100", "--heartbeat"])
     deadline = time.monotonic() + 150
-    while not marker.exists() and time.monotonic() < deadline and run.proc.poll() is None:
+    # the hook creates the file before it writes it: wait for its text, not its name
+    while not (marker.exists() and marker.read_text()) and time.monotonic() < deadline and run.proc.poll() is None:
         time.sleep(0.2)
-    assert marker.exists(), f"the --on-hang exec command did not run; stderr:\n{run.err()[-4000:]}"
+    assert marker.exists() and marker.read_text(), \
+        f"the --on-hang exec command did not run; stderr:\n{run.err()[-4000:]}"
     hang_dir = Path(marker.read_text())
     assert hang_dir.parent == run.out
     report = json.loads((hang_dir / "report.json").read_text())
