@@ -2,19 +2,19 @@
 
 Per rank it recognises the distributed op of the relevant thread (``ops``), judges
 movement over the window (``progress``), and assigns a ``RankState``; it merges the
-ranks' stacks into one ``CallTree`` (``merge``), then ``classify`` names the verdict.
+ranks' stacks into one ``CallTree`` (``merge``), reads what the other sources tell (the
+flight recorder, the GPUs and RAS), then ``classify`` names the verdict, once, and
+``confidence`` weighs it; the ``Diagnosis`` is built once from that.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..model import (
     MAX_WORLD_SIZE,
     CallTree,
-    Confidence,
     Diagnosis,
     DistOp,
     JobSnapshot,
@@ -24,20 +24,18 @@ from ..model import (
     Scope,
     Stack,
     StackGroup,
-    Verdict,
     bounded_int,
     collections_paused,
     compress_ranks,
     is_loopback_host,
     once_per_object,
 )
-from . import classify, confidence, wording
+from . import classify, confidence, gpu_state, wording
 from .device import waits_for_device
-from .flight import apply_flight, match_flight
-from .gpu_state import apply_device_state
+from .finding import Told
+from .flight import match_flight
 from .merge import build_tree, with_culprits
 from .ops import Recogniser
-from .probe_evidence import apply_probe_evidence
 from .views import RankView, Views
 
 
@@ -196,10 +194,12 @@ def _analyse(snapshot: JobSnapshot) -> Diagnosis:
         or any(v.code_world for v in views)
     coverage_unknown = not world_known and (len(present) == 1 or not snapshot.nodes_searched)
     others_unseen = not world_known and len(present) == 1  # its peers exist; nobody saw them
-    result = classify.classify(views, sorted(missing), sorted(unknown), others_unseen=others_unseen)
+    told = Told(match_flight(snapshot), any(r.samples for r in snapshot.ranks), gpu_state.find(snapshot))
+    result = classify.classify(views, sorted(missing), sorted(unknown), others_unseen=others_unseen, told=told,
+                               notes=(elsewhere_note,) if elsewhere_note else ())
+    judged = confidence.judge(result, views, sorted(unknown), len(snapshot.unreachable),
+                              world_known=world_known, coverage_unknown=coverage_unknown)
     describe = _details()
-    if elsewhere_note:
-        result.evidence.append(elsewhere_note)
     ranks = [
         RankAnalysis(
             rank=v.rank,
@@ -225,47 +225,22 @@ def _analyse(snapshot: JobSnapshot) -> Diagnosis:
     ]
     ranks.sort(key=lambda r: (r.rank is None, r.rank))
     observed = max((v.move.seconds for v in views if v.move), default=0.0)
-    judged = confidence.judge(result.finding, views, sorted(unknown), len(snapshot.unreachable),
-                              world_known=world_known, coverage_unknown=coverage_unknown)
-    diagnosis = Diagnosis(
+    return Diagnosis(
         verdict=result.verdict,
-        culprit_ranks=tuple(sorted(result.culprits)),
+        culprit_ranks=result.culprits,
         summary=result.summary,
-        evidence=tuple(result.evidence),
-        next_steps=tuple(result.next_steps),
+        evidence=result.evidence,
+        next_steps=result.next_steps,
         ranks=tuple(ranks),
         groups=tuple(groups),
         observed_seconds=round(max(observed, snapshot.window_seconds), 2),
         partial=bool(unknown) or any(v.state is RankState.UNREADABLE for v in views),
-        tree=tree,
+        tree=with_culprits(tree, result.culprits) if result.culprits and tree is not None else tree,
         ambiguous=result.ambiguous,
         confidence=judged.confidence,
         basis=judged.basis,
         scope=scope_of(views, missing, unknown, (max(expected) + 1) if world_known and expected else None),
     )
-    # the ranks' flight recorder dumps, when had, sharpen or override what the stacks say
-    diagnosis = apply_flight(diagnosis, match_flight(snapshot), stacks=any(r.samples for r in snapshot.ranks))
-    # then their GPUs' state (NVML) and NCCL's RAS report, where captured
-    diagnosis = apply_device_state(diagnosis, snapshot)
-    # and what their probes told: live exceptions, last heartbeats (evidence only)
-    diagnosis = apply_probe_evidence(diagnosis, snapshot)
-    diagnosis = _over_part(diagnosis, coverage_unknown)
-    if diagnosis.culprit_ranks and diagnosis.tree is not None:  # the tree's outliers, knowing them
-        diagnosis = dataclasses.replace(diagnosis, tree=with_culprits(diagnosis.tree, diagnosis.culprit_ranks))
-    return diagnosis
-
-
-def _over_part(diagnosis: Diagnosis, coverage_unknown: bool) -> Diagnosis:
-    """A hang verdict said of part of the job, or of a part of unknown size, stays low,
-    whichever evidence source set its confidence last (the flight recorder's and the device
-    state's say-so included)."""
-    if not (diagnosis.scope.not_seen or coverage_unknown) \
-            or diagnosis.verdict in (Verdict.NOT_HUNG, Verdict.UNKNOWN) or diagnosis.confidence is Confidence.LOW:
-        return diagnosis
-    said = (f"{wording.rank_words(list(diagnosis.scope.not_seen))} not seen" if diagnosis.scope.not_seen
-            else "the job's size is unknown: ranks not captured may be elsewhere")
-    basis = diagnosis.basis if any(said in b for b in diagnosis.basis) else (*diagnosis.basis, said)
-    return dataclasses.replace(diagnosis, confidence=Confidence.LOW, basis=basis)
 
 
 def _details() -> Callable[[RankView], str]:

@@ -6,18 +6,22 @@ progress -> rank_missing -> init_deadlock -> cleanup_deadlock -> straggler ->
 collective_mismatch -> nccl_timeout -> unknown.
 
 ``decide`` applies the rules and returns a ``Finding`` (verdict, culprits, the facts found,
-no words); ``classify`` has ``wording`` turn it into the summary, evidence and next steps.
+no words); ``classify`` has ``wording`` turn it into the summary, evidence and next steps,
+then applies the rules of the other evidence sources (``settle``: the flight recorder, the
+GPUs and NCCL's RAS) and adds the probes' evidence. The verdict is decided there, once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from ..model import GIVEN_GROUP, WORLD_GROUP, DistOp, Frame, OpKind, RankState, Verdict
-from . import wording
+from . import settle, wording
 from .device import waits_for_device
+from .finding import Classification, Finding, Told
+from .probe_evidence import probe_lines
 from .structure import (
     Scope,
     Structure,
@@ -36,7 +40,6 @@ from .wording import (
     DataMoving,
     DeviceWaits,
     EnvSplit,
-    Facts,
     GroupsApart,
     InitSplit,
     InitStuck,
@@ -60,49 +63,13 @@ IN_OP = (RankState.WAITING, RankState.COMMUNICATING)
 OUTSIDE = (RankState.BUSY, RankState.BLOCKED, RankState.STOPPED)
 
 
-@dataclass
-class Classification:
-    """A ``Finding`` in words (what ``classify`` returns); ``confidence.judge`` weighs the
-    finding."""
-
-    finding: Finding
-    summary: str
-    evidence: list[str] = field(default_factory=list)
-    next_steps: tuple[str, ...] = ()
-
-    @property
-    def verdict(self) -> Verdict:
-        return self.finding.verdict
-
-    @property
-    def culprits(self) -> list[int]:
-        return self.finding.culprits
-
-    @property
-    def ambiguous(self) -> bool:
-        return self.finding.ambiguous
-
-
-@dataclass(frozen=True)
-class Finding:
-    """What the rules decided, before any words.
-
-    ``facts`` is the ``wording`` fact type of the rule that applied; ``quiet_over`` are the
-    ranks whose stillness backs a hang verdict (their counters are quoted), None when
-    stillness is not part of the evidence.
-    """
-
-    verdict: Verdict
-    culprits: list[int]
-    facts: Facts
-    ambiguous: bool = False
-    quiet_over: Sequence[RankView] | None = None
-
-
 def classify(
-    views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[int], *, others_unseen: bool = False
+    views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[int], *, others_unseen: bool = False,
+    told: Told | None = None, notes: Sequence[str] = (),
 ) -> Classification:
-    """The verdict of ``decide``, in words."""
+    """The verdict, decided once: the stack rules (``decide``) in words, then what the other
+    sources make of it (``settle``), then the probes' evidence. ``notes`` are said after the
+    stacks' own evidence."""
     found = decide(views, missing, unknown, others_unseen=others_unseen)
     summary, evidence = wording.words(found.facts)
     if found.quiet_over is not None:
@@ -117,7 +84,15 @@ def classify(
         evidence += wording.op_lines(device) + [wording.NOT_VISIBLE]
     if unknown and found.verdict is not Verdict.NOT_HUNG:
         summary += wording.partial_suffix(unknown)
-    return Classification(found, summary, evidence, wording.next_steps(found.verdict, found.facts))
+    evidence += notes
+    result = Classification(found, found.verdict, tuple(sorted(found.culprits)), summary, tuple(evidence),
+                            wording.next_steps(found.verdict, found.facts), found.ambiguous)
+    told = told or Told()
+    result = settle.by_flight(result, told.flight, told.had_stacks)
+    seen = {v.rank for v in views}
+    result = settle.by_devices(result, told.devices, tuple(sorted(set(unknown) - seen)))
+    probed = probe_lines(views)
+    return dataclasses.replace(result, evidence=(*result.evidence, *probed)) if probed else result
 
 
 def decide(views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[int], *,

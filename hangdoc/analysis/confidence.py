@@ -19,8 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..model import GIVEN_GROUP, Confidence, Origin, RankState, Verdict
-from .classify import IN_OP, OUTSIDE, Finding
+from .classify import IN_OP, OUTSIDE
 from .device import sync_call, waits_for_device
+from .finding import Classification, DeviceRole, Finding, FlightRole
 from .ops import COMPILED_MAYBE
 from .views import RankView, op_keys
 from .wording import (
@@ -53,6 +54,7 @@ DIRECT_VIA = "c10d call"  # ``ops``: the op is a torch.distributed function on t
 # ambiguous job up to --max-window, 12 s by default), is stuck, not slow: a slow read or a
 # contended lock returns sooner. Watched less, it may still return.
 STILL_FOR = 10.0
+SIZE_UNKNOWN = "the job's size is unknown: ranks not captured may be elsewhere"
 _LEVEL = {Confidence.LOW: 0, Confidence.MEDIUM: 1, Confidence.HIGH: 2}
 
 
@@ -100,10 +102,24 @@ class Case:
 
 
 def judge(
+    result: Classification, views: Sequence[RankView], unknown: Sequence[int] = (), silent_nodes: int = 0,
+    world_known: bool = True, coverage_unknown: bool = False,
+) -> Judgement:
+    """The confidence of ``result`` and its basis: what the stacks' finding rests on and
+    what lowers it (``RULES``), then what the other sources that weighed in set
+    (``SETTLED``), then the one doubt no source removes: a hang said of part of the job."""
+    stacks = weigh_stacks(result.finding, views, unknown, silent_nodes, world_known, coverage_unknown)
+    level, basis = settled(result, stacks)
+    not_seen = sorted(set(unknown) - {v.rank for v in views})
+    return _over_part(result.verdict, level, basis, not_seen, coverage_unknown)
+
+
+def weigh_stacks(
     found: Finding, views: Sequence[RankView], unknown: Sequence[int] = (), silent_nodes: int = 0,
     world_known: bool = True, coverage_unknown: bool = False,
 ) -> Judgement:
-    """The confidence of ``found`` and its basis: what it rests on, then what lowers it."""
+    """The confidence of the stacks' own finding and its basis: what it rests on, then what
+    lowers it."""
     case = Case.of(found, views, unknown, silent_nodes, world_known, coverage_unknown)
     level = Confidence.HIGH
     basis = rests_on(case)
@@ -299,7 +315,7 @@ def _size_unknown(case: Case) -> str | None:
     if case.world_known:
         return None
     if isinstance(case.found.facts, (SameOp, Teardown)) or (case.hang and case.coverage_unknown):
-        return "the job's size is unknown: ranks not captured may be elsewhere"
+        return SIZE_UNKNOWN
     return None
 
 
@@ -591,6 +607,68 @@ RULES: tuple[Rule, ...] = (
     # a few ranks completed ops while more waited: the job may be stuck around them
     (Confidence.MEDIUM, _few_moving),
 )
+
+
+# -- what the other sources set, where they weighed in ----------------------------------
+
+# The flight recorder's dumps, by how they weighed on the stacks' verdict: the level they
+# set (None: the stacks' own stands). The stacks' basis stays, said after the dumps' own
+# phrase; their doubts no longer lower a verdict the dumps decided.
+SETTLED_BY_FLIGHT: dict[FlightRole, Callable[[Classification], Confidence | None]] = {
+    # the dumps show the stacks' culprits past the collective the others wait in: nobody is named
+    FlightRole.OVERRULES: lambda r: Confidence.LOW,
+    # agreeing dumps that name the culprits settle them; a rank still working (ambiguous)
+    # stays as unsure as the stacks leave it: the dumps show it has not issued the
+    # collective, not that it never will
+    FlightRole.AGREES: lambda r: Confidence.HIGH if r.flight and r.flight.finding.culprits
+    and not r.finding.ambiguous else None,
+    # the dumps decide: sure where they name the culprits
+    FlightRole.OVERRIDES: lambda r: Confidence.HIGH if r.culprits else Confidence.MEDIUM,
+    # dumps and no stacks: one dump per rank cannot show whether the ranks still wait
+    FlightRole.ALONE: lambda r: Confidence.MEDIUM if r.culprits else Confidence.LOW,
+}
+# culprits no evidence shows (no dump, no stacks) are named on their peers' word: their
+# peers' dumps say the collective waits on them, not what they do
+FLIGHT_UNSEEN = Confidence.LOW
+ALONE_UNSURE = "no stacks: one dump per rank cannot show whether the ranks still wait"
+# RAS's launch counts turned a transport hang into a straggler: one reading, and the stacks
+# could not see which host sync the ranks behind wait at
+RAS_BEHIND = Confidence.MEDIUM
+RAS_BEHIND_BASIS = "NCCL RAS: the culprits launched fewer collectives than the others"
+
+
+def settled(result: Classification, stacks: Judgement) -> tuple[Confidence, list[str]]:
+    """The level and basis once the flight recorder, then the GPUs and RAS, weighed in."""
+    level, basis = stacks.confidence, list(stacks.basis)
+    said = result.flight
+    if said is not None and said.role not in (FlightRole.NOT_WEIGHED, FlightRole.EVIDENCE):
+        basis = [said.finding.basis, *((ALONE_UNSURE,) if said.role in (FlightRole.ALONE, FlightRole.ALONE_SAYS)
+                                       else basis)]
+        row = SETTLED_BY_FLIGHT.get(said.role)
+        if row is not None:
+            level = FLIGHT_UNSEEN if said.finding.unseen else (row(result) or level)
+    devices = result.devices
+    if devices is not None:
+        basis = [*devices.agreeing, *basis]
+        if devices.role is DeviceRole.BEHIND:
+            basis.insert(0, RAS_BEHIND_BASIS)
+            level = RAS_BEHIND
+        elif devices.role is DeviceRole.NAMED:
+            basis.insert(0, f"culprits named by transport evidence: {'; '.join(devices.named_how)}")
+    return level, basis
+
+
+def _over_part(verdict: Verdict, level: Confidence, basis: list[str], not_seen: Sequence[int],
+               coverage_unknown: bool) -> Judgement:
+    """A hang verdict said of part of the job, or of a part of unknown size, stays low,
+    whichever source decided it."""
+    if not (not_seen or coverage_unknown) or verdict in (Verdict.NOT_HUNG, Verdict.UNKNOWN) \
+            or level is Confidence.LOW:
+        return Judgement(level, tuple(basis))
+    said = f"{rank_words(not_seen)} not seen" if not_seen else SIZE_UNKNOWN
+    if not any(said in b for b in basis):
+        basis.append(said)
+    return Judgement(Confidence.LOW, tuple(basis))
 
 
 # -- helpers -------------------------------------------------------------------------------

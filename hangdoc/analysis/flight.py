@@ -74,8 +74,9 @@ the reference, the majority decides, so one bad rank cannot make the healthy one
 wrong. The dumps are indexed once; matching costs time linear in their entries (plus
 sorting each group's distinct sequence numbers).
 
-``apply_flight`` folds the finding into the stack diagnosis: it sharpens a verdict the
-dumps confirm, and overrides one they contradict, saying so in the evidence and basis. A
+``settle.by_flight``, a rule of the classifier, folds the finding into the stacks' verdict:
+it sharpens a verdict the dumps confirm, and overrides one they contradict, saying so in
+the evidence and basis (``confidence.SETTLED_BY_FLIGHT`` says how sure each outcome is). A
 job the stacks saw progressing is left ``not_hung``: dumps taken moments apart differ.
 """
 
@@ -88,8 +89,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..model import (
-    Confidence,
-    Diagnosis,
     FlightEntry,
     FlightRecord,
     JobSnapshot,
@@ -892,75 +891,3 @@ def _who(ranks: Sequence[int]) -> str:
 
 def _span(lo: int, hi: int) -> str:
     return f"#{lo}" if lo == hi else f"#{lo}-#{hi}"
-
-
-# ------------------------------------------------------------------ into the diagnosis
-
-
-def apply_flight(diagnosis: Diagnosis, finding: FlightFinding | None, stacks: bool = True) -> Diagnosis:
-    """The stack diagnosis, sharpened or overridden by what the dumps say. Without
-    ``stacks`` (dumps alone), the finding is the diagnosis, at medium confidence: one dump
-    per rank cannot show whether the ranks still wait."""
-    if finding is None:
-        return diagnosis
-    if not stacks:
-        return _dumps_alone(diagnosis, finding)
-    if diagnosis.verdict is Verdict.NOT_HUNG:
-        note = f"flight recorder (not weighed: the stacks saw progress): {finding.summary}"
-        return dataclasses.replace(diagnosis, evidence=(*diagnosis.evidence, note))
-    if finding.kind in (FlightKind.IDLE, FlightKind.UNPAIRED):  # consistent with any wait: evidence only
-        return dataclasses.replace(diagnosis, evidence=(*diagnosis.evidence, *finding.evidence))
-    cleared = sorted(set(finding.cleared) & set(diagnosis.culprit_ranks))
-    if finding.verdict is None and cleared:
-        # the stacks blame ranks the dumps show past the collective the others wait in
-        overruled = (f"the stacks alone read {diagnosis.verdict.value} (culprits "
-                     f"{', '.join(map(str, diagnosis.culprit_ranks))}): {diagnosis.summary}; the flight recorder "
-                     f"shows {_who(cleared)} finished {'its' if len(cleared) == 1 else 'their'} side of collective "
-                     f"#{finding.seq} of {finding.group}, which the others wait in")
-        return dataclasses.replace(
-            diagnosis, verdict=Verdict.UNKNOWN, culprit_ranks=(), summary=finding.summary,
-            evidence=(*finding.evidence, overruled, *diagnosis.evidence), basis=(finding.basis, *diagnosis.basis),
-            confidence=Confidence.LOW, ambiguous=False)
-    if finding.verdict is None:
-        return dataclasses.replace(diagnosis, evidence=(*diagnosis.evidence, *finding.evidence),
-                                   basis=(finding.basis, *diagnosis.basis))
-    verdict = finding.verdict
-    if verdict is Verdict.STRAGGLER and diagnosis.verdict is Verdict.COLLECTIVE_MISMATCH:
-        verdict = Verdict.COLLECTIVE_MISMATCH  # the ranks behind wait in some other collective
-    agrees = diagnosis.verdict is verdict and (not finding.culprits or
-                                               tuple(sorted(finding.culprits)) == diagnosis.culprit_ranks)
-    if agrees:
-        return dataclasses.replace(
-            diagnosis, evidence=(*finding.evidence, *diagnosis.evidence),
-            basis=(finding.basis, *diagnosis.basis),
-            # a rank still working (ambiguous) stays as unsure as the stacks leave it: the
-            # dumps show it has not issued the collective, not that it never will
-            confidence=_seen(finding, Confidence.HIGH if finding.culprits and not diagnosis.ambiguous
-                             else diagnosis.confidence))
-    overridden = (f"the stacks alone read {diagnosis.verdict.value}"
-                  + (f" (culprits {', '.join(map(str, diagnosis.culprit_ranks))})" if diagnosis.culprit_ranks else "")
-                  + f": {diagnosis.summary}; the flight recorder overrides it")
-    return dataclasses.replace(
-        diagnosis, verdict=verdict, culprit_ranks=tuple(sorted(finding.culprits)),
-        summary=finding.summary, evidence=(*finding.evidence, overridden, *diagnosis.evidence),
-        basis=(finding.basis, *diagnosis.basis),
-        confidence=_seen(finding, Confidence.HIGH if finding.culprits else Confidence.MEDIUM), ambiguous=False)
-
-
-def _seen(finding: FlightFinding, confidence: Confidence) -> Confidence:
-    """At most low where the culprits include ranks nothing shows (no dump, no stacks):
-    their peers' dumps say the collective waits on them, not what they do."""
-    return Confidence.LOW if finding.unseen else confidence
-
-
-def _dumps_alone(diagnosis: Diagnosis, finding: FlightFinding) -> Diagnosis:
-    unsure = "no stacks: one dump per rank cannot show whether the ranks still wait"
-    if finding.verdict is None:
-        summary = (f"every rank waits in the same collective by the flight recorder: {finding.summary}"
-                   if finding.kind is FlightKind.ALL_IN else finding.summary)
-        return dataclasses.replace(diagnosis, summary=summary, evidence=finding.evidence,
-                                   basis=(finding.basis, unsure))
-    return dataclasses.replace(
-        diagnosis, verdict=finding.verdict, culprit_ranks=tuple(sorted(finding.culprits)), summary=finding.summary,
-        evidence=finding.evidence, basis=(finding.basis, unsure),
-        confidence=_seen(finding, Confidence.MEDIUM if finding.culprits else Confidence.LOW), ambiguous=False)

@@ -29,7 +29,8 @@ other pid of that communicator contradicts it), or when the communicator is as l
 the world: torch creates a group's NCCL communicator with the group's ranks in ascending
 global order, so in a world-sized one the two numbers are the same.
 
-What it may change, and why that is sound:
+What it may change (the rule is ``settle.by_devices``; its levels rows of
+``confidence``), and why that is sound:
 
 * ``nccl_timeout`` names no culprit "unless transport evidence names ranks"
   (docs/verdicts.md). RAS naming a rank of the job unresponsive or dead, a rank's GPU
@@ -50,20 +51,16 @@ its GPU reads 100% as well.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..model import (
-    Confidence,
-    Diagnosis,
     GpuState,
     JobSnapshot,
     NcclRasReport,
     RasCommunicator,
     RasRank,
-    Verdict,
     compress_ranks,
 )
 
@@ -79,45 +76,48 @@ _LIST_MAX = 8  # ranks or processes quoted in one line
 
 @dataclass(frozen=True, slots=True)
 class DeviceFindings:
-    """What the GPUs and RAS say, before it is folded into a diagnosis."""
+    """What the GPUs and RAS say, before ``settle`` weighs it. The utilisation split and
+    RAS's launch-count lags are said only of a job the stacks saw stuck (``evidence``)."""
 
-    evidence: tuple[str, ...] = ()
+    split: str = ""  # the idle/busy split line
+    faults: tuple[str, ...] = ()  # XIDs, lost GPUs, ECC errors
+    ras: tuple[str, ...] = ()  # RAS's unreachable ranks and errors
+    lags: tuple[tuple[tuple[int, ...], str], ...] = ()  # per communicator: (ranks behind, the line)
     idle: tuple[int, ...] = ()  # ranks whose own GPUs are idle
     busy: tuple[int, ...] = ()  # ranks whose own GPUs are busy
     faulty: tuple[int, ...] = ()  # ranks whose GPU had an XID, is lost or unreachable
     unreachable: tuple[int, ...] = ()  # ranks RAS could not reach or gave up on
-    behind: tuple[int, ...] = ()  # ranks that launched fewer collectives (one communicator)
-    lag: str = ""  # the RAS line that names ``behind``
     next_steps: tuple[str, ...] = ()
 
+    def evidence(self, progressing: bool) -> tuple[str, ...]:
+        """The lines said of a job the stacks saw moving (``progressing``) or stuck."""
+        if progressing:
+            return (*self.faults, *self.ras)
+        return (*((self.split,) if self.split else ()), *self.faults, *self.ras, *(line for _, line in self.lags))
 
-def find(snapshot: JobSnapshot, progressing: bool) -> DeviceFindings:
-    """The findings of the snapshot's GPU states and RAS report; ``progressing``: the stacks
-    saw the job move (the utilisation split and RAS's count lag are then not said)."""
+    def behind(self, progressing: bool) -> tuple[tuple[int, ...], str]:
+        """The ranks behind in the one communicator with a lag, and its line; none when the
+        job moves, when several communicators lag, or when its ranks are not all named."""
+        if progressing or len(self.lags) != 1 or not self.lags[0][0]:
+            return (), ""
+        return self.lags[0]
+
+
+def find(snapshot: JobSnapshot) -> DeviceFindings | None:
+    """The findings of the snapshot's GPU states and RAS report; None when it has neither."""
+    if snapshot.ras is None and not any(r.gpus for r in snapshot.ranks):
+        return None
     gpus = {r.rank: r.gpus for r in snapshot.ranks if r.rank is not None and r.gpus}
     hosts = {r.rank: r.process.host for r in snapshot.ranks if r.rank is not None}
-    evidence: list[str] = []
     idle, busy = utilisation_split(gpus, hosts)
-    if idle and busy and not progressing:
-        evidence.append(_split_line(gpus, idle, busy))
     faulty, fault_lines = _faults(gpus)
-    evidence += fault_lines
     next_steps: tuple[str, ...] = ()
     if faulty:
         next_steps = (f"Look for Xid lines in the kernel log of the node(s) of {_who(faulty)} "
                       "(`dmesg -T | grep -i xid`) and check the GPU there (`nvidia-smi -q`)"),
-    unreachable: tuple[int, ...] = ()
-    behind: tuple[int, ...] = ()
-    lag = ""
-    if snapshot.ras is not None:
-        ras = read_ras(snapshot, snapshot.ras)
-        evidence += ras.evidence
-        unreachable = ras.unreachable
-        if not progressing:
-            evidence += [line for _, line in ras.lags]
-            if len(ras.lags) == 1 and ras.lags[0][0]:
-                behind, lag = ras.lags[0]
-    return DeviceFindings(tuple(evidence), idle, busy, faulty, unreachable, behind, lag, next_steps)
+    ras = read_ras(snapshot, snapshot.ras) if snapshot.ras is not None else RasFindings((), (), ())
+    return DeviceFindings(_split_line(gpus, idle, busy) if idle and busy else "", tuple(fault_lines), ras.evidence,
+                          ras.lags, idle, busy, faulty, ras.unreachable, next_steps)
 
 
 # ------------------------------------------------------------------ NVML
@@ -283,57 +283,6 @@ def _ras_who(ranks: Sequence[RasRank], names: dict[int, int]) -> str:
     if len(unknown) > _LIST_MAX:
         parts.append(f"{len(unknown) - _LIST_MAX} more")
     return ", ".join(parts)
-
-
-# ------------------------------------------------------------------ into the diagnosis
-
-
-def apply_device_state(diagnosis: Diagnosis, snapshot: JobSnapshot) -> Diagnosis:
-    """The diagnosis with what the GPUs and RAS say folded in (module doc)."""
-    if snapshot.ras is None and not any(r.gpus for r in snapshot.ranks):
-        return diagnosis
-    found = find(snapshot, progressing=diagnosis.verdict is Verdict.NOT_HUNG)
-    if not found.evidence:
-        return diagnosis
-    evidence = (*diagnosis.evidence, *found.evidence)
-    next_steps = (*diagnosis.next_steps, *(s for s in found.next_steps if s not in diagnosis.next_steps))
-    basis = list(diagnosis.basis)
-    culprits = set(diagnosis.culprit_ranks)
-    if culprits and found.idle and culprits == set(found.idle) and found.busy:
-        basis.insert(0, "NVML: the culprits' GPUs are idle while the others' run")
-    if culprits and culprits == set(found.behind):
-        basis.insert(0, "NCCL RAS: the culprits launched fewer collectives than the others")
-    # every rank seen waits in one op and the ranks not seen decide (``unknown``): RAS sees
-    # every rank of the communicator, so one it cannot reach among them decides it
-    unseen_named = diagnosis.verdict is Verdict.UNKNOWN and bool(
-        set(found.unreachable) & set(diagnosis.scope.not_seen)) and not diagnosis.culprit_ranks
-    if diagnosis.verdict is not Verdict.NCCL_TIMEOUT and not unseen_named:
-        return dataclasses.replace(diagnosis, evidence=evidence, next_steps=next_steps, basis=tuple(basis))
-    if unseen_named:
-        diagnosis = dataclasses.replace(diagnosis, verdict=Verdict.NCCL_TIMEOUT)
-    if found.behind:
-        overridden = (f"the stacks alone read nccl_timeout: {diagnosis.summary}; NCCL RAS's "
-                      "launch counts override it")
-        return dataclasses.replace(
-            diagnosis, verdict=Verdict.STRAGGLER, culprit_ranks=found.behind,
-            summary=(f"{_who(found.behind)} launched fewer NCCL collectives than the other ranks of "
-                     "their communicator (NCCL RAS): the others wait for them"),
-            evidence=(found.lag, overridden, *(e for e in evidence if e != found.lag)),
-            next_steps=next_steps,
-            basis=("NCCL RAS: the culprits launched fewer collectives than the others", *basis),
-            confidence=Confidence.MEDIUM, ambiguous=False)
-    named = tuple(sorted(set(found.unreachable) | set(found.faulty)))
-    if named and not diagnosis.culprit_ranks:
-        how = []
-        if found.unreachable:
-            how.append(f"NCCL RAS cannot reach {_who(found.unreachable)}")
-        if found.faulty:
-            how.append(f"NVML reports a fault on the GPU of {_who(found.faulty)}")
-        return dataclasses.replace(
-            diagnosis, culprit_ranks=named, summary=f"{diagnosis.summary}; {'; '.join(how)}",
-            evidence=evidence, next_steps=next_steps,
-            basis=(f"culprits named by transport evidence: {'; '.join(how)}", *basis))
-    return dataclasses.replace(diagnosis, evidence=evidence, next_steps=next_steps, basis=tuple(basis))
 
 
 def _who(ranks: Sequence[int]) -> str:

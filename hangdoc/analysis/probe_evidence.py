@@ -9,46 +9,33 @@ those lines come first; ranks that tell the same thing share one line.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from ..model import (
-    Diagnosis,
-    DistOp,
-    Heartbeat,
-    JobSnapshot,
-    RankAnalysis,
-    ThreadException,
-    compress_ranks,
-    once_per_object,
-)
+from ..model import DistOp, Heartbeat, ThreadException, compress_ranks, once_per_object
+from .views import RankView
 
 MAX_LINES = 6  # of each kind; the rest is counted
 
 
-def apply_probe_evidence(diagnosis: Diagnosis, snapshot: JobSnapshot) -> Diagnosis:
-    """``diagnosis`` with the probes' evidence appended, where any rank's probe told some."""
-    lines = exception_lines(diagnosis, snapshot) + heartbeat_lines(snapshot)
-    if not lines:
-        return diagnosis
-    return dataclasses.replace(diagnosis, evidence=(*diagnosis.evidence, *lines))
+def probe_lines(views: Sequence[RankView]) -> list[str]:
+    """What the ranks' probes told, in lines: live exceptions, then last heartbeats."""
+    return exception_lines(views) + heartbeat_lines(views)
 
 
-def exception_lines(diagnosis: Diagnosis, snapshot: JobSnapshot) -> list[str]:
+def exception_lines(views: Sequence[RankView]) -> list[str]:
     """``rank 3's main thread is handling RuntimeError raised at train.py:40 while in
     destroy_process_group (train.py:52) (its probe)``: per distinct thread, exception and op."""
-    telling = [(rank, snap) for snap in snapshot.ranks if snap.exceptions and (rank := snap.rank) is not None]
+    telling = [v for v in views if v.snap.exceptions]
     if not telling:
         return []
-    analysed = {a.rank: a for a in diagnosis.ranks if a.rank is not None}
     described = once_per_object(DistOp.describe)  # ranks share ops
     told: dict[tuple[bool, str, str, str, str], list[int]] = {}
-    for rank, snap in telling:
-        for exc in snap.exceptions:
-            within = _within(exc, analysed.get(rank), described)
+    for v in telling:
+        for exc in v.snap.exceptions:
+            within = _within(exc, v, described)
             name = exc.thread_name or f"{exc.thread_id:#x}"
             key = (not within, name, exc.type_name, exc.raised_at.location, within)
-            told.setdefault(key, []).append(rank)
+            told.setdefault(key, []).append(v.rank)
     lines = []
     for (_, thread, type_name, where, within), ranks in sorted(told.items(), key=_first):
         one = len(ranks) == 1
@@ -57,12 +44,12 @@ def exception_lines(diagnosis: Diagnosis, snapshot: JobSnapshot) -> list[str]:
     return _bounded(lines, "thread(s) with a live exception")
 
 
-def heartbeat_lines(snapshot: JobSnapshot) -> list[str]:
+def heartbeat_lines(views: Sequence[RankView]) -> list[str]:
     """``ranks 0-2 last beat at step 41, 12.0-12.4 s before hangdoc asked (their probes)``."""
     beats: dict[tuple[int | None, bool], list[tuple[int, Heartbeat]]] = {}
-    for snap in snapshot.ranks:
-        if snap.heartbeat is not None and snap.rank is not None:
-            beats.setdefault((snap.heartbeat.step, snap.heartbeat.in_step), []).append((snap.rank, snap.heartbeat))
+    for v in views:
+        if (beat := v.snap.heartbeat) is not None:
+            beats.setdefault((beat.step, beat.in_step), []).append((v.rank, beat))
     lines = []
     for (step, in_step), found in sorted(beats.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or 0, kv[0][1])):
         ranks = [r for r, _ in found]
@@ -75,12 +62,11 @@ def heartbeat_lines(snapshot: JobSnapshot) -> list[str]:
     return _bounded(lines, "heartbeat line(s)")
 
 
-def _within(exc: ThreadException, rank: RankAnalysis | None,
-            described: Callable[[DistOp], str]) -> str:
+def _within(exc: ThreadException, v: RankView, described: Callable[[DistOp], str]) -> str:
     """`` while in all_reduce (train.py:30)`` when the thread is the one its op was found in."""
-    if rank is None or rank.op is None or rank.thread is None or rank.thread != exc.thread_name:
+    if v.op is None or v.thread is None or v.thread.name != exc.thread_name:
         return ""
-    return f" while in {described(rank.op)}"
+    return f" while in {described(v.op)}"
 
 
 def _thread_words(name: str | None, one: bool) -> str:

@@ -22,7 +22,7 @@ from support.paths import TESTS
 
 from hangdoc.analysis import classify
 from hangdoc.analysis.analyse import analyse
-from hangdoc.analysis.confidence import RULES, STILL_FOR, Case, judge
+from hangdoc.analysis.confidence import RULES, STILL_FOR, Case, weigh_stacks
 from hangdoc.analysis.views import view_rank
 from hangdoc.bundle import load_snapshot
 from hangdoc.model import (
@@ -456,7 +456,7 @@ def test_every_rule_is_exercised() -> None:
 
 
 def test_high_when_no_rule_applies_and_the_lowest_rule_wins() -> None:
-    assert judge(_case(transport_hang()).found, _case(transport_hang()).views).confidence is HIGH
+    assert weigh_stacks(_case(transport_hang()).found, _case(transport_hang()).views).confidence is HIGH
     # medium (one sample) and low (elimination) together: low
     snap = dataclasses.replace(unseen_rank(), ranks=tuple(
         dataclasses.replace(r, samples=r.samples[:1]) for r in unseen_rank().ranks))
@@ -473,7 +473,7 @@ def test_basis_says_what_it_rests_on_before_what_lowers_it() -> None:
 
 def test_ranks_not_asked_are_unknown_too() -> None:
     case = _case(transport_hang())
-    judged = judge(case.found, case.views, unknown=[4, 5, 6, 7], silent_nodes=0)
+    judged = weigh_stacks(case.found, case.views, unknown=[4, 5, 6, 7], silent_nodes=0)
     assert judged.confidence is LOW  # a hang said of part of the job
     assert "ranks 4-7 not seen" in judged.basis
     assert not any(p.startswith("stacks of all") for p in judged.basis)  # not every rank was read

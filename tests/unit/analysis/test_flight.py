@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 from support.factories import make_snapshot
 from support.paths import TESTS
+from support.settling import with_dumps
 
 from hangdoc.analysis.analyse import analyse
-from hangdoc.analysis.flight import FlightKind, apply_flight, match_flight
+from hangdoc.analysis.flight import FlightKind, match_flight
 from hangdoc.bundle import snapshot_from_dict, snapshot_to_dict
 from hangdoc.capture.flight_files import FlightDirError, read_flight_dir
 from hangdoc.capture.flight_recorder import MAX_ENTRIES, FlightRecordInvalid, read_flight_record
@@ -222,7 +223,7 @@ def test_dumps_that_agree_with_the_stacks_raise_the_confidence() -> None:
     assert (both.verdict, both.culprit_ranks) == (plain.verdict, plain.culprit_ranks) == (Verdict.STRAGGLER, (1,))
     assert both.summary == plain.summary  # the stacks' own words stay
     assert plain.ambiguous and both.confidence is plain.confidence  # idle 1 s: it may still come
-    settled = apply_flight(dataclasses.replace(plain, ambiguous=False, confidence=Confidence.MEDIUM),
+    settled = with_dumps(dataclasses.replace(plain, ambiguous=False, confidence=Confidence.MEDIUM),
                            match_flight(snap))
     assert settled.confidence is Confidence.HIGH
     assert both.evidence[0].startswith("ranks 0,2 issued collective #2")
@@ -247,7 +248,7 @@ def test_a_job_the_stacks_saw_progressing_stays_not_hung() -> None:
     diagnosis = dataclasses.replace(base, verdict=Verdict.NOT_HUNG, culprit_ranks=())
     found = match_flight(with_flight(moving, {0: record(entry(1), entry(2, retired=False), ranks="[0, 1]"),
                                               1: record(entry(1), ranks="[0, 1]")}))
-    after = apply_flight(diagnosis, found)
+    after = with_dumps(diagnosis, found)
     assert after.verdict is Verdict.NOT_HUNG and after.culprit_ranks == ()
     assert after.evidence[-1].startswith("flight recorder (not weighed: the stacks saw progress)")
 
@@ -261,6 +262,6 @@ def test_a_rank_still_working_stays_as_unsure_as_the_stacks_leave_it() -> None:
     snap = _behind_snapshot({0: ALL_REDUCE, 1: SLEEPING, 2: ALL_REDUCE})
     base = analyse(snap)
     unsure = dataclasses.replace(base, ambiguous=True, confidence=Confidence.MEDIUM)
-    after = apply_flight(unsure, match_flight(snap))
+    after = with_dumps(unsure, match_flight(snap))
     assert after.culprit_ranks == (1,) and after.ambiguous and after.confidence is Confidence.MEDIUM
     assert after.evidence[0].startswith("ranks 0,2 issued collective #2")

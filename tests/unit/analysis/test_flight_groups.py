@@ -9,7 +9,7 @@ broadcast_root}``) were recorded once from hung 3-rank (two_groups: 4-rank) gloo
 ``tests/data/flight/record_groups.py``, and ``{subgroup_skip,order_inversion,
 object_collective_skip,extra_barrier,all_to_all_skip}`` by ``record_more.py``; they are
 replayed here through ``hangdoc analyze DIR --json`` (the CLI, real files) and through
-``match_flight``/``apply_flight``, with every recorded hung dump of ``tests/data/flight``
+``match_flight``/``settle.by_flight``, with every recorded hung dump of ``tests/data/flight``
 held to its verdict and culprits.
 """
 
@@ -21,9 +21,10 @@ import json
 import pytest
 from support.factories import make_snapshot
 from support.paths import TESTS
+from support.settling import with_dumps
 
 from hangdoc.analysis.analyse import analyse
-from hangdoc.analysis.flight import FlightKind, apply_flight, match_flight
+from hangdoc.analysis.flight import FlightKind, match_flight
 from hangdoc.capture.flight_files import read_flight_dir
 from hangdoc.capture.flight_recorder import read_flight_record
 from hangdoc.cli import main
@@ -271,8 +272,8 @@ def test_a_broadcast_whose_root_the_dumps_do_not_record_names_no_one(capsys) -> 
          "show, so they name no culprit")]
     found = match_flight(read_flight_dir(DUMPS / "broadcast_root"))
     assert found is not None and (found.kind, found.culprits, found.verdict) == (FlightKind.STUCK, (), None)
-    diagnosis = apply_flight(analyse(dataclasses.replace(read_flight_dir(DUMPS / "broadcast_root"))), found,
-                             stacks=False)
+    diagnosis = with_dumps(analyse(dataclasses.replace(read_flight_dir(DUMPS / "broadcast_root"))), found,
+                             had_stacks=False)
     assert (diagnosis.verdict, diagnosis.culprit_ranks) == (Verdict.UNKNOWN, ())
 
 

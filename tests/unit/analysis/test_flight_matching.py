@@ -5,7 +5,7 @@ The real dumps (``tests/data/flight/{drifted_broadcast,drifted_silent,size_misma
 p2p_pipeline}``) were recorded from hung 3-rank (pipeline: 2-rank) gloo jobs by
 ``tests/data/flight/record.py``; ``size_mismatch`` is torch's own pickle under the names
 ``TORCH_FR_DUMP_TEMP_FILE``'s default gives. They go through ``hangdoc analyze DIR`` (the
-CLI, real files) and through ``match_flight``/``apply_flight`` with stacks that alone get
+CLI, real files) and through ``match_flight``/``settle.by_flight`` with stacks that alone get
 the culprit wrong. gloo (torch 2.13) records no p2p op, so p2p pairing is tested on dumps in
 NCCL's shape (``nccl:send 0->1``, ``nccl:recv 1<-0``: ranks of the group), built by hand.
 """
@@ -19,9 +19,10 @@ import time
 import pytest
 from support.factories import make_snapshot
 from support.paths import TESTS
+from support.settling import with_dumps
 
 from hangdoc.analysis.analyse import analyse
-from hangdoc.analysis.flight import FlightKind, apply_flight, match_flight
+from hangdoc.analysis.flight import FlightKind, match_flight
 from hangdoc.bundle import snapshot_from_dict, snapshot_to_dict
 from hangdoc.capture.flight_files import read_flight_dir
 from hangdoc.capture.flight_recorder import flight_record_to_json, read_flight_record
@@ -119,7 +120,7 @@ def test_dumps_override_stacks_that_blame_the_rank_left_in_the_broadcast() -> No
     assert (plain.verdict, plain.culprit_ranks) == (Verdict.COLLECTIVE_MISMATCH, (0,))
     found = match_flight(snap)
     assert found is not None and (found.kind, found.culprits, found.seq) == (FlightKind.MISMATCH, (1,), 5)
-    diagnosis = apply_flight(plain, found)
+    diagnosis = with_dumps(plain, found)
     assert (diagnosis.verdict, diagnosis.culprit_ranks) == (Verdict.COLLECTIVE_MISMATCH, (1,))
     assert diagnosis.confidence is Confidence.HIGH
     assert diagnosis.basis[0] == "flight recorder: collective #5 of default_pg (0) differs between ranks"
