@@ -52,7 +52,7 @@ from support.relocate import moved_under
 
 from hangdoc.analysis.analyse import analyse
 from hangdoc.bundle import load_snapshot
-from hangdoc.model import compress_ranks
+from hangdoc.rankranges import compress_ranks
 
 HEADING = "## Accuracy on the corpus (issue 11)"
 PARTIAL_HEADING = "## Part of a job: verdicts over subsets of the ranks (issue 24)"

@@ -44,6 +44,7 @@ from .errors import HangdocError, InternalError, UsageError, one_line
 
 if TYPE_CHECKING:
     from .report.progress import ProgressDisplay
+    from .watch.config import Level
 
 EXIT_OK = 0
 EXIT_INTERRUPTED = 130
@@ -337,7 +338,7 @@ def _ray_source(args: argparse.Namespace, job: str | None, nodes: object):
         return None
     if nodes is not None:
         raise _usage("a ray: job places its own agents; leave out --agents/--hostfile")
-    from .capture.ray_job import parse_patterns
+    from .capture.ray_workers import parse_patterns
     from .ray import RayOptions, fleet_source
 
     return fleet_source(RayOptions(args.ray_address, parse_patterns(args.workers), args.keep_agents))
@@ -391,13 +392,17 @@ def _cmd_watch(args: argparse.Namespace) -> int:
     return run_watch(config, say)
 
 
-def _stderr_watch(msg: str) -> None:
+def _stderr_watch(_level: Level, msg: str) -> None:
     print(f"hangdoc watch: {one_line(msg)}", file=sys.stderr, flush=True)
 
 
-def _stderr_hang_only(msg: str) -> None:
-    if msg.startswith(("HANG", "report:", "could not", "internal error", "interrupted", "stopping on an error")):
-        _stderr_watch(msg)
+def _stderr_hang_only(level: Level, msg: str) -> None:
+    """``--quiet``: a hang and its report, what the watch could not do, and the watch
+    stopping early; never its progress or warnings. Chosen by the message's level alone."""
+    from .watch.config import Level
+
+    if level in (Level.HANG, Level.ERROR, Level.STOP):
+        _stderr_watch(level, msg)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

@@ -10,17 +10,12 @@ reporter). This module imports nothing else of hangdoc.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import functools
-import gc
-import ipaddress
 import re
-from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
-from typing import TypeVar
 
 # The largest rank count any value may claim (a world size, a rank number), wherever it
 # comes from: a process's environment, an agent's answer, a saved snapshot. The largest
@@ -29,32 +24,6 @@ from typing import TypeVar
 # stays here until rank sets are compact.
 MAX_WORLD_SIZE = 2**18
 PID_MIN, PID_MAX = 1, 2**22  # Linux: pid_max is at most 2**22 (PID_MAX_LIMIT)
-
-# Numbers read from outside (an environment, a job spec) are ASCII digits only:
-# str.isdigit() and int() also take "²", "٣" and "1_0".
-ASCII_DIGITS = re.compile(r"[0-9]+", re.ASCII)
-
-
-def bounded_int(text: str, minimum: int, maximum: int) -> int | None:
-    """The number ``text`` spells in ASCII digits when it lies in [minimum, maximum], else
-    None. Its length is checked before parsing: 5000 digits cost nothing."""
-    if not ASCII_DIGITS.fullmatch(text):
-        return None
-    digits = text.lstrip("0") or "0"
-    if len(digits) > len(str(maximum)):
-        return None
-    number = int(digits)
-    return number if minimum <= number <= maximum else None
-
-
-def is_loopback_host(host: str) -> bool:
-    """``localhost`` or a loopback address (``127.0.0.0/8``, ``::1``); no name is looked up."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class Origin(enum.Enum):
@@ -878,52 +847,3 @@ class ProbeAnswer:
     flight: FlightRecord | None = None
     heartbeat: Heartbeat | None = None
     exceptions: tuple[ThreadException, ...] = ()
-
-
-def compress_ranks(ranks: Iterable[int]) -> str:
-    """``[0-2,5]`` for ranks 0, 1, 2, 5; ``[]`` for none."""
-    ordered = sorted(set(ranks))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return "[" + ",".join(parts) + "]"
-
-
-_In = TypeVar("_In")
-_Out = TypeVar("_Out")
-
-
-def once_per_object(make: Callable[[_In], _Out]) -> Callable[[_In], _Out]:
-    """``make``, worked out once per argument object while the function returned lives:
-    ranks share their stacks and ops (bundles intern stacks; ``analysis.ops.Recogniser``
-    returns one op per distinct thread), so their words, keys and report entries are made
-    once. Each entry holds its argument, so no id is reused meanwhile."""
-    seen: dict[int, tuple[_In, _Out]] = {}
-
-    def once(value: _In) -> _Out:
-        found = seen.get(id(value))
-        if found is None:
-            found = seen[id(value)] = (value, make(value))
-        return found[1]
-
-    return once
-
-
-@contextlib.contextmanager
-def collections_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused, then left as it was. The model's values are
-    frozen and hold no cycles; loading or analysing a snapshot makes millions of them and no
-    garbage in cycles, and each collection of the oldest generation meanwhile would only walk
-    every object of the snapshot again (3 s at 100k ranks)."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 from .capture.discover import Discovery
 from .capture.jobspec import JobSpec, parse_job_spec
-from .capture.ray_job import RayJob, RayWorker, find_ray_job
+from .capture.ray_job import find_ray_job
+from .capture.ray_workers import RayJob, RayWorker
 from .diagnose import CaptureOptions, FleetFinder, FleetSource, Progress
 from .diagnose import diagnose as diagnose_job
 from .errors import RayNotInstalled, RayUnreachable, UsageError, one_line

@@ -12,6 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..addresses import is_loopback_host
+from ..digits import bounded_int
+from ..memo import collections_paused, once_per_object
 from ..model import (
     MAX_WORLD_SIZE,
     CallTree,
@@ -24,12 +27,8 @@ from ..model import (
     Scope,
     Stack,
     StackGroup,
-    bounded_int,
-    collections_paused,
-    compress_ranks,
-    is_loopback_host,
-    once_per_object,
 )
+from ..rankranges import ranges_text
 from . import classify, confidence, gpu_state, wording
 from .device import waits_for_device
 from .finding import Told
@@ -99,7 +98,7 @@ def off_node_ranks(snapshot: JobSnapshot, absent: set[int], views: Sequence[Rank
         return Placement()
     if not snapshot.nodes_searched:
         return Placement(frozenset(absent), note=(
-            f"ranks {compress_ranks(absent)[1:-1]} are not in the dumps: not seen, so nothing "
+            f"ranks {ranges_text(sorted(set(absent)))} are not in the dumps: not seen, so nothing "
             "is concluded about them; dump every rank, or diagnose the live job"))
     local_sizes = {
         n for r in snapshot.ranks
@@ -123,7 +122,7 @@ def off_node_ranks(snapshot: JobSnapshot, absent: set[int], views: Sequence[Rank
         local_missing = in_blocks if len(in_blocks) == shortfall else set()
         elsewhere = absent - local_missing
         note = (
-            f"ranks {compress_ranks(elsewhere)[1:-1]} may run on nodes that were not asked "
+            f"ranks {ranges_text(sorted(set(elsewhere)))} may run on nodes that were not asked "
             f"({per_node} ranks per node, {len(hosts)} node(s) seen): their state is unknown; "
             "diagnose with an agent on every node to see them"
         ) if elsewhere else ""
@@ -132,7 +131,7 @@ def off_node_ranks(snapshot: JobSnapshot, absent: set[int], views: Sequence[Rank
         return Placement(proven=frozenset(absent))
     searched = ", ".join(sorted(hosts)[:4]) + (" ..." if len(hosts) > 4 else "")
     return Placement(frozenset(absent), note=(
-        f"ranks {compress_ranks(absent)[1:-1]} have no process on the node(s) searched "
+        f"ranks {ranges_text(sorted(set(absent)))} have no process on the node(s) searched "
         f"({searched}), and nothing shows the job has no other node: not seen, not missing; "
         "run `hangdoc agent` on the job's other nodes and add --agents NODE:7420,... "
         "(or --hostfile FILE) to see them"))

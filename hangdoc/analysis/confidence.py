@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..model import GIVEN_GROUP, Confidence, Origin, RankState, Verdict
+from ..rankranges import rank_phrase
 from .classify import IN_OP, OUTSIDE
 from .device import sync_call, waits_for_device
 from .finding import Classification, DeviceRole, Finding, FlightRole
@@ -45,7 +46,6 @@ from .wording import (
     Unseen,
     Working,
     deadlock_short,
-    rank_words,
     unseen_reason,
 )
 
@@ -186,19 +186,19 @@ def _named_by(case: Case) -> str | None:
         parts = []
         never = sorted(set(f.gone) - set(f.exited))
         if never:
-            parts.append(f"{rank_words(never)} of world size {f.world} "
+            parts.append(f"{rank_phrase(never)} of world size {f.world} "
                          f"{_verb(never, 'has', 'have')} no process")
         if f.exited:
-            parts.append(f"{rank_words(f.exited)} exited during the capture")
+            parts.append(f"{rank_phrase(f.exited)} exited during the capture")
         return "; ".join(parts)
     elif isinstance(f, InitSplit):
         where = "went past" if f.went_past else "never reached"
-        return (f"{rank_words(culprits)} named by {_their(culprits)}: the smaller side "
+        return (f"{rank_phrase(culprits)} named by {_their(culprits)}: the smaller side "
                 f"({_who(f.others)} {where} init)")
     elif isinstance(f, InitStuck) and f.differ:
         if f.env is not None:
-            return f"{rank_words(f.differ)} named by the rendezvous environment ({f.env.key})"
-        return f"{rank_words(f.differ)} named by {_their(f.differ)}: a different init call"
+            return f"{rank_phrase(f.differ)} named by the rendezvous environment ({f.env.key})"
+        return f"{rank_phrase(f.differ)} named by {_their(f.differ)}: a different init call"
     elif isinstance(f, CleanupStuck):
         return f"{_who(f.cleanup)} named by {_their(f.cleanup)}: on a cleanup path"
     elif isinstance(f, Straggling):
@@ -208,17 +208,17 @@ def _named_by(case: Case) -> str | None:
                 "one process group")
     elif isinstance(f, Mismatch) and culprits:
         if f.structure is not None:
-            return (f"{rank_words(culprits)} named by the ops' process groups: on WORLD, which "
+            return (f"{rank_phrase(culprits)} named by the ops' process groups: on WORLD, which "
                     "needs every rank, while the others wait on groups their callers passed")
         if f.by_tree:
-            return (f"{rank_words(culprits)} named by the merged call tree: one place off the "
+            return (f"{rank_phrase(culprits)} named by the merged call tree: one place off the "
                     "others' path, with fewer ranks than any place of theirs")
         if f.parted:
-            return (f"{rank_words(culprits)} named by where the stacks part: the smaller path "
+            return (f"{rank_phrase(culprits)} named by where the stacks part: the smaller path "
                     f"({f.parted[1][0]})")
         if _has_minority(f) and not f.by_peers:
-            return f"{rank_words(culprits)} named by {_their(culprits)}: the minority op"
-        return f"{rank_words(culprits)} named by the send/recv calls that do not pair up"
+            return f"{rank_phrase(culprits)} named by {_their(culprits)}: the minority op"
+        return f"{rank_phrase(culprits)} named by the send/recv calls that do not pair up"
     return None
 
 
@@ -283,8 +283,8 @@ def _silent_nodes(case: Case) -> str | None:
     if case.silent_nodes:
         answered = len({v.snap.process.host for v in case.views})
         return (f"{case.silent_nodes} of {answered + case.silent_nodes} nodes did not answer: "
-                f"{rank_words(case.unknown)} unknown")
-    return f"{rank_words(case.unknown)} not seen"
+                f"{rank_phrase(case.unknown)} unknown")
+    return f"{rank_phrase(case.unknown)} not seen"
 
 
 def _hang_over_part(case: Case) -> str | None:
@@ -665,7 +665,7 @@ def _over_part(verdict: Verdict, level: Confidence, basis: list[str], not_seen: 
     if not (not_seen or coverage_unknown) or verdict in (Verdict.NOT_HUNG, Verdict.UNKNOWN) \
             or level is Confidence.LOW:
         return Judgement(level, tuple(basis))
-    said = f"{rank_words(not_seen)} not seen" if not_seen else SIZE_UNKNOWN
+    said = f"{rank_phrase(not_seen)} not seen" if not_seen else SIZE_UNKNOWN
     if not any(said in b for b in basis):
         basis.append(said)
     return Judgement(Confidence.LOW, tuple(basis))
@@ -708,7 +708,7 @@ def _has_minority(f: Mismatch) -> bool:
 
 
 def _who(views: Sequence[RankView]) -> str:
-    return rank_words([v.rank for v in views])
+    return rank_phrase([v.rank for v in views])
 
 
 def _their(ranks: Sequence[object]) -> str:

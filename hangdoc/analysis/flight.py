@@ -93,8 +93,8 @@ from ..model import (
     FlightRecord,
     JobSnapshot,
     Verdict,
-    compress_ranks,
 )
+from ..rankranges import ranges_text, rank_phrase
 
 MAX_SHIFT = 4  # the most skipped (or added) calls a shift is looked for over
 SHIFT_SPAN = 64  # the most numbers compared to confirm a shift
@@ -271,7 +271,7 @@ def _with_missing(finding: FlightFinding, group: _Group, records: dict[int, Flig
     undumped = sorted(group.configured - set(records))
     if not undumped or finding.kind is FlightKind.UNSEEN:  # that one says so itself
         return finding
-    line = f"no flight recorder dump from rank(s) {compress_ranks(undumped)[1:-1]} of {group.label}"
+    line = f"no flight recorder dump from rank(s) {ranges_text(sorted(set(undumped)))} of {group.label}"
     return dataclasses.replace(finding, evidence=(*finding.evidence, line))
 
 
@@ -302,13 +302,13 @@ def _mismatch(label: str, ops: dict[int, dict[int, FlightEntry]]) -> FlightFindi
     majority = ranked[0] if len(ranked[0]) > len(ranked[1]) else []
     agreeing = set(majority)
     culprits = tuple(sorted(r for r in at if r not in agreeing)) if majority else ()
-    lines = [f"{_who(ranks)} recorded {at[ranks[0]].describe()} as collective #{seq} of {label}"
+    lines = [f"{rank_phrase(ranks)} recorded {at[ranks[0]].describe()} as collective #{seq} of {label}"
              for ranks in ranked]
     kind = _difference([at[ranks[0]] for ranks in ranked])
     if majority:
-        summary = (f"collective mismatch (flight recorder): {_who(list(culprits))} called "
+        summary = (f"collective mismatch (flight recorder): {rank_phrase(list(culprits))} called "
                    f"{at[culprits[0]].describe()} as collective #{seq} of {label} while "
-                   f"{_who(majority)} called {at[majority[0]].describe()}{kind}")
+                   f"{rank_phrase(majority)} called {at[majority[0]].describe()}{kind}")
         lines.extend(_shifts(label, seq, ops, culprits, majority))
         lines.extend(_moved_on(label, seq, ops, culprits))
         lines.extend(_repeated(label, seq, ops[majority[0]], majority, culprits))
@@ -318,7 +318,7 @@ def _mismatch(label: str, ops: dict[int, dict[int, FlightEntry]]) -> FlightFindi
     if agreed:
         where = (_span(agreed[0], agreed[-1]) if agreed[-1] - agreed[0] + 1 == len(agreed) else
                  f"{len(agreed)} numbers from #{agreed[0]} to #{agreed[-1]}")
-        lines.append(f"{_who(sorted(ops))} recorded the same calls (op, sizes, dtypes) as collectives "
+        lines.append(f"{rank_phrase(sorted(ops))} recorded the same calls (op, sizes, dtypes) as collectives "
                      f"{where} of {label}")
     basis = f"flight recorder: collective #{seq} of {label} differs between ranks"
     return FlightFinding(FlightKind.MISMATCH, label, seq, culprits, summary, tuple(lines),
@@ -355,7 +355,7 @@ def _shifts(label: str, seq: int, ops: dict[int, dict[int, FlightEntry]], culpri
                 found[("added", k)].append(rank)
                 break
     for (how, k), ranks in found.items():
-        who = _who(ranks)
+        who = rank_phrase(ranks)
         if how == "skipped":
             call = ops[ahead][seq + k].describe()
             skipped = ops[ahead][seq].describe() if k == 1 else f"{k} calls, from {ops[ahead][seq].describe()}"
@@ -394,8 +394,8 @@ def _repeated(label: str, seq: int, theirs: dict[int, FlightEntry], majority: Se
         start -= 1
     if start == seq:
         return []
-    return [(f"{_who(majority)} recorded {theirs[seq].describe()} as every collective {_span(start, seq)} "
-             f"of {label}: a call among them skipped (or added) on {_who(culprits)} would shift the numbers "
+    return [(f"{rank_phrase(majority)} recorded {theirs[seq].describe()} as every collective {_span(start, seq)} "
+             f"of {label}: a call among them skipped (or added) on {rank_phrase(culprits)} would shift the numbers "
              f"without showing before #{seq}")]
 
 
@@ -411,7 +411,7 @@ def _moved_on(label: str, seq: int, ops: dict[int, dict[int, FlightEntry]], culp
         if later:
             now = min(later)
             moved[(now, mine[now].describe())].append(rank)
-    return [f"{_who(ranks)} finished {'its' if len(ranks) == 1 else 'their'} side of collective #{seq} and "
+    return [f"{rank_phrase(ranks)} finished {'its' if len(ranks) == 1 else 'their'} side of collective #{seq} and "
             f"{'waits' if len(ranks) == 1 else 'wait'} in collective #{now} ({what}) of {label}"
             for (now, what), ranks in moved.items()]
 
@@ -458,22 +458,22 @@ def _front_finding(front: _Front) -> FlightFinding | None:
     behind = sorted(r for r, n in front.newest.items() if n < seq)
     done = sorted(r for r, n in front.newest.items() if n >= seq and front.pending.get(r) != seq)
     one = len(waiting) == 1
-    started = (f"{_who(waiting)} issued collective #{seq} ({entry.describe()}) of {label} and "
+    started = (f"{rank_phrase(waiting)} issued collective #{seq} ({entry.describe()}) of {label} and "
                f"{'has' if one else 'have'} not finished it")
     moved = _moved_past(label, seq, ops, front.pending, done)
     if behind:
         last = ", ".join(f"rank {r} up to #{front.newest[r]}" if front.newest[r] else f"rank {r} none"
                          for r in behind[:8]) + (", ..." if len(behind) > 8 else "")
-        summary = (f"{_who(behind)} {'has' if len(behind) == 1 else 'have'} not called collective #{seq} "
-                   f"({entry.describe()}) of {label}, which {_who(waiting)} "
+        summary = (f"{rank_phrase(behind)} {'has' if len(behind) == 1 else 'have'} not called collective #{seq} "
+                   f"({entry.describe()}) of {label}, which {rank_phrase(waiting)} "
                    f"{'waits' if one else 'wait'} in (flight recorder)")
         basis = f"flight recorder: collective #{seq} of {label} not yet called by the culprits"
         return FlightFinding(FlightKind.BEHIND, label, seq, tuple(behind), summary,
                              (started, f"issued so far on {label}: {last}", *moved), basis, Verdict.STRAGGLER)
     if front.unseen:
         unseen = front.unseen
-        who, single = _who(unseen), len(unseen) == 1
-        summary = (f"{_who(waiting)} {'waits' if one else 'wait'} in collective #{seq} ({entry.describe()}) of "
+        who, single = rank_phrase(unseen), len(unseen) == 1
+        summary = (f"{rank_phrase(waiting)} {'waits' if one else 'wait'} in collective #{seq} ({entry.describe()}) of "
                    f"{label} for {who}, which {'its' if one else 'their'} dump{'' if one else 's'} list as "
                    f"{'a member' if single else 'members'} and which left no dump (not seen) (flight recorder)")
         lines = (started, *moved,
@@ -487,8 +487,8 @@ def _front_finding(front: _Front) -> FlightFinding | None:
         return FlightFinding(FlightKind.UNSEEN, label, seq, tuple(unseen), summary, lines, basis,
                              Verdict.STRAGGLER, unseen=tuple(unseen))
     if done:
-        summary = (f"every rank of {label} issued collective #{seq} ({entry.describe()}); {_who(waiting)} "
-                   f"{'has' if one else 'have'} not finished it while {_who(done)} finished "
+        summary = (f"every rank of {label} issued collective #{seq} ({entry.describe()}); {rank_phrase(waiting)} "
+                   f"{'has' if one else 'have'} not finished it while {rank_phrase(done)} finished "
                    f"{'its' if len(done) == 1 else 'their'} side (flight recorder)")
         why = (f"the dumps do not record a {entry.op}'s root (src/dst): whether the ranks agree on it they "
                "cannot show, so they name no culprit" if entry.op in _ROOTED else
@@ -498,7 +498,7 @@ def _front_finding(front: _Front) -> FlightFinding | None:
                              cleared=tuple(done))
     if len(waiting) < 2:
         return None
-    line = (f"{_who(waiting)} all issued collective #{seq} ({entry.describe()}) of {label}; "
+    line = (f"{rank_phrase(waiting)} all issued collective #{seq} ({entry.describe()}) of {label}; "
             f"none has finished it (flight recorder)")
     basis = f"flight recorder: every rank of {label} issued collective #{seq}"
     return FlightFinding(FlightKind.ALL_IN, label, seq, (), line, (line,), basis)
@@ -513,7 +513,7 @@ def _moved_past(label: str, seq: int, ops: dict[int, dict[int, FlightEntry]], pe
         moved[(now, ops[rank][now].describe()) if now is not None else (0, "")].append(rank)
     lines = []
     for (now, what), ranks in sorted(moved.items())[:8]:
-        who, one = _who(ranks), len(ranks) == 1
+        who, one = rank_phrase(ranks), len(ranks) == 1
         lines.append(f"{who} finished {'its' if one else 'their'} side of collective #{seq} and "
                      + (f"{'waits' if one else 'wait'} in collective #{now} ({what}) of {label}" if now else
                         f"{'has' if one else 'have'} no unfinished collective on {label}"))
@@ -581,9 +581,9 @@ def _victims(front: _Front, finding: FlightFinding, waits: dict[int, tuple[_Fron
     where, on = waits[culprit] if culprit in waits else (pending[culprit][0], None)
     at = where.pending[culprit]
     one = len(finding.culprits) == 1
-    return (f"{_who(waiting)} {'waits' if len(waiting) == 1 else 'wait'} in collective #{front.seq} "
-            f"({entry.describe()}) of {front.group.label}, which {_who(finding.culprits)} "
-            f"{'has' if one else 'have'} not called: {_who([culprit])} waits in collective #{at} "
+    return (f"{rank_phrase(waiting)} {'waits' if len(waiting) == 1 else 'wait'} in collective #{front.seq} "
+            f"({entry.describe()}) of {front.group.label}, which {rank_phrase(finding.culprits)} "
+            f"{'has' if one else 'have'} not called: {rank_phrase([culprit])} waits in collective #{at} "
             f"({where.group.colls[culprit][at].describe()}) of {where.group.label}"
             + (f" for rank {on}" if on is not None else ""))
 
@@ -616,20 +616,20 @@ def _group_cycle(waits: dict[int, tuple[_Front, int]], records: dict[int, Flight
         usual, majority = ranked[0]
         culprits = sorted(r for _, ranks in ranked[1:] for r in ranks)
         members = sorted(r for _, ranks in ranked for r in ranks)
-        lines = [f"{_who(ranks)} issued collective #{seq} of {label} first" for (label, seq), ranks in ranked]
-        lines.append(f"{_who(members)}, the members of {groups} with a dump, issued these collectives in "
-                     f"different orders: {_who(majority)} one way, {_who(culprits)} the other")
+        lines = [f"{rank_phrase(ranks)} issued collective #{seq} of {label} first" for (label, seq), ranks in ranked]
+        lines.append(f"{rank_phrase(members)}, the members of {groups} with a dump, issued these collectives in "
+                     f"different orders: {rank_phrase(majority)} one way, {rank_phrase(culprits)} the other")
         other = ranked[1][0]
-        summary = (f"collective mismatch (flight recorder): {_who(culprits)} issued collective #{other[1]} of "
-                   f"{other[0]} first while {_who(majority)} issued collective #{usual[1]} of {usual[0]} first: "
+        summary = (f"collective mismatch (flight recorder): {rank_phrase(culprits)} issued collective #{other[1]} of "
+                   f"{other[0]} first while {rank_phrase(majority)} issued collective #{usual[1]} of {usual[0]} first: "
                    "the ranks wait on each other across process groups")
-        basis = f"flight recorder: {_who(culprits)} issued the collectives of {groups} in another order than the rest"
+        basis = f"flight recorder: {rank_phrase(culprits)} issued the collectives of {groups} in another order than the rest"
         shown = {*cycle, *members}
     else:
         culprits = sorted({*cycle, *(r for _, ranks in ranked for r in ranks)})
         summary = ("collective mismatch (flight recorder): ranks wait on each other across process groups: "
                    + ", ".join(parts) + ": the groups' collectives are called in different orders")
-        basis = f"flight recorder: ranks {compress_ranks(culprits)[1:-1]} wait on each other in different groups"
+        basis = f"flight recorder: ranks {ranges_text(sorted(set(culprits)))} wait on each other in different groups"
         shown = set(culprits)
     return FlightFinding(FlightKind.GROUP_CYCLE, first.group.label, first.pending[cycle[0]], tuple(culprits),
                          summary, (*parts, *lines, *_held_behind(waits, shown)), basis, Verdict.COLLECTIVE_MISMATCH)
@@ -681,9 +681,9 @@ def _held_behind(waits: dict[int, tuple[_Front, int]], cycle: set[int]) -> list[
         held[key][2].update(r for r, n in front.newest.items() if n < at)
     lines = []
     for (_, at), (front, ranks, behind) in sorted(held.items())[:4]:
-        lines.append(f"{_who(ranks)} {'waits' if len(ranks) == 1 else 'wait'} in collective #{at} "
+        lines.append(f"{rank_phrase(ranks)} {'waits' if len(ranks) == 1 else 'wait'} in collective #{at} "
                      f"({front.group.colls[ranks[0]][at].describe()}) of {front.group.label} for "
-                     f"{_who(sorted(behind))}, which {'waits' if len(behind) == 1 else 'wait'} in the cycle")
+                     f"{rank_phrase(sorted(behind))}, which {'waits' if len(behind) == 1 else 'wait'} in the cycle")
     return lines
 
 
@@ -701,7 +701,7 @@ def _idle(groups: dict[str, _Group], records: dict[int, FlightRecord]) -> Flight
         for rank, seq in newest.items():
             by_front[seq].append(rank)
         lines.append(f"on {group.label}: " + ", ".join(
-            f"{_who(ranks)} finished every collective up to #{seq}" for seq, ranks in sorted(by_front.items())))
+            f"{rank_phrase(ranks)} finished every collective up to #{seq}" for seq, ranks in sorted(by_front.items())))
     if not lines:
         return None
     summary = ("no rank has an unfinished collective in its flight recorder: the ranks wait outside "
@@ -763,7 +763,7 @@ def _match_p2p(group: _Group, records: dict[int, FlightRecord]) -> tuple[FlightF
             waits.append(_Wait(b, a, received[len(sent)], len(sent) + 1, len(sent)))
     notes = []
     if unjudged:
-        notes.append(f"p2p ops of {group.label} with rank(s) {compress_ranks(unjudged)[1:-1]} not matched: "
+        notes.append(f"p2p ops of {group.label} with rank(s) {ranges_text(sorted(set(unjudged)))} not matched: "
                      "no dump, or a ring that no longer holds the process's first op (counts from the start unknown)")
     label = group.label
     if differ is not None:
@@ -853,7 +853,7 @@ def _p2p_deadlock(label: str, cycle: Sequence[_Wait]) -> FlightFinding:
     parts = [f"rank {w.rank} waits to {'send to' if w.op.op == 'send' else 'receive from'} rank {w.peer} "
              f"(p2p #{w.op.seq})" for w in cycle]
     summary = f"p2p deadlock (flight recorder) on {label}: " + ", ".join(parts) + f": {how}"
-    basis = f"flight recorder: ranks {compress_ranks(ranks)[1:-1]} wait on each other's p2p ops on {label}"
+    basis = f"flight recorder: ranks {ranges_text(sorted(set(ranks)))} wait on each other's p2p ops on {label}"
     return FlightFinding(FlightKind.P2P_DEADLOCK, label, min(w.op.seq for w in cycle), tuple(ranks), summary,
                          tuple(_wait_line(label, w) for w in cycle), basis, Verdict.COLLECTIVE_MISMATCH)
 
@@ -882,11 +882,6 @@ def _p2p_unposted(label: str, waits: Sequence[_Wait], records: dict[int, FlightR
 def _where(e: FlightEntry) -> str:
     what = "p2p" if e.p2p else "collective"
     return f"{what} #{e.seq} ({e.describe()}) of group {e.group}"
-
-
-def _who(ranks: Sequence[int]) -> str:
-    ranks = sorted(ranks)
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {compress_ranks(ranks)[1:-1]}"
 
 
 def _span(lo: int, hi: int) -> str:

@@ -61,8 +61,8 @@ from ..model import (
     NcclRasReport,
     RasCommunicator,
     RasRank,
-    compress_ranks,
 )
+from ..rankranges import rank_phrase
 
 IDLE_AT_MOST = 5  # percent: no kernel over (almost) all of NVML's sample period
 BUSY_AT_LEAST = 95  # percent: a kernel resident over (almost) all of it
@@ -113,7 +113,7 @@ def find(snapshot: JobSnapshot) -> DeviceFindings | None:
     faulty, fault_lines = _faults(gpus)
     next_steps: tuple[str, ...] = ()
     if faulty:
-        next_steps = (f"Look for Xid lines in the kernel log of the node(s) of {_who(faulty)} "
+        next_steps = (f"Look for Xid lines in the kernel log of the node(s) of {rank_phrase(faulty)} "
                       "(`dmesg -T | grep -i xid`) and check the GPU there (`nvidia-smi -q`)"),
     ras = read_ras(snapshot, snapshot.ras) if snapshot.ras is not None else RasFindings((), (), ())
     return DeviceFindings(_split_line(gpus, idle, busy) if idle and busy else "", tuple(fault_lines), ras.evidence,
@@ -148,7 +148,7 @@ def _gpu_key(gpu: GpuState, host: str) -> str:
 
 
 def _split_line(gpus: dict[int, tuple[GpuState, ...]], idle: Sequence[int], busy: Sequence[int]) -> str:
-    return (f"GPUs of {_who(idle)} at {_percent(gpus, idle)} while {_whose(busy)} at "
+    return (f"GPUs of {rank_phrase(idle)} at {_percent(gpus, idle)} while {_whose(busy)} at "
             f"{_percent(gpus, busy)} (NVML utilisation: a rank inside a launched NCCL "
             "collective keeps its GPU busy; an idle GPU has no collective running)")
 
@@ -276,7 +276,7 @@ def _ras_who(ranks: Sequence[RasRank], names: dict[int, int]) -> str:
     """``rank 3 (pid 4711 on 10.0.0.2)`` for known global ranks, communicator terms else."""
     known = sorted(names[r.comm_rank] for r in ranks if r.comm_rank in names)
     unknown = [r for r in ranks if r.comm_rank not in names]
-    parts = [_who(known)] if known else []
+    parts = [rank_phrase(known)] if known else []
     for r in unknown[:_LIST_MAX]:
         where = " on ".join(x for x in ((f"pid {r.pid}" if r.pid is not None else ""), r.host) if x)
         parts.append(f"communicator rank {r.comm_rank}" + (f" ({where})" if where else ""))
@@ -285,10 +285,5 @@ def _ras_who(ranks: Sequence[RasRank], names: dict[int, int]) -> str:
     return ", ".join(parts)
 
 
-def _who(ranks: Sequence[int]) -> str:
-    ranks = sorted(ranks)
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {compress_ranks(ranks)[1:-1]}"
-
-
 def _whose(ranks: Sequence[int]) -> str:
-    return f"{_who(ranks)}'s" if len(ranks) == 1 else f"those of {_who(ranks)}"
+    return f"{rank_phrase(ranks)}'s" if len(ranks) == 1 else f"those of {rank_phrase(ranks)}"

@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 
+from ..memo import once_per_object
 from ..model import (
     GIVEN_GROUP,
     GRAPH_CODE,
@@ -31,7 +32,6 @@ from ..model import (
     Origin,
     Stack,
     ThreadStack,
-    once_per_object,
 )
 from .device import device_wait
 from .source_lines import SourceIndex, enclosing_block, issuing_call, waited_name

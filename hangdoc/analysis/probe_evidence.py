@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..model import DistOp, Heartbeat, ThreadException, compress_ranks, once_per_object
+from ..memo import once_per_object
+from ..model import DistOp, Heartbeat, ThreadException
+from ..rankranges import rank_phrase
 from .views import RankView
 
 MAX_LINES = 6  # of each kind; the rest is counted
@@ -39,7 +41,7 @@ def exception_lines(views: Sequence[RankView]) -> list[str]:
     lines = []
     for (_, thread, type_name, where, within), ranks in sorted(told.items(), key=_first):
         one = len(ranks) == 1
-        lines.append(f"{_ranks(ranks)}'s {_thread_words(thread, one)} {'is' if one else 'are'} handling {type_name} "
+        lines.append(f"{rank_phrase(ranks)}'s {_thread_words(thread, one)} {'is' if one else 'are'} handling {type_name} "
                      f"raised at {where}{within} ({'its probe' if one else 'their probes'})")
     return _bounded(lines, "thread(s) with a live exception")
 
@@ -57,7 +59,7 @@ def heartbeat_lines(views: Sequence[RankView]) -> list[str]:
         age = f"{ages[0]:.1f}" if ages[-1] - ages[0] < 0.05 else f"{ages[0]:.1f}-{ages[-1]:.1f}"
         at = f" at step {step}" if step is not None else ""
         inside = ", inside the step" if in_step else ""
-        lines.append(f"{_ranks(ranks)} last beat{at}{inside}, {age} s before hangdoc asked "
+        lines.append(f"{rank_phrase(ranks)} last beat{at}{inside}, {age} s before hangdoc asked "
                      f"({'its probe' if len(ranks) == 1 else 'their probes'})")
     return _bounded(lines, "heartbeat line(s)")
 
@@ -73,10 +75,6 @@ def _thread_words(name: str | None, one: bool) -> str:
     if name == "MainThread":
         return "main thread" if one else "main threads"
     return f"thread '{name}'" if one else f"threads '{name}'"
-
-
-def _ranks(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {compress_ranks(ranks)[1:-1]}"
 
 
 def _first(item: tuple[tuple[bool, str, str, str, str], list[int]]) -> tuple[bool, int, str]:

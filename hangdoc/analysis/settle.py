@@ -16,10 +16,10 @@ from __future__ import annotations
 import dataclasses
 
 from ..model import Verdict
+from ..rankranges import rank_phrase
 from .finding import Classification, DeviceRole, DevicesSaid, FlightRole, FlightSaid
 from .flight import FlightFinding, FlightKind
 from .gpu_state import DeviceFindings
-from .wording import rank_words
 
 
 def by_flight(stacks: Classification, finding: FlightFinding | None, had_stacks: bool) -> Classification:
@@ -39,7 +39,7 @@ def by_flight(stacks: Classification, finding: FlightFinding | None, had_stacks:
         # the stacks blame ranks the dumps show past the collective the others wait in
         overruled = (f"the stacks alone read {stacks.verdict.value} (culprits "
                      f"{', '.join(map(str, stacks.culprits))}): {stacks.summary}; the flight recorder "
-                     f"shows {rank_words(cleared)} finished {'its' if len(cleared) == 1 else 'their'} side of "
+                     f"shows {rank_phrase(cleared)} finished {'its' if len(cleared) == 1 else 'their'} side of "
                      f"collective #{finding.seq} of {finding.group}, which the others wait in")
         return _said(stacks, FlightRole.OVERRULES, finding, verdict=Verdict.UNKNOWN, culprits=(),
                      summary=finding.summary, evidence=(*finding.evidence, overruled, *stacks.evidence),
@@ -103,7 +103,7 @@ def by_devices(result: Classification, found: DeviceFindings | None, not_seen: t
                       "launch counts override it")
         return dataclasses.replace(
             result, verdict=Verdict.STRAGGLER, culprits=behind,
-            summary=(f"{rank_words(behind)} launched fewer NCCL collectives than the other ranks of "
+            summary=(f"{rank_phrase(behind)} launched fewer NCCL collectives than the other ranks of "
                      "their communicator (NCCL RAS): the others wait for them"),
             evidence=(lag, overridden, *(e for e in evidence if e != lag)), next_steps=next_steps,
             ambiguous=False, devices=dataclasses.replace(plain, role=DeviceRole.BEHIND))
@@ -111,9 +111,9 @@ def by_devices(result: Classification, found: DeviceFindings | None, not_seen: t
     if named and not result.culprits:
         how = []
         if found.unreachable:
-            how.append(f"NCCL RAS cannot reach {rank_words(found.unreachable)}")
+            how.append(f"NCCL RAS cannot reach {rank_phrase(found.unreachable)}")
         if found.faulty:
-            how.append(f"NVML reports a fault on the GPU of {rank_words(found.faulty)}")
+            how.append(f"NVML reports a fault on the GPU of {rank_phrase(found.faulty)}")
         return dataclasses.replace(
             result, culprits=named, summary=f"{result.summary}; {'; '.join(how)}", evidence=evidence,
             next_steps=next_steps, devices=DevicesSaid(DeviceRole.NAMED, found, plain.agreeing, tuple(how)))

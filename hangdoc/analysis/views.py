@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
 
+from ..memo import once_per_object
 from ..model import (
     STOPPED_STATUSES,
     DistOp,
@@ -24,7 +25,6 @@ from ..model import (
     RankState,
     Sample,
     ThreadStack,
-    once_per_object,
 )
 from .device import env_gpu_evidence, stacks_gpu_evidence, sync_call, waits_for_device
 from .locks import LockGraph, lock_graph, same_deadlock, waits_on_a_lock

@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from ..memo import once_per_object
 from ..model import (
     CaptureErrorKind,
     DistOp,
@@ -20,9 +21,8 @@ from ..model import (
     RankState,
     ThreadStack,
     Verdict,
-    compress_ranks,
-    once_per_object,
 )
+from ..rankranges import rank_phrase
 from .device import waits_for_device
 from .locks import REENTRANT, LockEdge, LockGraph
 from .ops import exit_frame
@@ -327,12 +327,12 @@ def notes(unknown: Sequence[int], unreadable: Sequence[RankView]) -> list[str]:
     """Evidence lines on the ranks hangdoc could not see, added to every verdict."""
     lines: list[str] = []
     if unknown:
-        lines.append(f"{_r(unknown)} {_v(unknown, 'was', 'were')} not seen (on a node not searched, "
+        lines.append(f"{rank_phrase(unknown)} {_v(unknown, 'was', 'were')} not seen (on a node not searched, "
                      "not in the dumps, or on a node that did not answer): nothing is concluded "
                      f"about {_v(unknown, 'it', 'them')}")
     if unreadable:
         lines.append(
-            f"{_r([v.rank for v in unreadable])} could not be read: "
+            f"{rank_phrase([v.rank for v in unreadable])} could not be read: "
             + "; ".join(sorted({describe_rank(v) for v in unreadable}))
         )
     return lines
@@ -340,7 +340,7 @@ def notes(unknown: Sequence[int], unreadable: Sequence[RankView]) -> list[str]:
 
 def partial_suffix(unknown: Sequence[int]) -> str:
     """Appended to a hang's summary when some ranks' state is unknown."""
-    return f" (partial evidence: {_r(unknown)} unknown)"
+    return f" (partial evidence: {rank_phrase(unknown)} unknown)"
 
 
 def _ranks(views: Sequence[RankView]) -> list[int]:
@@ -363,22 +363,22 @@ def _progressing(f: Progressing) -> Words:
     if len(f.waiting) > len(f.ranks):
         # a few moving among many stuck: say so, not "the job progresses"
         return Words(
-            f"not hung, for now: only {_r(_ranks(f.ranks))} completed distributed operations "
-            f"during the window while {_r(_ranks(f.waiting))} waited "
+            f"not hung, for now: only {rank_phrase(_ranks(f.ranks))} completed distributed operations "
+            f"during the window while {rank_phrase(_ranks(f.waiting))} waited "
             f"{in_ops(f.waiting)} throughout",
-            [*evidence, (f"{_r(_ranks(f.waiting))} did not move: if they wait for "
-                         f"{_r(_ranks(f.ranks))}, they are slow; if not, the job is stuck "
+            [*evidence, (f"{rank_phrase(_ranks(f.waiting))} did not move: if they wait for "
+                         f"{rank_phrase(_ranks(f.ranks))}, they are slow; if not, the job is stuck "
                          "around them")],
         )
     return Words(
-        f"not hung: {_r(_ranks(f.ranks))} completed distributed operations during the window",
+        f"not hung: {rank_phrase(_ranks(f.ranks))} completed distributed operations during the window",
         evidence,
     )
 
 
 def _data_moving(f: DataMoving) -> Words:
     return Words(
-        f"not hung: {_r(_ranks(f.communicating))} are inside "
+        f"not hung: {rank_phrase(_ranks(f.communicating))} are inside "
         f"{op_summary(f.communicating)} and data is moving",
         [move_line(v) for v in f.communicating[:4]],
     )
@@ -386,7 +386,7 @@ def _data_moving(f: DataMoving) -> Words:
 
 def _working(f: Working) -> Words:
     return Words(
-        f"not hung: no rank waits in a distributed operation; {_r(_ranks(f.busy))} "
+        f"not hung: no rank waits in a distributed operation; {rank_phrase(_ranks(f.busy))} "
         f"{_v(f.busy, 'is', 'are')} working (CPU, I/O or changing stacks)",
         [f"rank {v.rank} is {describe_rank(v)}" for v in f.busy[:4]],
     )
@@ -394,14 +394,14 @@ def _working(f: Working) -> Words:
 
 def _ranks_gone(f: RanksGone) -> Words:
     gone, waiting = f.gone, f.waiting
-    evidence = [f"{_r(gone)} of world size {f.world} {_v(gone, 'has', 'have')} no process"]
+    evidence = [f"{rank_phrase(gone)} of world size {f.world} {_v(gone, 'has', 'have')} no process"]
     if f.exited:
-        evidence.append(f"{_r(f.exited)} exited during the capture")
+        evidence.append(f"{rank_phrase(f.exited)} exited during the capture")
     evidence += op_lines(waiting)
     waiting_on = in_ops(waiting)
     return Words(
-        f"rank missing: {_r(gone)} {_v(gone, 'has', 'have')} no process while "
-        f"{_r(_ranks(waiting))} {_v(waiting, 'waits', 'wait')} {waiting_on}",
+        f"rank missing: {rank_phrase(gone)} {_v(gone, 'has', 'have')} no process while "
+        f"{rank_phrase(_ranks(waiting))} {_v(waiting, 'waits', 'wait')} {waiting_on}",
         evidence,
     )
 
@@ -410,9 +410,9 @@ def _init_split(f: InitSplit) -> Words:
     init_ranks, other_ranks = _ranks(f.init), _ranks(f.others)
     evidence = op_lines(f.init) + [f"rank {v.rank} is {describe_rank(v)}" for v in f.others]
     return Words(
-        f"init deadlock: {_r(init_ranks)} {_v(init_ranks, 'waits', 'wait')} in "
+        f"init deadlock: {rank_phrase(init_ranks)} {_v(init_ranks, 'waits', 'wait')} in "
         f"{op_summary(f.init)} while "
-        f"{_r(other_ranks)} {'went past it' if f.went_past else 'never reached it'}",
+        f"{rank_phrase(other_ranks)} {'went past it' if f.went_past else 'never reached it'}",
         evidence,
     )
 
@@ -423,12 +423,12 @@ def _init_stuck(f: InitStuck) -> Words:
         evidence.insert(0, env_line(f.env))
     summary = f"init deadlock: every rank waits in {op_summary(f.init)}"
     if f.differ:
-        summary += f"; {_r(f.differ)} differ"
+        summary += f"; {rank_phrase(f.differ)} differ"
     return Words(summary, evidence)
 
 
 def env_line(env: EnvSplit) -> str:
-    desc = ", ".join(f"{env.key}={val} on {_r(r)}" for val, r in env.values.items())
+    desc = ", ".join(f"{env.key}={val} on {rank_phrase(r)}" for val, r in env.values.items())
     return f"ranks disagree on the rendezvous: {desc}"
 
 
@@ -441,16 +441,16 @@ def _cleanup_stuck(f: CleanupStuck) -> Words:
     shorts = {short(v.op) if v.op is not None else cleanup_short(v) for v in f.cleanup}
     if not training:
         return Words(
-            f"cleanup seen from one side: {_r(culprits)} left the training loop and "
+            f"cleanup seen from one side: {rank_phrase(culprits)} left the training loop and "
             f"{_v(culprits, 'waits', 'wait')} in cleanup ({' / '.join(sorted(shorts))}); "
             f"{_unseen_words(f.unseen)}: if they wait in the training loop, this is a cleanup deadlock",
             evidence,
         )
     return Words(
-        f"cleanup deadlock: {_r(culprits)} left the training loop and "
+        f"cleanup deadlock: {rank_phrase(culprits)} left the training loop and "
         f"{_v(culprits, 'waits', 'wait')} in cleanup "
         f"({' / '.join(sorted(shorts))}) "
-        f"while {_r(_ranks(training))} {_v(training, 'waits', 'wait')} "
+        f"while {rank_phrase(_ranks(training))} {_v(training, 'waits', 'wait')} "
         f"{in_ops(training)}",
         evidence,
     )
@@ -462,13 +462,13 @@ def _threads_race(f: ThreadsRace) -> Words:
     for v in f.raced:
         text = "; ".join(_thread_in_op(th, op) for th, op in _raced_ops(v))
         by_text.setdefault(text, []).append(v.rank)
-    evidence = [f"{_r(ranks)}: {text}" for text, ranks in by_text.items()]
+    evidence = [f"{rank_phrase(ranks)}: {text}" for text, ranks in by_text.items()]
     evidence += op_lines(f.others)
     first = f.raced[0]
     pair = " and ".join(_thread_in_op(th, op) for th, op in _raced_ops(first)[:2])
     each = "each have" if len(culprits) > 1 else "has"
     return Words(
-        f"collective mismatch: {_r(culprits)} {each} two threads in collectives on one process "
+        f"collective mismatch: {rank_phrase(culprits)} {each} two threads in collectives on one process "
         f"group at once ({'on rank ' + str(first.rank) + ': ' if len(culprits) > 1 else ''}{pair}): "
         "the order in which a process's threads reach a group can differ between ranks, and "
         "then each rank waits in a collective the others issued second (a deadlock by issue order)",
@@ -491,8 +491,8 @@ def _straggling(f: Straggling) -> Words:
     evidence += op_lines(waiting)
     doing = sorted({activity(v) for v in f.outside})
     return Words(
-        f"straggler: {_r(culprits)} {_v(culprits, 'is', 'are')} {'/'.join(doing)} while "
-        f"{_r(_ranks(waiting))} {_v(waiting, 'waits', 'wait')} {in_ops(waiting)}",
+        f"straggler: {rank_phrase(culprits)} {_v(culprits, 'is', 'are')} {'/'.join(doing)} while "
+        f"{rank_phrase(_ranks(waiting))} {_v(waiting, 'waits', 'wait')} {in_ops(waiting)}",
         evidence,
     )
 
@@ -535,11 +535,11 @@ def _unseen(f: Unseen) -> Words:
     evidence += op_lines(waiting)
     evidence.append(
         f"every rank that could be read waits {in_ops(waiting)}; "
-        f"{_r(unseen)} {_v(unseen, 'is', 'are')} the only one{'' if len(unseen) == 1 else 's'} "
+        f"{rank_phrase(unseen)} {_v(unseen, 'is', 'are')} the only one{'' if len(unseen) == 1 else 's'} "
         "not seen there: the likely rank(s) the others wait for, by elimination, not by a stack"
     )
     return Words(
-        f"straggler: {_r(unseen)} could not be read while {_r(_ranks(waiting))} "
+        f"straggler: {rank_phrase(unseen)} could not be read while {rank_phrase(_ranks(waiting))} "
         f"{_v(waiting, 'waits', 'wait')} {in_ops(waiting)}: likely the rank(s) they wait for",
         evidence,
     )
@@ -569,7 +569,7 @@ def _mismatch(f: Mismatch) -> Words:
     groups, culprits = f.groups, f.culprits
     where = _apart(groups)
     evidence = [
-        f"{_r(_ranks(vs))} {_v(vs, 'waits', 'wait')} in {w}" + frame_tail(vs[0])
+        f"{rank_phrase(_ranks(vs))} {_v(vs, 'waits', 'wait')} in {w}" + frame_tail(vs[0])
         for vs, w in zip(groups, where)
     ]
     p2p = [p2p_line(p) for p in f.p2p]
@@ -585,19 +585,19 @@ def _mismatch(f: Mismatch) -> Words:
     elif f.parted and f.by_tree:
         (_, common), *others = f.parted
         left = " / ".join(sorted({_where(v.op) for _, vs in others for v in vs[:1]}))
-        summary = (f"collective mismatch: {_r(culprits)} left the others' path for {left}, "
+        summary = (f"collective mismatch: {rank_phrase(culprits)} left the others' path for {left}, "
                    f"while the other {_count(common)} wait in {len(groups) - 1} ops at "
                    "different places, as ranks of different process groups may")
         evidence.append("the paths part at the first frame where the ranks call different "
                         "functions: " + "; ".join(f"{_count(vs)} in {frame}" for frame, vs in f.parted)
-                        + f"; {_r(culprits)} are fewer than the ranks at any one place of the others")
+                        + f"; {rank_phrase(culprits)} are fewer than the ranks at any one place of the others")
     elif f.parted:
         (_, common), *others = f.parted
         left = " / ".join(str(frame) for frame, _ in others)
-        summary = (f"collective mismatch: {_r(culprits)} left the others' path into {left} "
-                   f"while {_r(_ranks(common))} are in {f.parted[0][0]}")
+        summary = (f"collective mismatch: {rank_phrase(culprits)} left the others' path into {left} "
+                   f"while {rank_phrase(_ranks(common))} are in {f.parted[0][0]}")
         evidence.append("the paths part at the first frame where the ranks call different "
-                        "functions: " + "; ".join(f"{_r(_ranks(vs))} in {frame}"
+                        "functions: " + "; ".join(f"{rank_phrase(_ranks(vs))} in {frame}"
                                                   for frame, vs in f.parted))
     elif len(groups) > 1:
         minority = [v for vs in groups[1:] for v in vs] if culprits else []
@@ -606,9 +606,9 @@ def _mismatch(f: Mismatch) -> Words:
             told_apart = where != [_where(vs[0].op) for vs in groups]  # a wrapper's callers named
             minority_where = " / ".join(sorted(set(where[1:]))) if told_apart else op_summary(minority)
             summary = (
-                f"collective mismatch: {_r(culprits)} "
+                f"collective mismatch: {rank_phrase(culprits)} "
                 f"{'is' if len(culprits) == 1 else 'are'} in {minority_where} while "
-                f"{_r(_ranks(majority))} are in {where[0]}"
+                f"{rank_phrase(_ranks(majority))} are in {where[0]}"
             )
         elif len(groups) > 2 and 2 * len(groups[0]) <= sum(map(len, groups)):
             total = sum(map(len, groups))
@@ -637,14 +637,14 @@ def _members_elsewhere(few: Sequence[RankView], groups: Sequence[Sequence[RankVi
     others = [w for vs, w in zip(groups, where) if vs[0].rank not in named]
     on_world = all((read := op_scope(v.op)) is not None and read.scope is Scope.WORLD for v in rest)
     scope = "on WORLD" if on_world else "(on WORLD or a group of theirs)"
-    summary = (f"collective mismatch: {_r(_ranks(few))} {_v(few, 'waits', 'wait')} in "
+    summary = (f"collective mismatch: {rank_phrase(_ranks(few))} {_v(few, 'waits', 'wait')} in "
                f"{' / '.join(theirs)} on a group {_v(few, 'its', 'their')} caller passed, while "
-               f"{_r(_ranks(rest))} are in {' / '.join(others)} {scope}: a member of "
+               f"{rank_phrase(_ranks(rest))} are in {' / '.join(others)} {scope}: a member of "
                f"{_v(few, 'its', 'their')} group is in the others' op, so either it skipped "
-               f"this collective (or calls it later) or {_r(_ranks(few))} skipped the others' "
+               f"this collective (or calls it later) or {rank_phrase(_ranks(few))} skipped the others' "
                "op; stacks do not say which, so no rank is named")
     evidence = ("a collective on a group its caller passed completes once every member of the "
-                f"group has entered it, so a member of the group of {_r(_ranks(few))} is not in "
+                f"group has entered it, so a member of the group of {rank_phrase(_ranks(few))} is not in "
                 "it, and every other rank is in the others' op: the order each rank issued its "
                 "ops (the flight recorder's sequence numbers, through `hangdoc probe`, or "
                 "TORCH_DISTRIBUTED_DEBUG=DETAIL logs) names the rank that skipped one")
@@ -657,13 +657,13 @@ def _left_structure(s: Structure, culprits: Sequence[int]) -> tuple[str, str]:
     world = [vs for vs in s.world if vs and vs[0].rank in named]
     where = " / ".join(sorted({_where(vs[0].op) for vs in world})) or "a WORLD op"
     structure = [v for vs in s.part for v in vs]
-    summary = (f"collective mismatch: {_r(culprits)} {_v(culprits, 'is', 'are')} in {where} on "
+    summary = (f"collective mismatch: {rank_phrase(culprits)} {_v(culprits, 'is', 'are')} in {where} on "
                f"WORLD, which waits for every rank, while the other {_count(structure)} wait in "
                f"{len(s.part)} ops on groups their callers passed: {_v(culprits, 'it', 'they')} "
                "left the group structure")
     evidence = ("a collective on a group its caller passed waits only for that group's members, "
                 f"so the {_count(structure)} at {len(s.part)} places wait apart legitimately; one on "
-                f"WORLD waits for every rank: the groups of {_r(culprits)} wait for "
+                f"WORLD waits for every rank: the groups of {rank_phrase(culprits)} wait for "
                 f"{_v(culprits, 'it', 'them')} in their ops, and {_v(culprits, 'it waits', 'they wait')} "
                 "for everyone")
     return summary, evidence
@@ -672,7 +672,7 @@ def _left_structure(s: Structure, culprits: Sequence[int]) -> tuple[str, str]:
 def _groups_apart(f: GroupsApart) -> Words:
     ranks = [v for vs in f.groups for v in vs]
     where = _apart(f.groups)
-    evidence = [f"{_count(vs)} ({_r(_ranks(vs))}) {_v(vs, 'waits', 'wait')} in {w}"
+    evidence = [f"{_count(vs)} ({rank_phrase(_ranks(vs))}) {_v(vs, 'waits', 'wait')} in {w}"
                 for vs, w in zip(f.groups, where)]
     evidence.append(f"each op runs on a group its caller passed, and each holds a multiple of "
                     f"{f.size} ranks: every place may hold whole groups; stacks do not show which "
@@ -686,7 +686,7 @@ def _groups_apart(f: GroupsApart) -> Words:
 def _brief(ranks: Sequence[int]) -> str:
     """``ranks 0-3,8`` where that is short to read, else how many (``1,997 ranks``): a
     summary names the ranks of each side, not thousands of numbers."""
-    said = _r(ranks)
+    said = rank_phrase(ranks)
     return said if len(said) <= _BRIEF else _count(ranks)
 
 
@@ -701,7 +701,7 @@ def _count(views: Sequence[object]) -> str:
 def p2p_line(p: P2PFact) -> str:
     """One send/recv that cannot complete."""
     if isinstance(p, AllReceive):
-        return f"{_r(p.receivers)} all receive and no rank sends"
+        return f"{rank_phrase(p.receivers)} all receive and no rank sends"
     op = p.op
     return (
         f"rank {p.rank} {'receives from' if p.receiving else 'sends to'} rank {p.peer} "
@@ -714,7 +714,7 @@ def _same_op(f: SameOp) -> Words:
     op = f.waiting[0].op
     assert op is not None
     return Words(
-        f"transport hang: every rank ({_r(_ranks(f.waiting))}) waits in the same {_where(op)} "
+        f"transport hang: every rank ({rank_phrase(_ranks(f.waiting))}) waits in the same {_where(op)} "
         "and no data moves",
         op_lines(f.waiting),
     )
@@ -724,7 +724,7 @@ def _seen_in_one_op(f: SeenInOneOp) -> Words:
     op = f.waiting[0].op
     assert op is not None
     return Words(
-        f"every rank seen ({_r(_ranks(f.waiting))}) waits in the same {_where(op)}, and "
+        f"every rank seen ({rank_phrase(_ranks(f.waiting))}) waits in the same {_where(op)}, and "
         f"{_unseen_words(f.unseen)}: if they wait there too, suspect the transport "
         "(nccl_timeout); one that is elsewhere is what the others wait for",
         op_lines(f.waiting),
@@ -734,14 +734,14 @@ def _seen_in_one_op(f: SeenInOneOp) -> Words:
 def _unseen_words(unseen: Sequence[int]) -> str:
     if not unseen:
         return "the job's other ranks were not seen"
-    return f"{_r(unseen)} {_v(unseen, 'was', 'were')} not seen"
+    return f"{rank_phrase(unseen)} {_v(unseen, 'was', 'were')} not seen"
 
 
 def _teardown(f: Teardown) -> Words:
     op = f.waiting[0].op
     assert op is not None
     return Words(
-        f"teardown hang: every rank ({_r(_ranks(f.waiting))}) waits in the same {_where(op)} on "
+        f"teardown hang: every rank ({rank_phrase(_ranks(f.waiting))}) waits in the same {_where(op)} on "
         "its way out, and no data moves",
         op_lines(f.waiting),
     )
@@ -755,18 +755,18 @@ def _device_waits(f: DeviceWaits) -> Words:
     ranks = _ranks([*f.device, *f.known])
     evidence = op_lines([*f.known, *f.device])
     evidence.append(
-        f"{_r(_ranks(f.device))} {_v(f.device, 'spins', 'spin')} or {_v(f.device, 'sleeps', 'sleep')} "
+        f"{rank_phrase(_ranks(f.device))} {_v(f.device, 'spins', 'spin')} or {_v(f.device, 'sleeps', 'sleep')} "
         "at a host sync, with no torch.distributed frame on the stack: collectives on a GPU "
         "are asynchronous, so a rank blocks at the next point that waits for its device; "
         "its CPU there is no progress")
     if f.one_site:
         evidence.append(NOT_VISIBLE)
         return Words(
-            f"transport hang?: every rank ({_r(ranks)}) waits for device work at the same "
+            f"transport hang?: every rank ({rank_phrase(ranks)}) waits for device work at the same "
             f"{_where(f.device[0].op)} and nothing moves; {NOT_VISIBLE}", evidence)
     evidence.append(NOT_VISIBLE + "; ranks at different host syncs may still wait in one "
                     "collective, so no mismatch is inferred from where they stopped")
-    apart = "; ".join(f"{_r(r)} {k}" for k, r in _by_where([*f.known, *f.device]).items())
+    apart = "; ".join(f"{rank_phrase(r)} {k}" for k, r in _by_where([*f.known, *f.device]).items())
     return Words(
         f"every rank waits, but not all in a collective stacks can name: {apart}; which "
         "collective each device waits in is not visible, so a transport hang cannot be told "
@@ -821,15 +821,6 @@ _SAY: dict[type, Callable[[Any], Words]] = {
 
 
 # -- building blocks: ranks, ops, frames, counters --------------------------------------
-
-
-def _r(ranks: Sequence[int]) -> str:
-    """``rank 3`` or ``ranks 0-2,5``."""
-    ranks = sorted(ranks)
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {compress_ranks(ranks)[1:-1]}"
-
-
-rank_words = _r  # for the other modules of analysis that name ranks (``confidence``)
 
 
 def _v(ranks: Sequence[object], singular: str, plural: str) -> str:
@@ -1100,7 +1091,7 @@ def op_lines(views: Sequence[RankView]) -> list[str]:
         classes[key].append(v.rank)
         if key not in tails:
             tails[key] = frame_tail(v)
-    return [f"{_r(r)} {_v(r, 'waits', 'wait')} {k}{tails[k]}" for k, r in classes.items()]
+    return [f"{rank_phrase(r)} {_v(r, 'waits', 'wait')} {k}{tails[k]}" for k, r in classes.items()]
 
 
 def move_line(v: RankView) -> str:
@@ -1136,7 +1127,7 @@ def quiet_line(waiting: Sequence[RankView]) -> str:
     text = (f"nothing moved on the waiting ranks over {seconds:.1f} s: stacks unchanged, "
             f"at most {cpu:.1%} CPU and {io / 1024:.1f} KiB/s read+written")
     if spinning:
-        text += (f" ({_r(_ranks(spinning))} at a host sync "
+        text += (f" ({rank_phrase(_ranks(spinning))} at a host sync "
                  f"{'spins' if len(spinning) == 1 else 'spin'} a core while "
                  f"{'it waits' if len(spinning) == 1 else 'they wait'}: not counted)")
     return text

@@ -72,7 +72,8 @@ The files, each importing only those above it:
   one to, refused before a capture;
 - ``limits``: the integer ranges and the caps on what interning multiplies;
 - ``invalid``: ``_Invalid``, a decoding failure and where it is;
-- ``stacks``: ``StackTable``, frames and stacks numbered (the wire uses it too);
+- ``stacks``: ``StackTable``, frames and stacks numbered (the wire and the HTML report use
+  it too);
 - ``layout``: the kind, the version, and each table's layout from the type hints;
 - ``columns``: a column as written (runs) and as read, checked a column at a time;
 - ``tables``: ``_Tables``, a bundle being read, and what it has used (for the caps);

@@ -16,7 +16,8 @@ from typing import Any
 
 from .. import __version__
 from ..errors import BundleError, one_line, shown
-from ..model import Frame, JobSnapshot, collections_paused
+from ..memo import collections_paused
+from ..model import Frame, JobSnapshot
 from .codec import _codec, _read_column
 from .columns import Ints, _check_indices, _check_range, _ints
 from .files import read_input

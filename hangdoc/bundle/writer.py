@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..model import Frame, JobSnapshot, Stack, collections_paused
+from ..memo import collections_paused
+from ..model import Frame, JobSnapshot
 from ..outfiles import write_file
 from .codec import _codec
 from .columns import _column_json, _text_length
@@ -61,17 +62,9 @@ class _Writer(StackTable):
 
     def __init__(self) -> None:
         super().__init__()
-        self._stack_ids: dict[int, tuple[Stack, int]] = {}
         self._string_index = _Numbering()
         self.string_id = self._string_index.__getitem__
         self.tables: dict[Any, _TableWriter] = {}
-
-    def stack_id(self, stack: tuple[Frame, ...]) -> int:
-        # by identity first: hashing a stack hashes each of its frames
-        hit = self._stack_ids.get(id(stack))
-        if hit is None:
-            hit = self._stack_ids[id(stack)] = (stack, super().stack_id(stack))
-        return hit[1]
 
     @property
     def strings(self) -> list[str]:

@@ -30,7 +30,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..model import MAX_WORLD_SIZE, PID_MAX, RankSource, ThreadStack, bounded_int
+from ..digits import bounded_int
+from ..model import MAX_WORLD_SIZE, PID_MAX, RankSource, ThreadStack
 from .dumped import ProcessDump
 from .dumplabels import LabelIndex, label_ranks
 from .rankenv import LOCAL_RANK_VARS, RANK_VARS, WORLD_SIZE_VARS, parse_env_int

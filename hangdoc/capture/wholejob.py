@@ -29,7 +29,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..model import RankSource, compress_ranks
+from ..model import RankSource
+from ..rankranges import rank_phrase
 from .hosts import same_host
 from .jobsplit import RendezvousKey, plural, rendezvous_key
 from .owners import listening_uids
@@ -222,8 +223,7 @@ def elsewhere_note(found: Sequence[Elsewhere], ranks: Sequence[int | None], worl
     if not found or world is None or len(set(ranks)) >= world:
         return None
     numbered = sorted({r for r in ranks if r is not None})
-    here = (f"{'rank' if len(numbered) == 1 else 'ranks'} {compress_ranks(numbered)[1:-1]}"
-            if numbered else plural(len(ranks), "rank", "ranks"))
+    here = rank_phrase(numbered) if numbered else plural(len(ranks), "rank", "ranks")
     why = found[0].why
     jobs = {e.job for e in found}
     named = jobs.pop() if len(jobs) == 1 else None

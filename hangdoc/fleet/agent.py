@@ -43,6 +43,7 @@ import psutil
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from .. import SCHEMA_VERSION, __version__
+from ..addresses import is_loopback_host
 from ..bundle import load_snapshot
 from ..capture.discover import Discovery
 from ..capture.flight_recorder import flight_record_to_json
@@ -59,7 +60,6 @@ from ..model import (
     ProbeStatus,
     Sample,
     SourceFile,
-    is_loopback_host,
 )
 from . import limits, wire
 from .callers import OPERATOR_BY_CERT, OPERATOR_BY_TOKEN, Caller, identify

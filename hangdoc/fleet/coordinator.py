@@ -4,16 +4,17 @@ Calls go to all nodes at once, with a bounded number in flight and a deadline ea
 that fails or does not answer in time comes back as ``Unreachable`` with its reason (in the
 ``Fleet`` when finding ranks, in the ``Round`` when sampling), and the rest of the job is
 still diagnosed. With one ``LocalNode`` (the default) this is the single-machine path, and
-its errors pass through unchanged.
+its errors pass through unchanged. A call about each node's ranks (their probes, GPUs,
+heartbeats) goes through ``fan_out_pids``, which hands every node's failure back as a value.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from ..capture.discover import Discovery
 from ..capture.jobspec import JobKind, JobSpec, parse_job_spec
@@ -85,6 +86,43 @@ def _missed(queued: bool, deadline: float | None, nodes: int) -> str:
         return (f"not asked within {deadline:.1f} s: queued behind {MAX_IN_FLIGHT} calls in flight "
                 f"to {nodes} nodes (a flat fan-out's limit: docs/scale.md)")
     return f"no answer within {deadline:.1f} s"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAnswer(Generic[T]):
+    """One node's answer to a call about its ranks (``fan_out_pids``): what the call
+    returned, or the exception it raised (``error``), or why no answer came (``missed``:
+    the fan-out's deadline passed)."""
+
+    node: Node
+    ranks: Mapping[int, int]  # the pids asked, each with its index into ``Fleet.placed``
+    value: T | None = None
+    error: Exception | None = None
+    missed: BaseException | None = None
+
+
+def fan_out_pids(
+    fleet: Fleet, call: Callable[[Node, list[int]], T], deadline: float | None, *,
+    only: Collection[int] | None = None, skip: Collection[str] = (),
+) -> list[NodeAnswer[T]]:
+    """``call(node, pids)`` on every node holding ranks of ``fleet`` (``only`` those indices
+    into ``placed``; no node named in ``skip``), at once, with the pids of its ranks; every
+    node's answer, a failure included, in first-seen order."""
+    groups = {id(node): (node, idx) for node, idx in fleet.by_node(None if only is None else set(only))
+              if node.name not in skip}
+
+    def ask(node: Node) -> tuple[T | None, Exception | None]:
+        try:
+            return call(node, [fleet.placed[i][1].pid for i in groups[id(node)][1]]), None
+        except Exception as exc:  # noqa: BLE001 - a node's failure is its answer, for the caller to weigh
+            return None, exc
+
+    out: list[NodeAnswer[T]] = []
+    for node, got, missed in fan_out([node for node, _ in groups.values()], ask, deadline):
+        value, error = got if got is not None else (None, None)
+        ranks = {fleet.placed[i][1].pid: i for i in groups[id(node)][1]}
+        out.append(NodeAnswer(node, ranks, value, error, missed))
+    return out
 
 
 def _reason(exc: BaseException) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from ..model import GpuState, JobSnapshot, NcclRasReport
-from .coordinator import Fleet, fan_out
+from .coordinator import Fleet, NodeAnswer, fan_out_pids
 from .node import Node, NodeDevices
 
 DEVICES_TIMEOUT = 5.0  # seconds for a node's NVML answers, and for RAS's wait for the job
@@ -50,33 +50,26 @@ def gather_devices(
 ) -> JobDevices:
     """Ask every node holding ``live`` ranks (indices into ``fleet.placed``), except the
     ``lost`` ones (by name), for its ranks' GPUs; the first node also for RAS."""
-    groups = [(node, idx) for node, idx in fleet.by_node(set(live)) if node.name not in lost]
-    if not groups:
+    nodes = [node for node, _ in fleet.by_node(set(live)) if node.name not in lost]
+    if not nodes:
         return NO_DEVICES
-    first = groups[0][0]
-    pids = {id(node): [fleet.placed[i][1].pid for i in idx] for node, idx in groups}
+    first = nodes[0]
 
-    def ask(node: Node) -> NodeDevices:
+    def ask(node: Node, pids: list[int]) -> NodeDevices:
         offered = getattr(node, "devices", None)  # a node of another kind may offer none
         if offered is None:
             return NodeDevices()
-        try:
-            return offered(pids[id(node)], listen=listen, timeout=timeout, ras=node is first)
-        except Exception as err:  # noqa: BLE001 - device state refines a diagnosis, never fails it
-            why = str(err) or type(err).__name__
-            return NodeDevices(gpu_reason=why[:300], ras_reason=why[:300] if node is first else "")
+        return offered(pids, listen=listen, timeout=timeout, ras=node is first)
 
     gpus: dict[int, tuple[GpuState, ...]] = {}
     reasons: dict[str, list[str]] = {}
     ras, ras_reason = None, ""
-    for node, found, err in fan_out([n for n, _ in groups], ask, timeout + listen + _SLACK):
-        answer = found if found is not None else NodeDevices(
-            gpu_reason=f"no answer: {err}", ras_reason=f"no answer: {err}" if node is first else "")
-        index = {fleet.placed[i][1].pid: i for n, idx in groups if n is node for i in idx}
-        gpus.update({index[pid]: states for pid, states in answer.gpus.items() if pid in index and states})
+    for told in fan_out_pids(fleet, ask, timeout + listen + _SLACK, only=live, skip=lost):
+        answer = _answer(told, told.node is first)
+        gpus.update({told.ranks[pid]: states for pid, states in answer.gpus.items() if pid in told.ranks and states})
         if answer.gpu_reason:
-            reasons.setdefault(answer.gpu_reason, []).append(node.name)
-        if node is first:
+            reasons.setdefault(answer.gpu_reason, []).append(told.node.name)
+        if told.node is first:
             ras, ras_reason = answer.ras, answer.ras_reason
     notes = [f"GPU state (NVML) of {len(gpus)} of {len(fleet.placed)} rank(s)"] if gpus else []
     notes += [f"GPU state on {', '.join(names[:4])}{' and more' if len(names) > 4 else ''}: {why}"
@@ -86,3 +79,14 @@ def gather_devices(
     elif ras_reason:
         notes.append(f"no NCCL RAS report: {ras_reason}")
     return JobDevices(gpus, ras, tuple(notes))
+
+
+def _answer(told: NodeAnswer[NodeDevices], ras: bool) -> NodeDevices:
+    """A node's answer, its failure made reasons: device state refines a diagnosis, never
+    fails it."""
+    if told.error is not None:
+        why = (str(told.error) or type(told.error).__name__)[:300]
+        return NodeDevices(gpu_reason=why, ras_reason=why if ras else "")
+    if told.value is None:
+        return NodeDevices(gpu_reason=f"no answer: {told.missed}", ras_reason=f"no answer: {told.missed}" if ras else "")
+    return told.value

@@ -28,7 +28,7 @@ from xml.sax.saxutils import escape
 
 from ..errors import printable
 from ..model import ROOT, Diagnosis, Frame, Verdict
-from .rankset import ranges_text, short_ranges
+from ..rankranges import ranges_text, short_ranges
 
 OUTLIER_FILL, OUTLIER_LINE = "#fff3d6", "#f79009"
 CULPRIT_FILL, CULPRIT_LINE = "#ffe4e1", "#d92d20"

@@ -36,6 +36,7 @@ from importlib import resources
 from typing import Any
 
 from .. import __version__
+from ..bundle import StackTable
 from ..errors import printable
 from ..model import (
     ROOT,
@@ -46,10 +47,9 @@ from ..model import (
     RankAnalysis,
     RankSnapshot,
     Sample,
-    Stack,
     Verdict,
 )
-from .rankset import ranges_text
+from ..rankranges import ranges_text
 
 DATA_VERSION = 1  # the layout of the embedded object; bumped when the script must change
 
@@ -179,34 +179,6 @@ class _Table:
         return idx
 
 
-class _Stacks:
-    """Frames and stacks interned for the page. A bundle's and an agent's stacks are
-    already shared tuples, so a stack is first looked up by identity: hashing a 60-frame
-    stack for each of 2 million threads would cost seconds."""
-
-    def __init__(self) -> None:
-        self.frames = _Table(_frame)
-        self.stacks: list[list[int]] = []
-        self._by_value: dict[Stack, int] = {}
-        self._by_id: dict[int, int] = {}
-        self._keep: list[Stack] = []  # the stacks whose ids are keys stay alive
-
-    def frame(self, frame: Frame) -> int:
-        return self.frames.add(frame)
-
-    def stack(self, stack: Stack) -> int:
-        idx = self._by_id.get(id(stack))
-        if idx is not None:
-            return idx
-        idx = self._by_value.get(stack)
-        if idx is None:
-            idx = self._by_value[stack] = len(self.stacks)
-            self.stacks.append([self.frame(f) for f in stack])
-        self._by_id[id(stack)] = idx
-        self._keep.append(stack)
-        return idx
-
-
 _text = functools.lru_cache(maxsize=1 << 16)(printable)  # thread names, hosts: few, repeated
 
 
@@ -240,7 +212,7 @@ def report_data(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
     ``samples`` (``[[thread, stack, flags], ...]`` or ``{"error": text}``), ``views``
     (sample numbers per sample), ``culprits`` (a rank set, -1 for none), ``verdict``.
     """
-    stacks = _Stacks()
+    stacks = StackTable()  # frames and stacks numbered for the page, as in a bundle
     rsets = _Table(lambda ranks: ranges_text(ranks))
     culprits = frozenset(diagnosis.culprit_ranks)
     tree = _tree(diagnosis.tree, stacks, rsets, culprits) if diagnosis.tree is not None else None
@@ -257,19 +229,19 @@ def report_data(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
         "info": tables.info.items,
         "samples": tables.samples.items,
         "views": tables.views.items,
-        "frames": stacks.frames.items,
-        "stacks": stacks.stacks,
+        "frames": [_frame(f) for f in stacks.frames],
+        "stacks": [[stacks.frame_id(f) for f in s] for s in stacks.stacks],
         "rsets": rsets.items,
     }
 
 
-def _tree(tree: CallTree, stacks: _Stacks, rsets: _Table, culprits: frozenset[int]) -> dict[str, Any]:
+def _tree(tree: CallTree, stacks: StackTable, rsets: _Table, culprits: frozenset[int]) -> dict[str, Any]:
     parent = [-1] * len(tree.nodes)
     for node in tree.nodes:
         for kid in node.children:
             parent[kid] = node.node_id
     return {
-        "frame": [-1 if n.frame is None else stacks.frame(n.frame) for n in tree.nodes],
+        "frame": [-1 if n.frame is None else stacks.frame_id(n.frame) for n in tree.nodes],
         "parent": parent,
         "ranks": [rsets.add(n.ranks) for n in tree.nodes],
         "outliers": sorted(tree.outliers),
@@ -312,7 +284,7 @@ class _RankTables:
         self.views = _Table()
 
 
-def _ranks(analyses: Sequence[RankAnalysis], snapshot: JobSnapshot, stacks: _Stacks,
+def _ranks(analyses: Sequence[RankAnalysis], snapshot: JobSnapshot, stacks: StackTable,
            tables: _RankTables) -> dict[str, Any]:
     """The per-rank columns, in rank order (one entry per rank number)."""
     by_rank: dict[int, RankAnalysis] = {}
@@ -343,14 +315,14 @@ def _ranks(analyses: Sequence[RankAnalysis], snapshot: JobSnapshot, stacks: _Sta
     }
 
 
-def _view(rank: RankSnapshot | None, stacks: _Stacks, tables: _RankTables) -> int:
+def _view(rank: RankSnapshot | None, stacks: StackTable, tables: _RankTables) -> int:
     """The number of the rank's series of samples, -1 when it has none."""
     if rank is None or not rank.samples:
         return -1
     return tables.views.add(tuple(_sample(s, stacks, tables) for s in rank.samples), None)
 
 
-def _sample(sample: Sample, stacks: _Stacks, tables: _RankTables) -> int:
+def _sample(sample: Sample, stacks: StackTable, tables: _RankTables) -> int:
     if sample.error is not None or not sample.threads:
         text = printable(sample.error.message if sample.error else "no threads")
         return tables.samples.add(("error", text), {"error": text})
@@ -359,7 +331,7 @@ def _sample(sample: Sample, stacks: _Stacks, tables: _RankTables) -> int:
     quick = tuple((th.name, id(th.frames), th.active, th.owns_gil) for th in sample.threads)
     idx = tables.quick.get(quick)
     if idx is None:
-        key = tuple((th.name or "", stacks.stack(th.frames), int(th.active) | 2 * int(th.owns_gil))
+        key = tuple((th.name or "", stacks.stack_id(th.frames), int(th.active) | 2 * int(th.owns_gil))
                     for th in sample.threads)
         idx = tables.quick[quick] = tables.samples.add(key)
     return idx

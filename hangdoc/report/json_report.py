@@ -25,6 +25,7 @@ from typing import Any
 
 from .. import SCHEMA_VERSION, __version__
 from ..errors import UNSAFE_CHARACTERS
+from ..memo import once_per_object
 from ..model import (
     Confidence,
     Diagnosis,
@@ -39,10 +40,8 @@ from ..model import (
     StackGroup,
     Unreachable,
     Verdict,
-    compress_ranks,
-    once_per_object,
 )
-from .rankset import ranges
+from ..rankranges import compress_ranks, ranges
 
 # escaped in the JSON text: the terminal-unsafe characters json.dumps lets through raw (it
 # escapes only C0 controls, quotes and backslashes)

@@ -64,7 +64,7 @@ from ..model import (
     Unreachable,
     Verdict,
 )
-from .rankset import count_text, cut_ranges, ranks_label, scope_text
+from ..rankranges import count_text, cut_ranges, ranks_label, scope_text
 
 _VERDICT_STYLE = {Verdict.NOT_HUNG: "bold green", Verdict.UNKNOWN: "bold yellow"}
 _HANG_STYLE = "bold red"
@@ -350,7 +350,7 @@ class _Marked:
 
 
 def _label(ranks: Sequence[int], limit: int = _RANKS_LABEL_MAX, *, count: bool | None = None) -> str:
-    """``[0-2,5]``; ``[0-49999,50008-99999] (99,992)`` (see ``rankset.ranks_label``);
+    """``[0-2,5]``; ``[0-49999,50008-99999] (99,992)`` (see ``rankranges.ranks_label``);
     ``count`` forces the count on or off."""
     ordered = ranks if all(a < b for a, b in pairwise(ranks)) else sorted(set(ranks))
     if count is None:

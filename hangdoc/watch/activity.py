@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import IO
 
 from ..analysis.progress import relevant_thread
-from ..errors import HangdocError, described
-from ..fleet.coordinator import Fleet, fan_out, sample_all
-from ..fleet.node import Node
+from ..errors import described
+from ..fleet.coordinator import Fleet, fan_out_pids, sample_all
 from ..model import CaptureErrorKind, Heartbeat, Sample
+from .config import Level, Say
 from .stall import Signal
 
 
@@ -100,7 +100,7 @@ class EventQueue:
 
 
 def tee(source: IO[bytes], sink: IO[bytes], pattern: StepPattern | None, queue: EventQueue,
-        say: Callable[[str], None] = lambda _: None) -> threading.Thread:
+        say: Say = lambda _level, _text: None) -> threading.Thread:
     """Copy ``source`` (a child's stdout or stderr pipe) to ``sink`` as it arrives, noting
     activity; returns the daemon thread doing it (it ends at end of file and closes
     ``source``, which nothing else reads). A bug in noting activity is said once and stops
@@ -127,8 +127,8 @@ def tee(source: IO[bytes], sink: IO[bytes], pattern: StepPattern | None, queue: 
                     scanner.feed(chunk, time.monotonic())
             except Exception as exc:  # noqa: BLE001 - a bug here must not stop the copying
                 scanner = None  # the job's output still flows; only its activity goes unseen
-                say(f"internal error: reading the job's output for activity stopped ({described(exc)}); "
-                    "its output is still passed through")
+                say(Level.ERROR, f"internal error: reading the job's output for activity stopped "
+                    f"({described(exc)}); its output is still passed through")
             try:
                 sink.write(chunk)
                 sink.flush()
@@ -224,19 +224,10 @@ class HeartbeatSource:
 
 def fleet_heartbeats(fleet: Fleet, deadline: float) -> dict[tuple[str, int], Heartbeat]:
     """Every rank's heartbeat by (node name, pid), asked of all its nodes at once; a node
-    that fails gives none."""
-    groups = fleet.by_node()
-    pids = {id(node): [fleet.placed[i][1].pid for i in idx] for node, idx in groups}
-
-    def ask(node: Node) -> dict[int, Heartbeat]:
-        try:
-            return node.heartbeats(pids[id(node)])
-        except HangdocError:  # an agent down, or too old for the RPC: no heartbeats from it
-            return {}
-
+    that fails (an agent down, or too old for the RPC) gives none."""
     out: dict[tuple[str, int], Heartbeat] = {}
-    for node, found, _exc in fan_out([node for node, _ in groups], ask, deadline):
-        out.update({(node.name, pid): beat for pid, beat in (found or {}).items()})
+    for told in fan_out_pids(fleet, lambda node, pids: node.heartbeats(pids), deadline):
+        out.update({(told.node.name, pid): beat for pid, beat in (told.value or {}).items()})
     return out
 
 

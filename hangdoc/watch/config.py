@@ -2,12 +2,13 @@
 reads argparse nowhere) and ``OnHang``, the ``--on-hang`` action.
 
 ``check_config`` refuses, before anything is started, the combinations and the numbers
-the watch cannot work with. ``Say`` is where the watch's messages go (the CLI prints them
-on stderr).
+the watch cannot work with. ``Say`` is where the watch's messages go, each with its
+``Level`` (the CLI prints them on stderr; ``--quiet`` chooses by level, never by the words).
 """
 
 from __future__ import annotations
 
+import enum
 import math
 import os
 import shlex
@@ -15,12 +16,37 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..diagnose import CaptureOptions, FleetSource
+from ..diagnose import CaptureOptions, FleetSource, Progress
 from ..errors import UsageError
 from ..fleet.node import Node
 from .stall import StallPolicy
 
-Say = Callable[[str], None]
+
+class Level(enum.Enum):
+    """What a watch message is about: whoever prints the messages chooses by it."""
+
+    INFO = "info"
+    """Progress: what is watched, where reports and metrics go, a stall suspected, dismissed
+    or postponed, activity again after a report, ``--on-hang`` at work, the job's end."""
+    WARNING = "warning"
+    """Something beside the watch went wrong and the watch goes on as before: the metrics
+    textfile, an ``--on-hang exec`` command's exit status."""
+    HANG = "hang"
+    """A hang found: its verdict and culprits, and where its report is."""
+    ERROR = "error"
+    """What the watch could not do (diagnose, write the report, look for the job's ranks,
+    end a process, run the ``--on-hang exec`` command), and internal errors."""
+    STOP = "stop"
+    """The watch leaves early (interrupted, or on an error) and ends the wrapped command."""
+
+
+Say = Callable[[Level, str], None]
+
+
+def progress(say: Say) -> Progress:
+    """``say`` for the diagnosis pipeline's one-line messages (a ``ray:`` job's workers and
+    agents): progress, ``Level.INFO``."""
+    return lambda text: say(Level.INFO, text)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .config import Say
+from .config import Level, Say
 from .jobcontrol import exit_status
 
 
@@ -45,10 +45,10 @@ class Hooks:
                    HANGDOC_JOB=job)
         try:
             self.running.append(subprocess.Popen(words, env=env, stdin=subprocess.DEVNULL))
-            self.say(f"ran --on-hang exec: {shlex.join(words)}")
+            self.say(Level.INFO, f"ran --on-hang exec: {shlex.join(words)}")
         except (OSError, ValueError, subprocess.SubprocessError) as err:
             reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-            self.say(f"could not run the --on-hang exec command {words[0]!r}: {reason}; keeping watch")
+            self.say(Level.ERROR, f"could not run the --on-hang exec command {words[0]!r}: {reason}; keeping watch")
 
     def reap(self) -> None:
         """Collect the commands that exited; say a non-zero status."""
@@ -56,7 +56,8 @@ class Hooks:
             if hook.poll() is not None:
                 self.running.remove(hook)
                 if hook.returncode:
-                    self.say(f"--on-hang exec command exited with status {exit_status(hook.returncode)}")
+                    self.say(Level.WARNING,
+                             f"--on-hang exec command exited with status {exit_status(hook.returncode)}")
 
     def end(self, timeout: float = 30.0) -> None:
         """Give the commands (a pager call) ``timeout`` seconds in all to finish before we exit."""
@@ -65,4 +66,4 @@ class Hooks:
             try:
                 hook.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                self.say(f"--on-hang exec command (pid {hook.pid}) still running; left alone")
+                self.say(Level.INFO, f"--on-hang exec command (pid {hook.pid}) still running; left alone")

@@ -26,6 +26,7 @@ from ..bundle import snapshot_bytes
 from ..errors import UsageError, described, printable
 from ..model import Diagnosis, JobSnapshot
 from ..outfiles import write_new_dir
+from .config import Level, Say
 from .stall import Trigger
 
 REPORT = "report.json"
@@ -33,10 +34,8 @@ SNAPSHOT = "snapshot.json.gz"
 HUMAN = "report.txt"
 HTML = "report.html"
 
-Warn = Callable[[str], None]
 
-
-def _stderr(message: str) -> None:
+def _stderr(_level: Level, message: str) -> None:
     print(f"hangdoc watch: {message}", file=sys.stderr, flush=True)
 
 
@@ -72,7 +71,7 @@ def new_dir(out: Path, when: datetime.datetime, files: Mapping[str, bytes]) -> P
 
 
 def write_incident(out: Path, snapshot: JobSnapshot, diagnosis: Diagnosis, trigger: Trigger, reason: str,
-                   diagnosis_seconds: float | None = None, warn: Warn = _stderr) -> Path | None:
+                   diagnosis_seconds: float | None = None, warn: Say = _stderr) -> Path | None:
     """Write the four files; returns the directory (``OUT``'s or the fallback), or None
     when no directory could take them (the report is then only on stderr). A file that
     fails to be made (a bug in its reporter) is left out, said in one line through
@@ -92,7 +91,7 @@ def write_incident(out: Path, snapshot: JobSnapshot, diagnosis: Diagnosis, trigg
         try:
             files[name] = make()
         except Exception as err:  # noqa: BLE001 - a bug in one reporter must not cost the report
-            warn(f"internal error: {name} left out of the report: {described(err)}")
+            warn(Level.ERROR, f"internal error: {name} left out of the report: {described(err)}")
     return _store(out, files, report, warn)
 
 
@@ -113,7 +112,7 @@ def human_report(diagnosis: Diagnosis, snapshot: JobSnapshot, trigger: Trigger, 
 
 
 def write_failed_incident(out: Path, spec: str, trigger: Trigger, error: str, help_text: str,
-                          warn: Warn = _stderr) -> Path | None:
+                          warn: Say = _stderr) -> Path | None:
     """The job went silent but could not be diagnosed: the reason and the error, as a
     report with verdict ``unknown`` so scripts reading ``report.json`` still work."""
     from ..report.json_report import undiagnosed_to_json_dict
@@ -126,7 +125,7 @@ def write_failed_incident(out: Path, spec: str, trigger: Trigger, error: str, he
     return _store(out, {HUMAN: text.encode()}, report, warn)
 
 
-def _store(out: Path, files: dict[str, bytes], report: dict[str, Any], warn: Warn) -> Path | None:
+def _store(out: Path, files: dict[str, bytes], report: dict[str, Any], warn: Say) -> Path | None:
     """``files`` then ``report.json`` into a new directory under ``out``; when that fails,
     the report on stderr and everything in a private fallback directory."""
     when = datetime.datetime.now(datetime.UTC)
@@ -137,7 +136,7 @@ def _store(out: Path, files: dict[str, bytes], report: dict[str, Any], warn: War
         # report.json appears whole and last: whoever waits for it finds the rest in place
         return new_dir(out, when, {**files, REPORT: body})
     except OSError as err:
-        warn(f"could not write report to {out}: {_reason(err)}; report follows on stderr")
+        warn(Level.ERROR, f"could not write report to {out}: {_reason(err)}; report follows on stderr")
     try:
         sys.stderr.write(body.decode())
         sys.stderr.flush()
@@ -146,7 +145,7 @@ def _store(out: Path, files: dict[str, bytes], report: dict[str, Any], warn: War
     try:
         return _write_private(when, {**files, REPORT: body})
     except OSError as err:
-        warn(f"could not write the report to {_fallback_base()} either: {_reason(err)}")
+        warn(Level.ERROR, f"could not write the report to {_fallback_base()} either: {_reason(err)}")
         return None
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..capture.jobspec import parse_job_spec
 from ..errors import HangdocError
-from .config import OnHang, Say
+from .config import Level, OnHang, Say
 from .hooks import Hooks
 from .jobcontrol import end_job
 from .ranks import Ranks
@@ -54,12 +54,12 @@ class Job:
         else:
             left = end_job(self._roots(), grace, spare=self.hooks.pids())
         if left:
-            self.say(f"could not end pid(s) {', '.join(map(str, left))}")
+            self.say(Level.ERROR, f"could not end pid(s) {', '.join(map(str, left))}")
 
     def kill(self) -> int:
         """``--on-hang kill``: end the job, wait for the hook commands; the exit status."""
         trees = 1 if self._started() else len(self._roots())
-        self.say(f"--on-hang kill: ending the job ({trees} process tree(s)), grace {self.grace:g} s")
+        self.say(Level.INFO, f"--on-hang kill: ending the job ({trees} process tree(s)), grace {self.grace:g} s")
         self.end(self.grace)
         self.hooks.end()
         return EXIT_HANG_KILLED
@@ -72,14 +72,14 @@ class Job:
             if path is not None:
                 self.hooks.start(path, parse_job_spec(self.spec).job_id)
             else:
-                self.say("could not run the --on-hang exec command: no directory could take the report")
+                self.say(Level.ERROR, "could not run the --on-hang exec command: no directory could take the report")
         else:
-            self.say("keeping watch (--on-hang report); the job is left as it is")
+            self.say(Level.INFO, "keeping watch (--on-hang report); the job is left as it is")
         return None
 
     def stop(self) -> int:
         """A second signal: end the whole job at 2 s notice; the command's status, else 143."""
-        self.say("second signal: ending the wrapped command and all its processes")
+        self.say(Level.INFO, "second signal: ending the wrapped command and all its processes")
         self.end(grace=2.0)
         status = self.supervisor.status() if self.supervisor is not None else None
         return status if status is not None else 128 + signal.SIGTERM
@@ -91,7 +91,7 @@ class Job:
             return
         cause = ("interrupted" if isinstance(err, KeyboardInterrupt) else
                  "stopping on an error" if isinstance(err, HangdocError) else "internal error")
-        self.say(f"{cause}: ending the wrapped command (pid {sup.pid}) and all its processes")
+        self.say(Level.STOP, f"{cause}: ending the wrapped command (pid {sup.pid}) and all its processes")
         try:
             self.end(self.grace)
         except Exception:  # noqa: BLE001 - the way out must not fail: the command's group at least

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from .config import Say, WatchConfig
+from .config import Level, Say, WatchConfig
 from .hooks import Hooks
 from .job import Job
 from .metrics import MetricsBoard
@@ -66,8 +66,8 @@ class Loop:
         if self.alarm.raised is not None:
             last = self.pace.clocks[primary].last
             if last is not None and last > self.alarm.raised:
-                self.say(f"activity again ({primary.value}) {last - self.alarm.raised:.1f} s after the report: "
-                         "watching for the next stall")
+                self.say(Level.INFO, f"activity again ({primary.value}) {last - self.alarm.raised:.1f} s "
+                         "after the report: watching for the next stall")
                 self.alarm.raised = None
                 self.board.update(stalled=False)
         self.hooks.reap()

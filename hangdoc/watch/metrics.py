@@ -36,7 +36,7 @@ from prometheus_client.exposition import MetricsHandler, generate_latest, write_
 from .. import __version__
 from ..capture.jobspec import JobKind, parse_job_spec
 from ..errors import UsageError
-from .config import Say
+from .config import Level, Say
 from .stall import Signal, StallClock
 
 PREFIX = "hangdoc_watch"
@@ -250,12 +250,12 @@ class Textfile:
                 write_to_textfile(str(self.path), self.board.registry)
             except OSError as err:
                 if not self._failing:
-                    self.say(f"cannot write the metrics textfile {self.path}: {err.strerror or err}; "
-                             "trying again at the next check")
+                    self.say(Level.WARNING, f"cannot write the metrics textfile {self.path}: "
+                             f"{err.strerror or err}; trying again at the next check")
                 self._failing = True
                 return
             if self._failing:
-                self.say(f"metrics textfile {self.path} written again")
+                self.say(Level.INFO, f"metrics textfile {self.path} written again")
             self._failing = False
 
     def close(self) -> None:

@@ -16,13 +16,13 @@ import time
 from collections.abc import Sequence
 
 from ..capture.jobspec import parse_job_spec
-from ..diagnose import FleetFinder
+from ..diagnose import FleetFinder, Progress
 from ..errors import HangdocError, JobNotFound
 from ..fleet.coordinator import Fleet, find_ranks
 from ..fleet.node import LocalNode, Node
 from ..model import Heartbeat
 from .activity import StackProbe, fleet_heartbeats
-from .config import Say
+from .config import Level, Say, progress
 
 FLEET_REFRESH = 10.0  # seconds between looks for restarted or ended ranks
 
@@ -44,10 +44,10 @@ class Ranks:
 
     def find(self) -> Fleet:
         """The first search; raises ``JobNotFound`` when no node has a rank."""
-        self.fleet = self._search(self.say)
+        self.fleet = self._search(progress(self.say))
         return self.fleet
 
-    def _search(self, say: Say) -> Fleet:
+    def _search(self, say: Progress) -> Fleet:
         job = parse_job_spec(self.job)
         if self.finder is not None:
             return self.finder(job, say)
@@ -82,13 +82,13 @@ class Ranks:
             fleet = self._search(lambda _message: None)
         except JobNotFound as err:
             if err.unreachable:
-                self.say(f"could not look for the job's ranks on {err.unreachable[0]}")
+                self.say(Level.ERROR, f"could not look for the job's ranks on {err.unreachable[0]}")
             elif err.running and not self.absent:
-                self.say(f"no rank process now, the job still runs: {err}; watching for its ranks")
+                self.say(Level.INFO, f"no rank process now, the job still runs: {err}; watching for its ranks")
             self.absent = err.running
             return not err.unreachable and not err.running
         except HangdocError as err:  # no node answered at all
-            self.say(f"could not look for the job's ranks: {err}")
+            self.say(Level.ERROR, f"could not look for the job's ranks: {err}")
             return False
         self.absent = False
         if self.fleet is None or {p.pid for p in fleet.procs} != {p.pid for p in self.fleet.procs}:

@@ -26,7 +26,7 @@ from pathlib import Path
 from ..diagnose import FleetSource, diagnose
 from ..errors import HangdocError, InternalError, JobNotFound, described
 from ..model import Diagnosis, Heartbeat, JobSnapshot, RankState
-from .config import Say, WatchConfig
+from .config import Level, Say, WatchConfig
 from .incident import write_failed_incident, write_incident
 from .job import Job
 from .metrics import MetricsBoard
@@ -57,7 +57,7 @@ class Responder:
     def on_stall(self, sig: Signal, clock: StallClock, now: float) -> int | None:
         trigger = self.pace.trigger(sig, now, heartbeat_details(self.pace))
         self.board.count("suspected_total")
-        self.say(f"stall suspected: {trigger.sentence()}; diagnosing {self.job.spec}")
+        self.say(Level.INFO, f"stall suspected: {trigger.sentence()}; diagnosing {self.job.spec}")
         try:
             return self._respond(trigger, clock, now)
         except Exception as err:
@@ -85,7 +85,7 @@ class Responder:
             return self._dismiss(decision.reason)
         if decision.action is Action.POSTPONE:
             self.alarm.postpone()
-            self.say(f"not yet: {decision.reason}")
+            self.say(Level.INFO, f"not yet: {decision.reason}")
             return None
         trigger = replace(trigger, details=heartbeat_details(self.pace, snapshot) or trigger.details)
         path = write_incident(self.c.out, snapshot, diagnosis, trigger, decision.reason,
@@ -104,7 +104,7 @@ class Responder:
             self._let_it_end()
         if reason := self._moved_on(clock, now, None):
             return self._dismiss(reason, resumed_at(clock, now))
-        self.say(f"could not diagnose: {error}")
+        self.say(Level.ERROR, f"could not diagnose: {error}")
         path = write_failed_incident(self.c.out, self.job.spec, trigger, error, help_text, self.say)
         self.board.count("reports_total")
         return self._fire(path, "unknown", f"could not diagnose: {error}")
@@ -116,14 +116,14 @@ class Responder:
         to any hang; one reported already is not reported again. The watch goes on."""
         error = f"internal error: {described(err)}"
         if self.alarm.raised is not None:  # the report was out: the error came from --on-hang
-            self.say(f"{error}; keeping watch")
+            self.say(Level.ERROR, f"{error}; keeping watch")
             return None
-        self.say(f"{error}; reporting the stall undiagnosed")
+        self.say(Level.ERROR, f"{error}; reporting the stall undiagnosed")
         try:
             path = write_failed_incident(self.c.out, self.job.spec, trigger, error, InternalError.help, self.say)
             self.board.count("reports_total")
         except Exception as again:  # noqa: BLE001 - not even that: --on-hang still applies
-            self.say(f"internal error: no report written: {described(again)}")
+            self.say(Level.ERROR, f"internal error: no report written: {described(again)}")
             path = None
         return self._fire(path, "unknown", error)
 
@@ -162,16 +162,16 @@ class Responder:
         activity then (steps that resumed while the diagnosis ran)."""
         self.board.count("dismissed_total")
         self.alarm.dismiss(since)
-        self.say(f"not a hang: {reason}")
+        self.say(Level.INFO, f"not a hang: {reason}")
         return None
 
     def _fire(self, path: Path | None, head: str, summary: str) -> int | None:
         """``path``: the hang directory, None when no directory could take the report."""
         self.alarm.fire()
         self.board.update(stalled=True)
-        self.say(f"HANG {head}: {summary}")
+        self.say(Level.HANG, f"HANG {head}: {summary}")
         if path is not None:
-            self.say(f"report: {path}/report.txt (json: {path}/report.json)")
+            self.say(Level.HANG, f"report: {path}/report.txt (json: {path}/report.json)")
         return self.job.on_hang(self.c.on_hang, path)
 
 

@@ -34,7 +34,7 @@ from ..errors import HangdocError, InternalError, described
 from ..fleet.node import LocalNode
 from ..model import Heartbeat
 from .activity import HeartbeatSource, tee
-from .config import OnHang, Say, WatchConfig, check_config
+from .config import Level, OnHang, Say, WatchConfig, check_config, progress
 from .hooks import Hooks
 from .incident import check_out
 from .job import EXIT_HANG_KILLED, Job
@@ -94,19 +94,19 @@ class Watchdog:
                 # held for the whole watch: a ray: job's agents stay placed, and are removed
                 # however the watch ends
                 assert self.ranks is not None
-                self.ranks.finder = held.enter_context(self.c.source(self.say))
+                self.ranks.finder = held.enter_context(self.c.source(progress(self.say)))
             return self._watch(held)
 
     def _watch(self, held: contextlib.ExitStack) -> int:
         if self.c.metrics_port is not None:
             server = serve(self.board, self.c.metrics_host, self.c.metrics_port)
             host, port = server.server_address[:2]
-            self.say(f"metrics on http://{host!s}:{port}/metrics")
+            self.say(Level.INFO, f"metrics on http://{host!s}:{port}/metrics")
         if self.c.metrics_textfile is not None:
             textfile = Textfile(self.board, textfile_path(self.c.metrics_textfile), self.say)
             textfile.open()
             held.callback(textfile.close)  # however the watch ends
-            self.say(f"metrics written to {textfile.path}")
+            self.say(Level.INFO, f"metrics written to {textfile.path}")
         if self.c.log:
             self.pace.follow(self.c.log)
             held.callback(self.pace.close)
@@ -132,7 +132,8 @@ class WrappedRun:
             with sup.signals.installed():
                 try:
                     child = sup.start(self.c.env, hb_dir)
-                    self.say(f"watching {shlex.join(self.c.command)} (pid {child.pid}); reports go to {self.c.out}/")
+                    self.say(Level.INFO,
+                             f"watching {shlex.join(self.c.command)} (pid {child.pid}); reports go to {self.c.out}/")
                     assert child.stdout is not None and child.stderr is not None
                     readers = [tee(child.stdout, sys.stdout.buffer, self.pace.pattern, self.pace.queue, self.say),
                                tee(child.stderr, sys.stderr.buffer, self.pace.pattern, self.pace.queue, self.say)]
@@ -144,7 +145,7 @@ class WrappedRun:
                         code = self._unwatched(err)
                     if code is None and sup.signals.seen and adopted(self.hooks.pids()):
                         # asked to stop: what the command left running in sessions of its own goes too
-                        self.say("the command exited, leaving processes of its job running: ending them")
+                        self.say(Level.INFO, "the command exited, leaving processes of its job running: ending them")
                         self.job.end(self.c.kill_grace)
                 except BaseException as err:
                     self.job.abandon(err)
@@ -155,7 +156,7 @@ class WrappedRun:
                 reader.join(timeout=2.0)
             status = sup.status()
             assert status is not None
-            self.say(f"command exited with status {status}")
+            self.say(Level.INFO, f"command exited with status {status}")
             self.hooks.end()
             return status
 
@@ -163,8 +164,8 @@ class WrappedRun:
         """A bug stopped the watch loop: leave the job alone, its output and signals still
         passed through, until the command exits (None) or a second signal ends it (its code)."""
         sup = self.supervisor
-        self.say(f"internal error: {described(err)}; no longer watching for hangs: the job is left "
-                 "running, its output and signals passed through until it exits")
+        self.say(Level.ERROR, f"internal error: {described(err)}; no longer watching for hangs: the job is "
+                 "left running, its output and signals passed through until it exits")
         while not sup.exited():
             if sup.signals.stop_requested:
                 return self.job.stop()
@@ -194,13 +195,13 @@ class AttachedRun:
 
     def run(self) -> int:
         fleet = self.ranks.find()
-        self.say(f"watching {self.c.job}: {len(fleet.placed)} rank process(es); reports go to {self.c.out}/")
+        self.say(Level.INFO, f"watching {self.c.job}: {len(fleet.placed)} rank process(es); reports go to {self.c.out}/")
         self.pace.heartbeats = HeartbeatSource(self.ranks.heartbeats)
         self.ranks.start()
         code = self.loop.run(self.ranks.gone)
         if code is not None:
             return code
-        self.say("the job's rank processes are gone: stopped watching")
+        self.say(Level.INFO, "the job's rank processes are gone: stopped watching")
         self.hooks.end()
         return EXIT_JOB_ENDED
 
@@ -221,9 +222,9 @@ def _ranks(config: WatchConfig, say: Say) -> Ranks | None:
 def _unfailing(say: Say) -> Say:
     """``say`` that never stops the watch: a closed stderr silences it, nothing more."""
 
-    def safe(message: str) -> None:
+    def safe(level: Level, message: str) -> None:
         try:
-            say(message)
+            say(level, message)
         except (OSError, ValueError):
             pass
 

@@ -160,7 +160,7 @@ def test_watch_hang_directory_is_private_and_never_a_planted_link(area: Area) ->
     old = os.umask(0o022)
     try:
         where = write_incident(out, snap, analyse(snap), trigger, "confirmed by diagnosis",
-                               warn=lambda m: pytest.fail(m))
+                               warn=lambda _level, text: pytest.fail(text))
     finally:
         os.umask(old)
     assert where is not None and where.parent == out and where.name.endswith("-2")

@@ -11,8 +11,8 @@ from support.factories import make_rank, make_snapshot
 
 from hangdoc.analysis.analyse import analyse
 from hangdoc.model import Confidence, JobSnapshot, RankState, Verdict
+from hangdoc.rankranges import scope_text
 from hangdoc.report.json_report import to_json_dict
-from hangdoc.report.rankset import scope_text
 
 C10D = "torch/distributed/distributed_c10d.py"
 LOOP = ["train.py:<module>:200", "train.py:main:150"]

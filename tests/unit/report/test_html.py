@@ -15,17 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 from support.factories import make_diagnosis, make_op, make_rank, make_snapshot
 from support.paths import REPO
 
 from hangdoc.analysis.analyse import analyse
 from hangdoc.bundle import load_snapshot
 from hangdoc.cli import main
-from hangdoc.model import Frame, RankState, ThreadStack, Verdict, compress_ranks
+from hangdoc.model import Frame, RankState, ThreadStack, Verdict
 from hangdoc.report.html import render_html, report_data
-from hangdoc.report.rankset import ranges, ranges_text, short_ranges
 from hangdoc.watch.incident import HTML, write_incident
 from hangdoc.watch.stall import Signal, Trigger
 
@@ -64,33 +61,6 @@ def _mismatch() -> tuple[Any, Any]:
                           next_steps=["look at evaluate"],
                           ops={r: make_op("barrier" if r == 2 else "all_reduce") for r in (0, 1, 2, 3, 5)})
     return snap, diag
-
-
-# ------------------------------------------------------------------ rank sets
-
-
-@given(st.sets(st.integers(0, 3000), max_size=300))
-def test_ranges_are_the_compressed_ranks(ranks: set[int]) -> None:
-    ordered = sorted(ranks)
-    assert f"[{ranges_text(ordered)}]" == compress_ranks(ordered)
-    assert _ranks_of(ranges_text(ordered)) == ordered
-    assert all(a <= b for a, b in ranges(ordered))
-
-
-def test_short_ranges_say_how_many_more() -> None:
-    ranks = [r for r in range(0, 400, 2)]
-    text = short_ranges(ranks, 20)
-    assert len(text) < 40 and text.startswith("0,2,4") and text.endswith(f"+{200 - text.count(',')}")
-    assert short_ranges(list(range(100_000))) == "0-99999"
-
-
-def test_ranges_of_a_million_ranks_are_quick() -> None:
-    import time
-
-    ranks = [r for r in range(1_000_000) if r != 500_000]
-    start = time.perf_counter()
-    assert ranges_text(ranks) == "0-499999,500001-999999"
-    assert time.perf_counter() - start < 0.05
 
 
 # ------------------------------------------------------------------ the page
@@ -237,7 +207,8 @@ def test_watch_writes_report_html_beside_report_json(tmp_path: Path) -> None:
     snap, diag = _mismatch()
     trigger = Trigger(Signal.OUTPUT, 2.0, 1.0, "--stall-after", 1.0, 3, None,
                       datetime.datetime.now(datetime.UTC).isoformat())
-    where = write_incident(tmp_path, snap, diag, trigger, "confirmed by diagnosis", warn=print)
+    where = write_incident(tmp_path, snap, diag, trigger, "confirmed by diagnosis",
+                           warn=lambda _level, text: print(text))
     assert where is not None
     assert (where / "report.json").exists()
     page = (where / HTML).read_text()

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 from support.hostile import FUNCTION, NAMES, THREAD, hostile
+from support.said import Said
 
 from hangdoc.watch import incident
+from hangdoc.watch.config import Level
 from hangdoc.watch.incident import HTML, HUMAN, REPORT, SNAPSHOT, write_incident
 from hangdoc.watch.stall import Signal, Trigger
 
@@ -18,9 +20,9 @@ TRIGGER = Trigger(Signal.OUTPUT, 5.0, 3.0, "--stall-after", 1.0, 3, None, "2025-
 
 def test_the_summary_quotes_the_job_s_names_as_they_are(tmp_path: Path) -> None:
     diagnosis, snap = hostile()
-    said: list[str] = []
+    said = Said()
     where = write_incident(tmp_path, snap, diagnosis, TRIGGER, f"confirmed by diagnosis: {diagnosis.summary}",
-                           warn=said.append)
+                           warn=said)
     assert where is not None and said == []
     text = (where / HUMAN).read_text()
     first = " ".join(text.split("\n\n")[0].split())  # the watchdog's reason, wrapped at 120 columns
@@ -41,11 +43,12 @@ def test_a_reporter_that_fails_costs_its_file_only(tmp_path: Path, monkeypatch: 
 
     monkeypatch.setattr(incident, "human_report", broken)
     diagnosis, snap = hostile()
-    said: list[str] = []
-    where = write_incident(tmp_path, snap, diagnosis, TRIGGER, "confirmed", warn=said.append)
+    said = Said()
+    where = write_incident(tmp_path, snap, diagnosis, TRIGGER, "confirmed", warn=said)
     assert where is not None
     assert sorted(p.name for p in where.iterdir()) == sorted([REPORT, SNAPSHOT, HTML])
     assert json.loads((where / REPORT).read_text())["verdict"] == "straggler"
-    (line,) = said
+    ((level, line),) = said
+    assert level is Level.ERROR
     assert line.startswith("internal error: report.txt left out of the report: RuntimeError: a bug in the text "
                            "report (test_incident.py:")

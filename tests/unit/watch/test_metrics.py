@@ -22,10 +22,12 @@ import prometheus_client
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
+from support.said import Said, silent
 
 from hangdoc import __version__
 from hangdoc.errors import UsageError
 from hangdoc.watch import metrics
+from hangdoc.watch.config import Level
 from hangdoc.watch.metrics import MetricsBoard, Textfile, identity, render, serve, textfile_path
 
 HOST = socket.gethostname()
@@ -272,7 +274,7 @@ def test_textfile_parses_like_the_page_and_is_written_atomically(tmp_path: Path,
         real_rename(src, dst)
 
     monkeypatch.setattr(os, "rename", rename)
-    textfile = Textfile(board, path, say=lambda m: None)
+    textfile = Textfile(board, path, say=silent)
     textfile.open()
     assert path.read_text() == render(board)
     assert renames and all(dst == str(path) and Path(src).parent == tmp_path and not src.endswith(".prom")
@@ -305,7 +307,7 @@ def test_textfile_parses_like_the_page_and_is_written_atomically(tmp_path: Path,
 @pytest.mark.timeout(30)
 def test_textfile_follows_the_board_at_most_once_a_second(tmp_path: Path, monkeypatch) -> None:
     board = MetricsBoard(IDENTITY)
-    textfile = Textfile(board, tmp_path / "w.prom", say=lambda m: None)
+    textfile = Textfile(board, tmp_path / "w.prom", say=silent)
     textfile.open()  # from here, board changes rewrite the file
     writes: list[str] = []
     monkeypatch.setattr(metrics, "write_to_textfile", lambda path, registry: writes.append(path))
@@ -324,20 +326,21 @@ def test_textfile_follows_the_board_at_most_once_a_second(tmp_path: Path, monkey
 
 
 def test_textfile_write_failure_is_said_once_and_retried(tmp_path: Path) -> None:
-    said: list[str] = []
+    said = Said()
     board = MetricsBoard()
     path = tmp_path / "gone" / "w.prom"
     (tmp_path / "gone").mkdir()
-    textfile = Textfile(board, path, say=said.append)
+    textfile = Textfile(board, path, say=said)
     textfile.open()
     path.unlink()
     (tmp_path / "gone").rmdir()
     textfile.write(force=True)
     textfile.write(force=True)
-    assert len(said) == 1 and "cannot write the metrics textfile" in said[0]
+    ((level, line),) = said
+    assert level is Level.WARNING and "cannot write the metrics textfile" in line
     (tmp_path / "gone").mkdir()
     textfile.write(force=True)
-    assert path.exists() and said[-1] == f"metrics textfile {path} written again"
+    assert path.exists() and said[-1] == (Level.INFO, f"metrics textfile {path} written again")
     textfile.close()
 
 
@@ -347,7 +350,7 @@ def test_textfile_path_forms(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"must end in \.prom") as info:
         textfile_path(tmp_path / "metrics.txt")
     assert "textfile collector reads only *.prom" in info.value.help
-    textfile = Textfile(MetricsBoard(), tmp_path / "missing" / "a.prom", say=lambda m: None)
+    textfile = Textfile(MetricsBoard(), tmp_path / "missing" / "a.prom", say=silent)
     with pytest.raises(UsageError, match="cannot write it"):
         textfile.open()
 

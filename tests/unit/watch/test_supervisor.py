@@ -16,9 +16,11 @@ from types import SimpleNamespace
 
 import pytest
 from support.harness import is_running
+from support.said import Said, silent
 
 from hangdoc.errors import HangdocError, JobNotFound, UsageError
 from hangdoc.watch.activity import Event
+from hangdoc.watch.config import Level
 from hangdoc.watch.hooks import Hooks
 from hangdoc.watch.job import EXIT_HANG_KILLED, Job
 from hangdoc.watch.ranks import Ranks
@@ -153,20 +155,20 @@ def test_signals_are_forwarded_only_while_installed(started) -> None:
 
 def test_a_hook_gets_the_report_and_a_failure_is_said_when_it_is_reaped(tmp_path: Path) -> None:
     out, hang = tmp_path / "out.txt", tmp_path / "hang-1"
-    said: list[str] = []
+    said = Said()
     script = 'echo "$1|$HANGDOC_HANG_DIR|$HANGDOC_REPORT" > "$0"; exit 3'
-    hooks = Hooks(["sh", "-c", script, str(out), "{report}"], dict(os.environ), said.append)
+    hooks = Hooks(["sh", "-c", script, str(out), "{report}"], dict(os.environ), said)
     hooks.start(hang, "pid:1")
-    assert said == [f"ran --on-hang exec: sh -c '{script}' {out} {hang}"]
+    assert said == [(Level.INFO, f"ran --on-hang exec: sh -c '{script}' {out} {hang}")]
     assert len(hooks.pids()) == 1
     assert _until(lambda: (hooks.reap(), not hooks.running)[1])
-    assert said[1:] == ["--on-hang exec command exited with status 3"]
+    assert said[1:] == [(Level.WARNING, "--on-hang exec command exited with status 3")]
     assert out.read_text() == f"{hang}|{hang}|{hang}/report.json\n"
 
 
 def test_without_report_in_its_arguments_the_directory_is_appended(tmp_path: Path) -> None:
     out = tmp_path / "out.txt"
-    hooks = Hooks(["sh", "-c", 'echo "$1" > "$0"', str(out)], dict(os.environ), lambda _m: None)
+    hooks = Hooks(["sh", "-c", 'echo "$1" > "$0"', str(out)], dict(os.environ), silent)
     hooks.start(tmp_path / "hang-1", "pid:1")
     hooks.end()
     assert out.read_text() == f"{tmp_path / 'hang-1'}\n"
@@ -178,7 +180,7 @@ def test_job_in_a_hook_is_the_scheduler_job_id(tmp_path: Path) -> None:
     """``ray job stop {job}``: the Ray job id, not the ``ray:`` spec; also in HANGDOC_JOB."""
     out = tmp_path / "out.txt"
     hooks = Hooks(["sh", "-c", 'echo "$# $1 $HANGDOC_JOB" > "$0"', str(out), "stop={job}"], dict(os.environ),
-                  lambda _m: None)
+                  silent)
     hooks.start(tmp_path / "hang-1", "raysubmit_Ab12")
     hooks.end()
     # no directory appended: `ray job stop {job}` takes one argument
@@ -186,15 +188,15 @@ def test_job_in_a_hook_is_the_scheduler_job_id(tmp_path: Path) -> None:
 
 
 def test_end_waits_for_hooks_then_leaves_them_alone(tmp_path: Path) -> None:
-    said: list[str] = []
-    hooks = Hooks(["sh", "-c", "sleep 60"], dict(os.environ), said.append)  # the directory: $0
+    said = Said()
+    hooks = Hooks(["sh", "-c", "sleep 60"], dict(os.environ), said)  # the directory: $0
     hooks.start(tmp_path, "pid:1")
     try:
         t0 = time.monotonic()
         hooks.end(timeout=0.3)
         assert 0.1 <= time.monotonic() - t0 < 5
         (pid,) = hooks.pids()
-        assert said[-1] == f"--on-hang exec command (pid {pid}) still running; left alone"
+        assert said[-1] == (Level.INFO, f"--on-hang exec command (pid {pid}) still running; left alone")
         assert is_running(pid)
     finally:
         for hook in hooks.running:
@@ -203,49 +205,50 @@ def test_end_waits_for_hooks_then_leaves_them_alone(tmp_path: Path) -> None:
 
 
 def test_a_hook_that_cannot_run_is_one_line(tmp_path: Path) -> None:
-    said: list[str] = []
+    said = Said()
     missing = str(tmp_path / "no-such-pager")
-    hooks = Hooks([missing], dict(os.environ), said.append)
+    hooks = Hooks([missing], dict(os.environ), said)
     hooks.start(tmp_path, "pid:1")
-    assert said == [f"could not run the --on-hang exec command {missing!r}: No such file or directory; keeping watch"]
+    assert said == [(Level.ERROR,
+                     f"could not run the --on-hang exec command {missing!r}: No such file or directory; keeping watch")]
     assert hooks.running == []
 
 
 # ------------------------------------------------------------------------ job
 
 
-def _job(sup: Supervisor | None, said: list[str], spec: str | None = None) -> Job:
-    return Job(spec, sup, None, Hooks((), {}, said.append), 0.5, said.append)
+def _job(sup: Supervisor | None, said: Said, spec: str | None = None) -> Job:
+    return Job(spec, sup, None, Hooks((), {}, said), 0.5, said)
 
 
 def test_the_job_is_named_by_its_spec_or_the_command_s_pid(started) -> None:
     sup, _ = started(WAITS)
-    assert _job(sup, []).spec == f"pid:{sup.pid}"
-    assert _job(sup, [], "10.0.0.1:29500").spec == "10.0.0.1:29500"
+    assert _job(sup, Said()).spec == f"pid:{sup.pid}"
+    assert _job(sup, Said(), "10.0.0.1:29500").spec == "10.0.0.1:29500"
 
 
 def test_on_hang_kill_ends_the_wrapped_command(started) -> None:
-    said: list[str] = []
+    said = Said()
     sup, _ = started(IGNORE_TERM)
     assert _job(sup, said).on_hang(OnHang("kill"), None) == EXIT_HANG_KILLED
-    assert said == ["--on-hang kill: ending the job (1 process tree(s)), grace 0.5 s"]
+    assert said == [(Level.INFO, "--on-hang kill: ending the job (1 process tree(s)), grace 0.5 s")]
     assert sup.status() == 128 + signal.SIGKILL
 
 
 def test_on_hang_report_and_exec_without_a_directory_keep_watching() -> None:
-    said: list[str] = []
+    said = Said()
     job = _job(None, said, "pid:1")
     assert job.on_hang(OnHang("report"), None) is None
     assert job.on_hang(OnHang("exec", ("true",)), None) is None
-    assert said == ["keeping watch (--on-hang report); the job is left as it is",
-                    "could not run the --on-hang exec command: no directory could take the report"]
+    assert said == [(Level.INFO, "keeping watch (--on-hang report); the job is left as it is"),
+                    (Level.ERROR, "could not run the --on-hang exec command: no directory could take the report")]
 
 
 def test_a_second_signal_ends_the_job_at_short_notice(started) -> None:
-    said: list[str] = []
+    said = Said()
     sup, _ = started(WAITS)
     assert _job(sup, said).stop() == 128 + signal.SIGTERM
-    assert said == ["second signal: ending the wrapped command and all its processes"]
+    assert said == [(Level.INFO, "second signal: ending the wrapped command and all its processes")]
 
 
 @pytest.mark.parametrize(("err", "cause"), [
@@ -254,10 +257,10 @@ def test_a_second_signal_ends_the_job_at_short_notice(started) -> None:
     (UsageError("bad"), "stopping on an error"),
 ])
 def test_abandon_ends_the_wrapped_job(err: BaseException, cause: str, started) -> None:
-    said: list[str] = []
+    said = Said()
     sup, line = started(IGNORE_TERM)
     _job(sup, said).abandon(err)
-    assert said == [f"{cause}: ending the wrapped command (pid {sup.pid}) and all its processes"]
+    assert said == [(Level.STOP, f"{cause}: ending the wrapped command (pid {sup.pid}) and all its processes")]
     assert sup.status() == 128 + signal.SIGKILL and not is_running(int(line))
 
 
@@ -268,12 +271,12 @@ def test_abandon_still_kills_the_command_s_group_when_ending_it_fails(started, m
         raise RuntimeError("psutil broke")
 
     monkeypatch.setattr(sup, "end", broken)
-    _job(sup, []).abandon(RuntimeError("a bug"))  # no exception: the way out must not fail
+    _job(sup, Said()).abandon(RuntimeError("a bug"))  # no exception: the way out must not fail
     assert sup.status() == 128 + signal.SIGKILL
 
 
 def test_abandon_before_the_command_started_does_nothing() -> None:
-    said: list[str] = []
+    said = Said()
     _job(Supervisor(["true"]), said).abandon(RuntimeError("a bug"))
     _job(None, said, "pid:1").abandon(RuntimeError("a bug"))
     assert said == []
@@ -323,25 +326,25 @@ def test_a_postponement_waits_one_more_timeout_and_is_counted() -> None:
 # --------------------------------------------------------- loop and response
 
 
-def _dog(tmp_path: Path, said: list[str]) -> Watchdog:
+def _dog(tmp_path: Path, said: Said) -> Watchdog:
     config = WatchConfig(command=("true",), job="pid:1", out=tmp_path / "hangs", policy=StallPolicy(stall_after=3.0))
-    return Watchdog(config, said.append)
+    return Watchdog(config, said)
 
 
 def test_activity_after_a_report_ends_the_hang_and_restarts_postponements(tmp_path: Path) -> None:
-    said: list[str] = []
+    said = Said()
     dog = _dog(tmp_path, said)
     dog.loop.alarm.raised, dog.loop.alarm.postponed = 5.0, 2
     dog.board.update(stalled=True)
     dog.pace.queue.put(Event(7.5, Signal.OUTPUT))
     dog.loop.collect()
-    assert said == ["activity again (output) 2.5 s after the report: watching for the next stall"]
+    assert said == [(Level.INFO, "activity again (output) 2.5 s after the report: watching for the next stall")]
     assert dog.loop.alarm.raised is None and dog.loop.alarm.postponed == 0
     assert not dog.board.value.stalled
 
 
 def test_steps_during_a_failed_diagnosis_dismiss_the_stall(tmp_path: Path, monkeypatch) -> None:
-    said: list[str] = []
+    said = Said()
     dog = _dog(tmp_path, said)
     clock = dog.pace.clocks[Signal.OUTPUT]
     now = time.monotonic()
@@ -353,16 +356,18 @@ def test_steps_during_a_failed_diagnosis_dismiss_the_stall(tmp_path: Path, monke
 
     monkeypatch.setattr("hangdoc.watch.respond.diagnose", diagnose)
     assert dog.loop.responder.on_stall(Signal.OUTPUT, clock, now) is None
-    assert said[0].startswith("stall suspected: no output for 4.0 s; stall timeout 3.0 s (warm-up")
-    assert said[0].endswith("; diagnosing pid:1")
-    assert said[1:] == ["not a hang: steps resumed during the diagnosis"]
+    level, line = said[0]
+    assert level is Level.INFO
+    assert line.startswith("stall suspected: no output for 4.0 s; stall timeout 3.0 s (warm-up")
+    assert line.endswith("; diagnosing pid:1")
+    assert said[1:] == [(Level.INFO, "not a hang: steps resumed during the diagnosis")]
     assert dog.loop.alarm.moving_at == now + 0.5
     assert dog.board.value.dismissed_total == 1 and dog.board.value.diagnoses == {"failed": 1}
     assert not (tmp_path / "hangs").exists()
 
 
 def test_a_silence_that_cannot_be_diagnosed_fires_unknown(tmp_path: Path, monkeypatch) -> None:
-    said: list[str] = []
+    said = Said()
     dog = _dog(tmp_path, said)
     clock = dog.pace.clocks[Signal.OUTPUT]
     now = time.monotonic()
@@ -374,9 +379,10 @@ def test_a_silence_that_cannot_be_diagnosed_fires_unknown(tmp_path: Path, monkey
     monkeypatch.setattr("hangdoc.watch.respond.diagnose", diagnose)
     assert dog.loop.responder.on_stall(Signal.OUTPUT, clock, now) is None
     (hang,) = (tmp_path / "hangs").iterdir()
-    assert said[1:] == ["could not diagnose: no rank process", "HANG unknown: could not diagnose: no rank process",
-                        f"report: {hang}/report.txt (json: {hang}/report.json)",
-                        "keeping watch (--on-hang report); the job is left as it is"]
+    assert said[1:] == [(Level.ERROR, "could not diagnose: no rank process"),
+                        (Level.HANG, "HANG unknown: could not diagnose: no rank process"),
+                        (Level.HANG, f"report: {hang}/report.txt (json: {hang}/report.json)"),
+                        (Level.INFO, "keeping watch (--on-hang report); the job is left as it is")]
     assert dog.loop.alarm.raised is not None and dog.board.value.stalled
     assert dog.board.value.reports_total == 1
 
@@ -392,7 +398,7 @@ class _Nowhere:
 
 
 def test_ranks_are_looked_for_again_when_due_or_all_gone() -> None:
-    ranks = Ranks([_Nowhere()], "10.0.0.1:29500", 5.0, lambda _m: None)  # type: ignore[list-item]
+    ranks = Ranks([_Nowhere()], "10.0.0.1:29500", 5.0, silent)  # type: ignore[list-item]
     ranks.checked = time.monotonic()
     assert not ranks.gone()  # not due: no search
     ranks.probe = SimpleNamespace(all_gone=True)  # type: ignore[assignment]
@@ -408,7 +414,7 @@ def test_ranks_gone_while_the_launcher_exits_is_the_job_ending(tmp_path: Path, m
     import subprocess
     import sys
 
-    said: list[str] = []
+    said = Said()
     dog = _dog(tmp_path, said)
     clock = dog.pace.clocks[Signal.OUTPUT]
     now = time.monotonic()
@@ -426,5 +432,5 @@ def test_ranks_gone_while_the_launcher_exits_is_the_job_ending(tmp_path: Path, m
     finally:
         launcher.kill()
         launcher.wait()
-    assert said[1:] == ["not a hang: the job ended during the diagnosis"]
+    assert said[1:] == [(Level.INFO, "not a hang: the job ended during the diagnosis")]
     assert not (tmp_path / "hangs").exists()

@@ -6,7 +6,10 @@ from __future__ import annotations
 import io
 import os
 
+from support.said import Said
+
 from hangdoc.watch.activity import EventQueue, StepPattern, tee
+from hangdoc.watch.config import Level
 from hangdoc.watch.stall import Signal
 
 
@@ -15,13 +18,13 @@ class Broken(StepPattern):
         raise RuntimeError("a bug in step matching")
 
 
-def _copy(pattern: StepPattern, data: bytes) -> tuple[bytes, list[str], EventQueue]:
+def _copy(pattern: StepPattern, data: bytes) -> tuple[bytes, Said, EventQueue]:
     read_end, write_end = os.pipe()
-    said: list[str] = []
+    said = Said()
     sink = io.BytesIO()
     queue = EventQueue()
     with os.fdopen(read_end, "rb", buffering=0) as source:
-        thread = tee(source, sink, pattern, queue, said.append)
+        thread = tee(source, sink, pattern, queue, said)
         for start in range(0, len(data), 4096):  # many chunks, more than a pipe holds
             os.write(write_end, data[start:start + 4096])
         os.close(write_end)
@@ -34,8 +37,9 @@ def test_a_bug_in_noting_activity_never_stops_the_output() -> None:
     data = b"".join(b"step %d loss 0.1\n" % i for i in range(20_000))  # ~350 kB
     out, said, queue = _copy(Broken(r"step (\d+)"), data)
     assert out == data
-    assert len(said) == 1 and "RuntimeError: a bug in step matching" in said[0]
-    assert "still passed through" in said[0]
+    ((level, line),) = said
+    assert level is Level.ERROR
+    assert "RuntimeError: a bug in step matching" in line and "still passed through" in line
     assert [e.signal for e in queue.drain()][:1] == [Signal.OUTPUT]  # noted until the bug
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from support.harness import is_running
 from support.paths import TESTS
+from support.said import Said, silent
 
 from hangdoc.analysis.analyse import analyse
 from hangdoc.bundle import load_snapshot
@@ -25,6 +26,7 @@ from hangdoc.errors import JobNotFound, UsageError
 from hangdoc.fleet.client import AgentError
 from hangdoc.watch import jobcontrol
 from hangdoc.watch.activity import EventQueue, HeartbeatSource, LogTail, StepPattern, _Scanner
+from hangdoc.watch.config import Level
 from hangdoc.watch.incident import new_dir
 from hangdoc.watch.stall import Action, Signal, StallClock, StallPolicy, Trigger, judge
 from hangdoc.watch.watchdog import OnHang
@@ -171,7 +173,7 @@ def test_an_unreachable_agent_is_not_a_job_that_ended() -> None:
     from hangdoc.watch.ranks import Ranks
 
     def refresh(nodes: list[_Node]) -> bool:
-        return Ranks(nodes, "10.0.0.1:29500", CaptureOptions().timeout, lambda _m: None).refresh()
+        return Ranks(nodes, "10.0.0.1:29500", CaptureOptions().timeout, silent).refresh()
 
     assert refresh([_Node("a")]) is True  # every node answered: no rank anywhere
     assert refresh([_Node("a"), _Node("b", AgentError("agent b unavailable"))]) is False
@@ -431,19 +433,19 @@ def _one_rank_fleet():
 def test_ranks_found_through_a_source_a_running_job_without_workers_is_not_gone() -> None:
     from hangdoc.watch.ranks import Ranks
 
-    said: list[str] = []
-    ranks = Ranks([], "ray:raysubmit_x", 5.0, said.append)
+    said = Said()
+    ranks = Ranks([], "ray:raysubmit_x", 5.0, said)
     source = _Source([_one_rank_fleet(),
                       JobNotFound("Ray job 02 (status RUNNING) has no live actor", running=True),
                       JobNotFound("Ray job 02 (status RUNNING) has no live actor", running=True),
                       _one_rank_fleet(),
                       JobNotFound("Ray job 02 (status SUCCEEDED) has no live actor")])
-    with source(said.append) as ranks.finder:
+    with source(lambda _text: None) as ranks.finder:
         assert len(ranks.find().placed) == 1
         assert ranks.refresh() is False and ranks.refresh() is False  # workers restarting
-        assert [m for m in said if "still runs" in m] == [
-            ("no rank process now, the job still runs: Ray job 02 (status RUNNING) has no live actor; "
-             "watching for its ranks")]  # said once, not at every search
+        assert [m for m in said if "still runs" in m[1]] == [
+            (Level.INFO, ("no rank process now, the job still runs: Ray job 02 (status RUNNING) has no live actor; "
+                          "watching for its ranks"))]  # said once, not at every search
         assert ranks.refresh() is False and ranks.absent is False  # back
         assert ranks.refresh() is True  # ended
     assert source.searches == ["ray:raysubmit_x"] * 5
@@ -455,7 +457,7 @@ def test_a_watch_holds_its_source_for_the_whole_watch_and_lets_it_go_on_error(tm
     source = _Source([JobNotFound("Ray job raysubmit_x has no live actor")])
     config = WatchConfig(job="ray:raysubmit_x", out=tmp_path / "hangs", source=source)
     with pytest.raises(JobNotFound):
-        run_watch(config, lambda _m: None)
+        run_watch(config, silent)
     assert (source.entered, source.exited) == (1, 1)
 
 
@@ -465,7 +467,7 @@ def test_a_stall_is_diagnosed_through_the_held_source(tmp_path: Path, monkeypatc
     from hangdoc.watch.watchdog import WatchConfig, Watchdog
 
     source = _Source([_one_rank_fleet()])
-    dog = Watchdog(WatchConfig(job="ray:raysubmit_x", out=tmp_path / "hangs", source=source), lambda _m: None)
+    dog = Watchdog(WatchConfig(job="ray:raysubmit_x", out=tmp_path / "hangs", source=source), silent)
     seen: list[object] = []
 
     def diagnose(spec, _options, _progress, nodes, lent):

@@ -27,10 +27,12 @@ import psutil
 import pytest
 from support.hostile import FUNCTION, NAMES, THREAD
 from support.paths import TESTS
+from support.said import Said
 
 from hangdoc.cli import main
 from hangdoc.errors import UsageError
 from hangdoc.watch.activity import EventQueue, LogTail
+from hangdoc.watch.config import Level
 from hangdoc.watch.incident import write_failed_incident
 from hangdoc.watch.stall import Signal, StallClock, StallPolicy, Trigger
 from hangdoc.watch.watchdog import OnHang
@@ -190,7 +192,8 @@ def test_the_fallback_never_follows_a_planted_symlink(tmp_path: Path, monkeypatc
         (base / f"{stamp}-2").symlink_to(victim / "nowhere")
     (tmp_path / "afile").write_text("")
     trigger = Trigger(Signal.OUTPUT, 2.0, 1.0, "--stall-after", 1.0, 3, None, now.isoformat())
-    path = write_failed_incident(tmp_path / "afile", "pid:1", trigger, "boom", "", lambda m: print(m, file=sys.stderr))
+    path = write_failed_incident(tmp_path / "afile", "pid:1", trigger, "boom", "",
+                                 lambda _level, text: print(text, file=sys.stderr))
     assert path is not None and path.parent == base and path.name.endswith("-3")
     assert not path.is_symlink() and stat.S_IMODE(path.lstat().st_mode) == 0o700
     assert list(victim.iterdir()) == []
@@ -205,10 +208,11 @@ def test_a_report_nowhere_to_write_is_still_on_stderr(tmp_path: Path, monkeypatc
     (tmp_path / "afile").write_text("")
     monkeypatch.setenv("TMPDIR", str(tmp_path / "afile"))  # the fallback cannot be made either
     trigger = Trigger(Signal.OUTPUT, 2.0, 1.0, "--stall-after", 1.0, 3, None, "2026-11-22T00:00:00+00:00")
-    said: list[str] = []
-    assert write_failed_incident(tmp_path / "afile", "pid:1", trigger, "boom", "", said.append) is None
-    assert said[0].startswith(f"could not write report to {tmp_path / 'afile'}: not a directory")
-    assert said[1].startswith("could not write the report to ")
+    said = Said()
+    assert write_failed_incident(tmp_path / "afile", "pid:1", trigger, "boom", "", said) is None
+    assert [level for level, _text in said] == [Level.ERROR, Level.ERROR]
+    assert said.texts[0].startswith(f"could not write report to {tmp_path / 'afile'}: not a directory")
+    assert said.texts[1].startswith("could not write the report to ")
     assert json.loads(capsys.readouterr().err)["verdict"] == "unknown"
 
 
@@ -595,8 +599,8 @@ def test_a_log_that_fails_to_read_is_opened_again(tmp_path: Path) -> None:
 def test_a_closed_stderr_does_not_stop_the_watch() -> None:
     from hangdoc.watch.watchdog import WatchConfig, Watchdog
 
-    def closed(_message: str) -> None:
+    def closed(_level: Level, _message: str) -> None:
         raise BrokenPipeError(32, "Broken pipe")
 
     dog = Watchdog(WatchConfig(job="pid:1"), closed)
-    dog.say("anything")  # swallowed
+    dog.say(Level.HANG, "anything")  # swallowed

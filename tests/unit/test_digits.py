@@ -1,10 +1,10 @@
-"""The ground floor's own helpers: strict numbers and rank ranges."""
+"""Numbers read from outside (``hangdoc.digits``): ASCII digits only, within bounds."""
 
 from __future__ import annotations
 
 import pytest
 
-from hangdoc.model import bounded_int, compress_ranks
+from hangdoc.digits import bounded_int
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -21,11 +21,3 @@ def test_bounded_int_lower_bound() -> None:
     assert bounded_int("1", 1, 10) == 1
     assert bounded_int("10", 1, 10) == 10
     assert bounded_int("11", 1, 10) is None
-
-
-@pytest.mark.parametrize(("ranks", "text"), [
-    ([], "[]"), ([3], "[3]"), ([0, 1, 2, 5], "[0-2,5]"), ([5, 1, 0, 2, 2], "[0-2,5]"),
-    ([1, 3, 5], "[1,3,5]"),
-])
-def test_compress_ranks(ranks: list[int], text: str) -> None:
-    assert compress_ranks(ranks) == text

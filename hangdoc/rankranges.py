@@ -1,16 +1,19 @@
-"""Rank sets as ranges, fast enough for 100,000-rank nodes of the merged tree, and the labels
-the reports print for them (``ranks_label``: ``[0-49999,50008-99999] (99,992)``).
+"""Rank sets as ranges, the one way hangdoc writes them: ``0-2,5`` for ranks 0, 1, 2 and 5.
 
-``model.compress_ranks`` walks every rank; the shareable reports write the rank set of
-every tree node, and near the root each holds every rank of the job. ``ranges`` splits a
-sorted run of ranks by bisection instead: a stretch ``ranks[i..j]`` with
-``ranks[j] - ranks[i] == j - i`` is one range, so a set of *k* ranges costs about
-*k log n* steps, not *n*.
+Two kinds of input. A sorted run of distinct ranks (``TreeNode.ranks``, ``StackGroup.ranks``,
+``Scope``'s sets) is split by bisection (``ranges``, ``ranges_text``, ``short_ranges``,
+``cut_ranges``, ``ranks_label``): a stretch ``ranks[i..j]`` with ``ranks[j] - ranks[i] ==
+j - i`` is one range, so a set of *k* ranges costs about *k log n* steps, not *n* (the
+shareable reports write the rank set of every tree node, and near the root each holds every
+rank of a 100,000-rank job). Ranks in any order, repeats allowed, are sorted first
+(``compress_ranks``: ``[0-2,5]``; ``rank_phrase``: ``rank 3`` or ``ranks 0-2,5``, the words
+every floor uses to name ranks). The labels reports print: ``ranks_label`` (``[0-49999,
+50008-99999] (99,992)``), ``count_text``, ``scope_text``. Standard library only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 
 def ranges(ranks: Sequence[int]) -> list[tuple[int, int]]:
@@ -42,6 +45,20 @@ def iter_ranges(ranks: Sequence[int]) -> Iterator[tuple[int, int]]:
 def ranges_text(ranks: Sequence[int]) -> str:
     """``0-2,5`` for ranks 0, 1, 2, 5 (sorted, distinct); ``""`` for none."""
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges(ranks))
+
+
+def compress_ranks(ranks: Iterable[int]) -> str:
+    """``[0-2,5]`` for ranks 0, 1, 2, 5 in any order, repeats counted once; ``[]`` for none."""
+    return f"[{ranges_text(sorted(set(ranks)))}]"
+
+
+def rank_phrase(ranks: Iterable[int]) -> str:
+    """``rank 3`` or ``ranks 0-2,5``: ranks in any order named in words (``ranks 3`` for
+    ``[3, 3]``: the number of ranks given decides the word)."""
+    ordered = sorted(ranks)
+    if len(ordered) == 1:
+        return f"rank {ordered[0]}"
+    return f"ranks {ranges_text(sorted(set(ordered)))}"
 
 
 def short_ranges(ranks: Sequence[int], limit: int = 40) -> str:
