@@ -29,7 +29,7 @@ from ..model import (
     StackGroup,
 )
 from ..rankranges import ranges_text
-from . import classify, confidence, gpu_state, wording
+from . import classify, confidence, gpu_state, phrases
 from .device import waits_for_device
 from .finding import Told
 from .flight import match_flight
@@ -243,16 +243,16 @@ def _analyse(snapshot: JobSnapshot) -> Diagnosis:
 
 
 def _details() -> Callable[[RankView], str]:
-    """``wording.describe_rank``; a rank in an op is described by its op alone, once per op
+    """``phrases.describe_rank``; a rank in an op is described by its op alone, once per op
     object (the ranks of one stack share it)."""
     by_op: dict[int, str] = {}  # the ops are held by the views meanwhile
 
     def describe(v: RankView) -> str:
         if v.op is None:
-            return wording.describe_rank(v)
+            return phrases.describe_rank(v)
         said = by_op.get(id(v.op))
         if said is None:
-            said = by_op[id(v.op)] = wording.describe_rank(v)
+            said = by_op[id(v.op)] = phrases.describe_rank(v)
         return said
 
     return describe

@@ -18,23 +18,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from ..model import GIVEN_GROUP, WORLD_GROUP, DistOp, Frame, OpKind, RankState, Verdict
-from . import settle, wording
+from . import phrases, settle, wording
 from .device import waits_for_device
-from .finding import Classification, Finding, Told
-from .probe_evidence import probe_lines
-from .structure import (
-    Scope,
-    Structure,
-    could_be_groups,
-    minority,
-    op_scope,
-    sides,
-    structure_of,
-    tiny_parting,
-    whole_groups,
-)
-from .views import OpKey, RankView, op_keys
-from .wording import (
+from .facts import (
     AllReceive,
     CleanupStuck,
     DataMoving,
@@ -58,6 +44,20 @@ from .wording import (
     Unseen,
     Working,
 )
+from .finding import Classification, Finding, Told
+from .probe_evidence import probe_lines
+from .structure import (
+    Scope,
+    Structure,
+    could_be_groups,
+    minority,
+    op_scope,
+    sides,
+    structure_of,
+    tiny_parting,
+    whole_groups,
+)
+from .views import OpKey, RankView, op_keys
 
 IN_OP = (RankState.WAITING, RankState.COMMUNICATING)
 OUTSIDE = (RankState.BUSY, RankState.BLOCKED, RankState.STOPPED)
@@ -73,15 +73,15 @@ def classify(
     found = decide(views, missing, unknown, others_unseen=others_unseen)
     summary, evidence = wording.words(found.facts)
     if found.quiet_over is not None:
-        evidence.append(wording.quiet_line(found.quiet_over))
+        evidence.append(phrases.quiet_line(found.quiet_over))
     culprits = set(found.culprits)
     unreadable = [v for v in views if v.state is RankState.UNREADABLE and v.rank not in culprits]
     evidence += wording.notes(unknown, unreadable)
-    evidence += wording.lock_notes(views, evidence)
+    evidence += phrases.lock_notes(views, evidence)
     device = [v for v in views if v.state in IN_OP and waits_for_device(v.op)]
     if device and isinstance(found.facts, Mismatch):
         # the mismatch is among the ops stacks name; the ranks at host syncs are in neither
-        evidence += wording.op_lines(device) + [wording.NOT_VISIBLE]
+        evidence += phrases.op_lines(device) + [wording.NOT_VISIBLE]
     if unknown and found.verdict is not Verdict.NOT_HUNG:
         summary += wording.partial_suffix(unknown)
     evidence += notes

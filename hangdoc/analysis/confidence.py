@@ -22,11 +22,7 @@ from ..model import GIVEN_GROUP, Confidence, Origin, RankState, Verdict
 from ..rankranges import rank_phrase
 from .classify import IN_OP, OUTSIDE
 from .device import sync_call, waits_for_device
-from .finding import Classification, DeviceRole, Finding, FlightRole
-from .ops import COMPILED_MAYBE
-from .views import RankView, op_keys
-from .wording import (
-    NOT_VISIBLE,
+from .facts import (
     CleanupStuck,
     DataMoving,
     DeviceWaits,
@@ -45,9 +41,12 @@ from .wording import (
     Unexplained,
     Unseen,
     Working,
-    deadlock_short,
-    unseen_reason,
 )
+from .finding import Classification, DeviceRole, Finding, FlightRole
+from .ops import COMPILED_MAYBE
+from .phrases import deadlock_short, unseen_reason
+from .views import RankView, op_keys
+from .wording import NOT_VISIBLE
 
 DIRECT_VIA = "c10d call"  # ``ops``: the op is a torch.distributed function on the stack
 # A rank idle outside any op while the others wait, watched this long (capture watches an

@@ -9,17 +9,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..model import Verdict
+from .facts import Facts
 from .flight import FlightFinding
 from .gpu_state import DeviceFindings
 from .views import RankView
-from .wording import Facts
 
 
 @dataclass(frozen=True)
 class Finding:
     """What the stack rules decided, before any words.
 
-    ``facts`` is the ``wording`` fact type of the rule that applied; ``quiet_over`` are the
+    ``facts`` is the ``facts`` type of the rule that applied; ``quiet_over`` are the
     ranks whose stillness backs a hang verdict (their counters are quoted), None when
     stillness is not part of the evidence.
     """

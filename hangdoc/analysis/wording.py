@@ -1,33 +1,67 @@
 """The words of a diagnosis: summary, evidence lines, next steps, one line per rank.
 
-``classify`` decides the verdict and returns the facts it found (the types below, one per
-rule outcome); this module turns those facts into sentences and knows nothing of the rules.
-It imports only the model and the views, never ``classify``.
+``classify`` decides the verdict and returns the facts it found (``facts``: one type per
+rule outcome); this module turns those facts into sentences, from the shared phrases of
+``phrases``, and knows nothing of the rules. It never imports ``classify``.
 """
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from ..memo import once_per_object
 from ..model import (
-    CaptureErrorKind,
     DistOp,
-    Frame,
-    RankState,
     ThreadStack,
     Verdict,
 )
 from ..rankranges import rank_phrase
-from .device import waits_for_device
-from .locks import REENTRANT, LockEdge, LockGraph
-from .ops import exit_frame
+from .facts import (
+    AllReceive,
+    CleanupStuck,
+    DataMoving,
+    DeviceWaits,
+    EnvSplit,
+    Facts,
+    GroupsApart,
+    InitSplit,
+    InitStuck,
+    Mismatch,
+    NothingCaptured,
+    P2PFact,
+    Progressing,
+    RanksGone,
+    SameOp,
+    SeenInOneOp,
+    Straggling,
+    Teardown,
+    ThreadsRace,
+    Unexplained,
+    Unseen,
+    Working,
+)
+from .phrases import (
+    activity,
+    cleanup_op,
+    cleanup_short,
+    cleanup_where,
+    describe_rank,
+    frame_tail,
+    in_op,
+    in_ops,
+    move_line,
+    op_lines,
+    op_site,
+    op_summary,
+    progress_line,
+    ranks_of,
+    unseen_reason,
+    verb_for,
+)
 from .structure import Scope, Structure, op_scope
-from .views import RankView, op_keys
+from .views import RankView
 
 NEXT_STEPS: dict[Verdict, tuple[str, ...]] = {
     Verdict.NOT_HUNG: (
@@ -81,224 +115,12 @@ NEXT_STEPS: dict[Verdict, tuple[str, ...]] = {
 }
 
 
-# -- the facts the rules found (one type per outcome of ``classify``) -------------------
-
-
-@dataclass(frozen=True)
-class NothingCaptured:
-    """No rank could be captured at all."""
-
-
-@dataclass(frozen=True)
-class Progressing:
-    """These ranks completed distributed operations during the window (``waiting``: the
-    ranks that did not, and sat in one op the whole window)."""
-
-    ranks: Sequence[RankView]
-    waiting: Sequence[RankView] = ()
-
-
-@dataclass(frozen=True)
-class DataMoving:
-    """Nobody waits; these ranks are inside an op and bytes or CPU move."""
-
-    communicating: Sequence[RankView]
-
-
-@dataclass(frozen=True)
-class Unseen:
-    """Every readable rank waits in one op; ``unseen`` could not be read at all."""
-
-    unseen: Sequence[RankView]
-    waiting: Sequence[RankView]
-
-
-@dataclass(frozen=True)
-class Working:
-    """Nobody is in a distributed op; these ranks work (CPU, I/O, changing stacks)."""
-
-    busy: Sequence[RankView]
-
-
-@dataclass(frozen=True)
-class RanksGone:
-    """``gone`` (missing or ``exited``) have no process while ``waiting`` wait in an op."""
-
-    gone: Sequence[int]
-    exited: Sequence[int]
-    world: int
-    waiting: Sequence[RankView]
-
-
-@dataclass(frozen=True)
-class InitSplit:
-    """``init`` wait in init/rendezvous; ``others`` went past it or never reached it."""
-
-    init: Sequence[RankView]
-    others: Sequence[RankView]
-    went_past: bool
-
-
-@dataclass(frozen=True)
-class EnvSplit:
-    """Ranks disagree on one rendezvous variable: value -> ranks, in the order first seen."""
-
-    key: str
-    values: Mapping[str | None, Sequence[int]]
-
-
-@dataclass(frozen=True)
-class InitStuck:
-    """Every rank waits in init/rendezvous; ``differ`` are the odd ones out, if any."""
-
-    init: Sequence[RankView]
-    differ: Sequence[int]
-    env: EnvSplit | None = None
-
-
-@dataclass(frozen=True)
-class CleanupStuck:
-    """``cleanup`` left the training loop and wait in cleanup while ``training`` wait in an op;
-    with no ``training`` rank seen, cleanup seen from one side: ``unseen`` were not seen."""
-
-    cleanup: Sequence[RankView]
-    training: Sequence[RankView]
-    unseen: Sequence[int] = ()
-
-
-@dataclass(frozen=True)
-class ThreadsRace:
-    """``raced`` have two threads or more waiting in collectives on one process group at
-    once (``RankView.side_ops``): the order they reach the group is a race between ranks;
-    ``others`` are the other ranks in an op."""
-
-    raced: Sequence[RankView]
-    others: Sequence[RankView]
-
-
-@dataclass(frozen=True)
-class Straggling:
-    """``outside`` are outside any op (computing, blocked, stopped) while ``waiting`` wait."""
-
-    outside: Sequence[RankView]
-    waiting: Sequence[RankView]
-
-
-@dataclass(frozen=True)
-class Unpaired:
-    """``rank`` sends to / receives from ``peer``, which is in ``peer_op`` (or none)."""
-
-    rank: int
-    op: DistOp
-    receiving: bool
-    peer: int
-    peer_op: DistOp | None
-
-
-@dataclass(frozen=True)
-class AllReceive:
-    """Every rank in an op receives, and none sends."""
-
-    receivers: Sequence[int]
-
-
-P2PFact = Unpaired | AllReceive
-
-
-@dataclass(frozen=True)
-class Mismatch:
-    """Ranks wait in different ops: ``groups`` by op, largest first; ``p2p``: unpaired calls."""
-
-    groups: Sequence[Sequence[RankView]]
-    culprits: Sequence[int]
-    p2p: Sequence[P2PFact] = ()
-    by_peers: bool = False  # the culprits are named by the p2p calls, not as the minority
-    # where the ranks' paths part when their ops name no minority: (frame, ranks), largest first
-    parted: Sequence[tuple[Frame, Sequence[RankView]]] = ()
-    # the culprits are on WORLD and the others wait on groups their callers passed, at
-    # several places (``structure``): the culprits left that structure
-    structure: Structure | None = None
-    # the culprits are a path smaller than each place of a structure of groups, where the
-    # paths part: named by the tree's shape alone
-    by_tree: bool = False
-    # the few ranks in collectives on groups their callers passed, while the rest wait in a
-    # WORLD op: they wait for fellow members who are in the WORLD op, not named by stacks
-    waiting_for_members: Sequence[RankView] = ()
-
-
-@dataclass(frozen=True)
-class GroupsApart:
-    """Every rank in an op waits on a group its caller passed, at several places, and each
-    place could hold whole groups of ``size`` ranks: ranks of different groups wait apart
-    legitimately, and no small set of ranks is outside that structure. ``from_lines``: the
-    groups were read from call lines, not arguments."""
-
-    groups: Sequence[Sequence[RankView]]
-    size: int
-    from_lines: bool = False
-
-
-@dataclass(frozen=True)
-class SameOp:
-    """Every rank in an op waits in the same one and nothing moves."""
-
-    waiting: Sequence[RankView]
-
-
-@dataclass(frozen=True)
-class SeenInOneOp:
-    """Every rank seen waits in the same op; ``unseen`` ranks of the job were not seen, and
-    what they do decides between a transport hang and a rank the others wait for."""
-
-    waiting: Sequence[RankView]
-    unseen: Sequence[int]
-
-
-@dataclass(frozen=True)
-class Teardown:
-    """Every rank of the job waits in the same op on its way out (``destroy_process_group``,
-    a barrier in ``__exit__``/``finally``, atexit)."""
-
-    waiting: Sequence[RankView]
-
-
-@dataclass(frozen=True)
-class DeviceWaits:
-    """Every rank in an op waits in it or at a host sync, at least one at a host sync
-    (``device``), and their ops do not disagree: ``device`` wait for device work whose
-    collective stacks do not show; ``known`` are in a torch.distributed op (one)."""
-
-    device: Sequence[RankView]
-    known: Sequence[RankView] = ()
-
-    @property
-    def one_site(self) -> bool:
-        """Every rank waits at the same host sync (none in a torch.distributed op)."""
-        key = op_keys()
-        return not self.known and len({key(v.op) for v in self.device if v.op}) == 1
-
-
-@dataclass(frozen=True)
-class Unexplained:
-    """Nobody is in a distributed op and nothing moves."""
-
-    views: Sequence[RankView]
-
-
-Facts = (
-    NothingCaptured | Progressing | DataMoving | Working | RanksGone | InitSplit | InitStuck
-    | CleanupStuck | Straggling | Unseen | Mismatch | SameOp | DeviceWaits | Unexplained
-    | GroupsApart
-    | SeenInOneOp | Teardown | ThreadsRace
-)
-
+# -- sentences from facts --------------------------------------------------------------
 
 class Words(NamedTuple):
     summary: str
     evidence: list[str]
 
-
-# -- sentences from facts --------------------------------------------------------------
 
 
 def words(facts: Facts) -> Words:
@@ -327,9 +149,9 @@ def notes(unknown: Sequence[int], unreadable: Sequence[RankView]) -> list[str]:
     """Evidence lines on the ranks hangdoc could not see, added to every verdict."""
     lines: list[str] = []
     if unknown:
-        lines.append(f"{rank_phrase(unknown)} {_v(unknown, 'was', 'were')} not seen (on a node not searched, "
+        lines.append(f"{rank_phrase(unknown)} {verb_for(unknown, 'was', 'were')} not seen (on a node not searched, "
                      "not in the dumps, or on a node that did not answer): nothing is concluded "
-                     f"about {_v(unknown, 'it', 'them')}")
+                     f"about {verb_for(unknown, 'it', 'them')}")
     if unreadable:
         lines.append(
             f"{rank_phrase([v.rank for v in unreadable])} could not be read: "
@@ -341,10 +163,6 @@ def notes(unknown: Sequence[int], unreadable: Sequence[RankView]) -> list[str]:
 def partial_suffix(unknown: Sequence[int]) -> str:
     """Appended to a hang's summary when some ranks' state is unknown."""
     return f" (partial evidence: {rank_phrase(unknown)} unknown)"
-
-
-def _ranks(views: Sequence[RankView]) -> list[int]:
-    return [v.rank for v in views]
 
 
 def _nothing_captured(_f: NothingCaptured) -> Words:
@@ -363,22 +181,22 @@ def _progressing(f: Progressing) -> Words:
     if len(f.waiting) > len(f.ranks):
         # a few moving among many stuck: say so, not "the job progresses"
         return Words(
-            f"not hung, for now: only {rank_phrase(_ranks(f.ranks))} completed distributed operations "
-            f"during the window while {rank_phrase(_ranks(f.waiting))} waited "
+            f"not hung, for now: only {rank_phrase(ranks_of(f.ranks))} completed distributed operations "
+            f"during the window while {rank_phrase(ranks_of(f.waiting))} waited "
             f"{in_ops(f.waiting)} throughout",
-            [*evidence, (f"{rank_phrase(_ranks(f.waiting))} did not move: if they wait for "
-                         f"{rank_phrase(_ranks(f.ranks))}, they are slow; if not, the job is stuck "
+            [*evidence, (f"{rank_phrase(ranks_of(f.waiting))} did not move: if they wait for "
+                         f"{rank_phrase(ranks_of(f.ranks))}, they are slow; if not, the job is stuck "
                          "around them")],
         )
     return Words(
-        f"not hung: {rank_phrase(_ranks(f.ranks))} completed distributed operations during the window",
+        f"not hung: {rank_phrase(ranks_of(f.ranks))} completed distributed operations during the window",
         evidence,
     )
 
 
 def _data_moving(f: DataMoving) -> Words:
     return Words(
-        f"not hung: {rank_phrase(_ranks(f.communicating))} are inside "
+        f"not hung: {rank_phrase(ranks_of(f.communicating))} are inside "
         f"{op_summary(f.communicating)} and data is moving",
         [move_line(v) for v in f.communicating[:4]],
     )
@@ -386,31 +204,31 @@ def _data_moving(f: DataMoving) -> Words:
 
 def _working(f: Working) -> Words:
     return Words(
-        f"not hung: no rank waits in a distributed operation; {rank_phrase(_ranks(f.busy))} "
-        f"{_v(f.busy, 'is', 'are')} working (CPU, I/O or changing stacks)",
+        f"not hung: no rank waits in a distributed operation; {rank_phrase(ranks_of(f.busy))} "
+        f"{verb_for(f.busy, 'is', 'are')} working (CPU, I/O or changing stacks)",
         [f"rank {v.rank} is {describe_rank(v)}" for v in f.busy[:4]],
     )
 
 
 def _ranks_gone(f: RanksGone) -> Words:
     gone, waiting = f.gone, f.waiting
-    evidence = [f"{rank_phrase(gone)} of world size {f.world} {_v(gone, 'has', 'have')} no process"]
+    evidence = [f"{rank_phrase(gone)} of world size {f.world} {verb_for(gone, 'has', 'have')} no process"]
     if f.exited:
         evidence.append(f"{rank_phrase(f.exited)} exited during the capture")
     evidence += op_lines(waiting)
     waiting_on = in_ops(waiting)
     return Words(
-        f"rank missing: {rank_phrase(gone)} {_v(gone, 'has', 'have')} no process while "
-        f"{rank_phrase(_ranks(waiting))} {_v(waiting, 'waits', 'wait')} {waiting_on}",
+        f"rank missing: {rank_phrase(gone)} {verb_for(gone, 'has', 'have')} no process while "
+        f"{rank_phrase(ranks_of(waiting))} {verb_for(waiting, 'waits', 'wait')} {waiting_on}",
         evidence,
     )
 
 
 def _init_split(f: InitSplit) -> Words:
-    init_ranks, other_ranks = _ranks(f.init), _ranks(f.others)
+    init_ranks, other_ranks = ranks_of(f.init), ranks_of(f.others)
     evidence = op_lines(f.init) + [f"rank {v.rank} is {describe_rank(v)}" for v in f.others]
     return Words(
-        f"init deadlock: {rank_phrase(init_ranks)} {_v(init_ranks, 'waits', 'wait')} in "
+        f"init deadlock: {rank_phrase(init_ranks)} {verb_for(init_ranks, 'waits', 'wait')} in "
         f"{op_summary(f.init)} while "
         f"{rank_phrase(other_ranks)} {'went past it' if f.went_past else 'never reached it'}",
         evidence,
@@ -433,8 +251,8 @@ def env_line(env: EnvSplit) -> str:
 
 
 def _cleanup_stuck(f: CleanupStuck) -> Words:
-    culprits, training = _ranks(f.cleanup), f.training
-    where, short = once_per_object(_cleanup_op), once_per_object(DistOp.describe)
+    culprits, training = ranks_of(f.cleanup), f.training
+    where, short = once_per_object(cleanup_op), once_per_object(DistOp.describe)
     evidence = [f"rank {v.rank} is on a cleanup path: "
                 f"{where(v.op) if v.op is not None else cleanup_where(v)}" for v in f.cleanup]
     evidence += op_lines(training)
@@ -442,22 +260,22 @@ def _cleanup_stuck(f: CleanupStuck) -> Words:
     if not training:
         return Words(
             f"cleanup seen from one side: {rank_phrase(culprits)} left the training loop and "
-            f"{_v(culprits, 'waits', 'wait')} in cleanup ({' / '.join(sorted(shorts))}); "
+            f"{verb_for(culprits, 'waits', 'wait')} in cleanup ({' / '.join(sorted(shorts))}); "
             f"{_unseen_words(f.unseen)}: if they wait in the training loop, this is a cleanup deadlock",
             evidence,
         )
     return Words(
         f"cleanup deadlock: {rank_phrase(culprits)} left the training loop and "
-        f"{_v(culprits, 'waits', 'wait')} in cleanup "
+        f"{verb_for(culprits, 'waits', 'wait')} in cleanup "
         f"({' / '.join(sorted(shorts))}) "
-        f"while {rank_phrase(_ranks(training))} {_v(training, 'waits', 'wait')} "
+        f"while {rank_phrase(ranks_of(training))} {verb_for(training, 'waits', 'wait')} "
         f"{in_ops(training)}",
         evidence,
     )
 
 
 def _threads_race(f: ThreadsRace) -> Words:
-    culprits = _ranks(f.raced)
+    culprits = ranks_of(f.raced)
     by_text: dict[str, list[int]] = {}
     for v in f.raced:
         text = "; ".join(_thread_in_op(th, op) for th, op in _raced_ops(v))
@@ -486,61 +304,31 @@ def _thread_in_op(thread: ThreadStack, op: DistOp) -> str:
 
 
 def _straggling(f: Straggling) -> Words:
-    culprits, waiting = _ranks(f.outside), f.waiting
+    culprits, waiting = ranks_of(f.outside), f.waiting
     evidence = [f"rank {v.rank} is {describe_rank(v)}" for v in f.outside]
     evidence += op_lines(waiting)
     doing = sorted({activity(v) for v in f.outside})
     return Words(
-        f"straggler: {rank_phrase(culprits)} {_v(culprits, 'is', 'are')} {'/'.join(doing)} while "
-        f"{rank_phrase(_ranks(waiting))} {_v(waiting, 'waits', 'wait')} {in_ops(waiting)}",
+        f"straggler: {rank_phrase(culprits)} {verb_for(culprits, 'is', 'are')} {'/'.join(doing)} while "
+        f"{rank_phrase(ranks_of(waiting))} {verb_for(waiting, 'waits', 'wait')} {in_ops(waiting)}",
         evidence,
     )
 
 
-_ERROR_MEANS = {
-    CaptureErrorKind.TIMEOUT: "py-spy timed out",
-    CaptureErrorKind.PTRACE_DENIED: "ptrace refused",
-    CaptureErrorKind.NOT_PYTHON: "no Python interpreter found",
-    CaptureErrorKind.PYSPY_FAILED: "py-spy failed",
-    CaptureErrorKind.PYSPY_MISSING: "no py-spy",
-}
-
 # what a process's kernel state says about why py-spy could not read it
-_STATUS_MEANS = {
-    "disk-sleep": "in uninterruptible sleep (D): stuck in the kernel, on a dead filesystem or device",
-    "stopped": "stopped (SIGSTOP or a debugger)",
-    "tracing-stop": "stopped by a tracer",
-    "zombie": "exited, not yet reaped",
-}
-
-
-def unseen_reason(v: RankView) -> str:
-    """Why a rank could not be read, with what its process state says: ``py-spy timed out;
-    process in uninterruptible sleep (D): ...``."""
-    last = v.snap.samples[-1] if v.snap.samples else None
-    error = last.error if last is not None else None
-    reason = _ERROR_MEANS.get(error.kind, error.kind.value) if error is not None else "no stack"
-    status = last.state.status if last is not None and last.state is not None else None
-    if status in _STATUS_MEANS:
-        reason += f"; process {_STATUS_MEANS[status]}"
-    elif status:
-        reason += f"; process {status}"
-    return reason
-
-
 def _unseen(f: Unseen) -> Words:
-    unseen, waiting = _ranks(f.unseen), f.waiting
+    unseen, waiting = ranks_of(f.unseen), f.waiting
     evidence = [f"rank {v.rank} (pid {v.snap.process.pid}) could not be read: {unseen_reason(v)}"
                 for v in f.unseen]
     evidence += op_lines(waiting)
     evidence.append(
         f"every rank that could be read waits {in_ops(waiting)}; "
-        f"{rank_phrase(unseen)} {_v(unseen, 'is', 'are')} the only one{'' if len(unseen) == 1 else 's'} "
+        f"{rank_phrase(unseen)} {verb_for(unseen, 'is', 'are')} the only one{'' if len(unseen) == 1 else 's'} "
         "not seen there: the likely rank(s) the others wait for, by elimination, not by a stack"
     )
     return Words(
-        f"straggler: {rank_phrase(unseen)} could not be read while {rank_phrase(_ranks(waiting))} "
-        f"{_v(waiting, 'waits', 'wait')} {in_ops(waiting)}: likely the rank(s) they wait for",
+        f"straggler: {rank_phrase(unseen)} could not be read while {rank_phrase(ranks_of(waiting))} "
+        f"{verb_for(waiting, 'waits', 'wait')} {in_ops(waiting)}: likely the rank(s) they wait for",
         evidence,
     )
 
@@ -548,7 +336,7 @@ def _unseen(f: Unseen) -> Words:
 def _apart(groups: Sequence[Sequence[RankView]]) -> list[str]:
     """Each group's op in words that tell the groups apart: where two read alike (one wrapper
     called from different places), the frame where their paths part is named."""
-    plain = [_where(vs[0].op) for vs in groups]
+    plain = [op_site(vs[0].op) for vs in groups]
     if len(set(plain)) == len(plain):
         return plain
     paths = [[f.location for f in vs[0].op.path] if vs[0].op else [] for vs in groups]
@@ -569,7 +357,7 @@ def _mismatch(f: Mismatch) -> Words:
     groups, culprits = f.groups, f.culprits
     where = _apart(groups)
     evidence = [
-        f"{rank_phrase(_ranks(vs))} {_v(vs, 'waits', 'wait')} in {w}" + frame_tail(vs[0])
+        f"{rank_phrase(ranks_of(vs))} {verb_for(vs, 'waits', 'wait')} in {w}" + frame_tail(vs[0])
         for vs, w in zip(groups, where)
     ]
     p2p = [p2p_line(p) for p in f.p2p]
@@ -584,7 +372,7 @@ def _mismatch(f: Mismatch) -> Words:
         evidence.append(more)
     elif f.parted and f.by_tree:
         (_, common), *others = f.parted
-        left = " / ".join(sorted({_where(v.op) for _, vs in others for v in vs[:1]}))
+        left = " / ".join(sorted({op_site(v.op) for _, vs in others for v in vs[:1]}))
         summary = (f"collective mismatch: {rank_phrase(culprits)} left the others' path for {left}, "
                    f"while the other {_count(common)} wait in {len(groups) - 1} ops at "
                    "different places, as ranks of different process groups may")
@@ -595,20 +383,20 @@ def _mismatch(f: Mismatch) -> Words:
         (_, common), *others = f.parted
         left = " / ".join(str(frame) for frame, _ in others)
         summary = (f"collective mismatch: {rank_phrase(culprits)} left the others' path into {left} "
-                   f"while {rank_phrase(_ranks(common))} are in {f.parted[0][0]}")
+                   f"while {rank_phrase(ranks_of(common))} are in {f.parted[0][0]}")
         evidence.append("the paths part at the first frame where the ranks call different "
-                        "functions: " + "; ".join(f"{rank_phrase(_ranks(vs))} in {frame}"
+                        "functions: " + "; ".join(f"{rank_phrase(ranks_of(vs))} in {frame}"
                                                   for frame, vs in f.parted))
     elif len(groups) > 1:
         minority = [v for vs in groups[1:] for v in vs] if culprits else []
         if culprits and minority:
             majority = groups[0]
-            told_apart = where != [_where(vs[0].op) for vs in groups]  # a wrapper's callers named
+            told_apart = where != [op_site(vs[0].op) for vs in groups]  # a wrapper's callers named
             minority_where = " / ".join(sorted(set(where[1:]))) if told_apart else op_summary(minority)
             summary = (
                 f"collective mismatch: {rank_phrase(culprits)} "
                 f"{'is' if len(culprits) == 1 else 'are'} in {minority_where} while "
-                f"{rank_phrase(_ranks(majority))} are in {where[0]}"
+                f"{rank_phrase(ranks_of(majority))} are in {where[0]}"
             )
         elif len(groups) > 2 and 2 * len(groups[0]) <= sum(map(len, groups)):
             total = sum(map(len, groups))
@@ -618,7 +406,7 @@ def _mismatch(f: Mismatch) -> Words:
                        "of ranks is off the others' path, so no rank is named")
         else:
             summary = "collective mismatch: " + "; ".join(
-                f"{_brief(_ranks(vs))} in {w}" for vs, w in zip(groups, where)
+                f"{_brief(ranks_of(vs))} in {w}" for vs, w in zip(groups, where)
             )
     else:
         summary = "collective mismatch: point-to-point calls do not pair up: " + (
@@ -637,14 +425,14 @@ def _members_elsewhere(few: Sequence[RankView], groups: Sequence[Sequence[RankVi
     others = [w for vs, w in zip(groups, where) if vs[0].rank not in named]
     on_world = all((read := op_scope(v.op)) is not None and read.scope is Scope.WORLD for v in rest)
     scope = "on WORLD" if on_world else "(on WORLD or a group of theirs)"
-    summary = (f"collective mismatch: {rank_phrase(_ranks(few))} {_v(few, 'waits', 'wait')} in "
-               f"{' / '.join(theirs)} on a group {_v(few, 'its', 'their')} caller passed, while "
-               f"{rank_phrase(_ranks(rest))} are in {' / '.join(others)} {scope}: a member of "
-               f"{_v(few, 'its', 'their')} group is in the others' op, so either it skipped "
-               f"this collective (or calls it later) or {rank_phrase(_ranks(few))} skipped the others' "
+    summary = (f"collective mismatch: {rank_phrase(ranks_of(few))} {verb_for(few, 'waits', 'wait')} in "
+               f"{' / '.join(theirs)} on a group {verb_for(few, 'its', 'their')} caller passed, while "
+               f"{rank_phrase(ranks_of(rest))} are in {' / '.join(others)} {scope}: a member of "
+               f"{verb_for(few, 'its', 'their')} group is in the others' op, so either it skipped "
+               f"this collective (or calls it later) or {rank_phrase(ranks_of(few))} skipped the others' "
                "op; stacks do not say which, so no rank is named")
     evidence = ("a collective on a group its caller passed completes once every member of the "
-                f"group has entered it, so a member of the group of {rank_phrase(_ranks(few))} is not in "
+                f"group has entered it, so a member of the group of {rank_phrase(ranks_of(few))} is not in "
                 "it, and every other rank is in the others' op: the order each rank issued its "
                 "ops (the flight recorder's sequence numbers, through `hangdoc probe`, or "
                 "TORCH_DISTRIBUTED_DEBUG=DETAIL logs) names the rank that skipped one")
@@ -655,16 +443,16 @@ def _left_structure(s: Structure, culprits: Sequence[int]) -> tuple[str, str]:
     """The summary and an evidence line for ranks on WORLD that left a structure of groups."""
     named = set(culprits)
     world = [vs for vs in s.world if vs and vs[0].rank in named]
-    where = " / ".join(sorted({_where(vs[0].op) for vs in world})) or "a WORLD op"
+    where = " / ".join(sorted({op_site(vs[0].op) for vs in world})) or "a WORLD op"
     structure = [v for vs in s.part for v in vs]
-    summary = (f"collective mismatch: {rank_phrase(culprits)} {_v(culprits, 'is', 'are')} in {where} on "
+    summary = (f"collective mismatch: {rank_phrase(culprits)} {verb_for(culprits, 'is', 'are')} in {where} on "
                f"WORLD, which waits for every rank, while the other {_count(structure)} wait in "
-               f"{len(s.part)} ops on groups their callers passed: {_v(culprits, 'it', 'they')} "
+               f"{len(s.part)} ops on groups their callers passed: {verb_for(culprits, 'it', 'they')} "
                "left the group structure")
     evidence = ("a collective on a group its caller passed waits only for that group's members, "
                 f"so the {_count(structure)} at {len(s.part)} places wait apart legitimately; one on "
                 f"WORLD waits for every rank: the groups of {rank_phrase(culprits)} wait for "
-                f"{_v(culprits, 'it', 'them')} in their ops, and {_v(culprits, 'it waits', 'they wait')} "
+                f"{verb_for(culprits, 'it', 'them')} in their ops, and {verb_for(culprits, 'it waits', 'they wait')} "
                 "for everyone")
     return summary, evidence
 
@@ -672,7 +460,7 @@ def _left_structure(s: Structure, culprits: Sequence[int]) -> tuple[str, str]:
 def _groups_apart(f: GroupsApart) -> Words:
     ranks = [v for vs in f.groups for v in vs]
     where = _apart(f.groups)
-    evidence = [f"{_count(vs)} ({rank_phrase(_ranks(vs))}) {_v(vs, 'waits', 'wait')} in {w}"
+    evidence = [f"{_count(vs)} ({rank_phrase(ranks_of(vs))}) {verb_for(vs, 'waits', 'wait')} in {w}"
                 for vs, w in zip(f.groups, where)]
     evidence.append(f"each op runs on a group its caller passed, and each holds a multiple of "
                     f"{f.size} ranks: every place may hold whole groups; stacks do not show which "
@@ -706,7 +494,7 @@ def p2p_line(p: P2PFact) -> str:
     return (
         f"rank {p.rank} {'receives from' if p.receiving else 'sends to'} rank {p.peer} "
         f"({op.call_site.location if op.call_site else op.name}), but rank {p.peer} "
-        f"is in {_where(p.peer_op) if p.peer_op else 'no distributed op'}"
+        f"is in {op_site(p.peer_op) if p.peer_op else 'no distributed op'}"
     )
 
 
@@ -714,7 +502,7 @@ def _same_op(f: SameOp) -> Words:
     op = f.waiting[0].op
     assert op is not None
     return Words(
-        f"transport hang: every rank ({rank_phrase(_ranks(f.waiting))}) waits in the same {_where(op)} "
+        f"transport hang: every rank ({rank_phrase(ranks_of(f.waiting))}) waits in the same {op_site(op)} "
         "and no data moves",
         op_lines(f.waiting),
     )
@@ -724,7 +512,7 @@ def _seen_in_one_op(f: SeenInOneOp) -> Words:
     op = f.waiting[0].op
     assert op is not None
     return Words(
-        f"every rank seen ({rank_phrase(_ranks(f.waiting))}) waits in the same {_where(op)}, and "
+        f"every rank seen ({rank_phrase(ranks_of(f.waiting))}) waits in the same {op_site(op)}, and "
         f"{_unseen_words(f.unseen)}: if they wait there too, suspect the transport "
         "(nccl_timeout); one that is elsewhere is what the others wait for",
         op_lines(f.waiting),
@@ -734,14 +522,14 @@ def _seen_in_one_op(f: SeenInOneOp) -> Words:
 def _unseen_words(unseen: Sequence[int]) -> str:
     if not unseen:
         return "the job's other ranks were not seen"
-    return f"{rank_phrase(unseen)} {_v(unseen, 'was', 'were')} not seen"
+    return f"{rank_phrase(unseen)} {verb_for(unseen, 'was', 'were')} not seen"
 
 
 def _teardown(f: Teardown) -> Words:
     op = f.waiting[0].op
     assert op is not None
     return Words(
-        f"teardown hang: every rank ({rank_phrase(_ranks(f.waiting))}) waits in the same {_where(op)} on "
+        f"teardown hang: every rank ({rank_phrase(ranks_of(f.waiting))}) waits in the same {op_site(op)} on "
         "its way out, and no data moves",
         op_lines(f.waiting),
     )
@@ -752,10 +540,10 @@ NOT_VISIBLE = ("stacks cannot tell which collective a device waits in: a transpo
 
 
 def _device_waits(f: DeviceWaits) -> Words:
-    ranks = _ranks([*f.device, *f.known])
+    ranks = ranks_of([*f.device, *f.known])
     evidence = op_lines([*f.known, *f.device])
     evidence.append(
-        f"{rank_phrase(_ranks(f.device))} {_v(f.device, 'spins', 'spin')} or {_v(f.device, 'sleeps', 'sleep')} "
+        f"{rank_phrase(ranks_of(f.device))} {verb_for(f.device, 'spins', 'spin')} or {verb_for(f.device, 'sleeps', 'sleep')} "
         "at a host sync, with no torch.distributed frame on the stack: collectives on a GPU "
         "are asynchronous, so a rank blocks at the next point that waits for its device; "
         "its CPU there is no progress")
@@ -763,7 +551,7 @@ def _device_waits(f: DeviceWaits) -> Words:
         evidence.append(NOT_VISIBLE)
         return Words(
             f"transport hang?: every rank ({rank_phrase(ranks)}) waits for device work at the same "
-            f"{_where(f.device[0].op)} and nothing moves; {NOT_VISIBLE}", evidence)
+            f"{op_site(f.device[0].op)} and nothing moves; {NOT_VISIBLE}", evidence)
     evidence.append(NOT_VISIBLE + "; ranks at different host syncs may still wait in one "
                     "collective, so no mismatch is inferred from where they stopped")
     apart = "; ".join(f"{rank_phrase(r)} {k}" for k, r in _by_where([*f.known, *f.device]).items())
@@ -818,316 +606,3 @@ _SAY: dict[type, Callable[[Any], Words]] = {
     DeviceWaits: _device_waits, SeenInOneOp: _seen_in_one_op, Teardown: _teardown,
     GroupsApart: _groups_apart, ThreadsRace: _threads_race,
 }
-
-
-# -- building blocks: ranks, ops, frames, counters --------------------------------------
-
-
-def _v(ranks: Sequence[object], singular: str, plural: str) -> str:
-    """The verb form agreeing with the number of ranks."""
-    return singular if len(ranks) == 1 else plural
-
-
-def _where(op: DistOp | None) -> str:
-    return op.describe() if op is not None else "?"
-
-
-def describe_rank(v: RankView) -> str:
-    """One line on what a rank is doing, quoting its frames."""
-    if v.op is not None:
-        text = in_op(v.op)
-        if v.op.via != "c10d call":
-            text += f", recognised by {v.op.via}"
-        if v.op.in_cleanup and v.op.cleanup_frame is not None:
-            text += f", on a cleanup path: {v.op.cleanup_frame}"
-        return text
-    if v.thread is None:
-        errors = [s.error for s in v.snap.samples if s.error]
-        return errors[-1].message if errors else "no stack"
-    return what_outside(v)
-
-
-_LOCK = re.compile(r"(\.acquire\(|\bwith\b.*\block\b|Lock\(|\.wait\(|Condition)", re.IGNORECASE)
-_IO = re.compile(r"(\.read\w*\(|\.recv\w*\(|\.accept\(|\bopen\(|\.readline|select\(|\.get\()")
-
-
-def activity(v: RankView) -> str:
-    """What a rank outside any op is doing, in a few words (computing, blocked on a lock...)."""
-    move = v.move
-    if v.state is RankState.STOPPED:
-        return _STATUS_MEANS["stopped"]
-    cycle = v.locks.cycle_of(v.thread) if v.locks is not None and v.thread is not None else None
-    if cycle is not None:
-        return deadlock_short(cycle)
-    if move is not None and move.busy:
-        if move.cpu_fraction is None:
-            return "on CPU (py-spy marked its thread active)"
-        return f"computing ({move.cpu_fraction:.0%} of a core)"
-    inner = (v.thread.innermost_python if v.thread else None)
-    code = (inner.code or "") if inner else ""
-    func = inner.function if inner else ""
-    if move is not None and move.status == "disk-sleep":
-        return "blocked on I/O (uninterruptible disk sleep)"
-    if v.locks is not None and v.thread is not None and v.locks.edge_of(v.thread) is not None:
-        return "blocked on a lock"
-    in_threading = inner is not None and "threading" in inner.filename
-    if func in ("acquire", "wait") and in_threading or _LOCK.search(code):
-        return "blocked on a lock"
-    if _IO.search(code) or func in ("read", "readinto", "recv", "recv_into", "accept", "select"):
-        return "blocked on I/O"
-    if "sleep(" in code:
-        return "sleeping"
-    return "idle outside any distributed op"
-
-
-def what_outside(v: RankView) -> str:
-    """A rank outside any op: its activity, relevant thread, innermost frame, other threads."""
-    inner = (v.thread.innermost_python if v.thread else None)
-    name = v.thread.name if v.thread else "?"
-    where = f" at {inner}" if inner else ""
-    code = f" `{inner.code}`" if inner and inner.code else ""
-    graph = v.locks
-    cycle = graph.cycle_of(v.thread) if graph is not None and v.thread is not None else None
-    edge = graph.edge_of(v.thread) if graph is not None and v.thread is not None else None
-    if cycle is not None:
-        # the chain names every thread of it and where each waits and holds
-        kind = "self-deadlock" if len(cycle) == 1 else "lock-order deadlock"
-        text = f"in a {kind}, not in any collective: {deadlock_words(cycle, lead=False)}"
-        others = other_threads(v, skip={e.wait.thread.thread_id for e in cycle})
-        return text + (f"; other threads: {others}" if others else "")
-    if edge is not None and graph is not None:
-        # where it waits, on what, and who holds it
-        text = f"{activity(v)}, not in any collective: thread '{name}' {lock_wait_words(edge, graph)}"
-    else:
-        text = f"{activity(v)}, not in any collective: thread '{name}'{where}{code}"
-    others = other_threads(v)
-    return text + (f"; other threads: {others}" if others else "")
-
-
-# -- locks: who waits on whom (``locks``) ----------------------------------------------
-
-
-def _thread(thread: ThreadStack) -> str:
-    return f"'{thread.name or thread.thread_id}'"
-
-
-def _code(frame: Frame) -> str:
-    return f" `{frame.code}`" if frame.code else ""
-
-
-def deadlock_short(cycle: Sequence[LockEdge]) -> str:
-    """``in a lock-order deadlock between threads 'A' (a.py:4) and 'B' (b.py:9)``."""
-    if len(cycle) == 1:
-        wait = cycle[0].wait
-        return f"in a self-deadlock: thread {_thread(wait.thread)} ({wait.frame.location}) waits on a Lock it holds"
-    names = [f"{_thread(e.wait.thread)} ({e.wait.frame.location})" for e in cycle]
-    listed = ", ".join(names[:-1]) + f" and {names[-1]}"
-    return f"in a lock-order deadlock between threads {listed}"
-
-
-def deadlock_words(cycle: Sequence[LockEdge], lead: bool = True) -> str:
-    """Each thread of a deadlock, where it waits and where the one it waits for took the
-    lock: both threads and both lines (``lead``: said to be a deadlock first)."""
-    if len(cycle) == 1:
-        edge = cycle[0]
-        taken = f" (taken at {edge.holder.location})" if edge.holder else ""
-        return (f"{'self-deadlock: ' if lead else ''}thread {_thread(edge.wait.thread)} waits at "
-                f"{edge.wait.frame}{_code(edge.wait.frame)} for a plain Lock it already holds"
-                f"{taken}: it can never get it")
-    parts = []
-    for i, edge in enumerate(cycle):
-        holder = edge.holder
-        assert holder is not None
-        who = f"thread {_thread(edge.wait.thread)} waits" if i == 0 else "which waits"
-        parts.append(f"{who} at {edge.wait.frame}{_code(edge.wait.frame)} for a lock held by "
-                     f"thread {_thread(holder.thread)} (taken at {holder.location})")
-    return ("lock-order deadlock: " if lead else "") + ", ".join(parts) + "; none of them can go on"
-
-
-def lock_wait_words(edge: LockEdge, graph: LockGraph) -> str:
-    """``waiting on a lock at a.py:4 (f) `with x:`, held by thread 'B' (taken at b.py:9),
-    which ...``: the holder and what it does, as far as the stacks tell."""
-    wait = edge.wait
-    text = f"waiting on a lock at {wait.frame.location} ({wait.frame.function}){_code(wait.frame)}"
-    holder = edge.holder
-    if edge.reentry and holder is not None:
-        if wait.kind in REENTRANT:
-            return text + f", an RLock it already holds (taken at {holder.location}): re-entering it"
-        return (text + f", a lock it already holds (taken at {holder.location}): a self-deadlock "
-                "if it is a plain Lock, fine if it is an RLock")
-    if holder is None:
-        if wait.lock is None:
-            return text
-        return (text + ", held by no thread whose stack shows it (taken in a function that "
-                "returned, or by a thread that ended)")
-    text += f", held by thread {_thread(holder.thread)} (taken at {holder.location})"
-    onward = graph.edge_of(holder.thread)
-    if edge.holder_op is not None:
-        return text + f", which is in {edge.holder_op.describe()}"
-    if onward is not None:
-        return text + f", which waits on another lock at {onward.wait.frame.location}"
-    inner = holder.thread.innermost_python
-    state = "running" if holder.thread.active else "blocked"
-    return text + (f", which is {state} at {inner}" if inner is not None else "")
-
-
-def lock_notes(views: Sequence[RankView], said: Sequence[str] = ()) -> list[str]:
-    """Evidence lines on lock waits that the lines ``said`` do not already tell: every
-    deadlock, and every wait on a lock held by a thread in a distributed op; at most six."""
-    lines: list[str] = []
-    for v in views:
-        graph = v.locks
-        if graph is None:
-            continue
-        # (what a line says, the part of it that tells whether a line says it already)
-        found = [(deadlock_words(cycle), deadlock_words(cycle, lead=False))
-                 for cycle in graph.deadlocked]
-        found += [(f"thread {_thread(e.wait.thread)} is {lock_wait_words(e, graph)}",
-                   lock_wait_words(e, graph)) for e in graph.edges if e.holder_op is not None]
-        lines += [f"rank {v.rank}: {words}" for words, core in found
-                  if not any(core in line for line in said)]
-        if len(lines) >= 6:
-            break
-    return lines[:6]
-
-
-def other_threads(v: RankView, skip: Collection[int] = ()) -> str:
-    """Up to three other threads of the rank's latest sample (but ``skip``), where they are."""
-    sample = v.snap.latest
-    if sample is None or v.thread is None:
-        return ""
-    parts = []
-    for th in sample.threads:
-        if th.thread_id == v.thread.thread_id or th.thread_id in skip:
-            continue
-        inner = th.innermost_python
-        if inner is not None:
-            parts.append(f"'{th.name}' {'running' if th.active else 'waiting'} at {inner}")
-    return "; ".join(parts[:3])
-
-
-def cleanup_where(v: RankView) -> str:
-    """Where a rank on a cleanup path is: the cleanup frame and its op, or its activity."""
-    if v.op is not None:
-        return _cleanup_op(v.op)
-    return f"{v.cleanup}; {what_outside(v)}"
-
-
-def _cleanup_op(op: DistOp) -> str:
-    return f"{op.cleanup_frame or op.call_site} -> {op.describe()}"
-
-
-def cleanup_short(v: RankView) -> str:
-    """The same, short, for a summary."""
-    if v.op is not None:
-        return v.op.describe()
-    if v.thread is not None and (exiting := exit_frame(v.thread)) is not None:
-        joining = " joining its non-daemon threads" if exiting.function.endswith("_shutdown") else ""
-        return f"exiting: {exiting.function} ({exiting.location}){joining}"
-    inner = (v.thread.innermost_python if v.thread else None)
-    return f"{activity(v)} in {v.cleanup.location if v.cleanup else '?'}" + (
-        f" at {inner.function}" if inner else ""
-    )
-
-
-def progress_line(v: RankView) -> str:
-    """Why a rank counts as progressing."""
-    m = v.move
-    if m is not None and not (m.op_changed or m.left_op) and m.wakeups is not None:
-        return (
-            f"rank {v.rank} was seen only in {describe_rank(v)}, but its main thread woke "
-            f"{m.wakeups} times on its own over {m.seconds:.1f} s: the call keeps completing "
-            "and being issued again"
-        )
-    return (
-        f"rank {v.rank} went through different operations between samples "
-        f"(last: {describe_rank(v)})"
-    )
-
-
-def frame_tail(v: RankView) -> str:
-    """`` [innermost: frame]`` when the rank's innermost frame says more than its op."""
-    if v.thread is None:
-        return ""
-    inner = (v.thread.innermost_python if v.thread else None)
-    if inner is None or v.op is None or inner == v.op.call_site or inner.function == v.op.name:
-        return ""
-    return f" [innermost: {inner}]"
-
-
-def op_summary(views: Sequence[RankView]) -> str:
-    """The ops the ranks are in, sorted and deduplicated: ``all_gather (a.py:3) / barrier``."""
-    describe = once_per_object(DistOp.describe)
-    ops = sorted({describe(v.op) for v in views if v.op})
-    return " / ".join(ops) if ops else "?"
-
-
-def in_op(op: DistOp) -> str:
-    """``in all_reduce (a.py:3)``, or ``for device work at .item() (a.py:9)`` for a host sync."""
-    if waits_for_device(op):
-        return f"for device work at {op.describe()}"
-    return f"in {op.describe()}"
-
-
-def in_ops(views: Sequence[RankView]) -> str:
-    """``in`` the ops the ranks are in (``op_summary``), host syncs said as device waits."""
-    said = once_per_object(in_op)
-    ops = sorted({said(v.op) for v in views if v.op})
-    return " / ".join(ops) if ops else "in their last operation"
-
-
-def op_lines(views: Sequence[RankView]) -> list[str]:
-    """One line per op (and recogniser): which ranks wait in it, in the order first seen."""
-    classes: dict[str, list[int]] = defaultdict(list)
-    tails: dict[str, str] = {}
-    def via(op: DistOp) -> str:
-        return in_op(op) + (f" via {op.via}" if op.via != "c10d call" else "")
-
-    keyed = once_per_object(via)
-    for v in views:
-        if v.op is None:
-            continue
-        key = keyed(v.op)
-        classes[key].append(v.rank)
-        if key not in tails:
-            tails[key] = frame_tail(v)
-    return [f"{rank_phrase(r)} {_v(r, 'waits', 'wait')} {k}{tails[k]}" for k, r in classes.items()]
-
-
-def move_line(v: RankView) -> str:
-    """A communicating rank's counters."""
-    m = v.move
-    if m is None:
-        return f"rank {v.rank}: no counters"
-    cpu = f"{m.cpu_fraction:.0%} CPU" if m.cpu_fraction is not None else "CPU unknown"
-    io = ""
-    if m.bytes_per_second is not None:
-        io = f"{m.bytes_per_second / 1e6:.1f} MB/s read+written"
-    return f"rank {v.rank} in {describe_rank(v)}: {cpu}, {io} over {m.seconds:.1f} s"
-
-
-def quiet_line(waiting: Sequence[RankView]) -> str:
-    """The counters of the waiting ranks, which show that nothing moved on them."""
-    moves = [v.move for v in waiting if v.move is not None]
-    if not moves:
-        return "no progress counters were available"
-    seconds = min(m.seconds for m in moves)
-    if seconds <= 0:  # one look at each (a dump file): no time passed to see anything move
-        return "each waiting rank was seen once: whether anything moves on them is not shown"
-    # a host sync spins a core while it waits: that CPU is said apart, as no progress
-    spinning: list[RankView] = []
-    cpus: list[float] = []
-    for v in waiting:
-        if waits_for_device(v.op):
-            spinning.append(v)
-        elif v.move is not None:
-            cpus.append(v.move.cpu_fraction or 0.0)
-    cpu = max(cpus, default=0.0)
-    io = max((m.bytes_per_second or 0.0) for m in moves)
-    text = (f"nothing moved on the waiting ranks over {seconds:.1f} s: stacks unchanged, "
-            f"at most {cpu:.1%} CPU and {io / 1024:.1f} KiB/s read+written")
-    if spinning:
-        text += (f" ({rank_phrase(_ranks(spinning))} at a host sync "
-                 f"{'spins' if len(spinning) == 1 else 'spin'} a core while "
-                 f"{'it waits' if len(spinning) == 1 else 'they wait'}: not counted)")
-    return text

@@ -8,10 +8,10 @@ from __future__ import annotations
 import dataclasses
 
 from hangdoc.analysis.confidence import Judgement, settled
+from hangdoc.analysis.facts import NothingCaptured
 from hangdoc.analysis.finding import Classification, Finding
 from hangdoc.analysis.flight import FlightFinding
 from hangdoc.analysis.settle import by_flight
-from hangdoc.analysis.wording import NothingCaptured
 from hangdoc.model import Diagnosis
 
 

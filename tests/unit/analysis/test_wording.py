@@ -9,10 +9,8 @@ import pytest
 from support.factories import make_frame, make_op, make_rank
 from support.paths import REPO
 
-from hangdoc.analysis import wording
-from hangdoc.analysis.progress import Movement
-from hangdoc.analysis.views import RankView
-from hangdoc.analysis.wording import (
+from hangdoc.analysis import phrases, wording
+from hangdoc.analysis.facts import (
     AllReceive,
     CleanupStuck,
     EnvSplit,
@@ -27,6 +25,8 @@ from hangdoc.analysis.wording import (
     Unpaired,
     Working,
 )
+from hangdoc.analysis.progress import Movement
+from hangdoc.analysis.views import RankView
 from hangdoc.model import CaptureErrorKind, DistOp, Frame, RankState, Verdict
 
 C10D = "torch/distributed/distributed_c10d.py"
@@ -74,7 +74,7 @@ def outside(rank: int, frame: Frame, **kw: object) -> RankView:
 
 
 def test_rank_ranges_are_compressed_and_the_verb_agrees() -> None:
-    lines = wording.op_lines(
+    lines = phrases.op_lines(
         [waiting(r) for r in (5, 0, 2, 1)] + [waiting(3, "barrier", "train.py:sync:40")]
     )
     assert lines == [
@@ -87,7 +87,7 @@ def test_one_op_per_recogniser_in_the_order_first_seen() -> None:
     site = "train.py:train_step:30"
     patched = view(4, ["train.py:main:10", site, "apex/parallel.py:sync:9"],
                    op=make_op("all_reduce", site, via="apex wrapper"))
-    lines = wording.op_lines([waiting(1), patched, waiting(0)])
+    lines = phrases.op_lines([waiting(1), patched, waiting(0)])
     assert lines == [
         "ranks 0-1 wait in all_reduce (train.py:30)",
         ("rank 4 waits in all_reduce (train.py:30) via apex wrapper "
@@ -98,8 +98,8 @@ def test_one_op_per_recogniser_in_the_order_first_seen() -> None:
 def test_op_summary_deduplicates_and_sorts() -> None:
     idle = outside(3, make_frame("a.py:g:1"))
     views = [waiting(0, "barrier", "a.py:f:3"), waiting(1), waiting(2), idle]
-    assert wording.op_summary(views) == "all_reduce (train.py:30) / barrier (a.py:3)"
-    assert wording.op_summary([idle]) == "?"
+    assert phrases.op_summary(views) == "all_reduce (train.py:30) / barrier (a.py:3)"
+    assert phrases.op_summary([idle]) == "?"
 
 
 def test_straggler_sentence_singular_and_plural() -> None:
@@ -159,7 +159,7 @@ def test_a_collective_on_a_cleanup_path() -> None:
     exit_frame = "ckpt.py:__exit__:12"
     stuck = view(1, ["train.py:main:10", exit_frame, f"{C10D}:barrier:4100"],
                  op=make_op("barrier", exit_frame, in_cleanup=True, cleanup_frame=exit_frame))
-    assert wording.describe_rank(stuck) == (
+    assert phrases.describe_rank(stuck) == (
         "in barrier (ckpt.py:12), on a cleanup path: __exit__ (ckpt.py:12)"
     )
     said = wording.words(CleanupStuck([stuck], [waiting(0), waiting(2)]))
@@ -179,8 +179,8 @@ def test_idle_in_cleanup_code_outside_any_op() -> None:
         2, ["train.py:main:10", exit_frame, "threading.py:join:1100", "threading.py:wait:320"],
         cleanup=exit_frame, threads={"saver": ["threading.py:run:900", "ckpt.py:save:40"]},
     )
-    assert wording.cleanup_short(joiner) == "blocked on a lock in ckpt.py:12 at wait"
-    assert wording.cleanup_where(joiner) == (
+    assert phrases.cleanup_short(joiner) == "blocked on a lock in ckpt.py:12 at wait"
+    assert phrases.cleanup_where(joiner) == (
         "__exit__ (ckpt.py:12); blocked on a lock, not in any collective: thread 'MainThread' "
         "at wait (threading.py:320); other threads: 'saver' waiting at save (ckpt.py:40)"
     )
@@ -209,13 +209,13 @@ def test_idle_in_cleanup_code_outside_any_op() -> None:
 )
 def test_activity(code: str | None, kw: dict, expected: str) -> None:
     v = outside(0, make_frame("/job/worker.py:loop:5", code=code), **kw)
-    assert wording.activity(v) == expected
+    assert phrases.activity(v) == expected
 
 
 def test_unreadable_rank_is_described_by_its_error() -> None:
     denied = view(2, error=CaptureErrorKind.PTRACE_DENIED, state=RankState.UNREADABLE)
     not_python = view(3, error=CaptureErrorKind.NOT_PYTHON, state=RankState.UNREADABLE)
-    assert wording.describe_rank(denied) == "ptrace_denied (pid 1002)"
+    assert phrases.describe_rank(denied) == "ptrace_denied (pid 1002)"
     assert wording.notes([4, 5], [denied, not_python]) == [
         ("ranks 4-5 were not seen (on a node not searched, not in the dumps, or on a node that did "
          "not answer): nothing is concluded about them"),
@@ -315,12 +315,12 @@ def test_transport_hang_and_the_quiet_line() -> None:
         "transport hang: every rank (ranks 0-3) waits in the same all_reduce (train.py:30) "
         "and no data moves"
     )
-    assert wording.quiet_line(views) == "no progress counters were available"
+    assert phrases.quiet_line(views) == "no progress counters were available"
     moved = [
         view(0, op=make_op(), move=still(seconds=3.0, cpu=0.001, io=1024)),
         view(1, op=make_op(), move=still(seconds=2.5, cpu=0.004, io=3072)),
     ]
-    assert wording.quiet_line(moved) == (
+    assert phrases.quiet_line(moved) == (
         "nothing moved on the waiting ranks over 2.5 s: stacks unchanged, "
         "at most 0.4% CPU and 3.0 KiB/s read+written"
     )
