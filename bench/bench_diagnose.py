@@ -32,10 +32,10 @@ sys.path.insert(0, str(ROOT))
 
 from run_demo import free_port, kill_all, tagged
 
-from hangdoc.capture.discover import discover
-from hangdoc.capture.jobspec import parse_job_spec
-from hangdoc.capture.pyspy import find_pyspy
-from hangdoc.capture.sample import sample_round
+from hangdoc.capture.find.discover import discover
+from hangdoc.capture.find.jobspec import parse_job_spec
+from hangdoc.capture.read.pyspy import find_pyspy
+from hangdoc.capture.read.sample import sample_round
 from hangdoc.diagnose import CaptureOptions
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hangdoc.capture.probe_client import _ask
+from hangdoc.capture.read.probe_client import _ask
 
 HEADING = "## In-process probe cost (issue 13)"
 CHILD = r"""
@@ -103,7 +103,7 @@ def main() -> int:
          f"{statistics.median(answers) * 1000:.1f} ms, max {max(answers) * 1000:.1f} ms "
          f"({len(answers)} requests). A thread that never releases the GIL leaves the probe "
          "unanswered: the caller gives up after its timeout (3 s in `diagnose`; "
-         "tests/unit/capture/test_probe.py)."),
+         "tests/unit/capture/read/test_probe.py)."),
         "",
     ])
     print(text)

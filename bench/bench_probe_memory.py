@@ -23,7 +23,7 @@ FAKE = ROOT / "tests" / "support" / "fake_probe.py"
 READER = r"""
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[2])
-from hangdoc.capture.probe_client import probe_state
+from hangdoc.capture.read.probe_client import probe_state
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t0 = time.monotonic()
 answer = probe_state(int(sys.argv[1]), timeout=60.0)

@@ -1,5 +1,5 @@
 """Host names and addresses as text, judged without a lookup: ``is_loopback_host``. (Which
-names are this node's own is ``capture.hosts``: that one asks the node.) Standard library only."""
+names are this node's own is ``capture.find.hosts``: that one asks the node.) Standard library only."""
 
 from __future__ import annotations
 

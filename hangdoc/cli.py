@@ -43,6 +43,9 @@ from .cliargs import (
 from .errors import HangdocError, InternalError, UsageError, one_line
 
 if TYPE_CHECKING:
+    from .diagnose import FleetSource
+    from .fleet.client import RemoteNode
+    from .model import Diagnosis, JobSnapshot
     from .report.progress import ProgressDisplay
     from .watch.config import Level
 
@@ -187,7 +190,7 @@ def _add_ray(command: argparse.ArgumentParser, after: str) -> None:
     ray.add_argument("--keep-agents", action="store_true", help=f"leave the agent actors running after {after}")
 
 
-def _add_watch(sub, auth: argparse.ArgumentParser) -> None:
+def _add_watch(sub: argparse._SubParsersAction[_Parser], auth: _Parser) -> None:
     watch = sub.add_parser(
         "watch",
         parents=[auth],
@@ -267,7 +270,7 @@ def _report_files(args: argparse.Namespace) -> dict[str, str | None]:
     return {kind: getattr(args, kind, None) for kind in ("html", "dot", "svg")}
 
 
-def _emit(args: argparse.Namespace, snapshot, diagnosis) -> None:
+def _emit(args: argparse.Namespace, snapshot: JobSnapshot, diagnosis: Diagnosis) -> None:
     from .report.json_report import render_json
 
     # The last work of a one-shot command: the snapshot and the diagnosis stay as they are,
@@ -299,7 +302,7 @@ def _check_report_files(args: argparse.Namespace) -> None:
 
 def _check_jobs(*specs: str | None) -> None:
     """Parse the job specs now: a malformed one is a usage error before anything starts."""
-    from .capture.jobspec import parse_job_spec
+    from .capture.find.jobspec import parse_job_spec
 
     for spec in specs:
         if spec is not None:
@@ -328,9 +331,9 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _ray_source(args: argparse.Namespace, job: str | None, nodes: object):
+def _ray_source(args: argparse.Namespace, job: str | None, nodes: object) -> FleetSource | None:
     """For a ``ray:`` job, where its ranks come from: the cluster, agents placed by Ray."""
-    from .capture.jobspec import JobKind, parse_job_spec
+    from .capture.find.jobspec import JobKind, parse_job_spec
 
     if job is None or parse_job_spec(job).kind is not JobKind.RAY:
         if args.ray_address or args.workers or args.keep_agents:
@@ -338,13 +341,13 @@ def _ray_source(args: argparse.Namespace, job: str | None, nodes: object):
         return None
     if nodes is not None:
         raise _usage("a ray: job places its own agents; leave out --agents/--hostfile")
-    from .capture.ray_workers import parse_patterns
+    from .capture.find.ray_workers import parse_patterns
     from .ray import RayOptions, fleet_source
 
     return fleet_source(RayOptions(args.ray_address, parse_patterns(args.workers), args.keep_agents))
 
 
-def _remote_nodes(args: argparse.Namespace):
+def _remote_nodes(args: argparse.Namespace) -> list[RemoteNode] | None:
     if not (args.agents or args.hostfile):
         return None
     from .fleet.agent import read_token
@@ -444,7 +447,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from .analysis.analyse import analyse
-    from .capture.dumpfile import load_evidence
+    from .capture.dumps.dumpfile import load_evidence
 
     _check_report_files(args)
     with _progress(args) as shown, shown.busy(f"reading {args.bundle}") as now_doing:

@@ -23,8 +23,8 @@ from typing import Any
 
 from .analysis.analyse import analyse
 from .analysis.native import needs_native
-from .capture.jobspec import JobSpec, parse_job_spec
-from .capture.pyspy import find_pyspy
+from .capture.find.jobspec import JobSpec, parse_job_spec
+from .capture.read.pyspy import find_pyspy
 from .fleet.coordinator import Fleet, find_ranks
 from .fleet.devices import JobDevices
 from .fleet.gather import Gather

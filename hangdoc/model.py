@@ -139,7 +139,7 @@ Stack = tuple[Frame, ...]
 @dataclass(frozen=True, slots=True)
 class FrameLocals:
     """Selected arguments of one frame of torch.distributed, as ``py-spy --locals`` showed
-    them and capture cleaned them on the node (``hangdoc.capture.pyspy``): numbers, None,
+    them and capture cleaned them on the node (``hangdoc.capture.read.pyspy``): numbers, None,
     booleans and bare type names (``<ProcessGroup>``), never a string the job holds."""
 
     index: int  # the frame's position in ``ThreadStack.frames`` (outermost first)
@@ -377,7 +377,7 @@ class FlightRecord:
 @dataclass(frozen=True, slots=True)
 class GpuState:
     """One GPU a rank's process runs on, as NVML showed it on the rank's node at one
-    instant (``hangdoc.capture.gpu``). Readings NVML would not give are None."""
+    instant (``hangdoc.capture.read.gpu``). Readings NVML would not give are None."""
 
     index: int  # NVML's index of the GPU on its node (nvidia-smi's numbering)
     uuid: str  # "GPU-8f6c...", the same in nvidia-smi, NVML and CUDA_VISIBLE_DEVICES
@@ -840,7 +840,7 @@ class ProbeStatus(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class ProbeAnswer:
-    """What one process's probe told (``hangdoc.capture.probe_client``)."""
+    """What one process's probe told (``hangdoc.capture.read.probe_client``)."""
 
     status: ProbeStatus
     reason: str = ""  # why something is missing: no probe, no answer, no flight recorder

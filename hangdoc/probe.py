@@ -315,7 +315,8 @@ def _peer_uid(conn: socket.socket) -> int | None:
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     except (OSError, AttributeError):
         return None
-    return struct.unpack("3i", creds)[1]
+    uid: int = struct.unpack("3i", creds)[1]
+    return uid
 
 
 def _state() -> dict[str, object]:

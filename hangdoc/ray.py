@@ -2,7 +2,7 @@
 
 ``fleet_source`` is what ``diagnose`` and ``watch`` use for a ``ray:`` job. For as long as
 its block runs (one diagnosis, or a whole watch) it reads the job's training workers and
-their world ranks from the cluster (``capture.ray_job``), connects as a Ray driver, starts
+their world ranks from the cluster (``capture.find.ray_job``), connects as a Ray driver, starts
 one hangdoc agent actor on each Ray node that holds a worker (``fleet.ray_agents``: pinned
 to its node, zero CPUs, a token made for this block), asks each agent for the job's
 processes on its node, and hands over the fleet: the selected workers, numbered by Ray
@@ -24,10 +24,10 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from .capture.discover import Discovery
-from .capture.jobspec import JobSpec, parse_job_spec
-from .capture.ray_job import find_ray_job
-from .capture.ray_workers import RayJob, RayWorker
+from .capture.find.discover import Discovery
+from .capture.find.jobspec import JobSpec, parse_job_spec
+from .capture.find.ray_job import find_ray_job
+from .capture.find.ray_workers import RayJob, RayWorker
 from .diagnose import CaptureOptions, FleetFinder, FleetSource, Progress
 from .diagnose import diagnose as diagnose_job
 from .errors import RayNotInstalled, RayUnreachable, UsageError, one_line

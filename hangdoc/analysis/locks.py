@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from ..model import MAX_LINES_BEFORE, DistOp, Frame, FrameLocals, Origin, Sample, ThreadStack
 from .source_lines import Lines, SourceIndex
 
-# capture's prefix for the kept identities of a frame's locals (``capture.pyspy``)
+# capture's prefix for the kept identities of a frame's locals (``capture.read.pyspy``)
 OBJECT_PREFIX = "@"
 NOT_A_LOCAL = "-"
 _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"

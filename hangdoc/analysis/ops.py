@@ -97,7 +97,7 @@ _NOT_A_WORK = re.compile(r"store|event|cond|lock|thread|proc|popen|barrier|sem",
 # is a rank inside the group, not a global rank: never read as one)
 _PEER = re.compile(r"\b(dst|src|peer)\s*=\s*(\d+)")
 _CALL_WRAPPER = "torch/distributed/c10d_logger.py"
-_DEFAULT_GROUP = ("(default)", "None")  # capture.pyspy.DEFAULT_GROUP, or group=None given
+_DEFAULT_GROUP = ("(default)", "None")  # capture.read.pyspy.DEFAULT_GROUP, or group=None given
 
 
 def _in_torch(frame: Frame) -> bool:

@@ -202,9 +202,10 @@ def snapshot_from_dict(data: object) -> JobSnapshot:
             raise _Invalid("missing key 'snapshot'")
         _, decode_snapshot = _codec(JobSnapshot, mode)
         try:
-            return decode_snapshot(data["snapshot"], tables)
+            snapshot: JobSnapshot = decode_snapshot(data["snapshot"], tables)
         except _Invalid as err:
             raise err.under("snapshot") from None
+        return snapshot
     except _Invalid as err:
         where = f"at {err.where}: " if err.where else ""
         raise BundleError(f"not a valid hangdoc snapshot: {where}{err.message}") from None

@@ -1,12 +1,16 @@
-"""Capture: find a job's rank processes on this node and record what they are doing.
+"""Capture: on one node, a job's evidence, in three rooms by what each does.
 
-``jobspec`` parses what the user typed. ``discover`` finds the ranks: ``processes`` reads
-the process table, ``hosts`` this node's names and addresses, ``slurm`` a Slurm job's
-processes, ``rankenv`` what a start-up environment says about a rank, and ``ranks`` decides
-which processes are ranks and their numbers. ``sample`` takes one round of samples: py-spy
-stacks (``pyspy``) and kernel counters (``procstate``). ``source`` keeps the lines around
-user frames and ``heartbeat_files`` reads step heartbeats, both read as the traced process
-could (``sourcefs``); ``redact`` keeps secrets on the node. ``dumpfile`` builds a snapshot
-from the stack dumps a user already has (py-spy's text and JSON, ``ray stack``), for
-``hangdoc analyze``. Imports only the ground floor.
+``find/`` finds the job's rank processes on this node: what the user typed (``jobspec``),
+the process table, this node's names, Slurm, Ray and the start-up environments, and which
+processes are ranks (``discover`` over them). ``read/`` reads evidence from those live
+processes: py-spy stacks and kernel counters (``sample``), source lines and heartbeat files
+as the process could read them, its GPUs and NCCL's RAS report, and its probe (with the
+flight recorder dump it sends). ``dumps/`` reads the files a user already has, offline, into
+a snapshot for ``hangdoc analyze`` (``dumpfile``: py-spy and ``ray stack`` dumps, flight
+recorder dump directories).
+
+Imports run one way: ``find/`` and ``read/`` import neither each other nor ``dumps/``;
+``dumps/`` reads dumps with what the other two know (py-spy's words, the flight recorder's
+format, a rank's environment, redaction). All three import only the ground floor besides.
+This package itself imports nothing.
 """

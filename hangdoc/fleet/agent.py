@@ -34,9 +34,10 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NoReturn, Protocol, TypeVar
 
 import grpc
 import psutil
@@ -45,11 +46,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from .. import SCHEMA_VERSION, __version__
 from ..addresses import is_loopback_host
 from ..bundle import load_snapshot
-from ..capture.discover import Discovery
-from ..capture.flight_recorder import flight_record_to_json
-from ..capture.jobspec import parse_job_spec
-from ..capture.ncclras import ras_report_to_json
-from ..capture.pyspy import find_pyspy
+from ..capture.find.discover import Discovery
+from ..capture.find.jobspec import parse_job_spec
+from ..capture.read.flight_recorder import flight_record_to_json
+from ..capture.read.ncclras import ras_report_to_json
+from ..capture.read.pyspy import find_pyspy
 from ..errors import HangdocError, JobNotFound, PermissionDenied, PySpyMissing, UsageError, one_line
 from ..model import (
     CaptureError,
@@ -74,6 +75,7 @@ DEFAULT_LISTEN = "127.0.0.1:7420"
 API_VERSION = "hangdoc.v1"
 log = logging.getLogger("hangdoc.agent")
 audit_log = logging.getLogger("hangdoc.audit")
+T = TypeVar("T")
 
 # What one request may ask for. A node runs a few dozen ranks (128 on the largest CPU
 # nodes); a py-spy dump of a hung rank takes 0.05-1 s (--native: ~1 s).
@@ -130,7 +132,7 @@ def check_listen_policy(config: AgentConfig) -> None:
 _HEALTH = "/grpc.health.v1.Health/"
 
 
-class TokenAuth(grpc.aio.ServerInterceptor):
+class TokenAuth(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ships no type hints
     """Rejects every call whose ``authorization`` metadata does not carry the token."""
 
     def __init__(self, token: str, open_health: bool = False) -> None:
@@ -156,6 +158,17 @@ class TokenAuth(grpc.aio.ServerInterceptor):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong hangdoc token")
 
         return grpc.unary_unary_rpc_method_handler(deny)
+
+
+class _CallContext(Protocol):
+    """What a request's ``grpc.aio.ServicerContext`` offers ``AgentService._run`` (grpc ships
+    no type hints: its ``abort`` never returns, it raises)."""
+
+    def peer(self) -> str: ...
+
+    def set_trailing_metadata(self, trailing_metadata: tuple[tuple[str, str | bytes], ...]) -> None: ...
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> NoReturn: ...
 
 
 class AgentService(pb_grpc.AgentServicer):
@@ -351,7 +364,8 @@ class AgentService(pb_grpc.AgentServicer):
                 wanted.setdefault(pid, []).append(frame)
         return self.node.sources({pid: frames for pid, frames in wanted.items() if frames})
 
-    async def _run(self, context, caller: Caller, method: str, what: str, fn, *args):
+    async def _run(self, context: _CallContext, caller: Caller, method: str, what: str,
+                   fn: Callable[..., T], *args: object) -> T:
         t0 = time.monotonic()
         peer = context.peer()
         try:
@@ -390,7 +404,7 @@ def _status_of(failure: Exception) -> tuple[str, grpc.StatusCode]:
     return "error", grpc.StatusCode.INTERNAL
 
 
-def _pid_list(pids) -> str:
+def _pid_list(pids: Collection[int]) -> str:
     shown = ",".join(str(p) for p in list(pids)[:16])
     return shown + (f",...({len(pids)} in all)" if len(pids) > 16 else "") if pids else "-"
 

@@ -36,8 +36,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from ..capture.sourcefs import in_our_user_namespace, read_status
-from ..capture.tcptable import ESTABLISHED, tcp_rows
+from ..capture.find.tcptable import ESTABLISHED, tcp_rows
+from ..capture.read.sourcefs import in_our_user_namespace, read_status
 
 log = logging.getLogger("hangdoc.agent")
 _CAP_SYS_PTRACE = 1 << 19

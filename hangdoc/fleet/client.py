@@ -7,18 +7,19 @@ values with the agent's address in them: the coordinator lists such a node as un
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 
 from .. import SCHEMA_VERSION
-from ..capture.discover import Discovery
-from ..capture.flight_recorder import FlightRecordInvalid, read_flight_record
-from ..capture.jobspec import JobSpec
-from ..capture.ncclras import RasReportInvalid, read_ras_report
-from ..capture.source import keeps_source
+from ..capture.find.discover import Discovery
+from ..capture.find.jobspec import JobSpec
+from ..capture.read.flight_recorder import FlightRecordInvalid, read_flight_record
+from ..capture.read.ncclras import RasReportInvalid, read_ras_report
+from ..capture.read.source import keeps_source
 from ..errors import HangdocError, JobNotFound, PermissionDenied, UsageError
 from ..model import (
     Frame,
@@ -38,6 +39,7 @@ from .v1 import agent_pb2 as pb
 from .v1 import agent_pb2_grpc as pb_grpc
 from .wire import ERROR_HELP, ERROR_KIND
 
+_Response = TypeVar("_Response")
 _PROBE_STATUS = {pb.PROBE_STATUS_ANSWERED: ProbeStatus.ANSWERED, pb.PROBE_STATUS_NO_PROBE: ProbeStatus.NO_PROBE,
                  pb.PROBE_STATUS_FAILED: ProbeStatus.FAILED}
 
@@ -97,7 +99,7 @@ class RemoteNode:
         return self.address
 
     def info(self) -> pb.AgentInfo:
-        info = self._call(self._stub.GetInfo, pb.GetInfoRequest(), self.connect_timeout)
+        info: pb.AgentInfo = self._call(self._stub.GetInfo, pb.GetInfoRequest(), self.connect_timeout)
         if info.schema_version != SCHEMA_VERSION:
             raise AgentError(
                 f"agent {self.address} speaks schema {info.schema_version} (hangdoc "
@@ -194,7 +196,7 @@ class RemoteNode:
     def close(self) -> None:
         self._channel.close()
 
-    def _call(self, method, request, timeout: float):
+    def _call(self, method: Callable[..., _Response], request: object, timeout: float) -> _Response:
         try:
             return method(request, timeout=timeout, metadata=self.auth.metadata)
         except grpc.RpcError as err:

@@ -16,10 +16,10 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from ..capture.discover import Discovery
-from ..capture.jobspec import JobKind, JobSpec, parse_job_spec
-from ..capture.jobsplit import MultipleJobs, rendezvous_key
-from ..capture.wholejob import Elsewhere, elsewhere_note
+from ..capture.find.discover import Discovery
+from ..capture.find.jobspec import JobKind, JobSpec, parse_job_spec
+from ..capture.find.jobsplit import MultipleJobs, rendezvous_key
+from ..capture.find.wholejob import Elsewhere, elsewhere_note
 from ..errors import HangdocError, JobNotFound
 from ..model import RankProcess, Sample, Unreachable
 from .node import LocalNode, Node

@@ -11,7 +11,7 @@ went, only where there is something to say (a CPU job on a machine without GPUs 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from ..model import GpuState, JobSnapshot, NcclRasReport
@@ -56,7 +56,8 @@ def gather_devices(
     first = nodes[0]
 
     def ask(node: Node, pids: list[int]) -> NodeDevices:
-        offered = getattr(node, "devices", None)  # a node of another kind may offer none
+        # a node of another kind may offer none
+        offered: Callable[..., NodeDevices] | None = getattr(node, "devices", None)
         if offered is None:
             return NodeDevices()
         return offered(pids, listen=listen, timeout=timeout, ras=node is first)

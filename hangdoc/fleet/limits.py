@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..capture import probe_client
+from ..capture.read import probe_client
 from .callers import Caller
 from .node import ProbeReads, Quota
 

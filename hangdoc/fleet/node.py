@@ -15,15 +15,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from ..capture.discover import Discovery, discover
-from ..capture.gpu import read_gpus
-from ..capture.heartbeat_files import read_processes
-from ..capture.jobspec import JobSpec
-from ..capture.ncclras import RasQuery, query_ras
-from ..capture.probe_client import probe_heartbeat, probe_state
-from ..capture.sample import sample_round
-from ..capture.source import collect_sources, merge_sources
-from ..capture.sourcefs import SourceReader
+from ..capture.find.discover import Discovery, discover
+from ..capture.find.jobspec import JobSpec
+from ..capture.read.gpu import read_gpus
+from ..capture.read.heartbeat_files import read_processes
+from ..capture.read.ncclras import RasQuery, query_ras
+from ..capture.read.probe_client import probe_heartbeat, probe_state
+from ..capture.read.sample import sample_round
+from ..capture.read.source import collect_sources, merge_sources
+from ..capture.read.sourcefs import SourceReader
 from ..model import (
     Frame,
     GpuState,
@@ -320,8 +320,8 @@ def _ask_all(pids: Sequence[int], ask: Callable[[int], ProbeAnswer], reads: Prob
 
 
 def read_devices(pids: Sequence[int], *, listen: float, timeout: float, ras: bool, host: str = "") -> NodeDevices:
-    """NVML and, with ``ras``, NCCL's RAS read at once on this node (``capture.gpu``,
-    ``capture.ncclras``): each has its own deadline and says why it gave nothing."""
+    """NVML and, with ``ras``, NCCL's RAS read at once on this node (``capture.read.gpu``,
+    ``capture.read.ncclras``): each has its own deadline and says why it gave nothing."""
     if not pids:
         return NodeDevices()
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="hangdoc-devices") as pool:

@@ -29,7 +29,7 @@ from functools import cache
 from typing import Any
 
 from .. import __version__
-from ..capture.ray_job import ADDRESS_ENV, NODE_ID_ENV
+from ..capture.find.ray_job import ADDRESS_ENV, NODE_ID_ENV
 from ..errors import UsageError, one_line, shown
 from .client import AgentError
 
@@ -85,10 +85,10 @@ class HangdocAgent:
         from .agent import AgentConfig, serve_in_thread
 
         _log_to_stderr()
-        ip = ray.util.get_node_ip_address()
+        ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]  # ray: no annotations
         context = ray.get_runtime_context()
         self._node_id = context.get_node_id()
-        # what the agent's discovery of ray:JOB reads (capture.ray_job.job_processes_here):
+        # what the agent's discovery of ray:JOB reads (capture.find.ray_job.job_processes_here):
         # this node, and the cluster it belongs to
         os.environ[NODE_ID_ENV] = self._node_id
         os.environ[ADDRESS_ENV] = context.gcs_address

@@ -18,8 +18,8 @@ from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
 from ..bundle import StackTable
-from ..capture.discover import Discovery
-from ..capture.wholejob import Elsewhere
+from ..capture.find.discover import Discovery
+from ..capture.find.wholejob import Elsewhere
 from ..errors import HangdocError
 from ..model import (
     MAX_WORLD_SIZE,

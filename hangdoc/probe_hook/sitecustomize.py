@@ -13,14 +13,15 @@ Python 3.6 syntax at most: any Python the command starts reads this file.
 import os
 import sys
 
+TYPE_CHECKING = False  # typing is not imported at start-up: the annotations are strings
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
-def _hangdoc_start_probe():
+
+def _hangdoc_start_probe() -> None:
     verbose = os.environ.get("HANGDOC_PROBE") == "verbose"
     try:
-        try:
-            from hangdoc.probe import start_from_environment
-        except ImportError:
-            start_from_environment = _load_probe_file()
+        start_from_environment = _probe_starter()
         if start_from_environment is not None:
             start_from_environment()
     except Exception as err:  # noqa: BLE001 - the job starts whatever happens here
@@ -28,7 +29,16 @@ def _hangdoc_start_probe():
             print(f"hangdoc.probe: not started: {type(err).__name__}: {err}", file=sys.stderr)
 
 
-def _load_probe_file():
+def _probe_starter() -> "Callable[[], object] | None":
+    """This Python's own hangdoc probe, or else the one from the file ``hangdoc run`` named."""
+    try:
+        from hangdoc.probe import start_from_environment
+    except ImportError:
+        return _load_probe_file()
+    return start_from_environment
+
+
+def _load_probe_file() -> "Callable[[], object] | None":
     """The probe module from the file ``hangdoc run`` named, under a private name."""
     path = os.environ.get("HANGDOC_PROBE_FILE")
     if not path or not os.path.isfile(path):
@@ -41,10 +51,11 @@ def _load_probe_file():
     module = importlib.util.module_from_spec(spec)
     sys.modules["_hangdoc_probe"] = module  # one copy per process, as an import would keep
     spec.loader.exec_module(module)
-    return module.start_from_environment
+    start_from_environment: Callable[[], object] = module.start_from_environment
+    return start_from_environment
 
 
-def _hangdoc_chain():
+def _hangdoc_chain() -> None:
     """Leave sys.path without this directory, and run the sitecustomize it shadowed."""
     here = os.path.dirname(os.path.realpath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != here]

@@ -231,6 +231,10 @@ def fleet_heartbeats(fleet: Fleet, deadline: float) -> dict[tuple[str, int], Hea
     return out
 
 
+# where a rank's relevant thread is: its id, and the (file, line) of each Python frame
+StackFingerprint = tuple[int, tuple[tuple[str, int | None], ...]]
+
+
 class StackProbe:
     """One sampling round of every rank per check: activity when a rank's Python stack
     differs from its previous sample. Used when the job gives nothing else to watch."""
@@ -239,7 +243,7 @@ class StackProbe:
         self.fleet = fleet
         self.timeout = timeout
         self.t0 = time.monotonic()
-        self.previous: dict[int, tuple] = {}
+        self.previous: dict[int, StackFingerprint] = {}
         self.gone: set[int] = set()
 
     def poll(self) -> list[Event]:
@@ -268,7 +272,7 @@ class StackProbe:
         return len(self.gone) == len(self.fleet.placed)
 
 
-def _fingerprint(sample: Sample) -> tuple | None:
+def _fingerprint(sample: Sample) -> StackFingerprint | None:
     """Where the rank's relevant thread is (the one in a distributed op, else main): a
     background thread that keeps moving must not make a hung training loop look alive."""
     if sample.error is not None or not sample.threads:

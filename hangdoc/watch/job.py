@@ -13,7 +13,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from ..capture.jobspec import parse_job_spec
+from ..capture.find.jobspec import parse_job_spec
 from ..errors import HangdocError
 from .config import Level, OnHang, Say
 from .hooks import Hooks

@@ -42,9 +42,10 @@ def _tree(roots: Iterable[int], exclude: set[int]) -> dict[int, psutil.Process]:
 
 def _alive(p: psutil.Process) -> bool:
     try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        alive: bool = p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+    return alive
 
 
 def _protected() -> set[int]:

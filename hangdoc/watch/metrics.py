@@ -34,7 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.exposition import MetricsHandler, generate_latest, write_to_textfile
 
 from .. import __version__
-from ..capture.jobspec import JobKind, parse_job_spec
+from ..capture.find.jobspec import JobKind, parse_job_spec
 from ..errors import UsageError
 from .config import Level, Say
 from .stall import Signal, StallClock

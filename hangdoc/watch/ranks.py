@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from ..capture.jobspec import parse_job_spec
+from ..capture.find.jobspec import parse_job_spec
 from ..diagnose import FleetFinder, Progress
 from ..errors import HangdocError, JobNotFound
 from ..fleet.coordinator import Fleet, find_ranks

@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from ..capture.heartbeat_files import read_dir
+from ..capture.read.heartbeat_files import read_dir
 from ..errors import CommandNotFound, UsageError
 from ..model import Heartbeat
 from .jobcontrol import adopted, end_job, exit_status, reap_orphans
@@ -50,9 +50,10 @@ def become_subreaper() -> bool:
     """Orphaned descendants re-parent to this process instead of init (Linux only)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        status: int = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):
         return False
+    return status == 0
 
 
 class Supervisor:

@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..capture.pyspy import find_pyspy
+from ..capture.read.pyspy import find_pyspy
 from ..errors import HangdocError, InternalError, described
 from ..fleet.node import LocalNode
 from ..model import Heartbeat

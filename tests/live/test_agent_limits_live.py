@@ -61,12 +61,6 @@ def _stop(agent: Agent, *signals: signal.Signals) -> float:
     return time.monotonic() - t0
 
 
-def _kill(agent: Agent) -> None:
-    if agent.proc.poll() is None:
-        agent.proc.kill()
-        agent.proc.wait()
-
-
 def test_idle_connections_cost_no_more_than_their_cap_and_time_out(tmp_path) -> None:
     token = tmp_path / "token"
     token.write_text(TOKEN)
@@ -99,7 +93,7 @@ def test_idle_connections_cost_no_more_than_their_cap_and_time_out(tmp_path) -> 
                 assert _stop(agent, signal.SIGTERM) < 5
         assert agent.proc.returncode == 0
     finally:
-        _kill(agent)
+        agent.close()
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +156,7 @@ def test_a_user_with_dripping_probes_starves_nobody(tmp_path, ranks) -> None:
         assert log.count("method=Flight") >= ATTACK_CALLS - limits.REQUESTS_PER_USER
         assert "outcome=refused: " in log
     finally:
-        _kill(agent)
+        agent.close()
         if attacker is not None:
             _end(attacker)
 
@@ -176,13 +170,13 @@ def test_a_second_signal_stops_the_agent_at_once(tmp_path, ranks) -> None:
         assert _stop(agent, signal.SIGTERM, signal.SIGINT) < 1.5
         assert agent.proc.returncode == 128 + signal.SIGINT
     finally:
-        _kill(agent)
+        agent.close()
         if attacker is not None:
             _end(attacker)
 
 
 def test_probe_answers_held_at_once_are_bounded() -> None:
-    from hangdoc.capture.probe_client import PEAK_ANSWER_BYTES
+    from hangdoc.capture.read.probe_client import PEAK_ANSWER_BYTES
 
     assert limits.answer_memory_bound() == (limits.OPERATOR_PROBE_READS + limits.USER_PROBE_READS) * PEAK_ANSWER_BYTES
     assert limits.answer_memory_bound() < 2**30  # the unit's MemoryMax

@@ -46,11 +46,9 @@ def hung_job(tmp_path_factory) -> Iterator:
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory, token_file) -> Iterator[Agent]:
-    a = start_agent(tmp_path_factory.mktemp("agent"), "--listen", "127.0.0.1:0",
-                    "--token-file", str(token_file), "--node-name", "node-a", "--open-health")
-    yield a
-    a.proc.kill()
-    a.proc.wait()
+    with start_agent(tmp_path_factory.mktemp("agent"), "--listen", "127.0.0.1:0",
+                     "--token-file", str(token_file), "--node-name", "node-a", "--open-health") as a:
+        yield a
 
 
 def diagnose(spec: str, *args: str) -> subprocess.CompletedProcess:
@@ -107,12 +105,12 @@ def test_agent_exits_cleanly_on_sigterm_and_health_needs_token_by_default(tmp_pa
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    a = start_agent(tmp_path, "--listen", "127.0.0.1:0", "--token-file", str(token_file))
-    with grpc.insecure_channel(a.address) as channel, pytest.raises(grpc.RpcError) as err:
-        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
-    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    a.proc.send_signal(signal.SIGTERM)
-    assert a.proc.wait(timeout=20) == 0
+    with start_agent(tmp_path, "--listen", "127.0.0.1:0", "--token-file", str(token_file)) as a:
+        with grpc.insecure_channel(a.address) as channel, pytest.raises(grpc.RpcError) as err:
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        a.proc.send_signal(signal.SIGTERM)
+        assert a.proc.wait(timeout=20) == 0
 
 
 def test_agent_never_returns_secrets(hung_job, agent, token_file, tmp_path) -> None:
@@ -150,7 +148,7 @@ def test_health_answers_without_token_and_sources_only_for_captured_files(agent,
 def test_agent_survives_many_concurrent_and_abandoned_calls(hung_job, agent, token_file) -> None:
     import concurrent.futures as cf
 
-    from hangdoc.capture.jobspec import parse_job_spec
+    from hangdoc.capture.find.jobspec import parse_job_spec
     from hangdoc.fleet.client import AgentAuth, AgentError, RemoteNode
 
     _, job = hung_job
@@ -199,7 +197,7 @@ def test_schema_mismatch_is_a_clear_error() -> None:
 def test_heartbeats_only_of_ranks_the_agent_found(agent, token_file, tmp_path) -> None:
     from support.harness import free_port
 
-    from hangdoc.capture.jobspec import parse_job_spec
+    from hangdoc.capture.find.jobspec import parse_job_spec
     from hangdoc.fleet.client import AgentAuth, RemoteNode
 
     port = free_port()

@@ -17,11 +17,11 @@ from support.harness import RunningJob
 from support.jobs import job_meta, ready_pids, running
 from support.stacks import C10D, innermost_python, main_thread
 
-from hangdoc.capture.discover import discover
-from hangdoc.capture.jobspec import parse_job_spec
-from hangdoc.capture.procstate import read_state, socket_bytes, socket_bytes_many
-from hangdoc.capture.pyspy import dump, find_pyspy
-from hangdoc.capture.sample import sample_round
+from hangdoc.capture.find.discover import discover
+from hangdoc.capture.find.jobspec import parse_job_spec
+from hangdoc.capture.read.procstate import read_state, socket_bytes, socket_bytes_many
+from hangdoc.capture.read.pyspy import dump, find_pyspy
+from hangdoc.capture.read.sample import sample_round
 from hangdoc.diagnose import CaptureOptions, diagnose
 from hangdoc.model import CaptureErrorKind, ProcessState, RankProcess
 

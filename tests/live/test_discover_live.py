@@ -10,8 +10,8 @@ import pytest
 from support.harness import RunningJob
 from support.jobs import JOB, children_of, ready_pids, running
 
-from hangdoc.capture.discover import discover
-from hangdoc.capture.jobspec import parse_job_spec
+from hangdoc.capture.find.discover import discover
+from hangdoc.capture.find.jobspec import parse_job_spec
 from hangdoc.errors import JobNotFound
 from hangdoc.model import RankSource
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from support.paths import REPO, TESTS
 
-from hangdoc.capture.probe_client import MAX_ANSWER_BYTES, PEAK_ANSWER_BYTES, probe_state
+from hangdoc.capture.read.probe_client import MAX_ANSWER_BYTES, PEAK_ANSWER_BYTES, probe_state
 from hangdoc.model import ProbeStatus
 
 pytestmark = [
@@ -52,7 +52,7 @@ time.sleep(120)
 READER = r"""
 import json, resource, sys
 from concurrent.futures import ThreadPoolExecutor
-from hangdoc.capture.probe_client import probe_state
+from hangdoc.capture.read.probe_client import probe_state
 pids = [int(p) for p in sys.argv[1:]]
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 with ThreadPoolExecutor(len(pids)) as pool:

@@ -222,7 +222,7 @@ def _as_nobody_through_agent(area: Path, victims: Victims, agent: Agent, *, user
         status = dict(line.split(":\t", 1) for line in Path(f"/proc/{own.pid}/status").read_text().splitlines())
         assert int(status["CapEff"], 16) & (1 << 19)  # CAP_SYS_PTRACE, in its own namespace
     root_pid, root_port = _victim(area, victims, claimed, f"{name}_root", user=False)
-    from hangdoc.capture.jobspec import parse_job_spec
+    from hangdoc.capture.find.jobspec import parse_job_spec
     from hangdoc.fleet.client import RemoteNode
 
     operator = RemoteNode(agent.address)  # root over loopback: the agent now knows that rank
@@ -263,7 +263,7 @@ def test_a_user_namespace_buys_no_ptrace_rights(area, victims, agent) -> None:
 
 
 def test_seen_script_swapped_for_a_symlink_serves_nothing(area, victims, agent) -> None:
-    from hangdoc.capture.jobspec import parse_job_spec
+    from hangdoc.capture.find.jobspec import parse_job_spec
     from hangdoc.fleet.client import RemoteNode
     from hangdoc.fleet.v1 import agent_pb2 as pb
 
@@ -293,7 +293,7 @@ def test_seen_script_swapped_for_a_symlink_serves_nothing(area, victims, agent) 
 
 
 def test_rank_in_another_mount_namespace_gets_its_own_file(area, victims, agent) -> None:
-    from hangdoc.capture.jobspec import parse_job_spec
+    from hangdoc.capture.find.jobspec import parse_job_spec
     from hangdoc.fleet.client import RemoteNode
 
     app = area / "app"
@@ -381,8 +381,7 @@ def test_every_request_gets_one_audit_line(tmp_path) -> None:
                 stub.FindRanks(pb.FindRanksRequest(job="\x1b[2J" + "x" * 5000), timeout=10, metadata=ok)
             stub.Heartbeats(pb.HeartbeatsRequest(pids=[1, 2, 3]), timeout=10, metadata=ok)
     finally:
-        a.proc.send_signal(signal.SIGTERM)
-        a.proc.wait(timeout=15)
+        a.stop()
     log = _agent_log(tmp_path)
     lines = [line for line in log.splitlines() if " audit " in line]
     assert len(lines) == 3, log

@@ -13,8 +13,9 @@ RST, no ICMP, carrier stays up), so established TCP connections just stop moving
 behind a dead switch.
 
 Everything is deleted by name on exit, even after an exception, together with any process
-still running inside the namespaces. A record per live instance in ``STATE_DIR`` (owner pid
-and start time, chosen X) lets parallel runs pick different subnets and lets
+still running inside the namespaces; what ``popen()`` started is also reaped then and its
+pipes closed (read them inside the block). A record per live instance in ``STATE_DIR``
+(owner pid and start time, chosen X) lets parallel runs pick different subnets and lets
 ``cleanup_stale()`` remove what crashed runs left behind without touching live ones.
 """
 
@@ -129,6 +130,19 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
+def _reap(procs: Iterable[subprocess.Popen]) -> None:
+    """Wait for each of ``procs`` (SIGKILL it first if it still runs: ``ip netns exec`` execs
+    the command, so a process that left the namespace is still the Popen's) and close its
+    pipes, so no Popen is collected running or holding a pipe."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
 def _delete(namespaces: Iterable[str], links: Iterable[str]) -> None:
     """Delete by name, ignoring what is already gone; veths first (that frees their peers)."""
     namespaces = list(namespaces)
@@ -158,6 +172,7 @@ class NetnsNodes:
         self.host_ip = host_ip
         self.bridge = f"{prefix}br"
         self.octet: int | None = None
+        self._procs: list[subprocess.Popen] = []
 
     # -- names and addresses ------------------------------------------------------------
 
@@ -191,8 +206,11 @@ class NetnsNodes:
 
     def popen(self, i: int, argv: Sequence[str], env: Mapping[str, str] | None = None,
               **kwargs) -> subprocess.Popen:
-        """Start ``argv`` inside node i (kwargs go to ``subprocess.Popen``)."""
-        return subprocess.Popen([*self.exec_prefix(i), *argv], env=env, **kwargs)
+        """Start ``argv`` inside node i (kwargs go to ``subprocess.Popen``); killed, reaped and
+        its pipes closed on exit if the caller has not done so."""
+        proc = subprocess.Popen([*self.exec_prefix(i), *argv], env=env, **kwargs)
+        self._procs.append(proc)
+        return proc
 
     def run(self, i: int, argv: Sequence[str], check: bool = False,
             **kwargs) -> subprocess.CompletedProcess:
@@ -233,8 +251,12 @@ class NetnsNodes:
         """Kill processes inside the nodes and delete every namespace and link we named."""
         if self.octet is None:
             return
-        _delete([self.ns(i) for i in range(self.n)],
-                [self.veth(i) for i in range(self.n)] + [self.bridge])
+        try:
+            _delete([self.ns(i) for i in range(self.n)],
+                    [self.veth(i) for i in range(self.n)] + [self.bridge])
+        finally:
+            _reap(self._procs)
+            self._procs.clear()
         (STATE_DIR / f"{self.prefix}.json").unlink(missing_ok=True)
         self.octet = None
 

@@ -48,7 +48,7 @@ from pathlib import Path
 
 from hangdoc.analysis.analyse import analyse
 from hangdoc.bundle import load_snapshot
-from hangdoc.capture.dumpfile import load_evidence
+from hangdoc.capture.dumps.dumpfile import load_evidence
 from hangdoc.model import Confidence, Diagnosis, JobSnapshot, Unreachable, Verdict
 
 from .harness import JOBS_DIR, load_meta

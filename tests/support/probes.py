@@ -6,7 +6,7 @@ import glob
 import os
 from collections.abc import Iterable
 
-from hangdoc.capture.probe_client import _listening
+from hangdoc.capture.read.probe_client import _listening
 from hangdoc.probe import DIR_PREFIX, legacy_socket_path
 
 

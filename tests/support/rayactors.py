@@ -1,9 +1,9 @@
-"""Ray's answers as hangdoc reads them (``capture.ray_workers``' values), built by hand for the
-unit tests of ``capture.ray_workers`` and ``capture.ray_job``."""
+"""Ray's answers as hangdoc reads them (``capture.find.ray_workers``' values), built by hand for the
+unit tests of ``capture.find.ray_workers`` and ``capture.find.ray_job``."""
 
 from __future__ import annotations
 
-from hangdoc.capture.ray_workers import ActorInfo
+from hangdoc.capture.find.ray_workers import ActorInfo
 
 NODE_A, NODE_B = "a" * 56, "b" * 56
 JOB = "02000000"

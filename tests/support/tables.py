@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from hangdoc.capture.processes import ProcessTable, ProcInfo
+from hangdoc.capture.find.processes import ProcessTable, ProcInfo
 
 PY = "/usr/bin/python3"
 SPAWN = (PY, "-c", ("from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=4, "

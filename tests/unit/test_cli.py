@@ -205,7 +205,7 @@ def test_job_spec_errors_suggest_the_closest_form(command, spec, suggestion, hel
 
 
 def test_job_spec_help_lists_the_forms_the_error_lists(capsys) -> None:
-    from hangdoc.capture.jobspec import ACCEPTED_FORMS
+    from hangdoc.capture.find.jobspec import ACCEPTED_FORMS
 
     for command in ("diagnose", "watch"):
         with pytest.raises(SystemExit):
@@ -391,7 +391,7 @@ def test_unexpected_exception_is_one_line_internal_error(tmp_path, capsys, monke
 
 
 def test_interrupt_with_json(tmp_path, capsys, monkeypatch) -> None:
-    from hangdoc.capture import dumpfile  # what `analyze` reads its file with
+    from hangdoc.capture.dumps import dumpfile  # what `analyze` reads its file with
 
     def interrupted(path, stdin=None):
         raise KeyboardInterrupt

@@ -42,10 +42,19 @@ MAY_IMPORT = {
 # third-party modules only one floor may use
 ONLY_IN = {"networkx": {"analysis"}, "grpc": {"fleet"}, "google.protobuf": {"fleet"},
            "ray": {"capture", "fleet", "ray"}, "prometheus_client": {"watch"}}
-# and the modules of that floor that may: the glue that talks to Ray (capture.ray_workers,
+# and the modules of that floor that may: the glue that talks to Ray (capture.find.ray_workers,
 # what Ray's answers mean, stays free of it)
-RAY_USERS = {"hangdoc.capture.ray_job", "hangdoc.fleet.ray_agents", "hangdoc.ray"}
+RAY_USERS = {"hangdoc.capture.find.ray_job", "hangdoc.fleet.ray_agents", "hangdoc.ray"}
 STUB_USERS = {"hangdoc.fleet.wire", "hangdoc.fleet.agent", "hangdoc.fleet.client"}
+# capture/'s rooms: find/ finds a job's ranks on the node, read/ reads evidence from the live
+# ranks, dumps/ reads the dump files a user already has, for `hangdoc analyze`. What each may
+# import of the others (besides itself and the ground floor): find/ and read/ know nothing of
+# each other or of the dumps; the dumps are read with what they know (py-spy's words, the
+# flight recorder's format, a rank's environment, redaction). hangdoc.capture imports nothing.
+ROOMS = {"find": set[str](), "read": set[str](), "dumps": {"find", "read"}}
+# the floors outside capture/ that may import a room, where not every floor above may: the
+# offline dumps are `hangdoc analyze`'s, never an agent's or a diagnosis's
+ROOM_USERS = {"dumps": {"cli"}}
 
 
 def module_name(path: Path) -> str:
@@ -62,6 +71,12 @@ def floor(module: str) -> str:
     if parts[1] in ("cli", "cliargs", "__main__"):
         return "cli"
     raise AssertionError(f"{module} belongs to no floor: add it to the rules and docs/architecture.md")
+
+
+def room(module: str) -> str | None:
+    """The room of capture/ a capture module is in; None for the package itself."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 else None
 
 
 def is_module(name: str) -> bool:
@@ -154,6 +169,28 @@ def test_bundle_files_import_only_those_below() -> None:
         assert mine <= below, f"{module} imports {sorted(mine - below)}, not below it"
 
 
+def test_every_capture_module_is_in_a_room() -> None:
+    loose = sorted(m for m in GRAPH
+                   if floor(m) == "capture" and m != "hangdoc.capture" and room(m) not in ROOMS)
+    assert loose == [], "place each module of hangdoc/capture/ in find/, read/ or dumps/ (ROOMS)"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if floor(m) == "capture"))
+def test_capture_rooms_import_one_way(module: str) -> None:
+    mine = room(module)
+    allowed = {mine} | ROOMS[mine] if mine is not None else set()
+    wrong = sorted(name for name in internal(GRAPH[module])
+                   if floor(name) == "capture" and room(name) not in allowed)
+    assert wrong == [], f"{module} may import of capture/ only {sorted(allowed)}"
+
+
+@pytest.mark.parametrize("name", sorted(ROOM_USERS))
+def test_a_room_is_imported_only_by_its_floors(name: str) -> None:
+    users = {m for m, names in GRAPH.items() if floor(m) != "capture"
+             and any(floor(n) == "capture" and room(n) == name for n in internal(names))}
+    assert {floor(m) for m in users} <= ROOM_USERS[name], sorted(users)
+
+
 def test_no_import_circles() -> None:
     graph = nx.DiGraph()
     for module, names in GRAPH.items():
@@ -173,7 +210,10 @@ def test_the_rules_see_every_import() -> None:
     assert floor("hangdoc.report.terminal") == "report"
     assert {"hangdoc.bundle.files", "hangdoc.bundle.codec"} <= GRAPH["hangdoc.bundle.reader"]
     assert "hangdoc" in GRAPH["hangdoc.bundle.writer"]  # from .. import __version__
-    assert "ray.util" in GRAPH["hangdoc.capture.ray_job"]  # inside a function
+    assert "ray.util" in GRAPH["hangdoc.capture.find.ray_job"]  # inside a function
+    assert "hangdoc.capture.read.pyspy" in GRAPH["hangdoc.capture.dumps.dumped"]  # from ..read
+    assert "hangdoc.capture.dumps.dumpfile" in GRAPH["hangdoc.cli"]
+    assert room("hangdoc.capture.find.discover") == "find"
     assert "ipaddress" in GRAPH["hangdoc.addresses"]
 
 

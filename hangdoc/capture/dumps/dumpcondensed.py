@@ -30,9 +30,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from ..bundle import MAX_STACK_DEPTH
-from ..errors import DumpFileError
-from ..model import MAX_WORLD_SIZE, Frame, ThreadStack
+from ...bundle import MAX_STACK_DEPTH
+from ...errors import DumpFileError
+from ...model import MAX_WORLD_SIZE, Frame, ThreadStack
 from .dumped import ProcessDump, text_frame
 from .dumplabels import LabelIndex, label_count, label_ranks, world_size_in
 

@@ -23,8 +23,8 @@ import re
 import sys
 from dataclasses import dataclass
 
-from ..model import CaptureError, CaptureErrorKind, Frame, ThreadStack
-from .pyspy import DENIED_WORDS, NOT_PYTHON_WORDS, clean_message
+from ...model import CaptureError, CaptureErrorKind, Frame, ThreadStack
+from ..read.pyspy import DENIED_WORDS, NOT_PYTHON_WORDS, clean_message
 
 ELIDED = "…"  # the part of a path py-spy's text left out
 

@@ -28,10 +28,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
 
-from .. import __version__
-from ..bundle import read_at_most, read_input, snapshot_from_bytes
-from ..errors import DumpFileError
-from ..model import (
+from ... import __version__
+from ...bundle import read_at_most, read_input, snapshot_from_bytes
+from ...errors import DumpFileError
+from ...model import (
     MAX_WORLD_SIZE,
     PID_MAX,
     CaptureError,
@@ -41,13 +41,13 @@ from ..model import (
     RankSnapshot,
     Sample,
 )
+from ..find.redact import redact_argv
 from .dumpcondensed import describe, looks_condensed, parse_condensed
 from .dumped import ProcessDump
 from .dumpjson import parse_json
 from .dumpranks import dump_hint, not_a_rank, number, ray_actor, ray_training_classes
 from .dumptext import looks_like_text_dump, parse_text
 from .flight_files import read_flight_dir
-from .redact import redact_argv
 
 # A py-spy dump of one process is 2-50 kB (a thousand ranks with --locals stay under
 # 64 MiB); a larger file is not a set of dumps, and parsing it would take minutes.

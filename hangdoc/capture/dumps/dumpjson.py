@@ -16,11 +16,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..bundle import MAX_STACK_DEPTH
-from ..errors import DumpFileError, shown
-from ..model import PID_MAX
+from ...bundle import MAX_STACK_DEPTH
+from ...errors import DumpFileError, shown
+from ...model import PID_MAX
+from ..read.pyspy import threads_from_json
 from .dumped import ProcessDump, capture_error
-from .pyspy import threads_from_json
 
 _LABEL_LINES = 6
 _LABEL_CHARS = 500

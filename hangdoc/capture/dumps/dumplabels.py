@@ -22,7 +22,7 @@ import enum
 import re
 from dataclasses import dataclass
 
-from ..model import MAX_WORLD_SIZE
+from ...model import MAX_WORLD_SIZE
 
 _NUM = r"\d{1,7}"
 # a list of numbers and ranges after a keyword: "1-3", "0, 2, 3", "[0, 2]", "1 and 2"

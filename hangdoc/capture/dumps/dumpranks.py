@@ -30,11 +30,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..digits import bounded_int
-from ..model import MAX_WORLD_SIZE, PID_MAX, RankSource, ThreadStack
+from ...digits import bounded_int
+from ...model import MAX_WORLD_SIZE, PID_MAX, RankSource, ThreadStack
+from ..find.rankenv import LOCAL_RANK_VARS, RANK_VARS, WORLD_SIZE_VARS, parse_env_int
 from .dumped import ProcessDump
 from .dumplabels import LabelIndex, label_ranks
-from .rankenv import LOCAL_RANK_VARS, RANK_VARS, WORLD_SIZE_VARS, parse_env_int
 
 _RANK_FLAGS = ("rank", "global_rank")
 _LOCAL_FLAGS = ("local_rank",)

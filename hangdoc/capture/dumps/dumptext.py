@@ -44,11 +44,11 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from ..bundle import MAX_STACK_DEPTH
-from ..errors import DumpFileError, shown
-from ..model import PID_MAX, PID_MIN, Frame, FrameLocals, ThreadStack
+from ...bundle import MAX_STACK_DEPTH
+from ...errors import DumpFileError, shown
+from ...model import PID_MAX, PID_MIN, Frame, FrameLocals, ThreadStack
+from ..read.pyspy import frame_locals
 from .dumped import ProcessDump, capture_error, text_frame
-from .pyspy import frame_locals
 
 MAX_LINE_CHARS = 64 * 1024  # py-spy cuts a local's repr far shorter; longer lines are not its
 _LABEL_LINES = 6  # the lines before a dump kept as its label

@@ -25,11 +25,11 @@ import re
 import stat
 from pathlib import Path
 
-from .. import __version__
-from ..bundle import read_at_most
-from ..errors import BundleError
-from ..model import FlightRecord, JobSnapshot, RankProcess, RankSnapshot, RankSource
-from .flight_recorder import MAX_ENTRIES, FlightRecordInvalid, read_dump
+from ... import __version__
+from ...bundle import read_at_most
+from ...errors import BundleError
+from ...model import FlightRecord, JobSnapshot, RankProcess, RankSnapshot, RankSource
+from ..read.flight_recorder import MAX_ENTRIES, FlightRecordInvalid, read_dump
 
 # torch 2.13 (gloo, TORCH_FR_BUFFER_SIZE=2000, stacks on) writes 255 kB of pickle for a full
 # ring of 2,000 entries and 0.95 MB of JSON (_dump_fr_trace_json): 16 MiB holds a ring ten

@@ -23,8 +23,8 @@ import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from ..errors import JobNotFound
-from ..model import RankProcess
+from ...errors import JobNotFound
+from ...model import RankProcess
 from .hosts import endpoint_scope
 from .jobspec import JobKind, JobSpec
 from .jobsplit import Member, MultipleJobs, check_one_job, plural

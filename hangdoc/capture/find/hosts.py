@@ -15,7 +15,7 @@ import socket
 
 import psutil
 
-from ..addresses import is_loopback_host
+from ...addresses import is_loopback_host
 from .jobspec import JobSpec, normalise_host
 from .processes import ProcessTable
 

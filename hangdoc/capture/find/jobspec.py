@@ -18,9 +18,9 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from ..digits import bounded_int
-from ..errors import UsageError, shown
-from ..model import PID_MAX, PID_MIN
+from ...digits import bounded_int
+from ...errors import UsageError, shown
+from ...model import PID_MAX, PID_MIN
 
 ACCEPTED_FORMS = "HOST:PORT, [IPV6]:PORT, pid:PID, slurm:JOBID[.STEP] or ray:JOB_ID"
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ..errors import UsageError
+from ...errors import UsageError
 from .jobspec import normalise_host, parse_job_spec
 
 _ENDPOINT = ("MASTER_ADDR", "MASTER_PORT")

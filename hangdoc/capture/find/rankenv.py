@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from ..digits import ASCII_DIGITS, bounded_int
-from ..model import MAX_WORLD_SIZE
+from ...digits import ASCII_DIGITS, bounded_int
+from ...model import MAX_WORLD_SIZE
 from .jobsplit import pid_list
 from .processes import ProcInfo
 from .redact import redact_env

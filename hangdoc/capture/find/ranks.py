@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ..errors import PermissionDenied
-from ..model import RankProcess, RankSource
+from ...errors import PermissionDenied
+from ...model import RankProcess, RankSource
 from .jobsplit import pid_list, plural, rendezvous_key
 from .processes import (
     ProcessTable,

@@ -4,7 +4,7 @@
 job ``JOB_ID`` names (a hex job id like ``02000000`` or a submission id like
 ``raysubmit_...``), lists the job's live actors (pid, Ray node id, class name, name) and
 reads Ray Train's record of its workers (its run state, else its controller's log); what
-those answers mean (which actors are the workers, their ranks) is ``capture.ray_workers``.
+those answers mean (which actors are the workers, their ranks) is ``capture.find.ray_workers``.
 It never connects as a Ray driver: it only reads, over HTTP. ``job_processes_here`` is the
 same search from an agent placed on a Ray node, for that node's processes.
 
@@ -24,8 +24,8 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from ..errors import RayJobNotFound, RayNotInstalled, RayUnreachable, UsageError, one_line, shown
-from ..model import RankProcess
+from ...errors import RayJobNotFound, RayNotInstalled, RayUnreachable, UsageError, one_line, shown
+from ...model import RankProcess
 from .ray_workers import (
     TRAIN_CONTROLLER_CLASS,
     ActorInfo,
@@ -93,10 +93,11 @@ def _with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
     """``fn()`` in a daemon thread, given up after ``seconds`` (Ray's GCS client retries
     for about 40 s on its own)."""
     box: dict[str, Any] = {}
+    value: list[T] = []
 
     def run() -> None:
         try:
-            box["value"] = fn()
+            value.append(fn())
         except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
             box["error"] = exc
 
@@ -107,7 +108,7 @@ def _with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
         raise RayUnreachable(f"{what}: no answer within {seconds:.0f} s")
     if "error" in box:
         raise box["error"]
-    return box["value"]
+    return value[0]
 
 
 def _dashboard_from_gcs(gcs: str) -> str:
@@ -117,9 +118,9 @@ def _dashboard_from_gcs(gcs: str) -> str:
 
     def read() -> bytes | None:
         client = GcsClient(address=gcs)
-        return client.internal_kv_get(ray_constants.DASHBOARD_ADDRESS.encode(),
-                                      ray_constants.KV_NAMESPACE_DASHBOARD,
-                                      timeout=GCS_TIMEOUT_S)
+        got: bytes | None = client.internal_kv_get(ray_constants.DASHBOARD_ADDRESS.encode(),
+                                                   ray_constants.KV_NAMESPACE_DASHBOARD, timeout=GCS_TIMEOUT_S)
+        return got
 
     try:
         url = _with_deadline(read, GCS_TIMEOUT_S + 5, f"the Ray GCS at {gcs}")

@@ -1,5 +1,5 @@
 """Which of a Ray job's actors are its training workers, and their world ranks: what Ray's
-answers mean, with no Ray and no network (``capture.ray_job`` asks the cluster and hands
+answers mean, with no Ray and no network (``capture.find.ray_job`` asks the cluster and hands
 its answers here as values: ``ActorInfo``, ``JobInfo``, Ray Train's records).
 
 Ranks. A Ray Train worker learns its rank inside the process (Ray Train sets ``RANK``
@@ -36,8 +36,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import RayJobNotFound, RayWorkersNotFound, one_line, shown
-from ..model import RankProcess, RankSource
+from ...errors import RayJobNotFound, RayWorkersNotFound, one_line, shown
+from ...model import RankProcess, RankSource
 
 # Actors that Ray (Train, Tune, jobs, Data) runs for itself, and hangdoc's agent: never
 # training workers unless --workers names them.

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from collections.abc import Mapping
 
-from ..digits import ASCII_DIGITS
+from ...digits import ASCII_DIGITS
 from .jobspec import JobSpec
 from .processes import ProcessTable
 

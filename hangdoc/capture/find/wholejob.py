@@ -29,8 +29,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..model import RankSource
-from ..rankranges import rank_phrase
+from ...model import RankSource
+from ...rankranges import rank_phrase
 from .hosts import same_host
 from .jobsplit import RendezvousKey, plural, rendezvous_key
 from .owners import listening_uids

@@ -36,7 +36,7 @@ import sys
 from itertools import islice
 from typing import Any
 
-from ..model import FlightEntry, FlightGroup, FlightRecord
+from ...model import FlightEntry, FlightGroup, FlightRecord
 from .plainpickle import NotPlainData, load_plain
 
 MAX_ENTRIES = 20_000  # torch's ring defaults to 2,000 when enabled; a dump beyond this is cut

@@ -46,7 +46,7 @@ from typing import Any
 
 import psutil
 
-from ..model import GpuState
+from ...model import GpuState
 
 NVML_TIMEOUT = 5.0  # seconds for every NVML call of one reading together
 MAX_LISTEN = 10.0  # seconds of listening for XIDs, at most

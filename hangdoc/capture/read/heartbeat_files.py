@@ -18,8 +18,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..heartbeat import MAGIC, NO_STEP, RECORD, VERSION, heartbeat_dir, pid_namespace, record_name
-from ..model import Heartbeat
+from ...heartbeat import MAGIC, NO_STEP, RECORD, VERSION, heartbeat_dir, pid_namespace, record_name
+from ...model import Heartbeat
 from .sourcefs import read_as
 
 

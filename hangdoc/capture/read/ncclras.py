@@ -38,8 +38,8 @@ from typing import Any
 
 import psutil
 
-from ..addresses import is_loopback_host
-from ..model import MAX_WORLD_SIZE, PID_MAX, NcclRasReport, RasCommunicator, RasRank
+from ...addresses import is_loopback_host
+from ...model import MAX_WORLD_SIZE, PID_MAX, NcclRasReport, RasCommunicator, RasRank
 from .gpu import loaded_library
 
 RAS_BINARY = "ncclras"

@@ -32,8 +32,8 @@ import stat
 import struct
 import time
 
-from ..model import FlightRecord, Frame, Heartbeat, ProbeAnswer, ProbeStatus, ThreadException
-from ..probe import (
+from ...model import FlightRecord, Frame, Heartbeat, ProbeAnswer, ProbeStatus, ThreadException
+from ...probe import (
     DIR_PREFIX,
     LENGTH,
     MAX_ANSWER_BYTES,
@@ -291,7 +291,7 @@ def _exception(raw: object, i: int) -> ThreadException:
     if not (_text(type_name, MAX_NAME_CHARS) and type_name and _text(function, MAX_NAME_CHARS)
             and _text(filename, MAX_PATH_CHARS)):
         raise _Malformed(f"exceptions[{i}] has no type, function and file names")
-    return ThreadException(ident, thread_name, type_name,  # type: ignore[arg-type]
+    return ThreadException(ident, thread_name, type_name,
                            Frame(function, filename, line or None))  # type: ignore[arg-type]
 
 

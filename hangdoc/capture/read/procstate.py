@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import psutil
 
-from ..model import CaptureError, CaptureErrorKind, ProcessState, ThreadCounters
+from ...model import CaptureError, CaptureErrorKind, ProcessState, ThreadCounters
 
 _SS_USER = re.compile(r"pid=(\d+),")
 _SS_COUNTER = re.compile(r"\b(bytes_received|bytes_acked):(\d+)")

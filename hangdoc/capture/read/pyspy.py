@@ -29,8 +29,8 @@ from typing import IO, Any, NamedTuple
 
 import psutil
 
-from ..errors import PySpyMissing
-from ..model import (
+from ...errors import PySpyMissing
+from ...model import (
     GRAPH_CODE,
     MAX_LINES_BEFORE,
     CaptureError,
@@ -338,7 +338,7 @@ def threads_from_json(data: list[Any], pid: int | None = None,
 def process_gone(pid: int) -> bool:
     """The pid no longer names a live process (exited, or a zombie awaiting its parent)."""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return True
     except psutil.Error:

@@ -21,8 +21,8 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 
-from ..errors import PySpyMissing
-from ..model import (
+from ...errors import PySpyMissing
+from ...model import (
     STOPPED_STATUSES,
     CaptureError,
     CaptureErrorKind,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from ..model import MAX_LINES_BEFORE, Frame, Origin, SourceFile, frame_origin
+from ...model import MAX_LINES_BEFORE, Frame, Origin, SourceFile, frame_origin
 from .sourcefs import SourceReader
 
 # torch's and the standard library's own code is recognised by module path and function

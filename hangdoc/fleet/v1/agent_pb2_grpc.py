@@ -84,14 +84,14 @@ class AgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def FindRanks(self, request, context):
-        """The rank processes of a job on the agent's node (hangdoc.capture.discover.Discovery).
+        """The rank processes of a job on the agent's node (hangdoc.capture.find.discover.Discovery).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Sample(self, request, context):
-        """One sample round (hangdoc.capture.sample.sample_round) of the job's ranks on this node.
+        """One sample round (hangdoc.capture.read.sample.sample_round) of the job's ranks on this node.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -2,7 +2,7 @@
 
 Run once, by hand, when py-spy's output format changes (``.venv/bin/python
 tests/data/dumps/record.py``); the outputs are committed and read by
-``tests/unit/capture/test_dumpfile.py``. Each job is launched as the corpus harness launches it
+``tests/unit/capture/dumps/test_dumpfile.py``. Each job is launched as the corpus harness launches it
 (``tests/support/harness.py``), or, where a fixture needs rank hints on the command line,
 with ``--local_rank=N`` appended the way DeepSpeed's launcher passes it; py-spy runs as a
 user would run it by hand, through bash, and its output is written as it comes. Every

@@ -20,7 +20,7 @@ from ray.util.state import list_actors
 from support.raycluster import RayCluster, ray_cluster  # noqa: F401
 
 from hangdoc import __version__
-from hangdoc.capture.jobspec import parse_job_spec
+from hangdoc.capture.find.jobspec import parse_job_spec
 from hangdoc.fleet.client import AgentAuth, AgentError, RemoteNode
 from hangdoc.fleet.ray_agents import (
     RayAgentError,

@@ -20,9 +20,9 @@ import psutil
 import pytest
 from support.raycluster import RayCluster, ray_cluster  # noqa: F401  (the fixture)
 
-from hangdoc.capture import ray_job
-from hangdoc.capture.ray_job import find_ray_job
-from hangdoc.capture.ray_workers import RayJob, parse_patterns
+from hangdoc.capture.find import ray_job
+from hangdoc.capture.find.ray_job import find_ray_job
+from hangdoc.capture.find.ray_workers import RayJob, parse_patterns
 from hangdoc.errors import RayJobNotFound, RayUnreachable
 from hangdoc.model import RankSource
 

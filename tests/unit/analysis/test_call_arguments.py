@@ -11,7 +11,7 @@ from support.stacks import main_thread
 
 from hangdoc.analysis.analyse import analyse
 from hangdoc.analysis.ops import init_arguments, recognise
-from hangdoc.capture.pyspy import parse_dump
+from hangdoc.capture.read.pyspy import parse_dump
 from hangdoc.model import GIVEN_GROUP, WORLD_GROUP, RankSource, RankState, Verdict
 
 C10D = "torch/distributed/distributed_c10d.py"

@@ -19,8 +19,12 @@ from support.settling import with_dumps
 from hangdoc.analysis.analyse import analyse
 from hangdoc.analysis.flight import FlightKind, match_flight
 from hangdoc.bundle import snapshot_from_dict, snapshot_to_dict
-from hangdoc.capture.flight_files import FlightDirError, read_flight_dir
-from hangdoc.capture.flight_recorder import MAX_ENTRIES, FlightRecordInvalid, read_flight_record
+from hangdoc.capture.dumps.flight_files import FlightDirError, read_flight_dir
+from hangdoc.capture.read.flight_recorder import (
+    MAX_ENTRIES,
+    FlightRecordInvalid,
+    read_flight_record,
+)
 from hangdoc.model import Confidence, FlightEntry, FlightGroup, FlightRecord, Verdict
 
 DUMPS = TESTS / "data" / "flight"

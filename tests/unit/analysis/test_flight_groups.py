@@ -25,8 +25,8 @@ from support.settling import with_dumps
 
 from hangdoc.analysis.analyse import analyse
 from hangdoc.analysis.flight import FlightKind, match_flight
-from hangdoc.capture.flight_files import read_flight_dir
-from hangdoc.capture.flight_recorder import read_flight_record
+from hangdoc.capture.dumps.flight_files import read_flight_dir
+from hangdoc.capture.read.flight_recorder import read_flight_record
 from hangdoc.cli import main
 from hangdoc.model import Confidence, FlightRecord, Verdict
 

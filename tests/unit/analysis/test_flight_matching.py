@@ -24,8 +24,8 @@ from support.settling import with_dumps
 from hangdoc.analysis.analyse import analyse
 from hangdoc.analysis.flight import FlightKind, match_flight
 from hangdoc.bundle import snapshot_from_dict, snapshot_to_dict
-from hangdoc.capture.flight_files import read_flight_dir
-from hangdoc.capture.flight_recorder import flight_record_to_json, read_flight_record
+from hangdoc.capture.dumps.flight_files import read_flight_dir
+from hangdoc.capture.read.flight_recorder import flight_record_to_json, read_flight_record
 from hangdoc.cli import main
 from hangdoc.model import Confidence, FlightRecord, Verdict
 

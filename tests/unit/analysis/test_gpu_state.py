@@ -18,7 +18,7 @@ from hangdoc.analysis.gpu_state import (
     global_ranks,
     utilisation_split,
 )
-from hangdoc.capture.ncclras import read_ras_report
+from hangdoc.capture.read.ncclras import read_ras_report
 from hangdoc.model import (
     Confidence,
     GpuState,

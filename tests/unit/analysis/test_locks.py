@@ -4,7 +4,7 @@ Snapshots are built by hand: each thread's frames carry the source line py-spy's
 reads (``code``), the snapshot the lines of their functions (``SourceFile``), and the frames
 the object identities capture keeps of their lock expressions with ``--locals``
 (``@NAME`` -> the address of the object NAME holds, ``-`` for a module global; see
-``capture.pyspy.object_locals``).
+``capture.read.pyspy.object_locals``).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from support.factories import make_frame, make_rank, make_snapshot, make_thread
 
 from hangdoc.analysis.analyse import analyse
 from hangdoc.analysis.ops import COMPILED_MAYBE, recognise
-from hangdoc.capture.pyspy import frame_locals
+from hangdoc.capture.read.pyspy import frame_locals
 from hangdoc.model import Frame, FrameLocals, OpKind, Verdict
 
 LOOP = ["train.py:<module>:140", "train.py:main:134"]

@@ -16,7 +16,7 @@ from support.relocate import moved_under
 
 from hangdoc.analysis.analyse import analyse
 from hangdoc.bundle import load_snapshot
-from hangdoc.capture.source import keeps_source
+from hangdoc.capture.read.source import keeps_source
 from hangdoc.model import Frame, Origin, frame_origin
 
 RECORDED = sorted((TESTS / "snapshots").glob("*.json.gz"))

@@ -12,7 +12,7 @@ from support.factories import make_rank, make_snapshot
 from support.paths import TESTS
 
 from hangdoc.bundle import load_snapshot, save_snapshot, snapshot_from_dict, snapshot_to_dict
-from hangdoc.capture.ncclras import read_ras_report
+from hangdoc.capture.read.ncclras import read_ras_report
 from hangdoc.errors import BundleError
 from hangdoc.model import GpuState, JobSnapshot
 

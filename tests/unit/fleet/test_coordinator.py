@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 import pytest
 from support.factories import make_rank
 
-from hangdoc.capture.discover import Discovery
-from hangdoc.capture.jobspec import parse_job_spec
-from hangdoc.capture.wholejob import Elsewhere
+from hangdoc.capture.find.discover import Discovery
+from hangdoc.capture.find.jobspec import parse_job_spec
+from hangdoc.capture.find.wholejob import Elsewhere
 from hangdoc.diagnose import CaptureOptions, observe
 from hangdoc.errors import JobNotFound
 from hangdoc.fleet.client import AgentError
@@ -299,7 +299,7 @@ def test_a_pid_is_looked_up_on_its_node_and_the_others_are_asked_for_its_job() -
 
 
 def test_one_pid_number_on_two_nodes_in_different_jobs_is_refused() -> None:
-    from hangdoc.capture.jobsplit import MultipleJobs
+    from hangdoc.capture.find.jobsplit import MultipleJobs
 
     a = PidNode("a", {4242: _proc(4242, 1, "a")}, [])
     b = PidNode("b", {4242: _proc(4242, 0, "b", port="31000")}, [])

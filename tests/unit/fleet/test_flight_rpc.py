@@ -20,8 +20,8 @@ from support.harness import free_port
 from support.probes import remove_probe_files
 
 from hangdoc.bundle import save_snapshot
-from hangdoc.capture.flight_recorder import flight_record_to_json, read_flight_record
-from hangdoc.capture.jobspec import parse_job_spec
+from hangdoc.capture.find.jobspec import parse_job_spec
+from hangdoc.capture.read.flight_recorder import flight_record_to_json, read_flight_record
 from hangdoc.fleet.agent import AgentConfig, serve_in_thread
 from hangdoc.fleet.client import AgentAuth, RemoteNode
 from hangdoc.fleet.v1 import agent_pb2 as pb

@@ -15,8 +15,8 @@ from support.factories import make_snapshot
 from support.paths import TESTS
 
 from hangdoc.bundle import save_snapshot
-from hangdoc.capture.jobspec import parse_job_spec
-from hangdoc.capture.ncclras import read_ras_report
+from hangdoc.capture.find.jobspec import parse_job_spec
+from hangdoc.capture.read.ncclras import read_ras_report
 from hangdoc.fleet.agent import AgentConfig, serve_in_thread
 from hangdoc.fleet.client import AgentAuth, RemoteNode
 from hangdoc.fleet.coordinator import Fleet

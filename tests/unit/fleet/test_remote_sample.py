@@ -10,7 +10,7 @@ import pytest
 from support.factories import make_snapshot
 
 from hangdoc.bundle import save_snapshot
-from hangdoc.capture.jobspec import parse_job_spec
+from hangdoc.capture.find.jobspec import parse_job_spec
 from hangdoc.fleet import wire
 from hangdoc.fleet.agent import AgentConfig, serve_in_thread
 from hangdoc.fleet.client import AgentAuth, RemoteNode

@@ -22,8 +22,8 @@ from support.factories import make_frame, make_rank, make_snapshot
 from support.paths import REPO
 
 from hangdoc.bundle import load_snapshot
-from hangdoc.capture.discover import Discovery
-from hangdoc.capture.wholejob import Elsewhere
+from hangdoc.capture.find.discover import Discovery
+from hangdoc.capture.find.wholejob import Elsewhere
 from hangdoc.fleet import wire
 from hangdoc.fleet.v1 import agent_pb2 as pb
 from hangdoc.fleet.wire import AgentApiError

@@ -13,7 +13,7 @@ from support.factories import make_rank, make_snapshot
 from support.paths import TESTS
 
 from hangdoc.analysis.analyse import analyse
-from hangdoc.capture.ncclras import read_ras_report
+from hangdoc.capture.read.ncclras import read_ras_report
 from hangdoc.model import GpuState, JobSnapshot
 from hangdoc.report.json_report import render_json
 from hangdoc.report.terminal import render

@@ -20,7 +20,7 @@ from support.said import Said, silent
 
 from hangdoc.analysis.analyse import analyse
 from hangdoc.bundle import load_snapshot
-from hangdoc.capture.heartbeat_files import read_dir
+from hangdoc.capture.read.heartbeat_files import read_dir
 from hangdoc.cli import main
 from hangdoc.errors import JobNotFound, UsageError
 from hangdoc.fleet.client import AgentError

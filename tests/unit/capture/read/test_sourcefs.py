@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hangdoc.capture import sourcefs
-from hangdoc.capture.sourcefs import Credentials, SourceReader, open_as, read_lines
+from hangdoc.capture.read import sourcefs
+from hangdoc.capture.read.sourcefs import Credentials, SourceReader, open_as, read_lines
 from hangdoc.fleet.callers import (
     Caller,
     ProcCreds,

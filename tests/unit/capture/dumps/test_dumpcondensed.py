@@ -1,6 +1,6 @@
 """Stacks as people paste them (issue 24 item 6): condensed frame lines under free-form
 labels, top-frame summaries, tracebacks and faulthandler's output, read by
-``hangdoc analyze`` (``capture/dumpcondensed``), and ``hangdoc analyze -`` on standard input.
+``hangdoc analyze`` (``capture/dumps/dumpcondensed``), and ``hangdoc analyze -`` on standard input.
 
 The public threads behind ``tests/data/dumps/condensed/`` are in its README.
 """
@@ -14,9 +14,9 @@ import os
 import pytest
 from support.paths import TESTS
 
-from hangdoc.capture.dumpcondensed import parse_condensed
-from hangdoc.capture.dumpfile import DumpFormat, load_evidence, sniff
-from hangdoc.capture.dumplabels import LabelIndex, label_count, label_ranks, world_size_in
+from hangdoc.capture.dumps.dumpcondensed import parse_condensed
+from hangdoc.capture.dumps.dumpfile import DumpFormat, load_evidence, sniff
+from hangdoc.capture.dumps.dumplabels import LabelIndex, label_count, label_ranks, world_size_in
 from hangdoc.cli import main
 from hangdoc.errors import DumpFileError
 

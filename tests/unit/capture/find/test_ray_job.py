@@ -1,4 +1,4 @@
-"""``hangdoc.capture.ray_job`` without a cluster: addresses, Ray missing, and where Ray
+"""``hangdoc.capture.find.ray_job`` without a cluster: addresses, Ray missing, and where Ray
 Train's ranks are asked for (a fake dashboard). What the answers mean: test_ray_workers.py;
 the same code against a real multi-node Ray cluster: tests/live/ray/test_ray_discovery.py."""
 
@@ -10,9 +10,9 @@ import time
 import pytest
 from support.rayactors import CONTROLLER, CONTROLLER_LOG, JOB, actor, v2_worker
 
-from hangdoc.capture import ray_job
-from hangdoc.capture.ray_job import dashboard_url, ray_address
-from hangdoc.capture.ray_workers import TrainRank, number_workers
+from hangdoc.capture.find import ray_job
+from hangdoc.capture.find.ray_job import dashboard_url, ray_address
+from hangdoc.capture.find.ray_workers import TrainRank, number_workers
 from hangdoc.errors import RayNotInstalled, RayUnreachable, RayWorkersNotFound
 from hangdoc.model import RankSource
 

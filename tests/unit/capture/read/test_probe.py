@@ -1,4 +1,4 @@
-"""``hangdoc.probe`` served by real processes and read by ``capture.probe_client``.
+"""``hangdoc.probe`` served by real processes and read by ``capture.read.probe_client``.
 
 It starts without touching the script (the ``.pth`` hook with ``HANGDOC_PROBE=1``, ``hangdoc
 run``), answers with the heartbeat and the threads' live exceptions (never a message), says
@@ -31,9 +31,9 @@ from support.probes import probe_socket, remove_probe_files
 
 from hangdoc.analysis.analyse import analyse
 from hangdoc.bundle import snapshot_from_dict, snapshot_to_dict
-from hangdoc.capture import probe_client
-from hangdoc.capture.heartbeat_files import read_processes
-from hangdoc.capture.probe_client import _ask, probe_heartbeat, probe_state
+from hangdoc.capture.read import probe_client
+from hangdoc.capture.read.heartbeat_files import read_processes
+from hangdoc.capture.read.probe_client import _ask, probe_heartbeat, probe_state
 from hangdoc.fleet.node import LocalNode
 from hangdoc.model import Frame, Heartbeat, ProbeStatus, ThreadException
 from hangdoc.probe_hook import BOOT_DIR, PTH_NAME

@@ -1,11 +1,11 @@
-"""Which processes of a dump file are ranks, and their numbers (``capture.dumpranks``)."""
+"""Which processes of a dump file are ranks, and their numbers (``capture.dumps.dumpranks``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from hangdoc.capture.dumped import text_frame
-from hangdoc.capture.dumpranks import Hint, hint, not_a_rank, number, ray_actor
+from hangdoc.capture.dumps.dumped import text_frame
+from hangdoc.capture.dumps.dumpranks import Hint, hint, not_a_rank, number, ray_actor
 from hangdoc.model import RankSource, ThreadStack
 
 

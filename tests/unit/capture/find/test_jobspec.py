@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hangdoc.capture.jobspec import (
+from hangdoc.capture.find.jobspec import (
     ACCEPTED_FORMS,
     PID_MAX,
     PORT_MAX,

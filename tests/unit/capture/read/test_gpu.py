@@ -1,4 +1,4 @@
-"""GPU state through NVML (``hangdoc.capture.gpu``), on a machine without a GPU.
+"""GPU state through NVML (``hangdoc.capture.read.gpu``), on a machine without a GPU.
 
 The skip paths run for real here: the installed nvidia-ml-py against a machine with no
 NVIDIA driver, and an interpreter without nvidia-ml-py. What NVML would answer on a GPU
@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from support.paths import TESTS
 
-from hangdoc.capture import gpu
-from hangdoc.capture.gpu import (
+from hangdoc.capture.read import gpu
+from hangdoc.capture.read.gpu import (
     NvmlGpu,
     NvmlUnavailable,
     attribute,
@@ -162,7 +162,7 @@ def test_a_cuda_process_is_told_why_there_is_no_gpu_state(monkeypatch: pytest.Mo
 
 def test_without_nvidia_ml_py_hangdoc_still_imports_and_runs() -> None:
     code = ("import sys; sys.modules['pynvml'] = None\n"
-            "from hangdoc.capture.gpu import read_gpus\n"
+            "from hangdoc.capture.read.gpu import read_gpus\n"
             "print(repr(read_gpus([1]).reason))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr

@@ -21,8 +21,8 @@ import re
 import pytest
 from support.paths import TESTS
 
-from hangdoc.capture.dumpfile import load_evidence
-from hangdoc.capture.dumptext import parse_text
+from hangdoc.capture.dumps.dumpfile import load_evidence
+from hangdoc.capture.dumps.dumptext import parse_text
 from hangdoc.cli import main
 from hangdoc.model import CaptureErrorKind
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hangdoc.capture.pyspy import parse_dump
+from hangdoc.capture.read.pyspy import parse_dump
 
 SOURCE = '''import threading
 GLOBAL_LOCK = threading.Lock()

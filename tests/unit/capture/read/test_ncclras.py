@@ -1,4 +1,4 @@
-"""NCCL's RAS report (``hangdoc.capture.ncclras``): the parser on the published output and on
+"""NCCL's RAS report (``hangdoc.capture.read.ncclras``): the parser on the published output and on
 the malformed JSON of NCCL 2.28.9, and the client run's skip paths.
 
 Fixtures (``tests/data/gpu/``):
@@ -38,8 +38,8 @@ from pathlib import Path
 import pytest
 from support.paths import TESTS
 
-from hangdoc.capture import ncclras
-from hangdoc.capture.ncclras import (
+from hangdoc.capture.read import ncclras
+from hangdoc.capture.read.ncclras import (
     RasReportInvalid,
     query_ras,
     ras_report_to_json,

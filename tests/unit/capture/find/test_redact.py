@@ -12,7 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hangdoc.capture.redact import REDACTED, is_secret_name, redact_argv, redact_env, redact_value
+from hangdoc.capture.find.redact import (
+    REDACTED,
+    is_secret_name,
+    redact_argv,
+    redact_env,
+    redact_value,
+)
 
 V = "Zk3qP9xV7mL2nB8cR4tY6wE1"  # a realistic password / opaque token
 GH = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"

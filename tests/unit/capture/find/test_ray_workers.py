@@ -1,4 +1,4 @@
-"""``hangdoc.capture.ray_workers``: what Ray's answers mean, without Ray: patterns, worker
+"""``hangdoc.capture.find.ray_workers``: what Ray's answers mean, without Ray: patterns, worker
 selection, where ranks come from (Ray Train's run state, its controller's log, actor order),
 job resolution and errors. The calls that ask the cluster: test_ray_job.py; the same code
 against a real multi-node Ray cluster: tests/live/ray/test_ray_discovery.py."""
@@ -21,7 +21,7 @@ from support.rayactors import (
     v2_worker,
 )
 
-from hangdoc.capture.ray_workers import (
+from hangdoc.capture.find.ray_workers import (
     JobInfo,
     RayWorker,
     TrainRank,

@@ -26,9 +26,9 @@ import pytest
 from support.paths import REPO, TESTS
 from support.stacks import C10D, main_thread
 
-from hangdoc.capture import pyspy
-from hangdoc.capture.procstate import parse_ss, read_state, socket_bytes, socket_bytes_many
-from hangdoc.capture.pyspy import (
+from hangdoc.capture.read import pyspy
+from hangdoc.capture.read.procstate import parse_ss, read_state, socket_bytes, socket_bytes_many
+from hangdoc.capture.read.pyspy import (
     DEFAULT_GROUP,
     clean_message,
     dump,
@@ -36,7 +36,7 @@ from hangdoc.capture.pyspy import (
     parse_dump,
     source_line,
 )
-from hangdoc.capture.sample import sample_round
+from hangdoc.capture.read.sample import sample_round
 from hangdoc.diagnose import CaptureOptions, diagnose
 from hangdoc.errors import PySpyMissing
 from hangdoc.model import CaptureErrorKind, Frame, FrameLocals, ProcessState, RankProcess
@@ -234,7 +234,7 @@ def test_find_pyspy_prefers_the_one_next_to_the_interpreter() -> None:
 def test_find_pyspy_from_a_venv_that_is_not_activated(tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, "-c",
-                          "from hangdoc.capture.pyspy import find_pyspy; print(find_pyspy())"],
+                          "from hangdoc.capture.read.pyspy import find_pyspy; print(find_pyspy())"],
                          env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(Path(sys.executable).parent / "py-spy")
 
@@ -413,7 +413,7 @@ def test_socket_bytes_of_a_process_without_sockets_is_zero() -> None:
 def test_a_round_never_runs_more_py_spy_processes_than_its_slots(monkeypatch) -> None:
     import threading
 
-    from hangdoc.capture import sample as capture_module
+    from hangdoc.capture.read import sample as capture_module
 
     sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(5)]
     running, peak = 0, 0
@@ -492,7 +492,7 @@ def test_thread_counters_tell_a_busy_side_thread_from_the_waiting_main_thread() 
 
 
 def test_stat_cpu_counts_fields_after_the_last_parenthesis() -> None:
-    from hangdoc.capture.procstate import _CLOCK_TICKS, _stat_cpu
+    from hangdoc.capture.read.procstate import _CLOCK_TICKS, _stat_cpu
 
     fields = " ".join(str(n) for n in range(3, 20))  # fields 3.. of /proc/PID/task/TID/stat
     assert _stat_cpu(f"42 (a) (b c) {fields}") == (14 + 15) / _CLOCK_TICKS

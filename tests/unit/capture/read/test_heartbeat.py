@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support.paths import REPO
 
-from hangdoc.capture.heartbeat_files import read_dir as read_heartbeats
+from hangdoc.capture.read.heartbeat_files import read_dir as read_heartbeats
 
 
 def run_loop(tmp_path: Path, body: str) -> subprocess.Popen:
@@ -90,7 +90,7 @@ def _beating(env: dict[str, str], argv_prefix: list[str] = ()) -> subprocess.Pop
 
 
 def test_read_process_finds_the_record_by_the_process_own_view(tmp_path) -> None:
-    from hangdoc.capture.heartbeat_files import read_process
+    from hangdoc.capture.read.heartbeat_files import read_process
 
     own_dir = _beating({"HANGDOC_HEARTBEAT_DIR": str(tmp_path / "own")})
     # its own PID namespace: it writes hb-1.bin under /dev/shm/hangdoc, we know it by another pid
@@ -114,7 +114,7 @@ def test_read_process_finds_the_record_by_the_process_own_view(tmp_path) -> None
 
 
 def test_read_process_does_not_follow_a_planted_link(tmp_path) -> None:
-    from hangdoc.capture.heartbeat_files import read_process
+    from hangdoc.capture.read.heartbeat_files import read_process
     from hangdoc.heartbeat import MAGIC, RECORD, VERSION
 
     target = tmp_path / "elsewhere.bin"  # a valid record: only the link itself may be refused
@@ -129,7 +129,7 @@ def test_read_process_does_not_follow_a_planted_link(tmp_path) -> None:
 
 
 def test_a_fifo_named_like_a_record_does_not_block_the_reader(tmp_path) -> None:
-    from hangdoc.capture.heartbeat_files import read_dir, read_process
+    from hangdoc.capture.read.heartbeat_files import read_dir, read_process
     from hangdoc.heartbeat import pid_namespace, record_name
 
     sleeper = subprocess.Popen(["sleep", "60"], env=dict(os.environ, HANGDOC_HEARTBEAT_DIR=str(tmp_path)))
@@ -150,7 +150,7 @@ def test_a_heartbeat_directory_named_by_the_process_is_read_only_as_it_could(tmp
     does not climb out of its root, and a record it may not read itself is not read."""
     import tempfile
 
-    from hangdoc.capture.heartbeat_files import read_process
+    from hangdoc.capture.read.heartbeat_files import read_process
     from hangdoc.heartbeat import MAGIC, RECORD, VERSION
 
     record = RECORD.pack(MAGIC, VERSION, 1, 0, 7, 1, time.monotonic_ns())

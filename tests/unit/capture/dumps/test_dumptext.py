@@ -1,4 +1,4 @@
-"""Reading py-spy's text and ``ray stack`` output (``hangdoc.capture.dumptext``).
+"""Reading py-spy's text and ``ray stack`` output (``hangdoc.capture.dumps.dumptext``).
 
 The recorded dumps of real hung jobs are in ``tests/data/dumps/`` (``record.py`` made
 them); the snippets here are written in the formats py-spy's ``src/dump.rs`` prints (and
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 from support.paths import TESTS
 
-from hangdoc.capture.dumped import is_native, python_filename, text_frame
-from hangdoc.capture.dumptext import MAX_LINE_CHARS, looks_like_text_dump, parse_text
+from hangdoc.capture.dumps.dumped import is_native, python_filename, text_frame
+from hangdoc.capture.dumps.dumptext import MAX_LINE_CHARS, looks_like_text_dump, parse_text
 from hangdoc.model import CaptureErrorKind, Origin
 
 DUMPS = TESTS / "data" / "dumps"

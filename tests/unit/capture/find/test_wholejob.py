@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 from support.tables import PY, SPAWN, TORCHRUN, TRACKER, proc, table
 
-from hangdoc.capture import wholejob
-from hangdoc.capture.discover import MultipleJobs, discover
-from hangdoc.capture.jobspec import parse_job_spec
-from hangdoc.capture.processes import ProcInfo
-from hangdoc.capture.ranks import select_ranks
-from hangdoc.capture.wholejob import _expand_nodelist, elsewhere, elsewhere_note
+from hangdoc.capture.find import wholejob
+from hangdoc.capture.find.discover import MultipleJobs, discover
+from hangdoc.capture.find.jobspec import parse_job_spec
+from hangdoc.capture.find.processes import ProcInfo
+from hangdoc.capture.find.ranks import select_ranks
+from hangdoc.capture.find.wholejob import _expand_nodelist, elsewhere, elsewhere_note
 from hangdoc.model import RankSource
 
 HOST = "node0"

@@ -34,18 +34,24 @@ from support.paths import REPO
 from support.tables import PY, TORCHRUN, proc, table
 
 from hangdoc.analysis.analyse import analyse
-from hangdoc.capture.discover import MultipleJobs, discover
-from hangdoc.capture.jobspec import parse_job_spec
-from hangdoc.capture.jobsplit import Member, RendezvousKey, job_names, rendezvous_key, split_jobs
-from hangdoc.capture.processes import (
+from hangdoc.capture.find.discover import MultipleJobs, discover
+from hangdoc.capture.find.jobspec import parse_job_spec
+from hangdoc.capture.find.jobsplit import (
+    Member,
+    RendezvousKey,
+    job_names,
+    rendezvous_key,
+    split_jobs,
+)
+from hangdoc.capture.find.processes import (
     PF_KTHREAD,
     ProcInfo,
     _is_kernel_thread,
     read_process_table,
     stat_flags,
 )
-from hangdoc.capture.rankenv import parse_env_int
-from hangdoc.capture.ranks import UNREADABLE_WITHHELD, WITHHELD_HELP, select_ranks
+from hangdoc.capture.find.rankenv import parse_env_int
+from hangdoc.capture.find.ranks import UNREADABLE_WITHHELD, WITHHELD_HELP, select_ranks
 from hangdoc.errors import HangdocError, JobNotFound, PermissionDenied, UsageError
 from hangdoc.model import MAX_WORLD_SIZE, RankSnapshot
 
@@ -305,7 +311,7 @@ def test_children_of_pid_2_in_a_container_are_processes() -> None:
     # a container; its own child has parent 2. Neither is a kernel thread.
     inner = (
         "import json, subprocess, sys, time, psutil\n"
-        "from hangdoc.capture.processes import read_process_table\n"
+        "from hangdoc.capture.find.processes import read_process_table\n"
         f"child = subprocess.Popen([sys.executable, '-c', 'import subprocess, sys; "
         f"subprocess.run([sys.executable, \"-c\", \"{SLEEP}\"])'])\n"
         "deadline = time.monotonic() + 20\n"

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from support.paths import TESTS
 
-from hangdoc.capture import flight_files
-from hangdoc.capture.flight_files import FlightDirError, read_flight_dir
-from hangdoc.capture.flight_recorder import FlightRecordInvalid, read_flight_record
+from hangdoc.capture.dumps import flight_files
+from hangdoc.capture.dumps.flight_files import FlightDirError, read_flight_dir
+from hangdoc.capture.read.flight_recorder import FlightRecordInvalid, read_flight_record
 
 REPO = TESTS.parent
 GOOD = TESTS / "data" / "flight" / "op_mismatch"  # three real dumps, ranks 0-2
@@ -175,7 +175,7 @@ def test_scalars_of_the_header_and_groups() -> None:
 
 
 def test_json_of_too_many_objects_is_refused_before_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hangdoc.capture import flight_recorder
+    from hangdoc.capture.read import flight_recorder
 
     monkeypatch.setattr(flight_recorder, "MAX_OBJECTS", 1_000)
     refused(b'{"entries": [' + b"{}," * 2_000 + b"{}]}", "JSON of 2,004 objects: more than 1,000")

@@ -15,17 +15,17 @@ import pytest
 from support.harness import free_port
 from support.tables import PY, SPAWN, TORCHRUN, TRACKER, proc, table
 
-from hangdoc.capture.discover import discover
-from hangdoc.capture.hosts import same_host
-from hangdoc.capture.jobspec import parse_job_spec
-from hangdoc.capture.processes import (
+from hangdoc.capture.find.discover import discover
+from hangdoc.capture.find.hosts import same_host
+from hangdoc.capture.find.jobspec import parse_job_spec
+from hangdoc.capture.find.processes import (
     PF_KTHREAD,
     ProcessTable,
     python_target,
     read_process_table,
     stat_flags,
 )
-from hangdoc.capture.ranks import select_ranks
+from hangdoc.capture.find.ranks import select_ranks
 from hangdoc.errors import JobNotFound, UsageError
 from hangdoc.model import RankSource
 

@@ -1,4 +1,4 @@
-"""``hangdoc analyze FILE`` on the stack dumps users already have (``capture.dumpfile``).
+"""``hangdoc analyze FILE`` on the stack dumps users already have (``capture.dumps.dumpfile``).
 
 The dumps in ``tests/data/dumps/`` are real: ``record.py`` there ran py-spy on real hung
 jobs of the corpus (``tests/jobs/``), as a user would by hand, and each must get the
@@ -18,8 +18,8 @@ from support.paths import TESTS
 
 from hangdoc.analysis.analyse import analyse
 from hangdoc.bundle import save_snapshot
-from hangdoc.capture import dumpfile
-from hangdoc.capture.dumpfile import DumpFormat, load_evidence, sniff
+from hangdoc.capture.dumps import dumpfile
+from hangdoc.capture.dumps.dumpfile import DumpFormat, load_evidence, sniff
 from hangdoc.cli import main
 from hangdoc.errors import BundleError, DumpFileError
 from hangdoc.model import CaptureErrorKind, RankSource, RankState, Verdict
@@ -291,7 +291,7 @@ def test_a_dump_file_too_large_is_refused(tmp_path, capsys, monkeypatch) -> None
 
 
 def test_a_deep_thread_is_refused(tmp_path, capsys, monkeypatch) -> None:
-    from hangdoc.capture import dumptext
+    from hangdoc.capture.dumps import dumptext
 
     monkeypatch.setattr(dumptext, "MAX_STACK_DEPTH", 3)
     _cli_error(capsys, DUMPS / "mismatch_wrapper_two_callers.txt", "more than 3 frames")

@@ -9,10 +9,10 @@ import socket
 import pytest
 from support.tables import PY, TORCHRUN, proc, table
 
-from hangdoc.capture.discover import discover
-from hangdoc.capture.jobspec import parse_job_spec
-from hangdoc.capture.jobsplit import MultipleJobs
-from hangdoc.capture.owners import job_owner, listening_uids
+from hangdoc.capture.find.discover import discover
+from hangdoc.capture.find.jobspec import parse_job_spec
+from hangdoc.capture.find.jobsplit import MultipleJobs
+from hangdoc.capture.find.owners import job_owner, listening_uids
 
 ROOT, NOBODY = 0, 65534
 

@@ -22,15 +22,15 @@ from support.fake_probe import answer as fake_answer
 from support.paths import TESTS
 
 from hangdoc import probe
-from hangdoc.capture import probe_client
-from hangdoc.capture.boundedjson import (
+from hangdoc.capture.read import probe_client
+from hangdoc.capture.read.boundedjson import (
     JsonTooBig,
     JsonTooDeep,
     ascii_json,
     check_counts,
     loads_small,
 )
-from hangdoc.capture.probe_client import MAX_ANSWER_BYTES, PEAK_ANSWER_BYTES, probe_state
+from hangdoc.capture.read.probe_client import MAX_ANSWER_BYTES, PEAK_ANSWER_BYTES, probe_state
 from hangdoc.model import ProbeStatus
 
 pytestmark = pytest.mark.timeout(60)
