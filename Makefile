@@ -53,8 +53,9 @@ bench-probe: $(STAMP)  ## what the in-process probe costs a job, idle and asked;
 bench-scale: $(STAMP)  ## analyse() of 1k/10k/100k-rank synthetic jobs (and one of 1M), analyze --json of their bundles; writes docs/benchmarks.md
 	$(BIN)/python bench/bench_scale.py --sizes 1000,10000,100000 --huge 1000000 --write docs/benchmarks.md
 
-lint: $(STAMP)  ## ruff + mypy on the package (strict: [tool.mypy] in pyproject.toml)
+lint: $(STAMP)  ## ruff (rules and format) + mypy --strict ([tool.ruff], [tool.mypy] in pyproject.toml)
 	$(BIN)/ruff check hangdoc tests bench examples tools
+	$(BIN)/ruff format --check hangdoc tests bench examples tools
 	$(BIN)/mypy hangdoc
 
 proto: PROTO_OUT ?= hangdoc/fleet/v1

@@ -81,8 +81,16 @@ def recorded() -> list[Outcome]:
         for label, snap in ((name, snapshot), (f"{name} (in ~/nanotorch)", moved_under(snapshot, "/home/u/nanotorch"))):
             t0 = time.perf_counter()
             d = analyse(snap)
-            out.append(Outcome(label, meta.verdict, tuple(sorted(meta.culprits)), d.verdict.value,
-                               d.culprit_ranks, time.perf_counter() - t0))
+            out.append(
+                Outcome(
+                    label,
+                    meta.verdict,
+                    tuple(sorted(meta.culprits)),
+                    d.verdict.value,
+                    d.culprit_ranks,
+                    time.perf_counter() - t0,
+                )
+            )
     return out
 
 
@@ -95,9 +103,15 @@ def live() -> list[Outcome]:
         with tempfile.TemporaryDirectory() as tmp, launch(meta, Path(tmp) / "job") as job:
             job.wait_ready()
             t0 = time.monotonic()
-            result = subprocess.run([sys.executable, "-m", "hangdoc", "diagnose", job.job_spec(), "--json"],
-                                    capture_output=True, text=True, timeout=180, cwd=ROOT,
-                                    stdin=subprocess.DEVNULL, check=False)
+            result = subprocess.run(
+                [sys.executable, "-m", "hangdoc", "diagnose", job.job_spec(), "--json"],
+                capture_output=True,
+                text=True,
+                timeout=180,
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
             seconds = time.monotonic() - t0
         try:
             report = json.loads(result.stdout)
@@ -105,8 +119,10 @@ def live() -> list[Outcome]:
         except (json.JSONDecodeError, KeyError, TypeError):
             got, culprits = f"error (exit {result.returncode})", ()
         outcome = Outcome(meta.name, meta.verdict, tuple(sorted(meta.culprits)), got, culprits, seconds)
-        print(f"{meta.name}: {got} {list(culprits)} {'ok' if outcome.right else 'WRONG'} ({seconds:.1f} s)",
-              file=sys.stderr)
+        print(
+            f"{meta.name}: {got} {list(culprits)} {'ok' if outcome.right else 'WRONG'} ({seconds:.1f} s)",
+            file=sys.stderr,
+        )
         out.append(outcome)
     return out
 
@@ -114,8 +130,7 @@ def live() -> list[Outcome]:
 def table(outcomes: list[Outcome], timed: str = "Time to verdict", scale: float = 1.0, unit: str = "s") -> str:
     verdicts = sorted({o.expected for o in outcomes} | {o.got for o in outcomes})
     counts = Counter((o.expected, o.got) for o in outcomes)
-    lines = ["| expected \\ got | " + " | ".join(f"`{v}`" for v in verdicts) + " |",
-             "|---|" + "---|" * len(verdicts)]
+    lines = ["| expected \\ got | " + " | ".join(f"`{v}`" for v in verdicts) + " |", "|---|" + "---|" * len(verdicts)]
     for e in verdicts:
         if any(o.expected == e for o in outcomes):
             lines.append(f"| `{e}` | " + " | ".join(str(counts[(e, g)] or "") for g in verdicts) + " |")
@@ -134,11 +149,13 @@ def table(outcomes: list[Outcome], timed: str = "Time to verdict", scale: float 
     lines += ["", f"Right verdict and culprits: {len(outcomes) - len(wrong)} of {len(outcomes)}."]
     times = [o.seconds for o in outcomes if o.seconds is not None]
     if times:
-        lines.append(f"{timed}: median {statistics.median(times) * scale:.1f} {unit}, "
-                     f"max {max(times) * scale:.1f} {unit}.")
+        lines.append(
+            f"{timed}: median {statistics.median(times) * scale:.1f} {unit}, max {max(times) * scale:.1f} {unit}."
+        )
     for o in wrong:
-        lines.append(f"- wrong: `{o.job}`: expected `{o.expected}` {list(o.culprits)}, got `{o.got}` "
-                     f"{list(o.got_culprits)}")
+        lines.append(
+            f"- wrong: `{o.job}`: expected `{o.expected}` {list(o.culprits)}, got `{o.got}` {list(o.got_culprits)}"
+        )
     return "\n".join(lines)
 
 
@@ -158,13 +175,19 @@ def partial() -> tuple[list[Trial], dict[str, str], int, float]:
 
 def partial_table(views: list[Trial], wholes: dict[str, str], n_recordings: int, seconds: float) -> str:
     def row(label: str, ts: list[Trial], recs: int) -> str:
-        return (f"| {label} | {recs} | {len(ts)} | {sum(t.part.confident for t in ts)} | "
-                f"{sum(t.contradiction for t in ts)} | {sum(t.claims_hidden for t in ts)} | "
-                f"{sum(bool(t.missing_unproven) for t in ts)} |")
+        return (
+            f"| {label} | {recs} | {len(ts)} | {sum(t.part.confident for t in ts)} | "
+            f"{sum(t.contradiction for t in ts)} | {sum(t.claims_hidden for t in ts)} | "
+            f"{sum(bool(t.missing_unproven) for t in ts)} |"
+        )
 
-    head = [("| {} | recordings | views | confident views | confident contradictions | "
-             "hidden rank blamed (confident) | rank called missing without evidence |"),
-            "|---|---|---|---|---|---|---|"]
+    head = [
+        (
+            "| {} | recordings | views | confident views | confident contradictions | "
+            "hidden rank blamed (confident) | rank called missing without evidence |"
+        ),
+        "|---|---|---|---|---|---|---|",
+    ]
     lines = [head[0].format("hidden as"), head[1]]
     for hiding in Hiding:
         ts = [t for t in views if t.hiding is hiding]
@@ -177,12 +200,22 @@ def partial_table(views: list[Trial], wholes: dict[str, str], n_recordings: int,
     bad = [t for t in views if t.faults]
     contradictions = sum(t.contradiction for t in views)
     recs = len({t.recording for t in views if t.contradiction})
-    lines += ["", (f"Confident contradictions: **{contradictions}** of {len(views)} views ({recs} recordings; "
-                   f"goal 0). {n_recordings} recordings replayed, {n_recordings - len(wholes)} with one rank "
-                   f"and nothing to hide. Replay and analysis of every view: {seconds:.1f} s.")]
-    lines += [(f"- {', '.join(t.faults)}: `{t.recording}`, {t.subset} (kept {compress_ranks(t.kept)}, "
-               f"{t.hiding.value}): `{t.part.verdict}` {list(t.part.culprits)} ({t.part.confidence}); "
-               f"whole job: `{t.whole.verdict}` {list(t.whole.culprits)} ({t.whole.confidence})") for t in bad]
+    lines += [
+        "",
+        (
+            f"Confident contradictions: **{contradictions}** of {len(views)} views ({recs} recordings; "
+            f"goal 0). {n_recordings} recordings replayed, {n_recordings - len(wholes)} with one rank "
+            f"and nothing to hide. Replay and analysis of every view: {seconds:.1f} s."
+        ),
+    ]
+    lines += [
+        (
+            f"- {', '.join(t.faults)}: `{t.recording}`, {t.subset} (kept {compress_ranks(t.kept)}, "
+            f"{t.hiding.value}): `{t.part.verdict}` {list(t.part.culprits)} ({t.part.confidence}); "
+            f"whole job: `{t.whole.verdict}` {list(t.whole.culprits)} ({t.whole.confidence})"
+        )
+        for t in bad
+    ]
     return "\n".join(lines)
 
 
@@ -190,8 +223,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--live", action="store_true", help="launch and diagnose every corpus job")
     parser.add_argument("--recorded", action="store_true", help="replay the recorded snapshots")
-    parser.add_argument("--partial", action="store_true",
-                        help="replay every recording with ranks removed: confident verdicts the whole job contradicts")
+    parser.add_argument(
+        "--partial",
+        action="store_true",
+        help="replay every recording with ranks removed: confident verdicts the whole job contradicts",
+    )
     parser.add_argument("--write", type=Path, help="write the section(s) into this markdown file")
     args = parser.parse_args()
     when = datetime.date.today().isoformat()
@@ -200,39 +236,56 @@ def main() -> int:
         parts = []
         if args.recorded or not args.live:
             outcomes = recorded()
-            parts.append(f"### Recorded snapshots, as recorded and moved under ~/nanotorch ({len(outcomes)} analyses)"
-                         "\n\n" + table(outcomes, "Analysis time", 1000.0, "ms"))
+            parts.append(
+                f"### Recorded snapshots, as recorded and moved under ~/nanotorch ({len(outcomes)} analyses)"
+                "\n\n" + table(outcomes, "Analysis time", 1000.0, "ms")
+            )
         if args.live:
             outcomes = live()
-            parts.append(f"### Live jobs ({len(outcomes)} real hung or healthy jobs, gloo on CPU)\n\n" + table(outcomes))
+            parts.append(
+                f"### Live jobs ({len(outcomes)} real hung or healthy jobs, gloo on CPU)\n\n" + table(outcomes)
+            )
         command = "python bench/bench_accuracy.py " + " ".join(
-            a for a in ("--live" if args.live else "", "--recorded" if args.recorded else "") if a)
-        sections.append((HEADING, (
-            f"{HEADING}\n\nProduced by `{command.strip()}` on {platform.node()} "
-            f"({os.cpu_count()} cores, shared), {when}. A job is right when both its verdict and its "
-            "culprit ranks match its header in `tests/jobs/`. This is hangdoc's own test corpus, not "
-            "a held-out set: these figures show what regresses, not accuracy on jobs it has never "
-            "seen.\n\n" + "\n\n".join(parts))))
+            a for a in ("--live" if args.live else "", "--recorded" if args.recorded else "") if a
+        )
+        sections.append(
+            (
+                HEADING,
+                (
+                    f"{HEADING}\n\nProduced by `{command.strip()}` on {platform.node()} "
+                    f"({os.cpu_count()} cores, shared), {when}. A job is right when both its verdict and its "
+                    "culprit ranks match its header in `tests/jobs/`. This is hangdoc's own test corpus, not "
+                    "a held-out set: these figures show what regresses, not accuracy on jobs it has never "
+                    "seen.\n\n" + "\n\n".join(parts)
+                ),
+            )
+        )
     if args.partial:
         views, wholes, n_recordings, seconds = partial()
-        sections.append((PARTIAL_HEADING, (
-            f"{PARTIAL_HEADING}\n\nProduced by `python bench/bench_accuracy.py --partial` on {platform.node()} "
-            f"({os.cpu_count()} cores, shared), {when}. Every recording (the corpus snapshots of "
-            "`tests/snapshots/`, the stack dumps of `tests/data/dumps/`, the flight recorder dumps of "
-            "`tests/data/flight/`) replayed with ranks hidden: each rank alone (at most 4), the first half, "
-            "every rank but one (each culprit among them), every rank but all the culprits. Hidden as "
-            "*dumps*: the rest read from dump files, nobody searched for the hidden ranks; *node lost*: a "
-            "live capture whose other node stopped answering, its ranks known; *node silent*: an agent that "
-            "never answered, its ranks unknown (dump recordings are cut as dumps only). A **confident "
-            "contradiction** is a view at medium or high confidence, its verdict not `unknown`, that the "
-            "verdict over the whole recording contradicts: another verdict (the whole's `unknown` "
-            "included), or a culprit the whole does not name; fewer culprits than the whole names, low "
-            "confidence and `unknown` never are. *Hidden rank blamed*: a hidden rank among the culprits at "
-            "medium or high confidence (the verdict rests on a rank nobody saw, even where the whole "
-            "agrees). *Called missing without evidence*: a hidden rank in the view's `scope.absent`, or any "
-            "rank there from dumps or with a silent node. The goal for the last three columns is 0; "
-            "`tests/unit/analysis/test_partial_views.py` checks the same views.\n\n"
-            + partial_table(views, wholes, n_recordings, seconds))))
+        sections.append(
+            (
+                PARTIAL_HEADING,
+                (
+                    f"{PARTIAL_HEADING}\n\nProduced by `python bench/bench_accuracy.py --partial` on {platform.node()} "
+                    f"({os.cpu_count()} cores, shared), {when}. Every recording (the corpus snapshots of "
+                    "`tests/snapshots/`, the stack dumps of `tests/data/dumps/`, the flight recorder dumps of "
+                    "`tests/data/flight/`) replayed with ranks hidden: each rank alone (at most 4), the first half, "
+                    "every rank but one (each culprit among them), every rank but all the culprits. Hidden as "
+                    "*dumps*: the rest read from dump files, nobody searched for the hidden ranks; *node lost*: a "
+                    "live capture whose other node stopped answering, its ranks known; *node silent*: an agent that "
+                    "never answered, its ranks unknown (dump recordings are cut as dumps only). A **confident "
+                    "contradiction** is a view at medium or high confidence, its verdict not `unknown`, that the "
+                    "verdict over the whole recording contradicts: another verdict (the whole's `unknown` "
+                    "included), or a culprit the whole does not name; fewer culprits than the whole names, low "
+                    "confidence and `unknown` never are. *Hidden rank blamed*: a hidden rank among the culprits at "
+                    "medium or high confidence (the verdict rests on a rank nobody saw, even where the whole "
+                    "agrees). *Called missing without evidence*: a hidden rank in the view's `scope.absent`, or any "
+                    "rank there from dumps or with a silent node. The goal for the last three columns is 0; "
+                    "`tests/unit/analysis/test_partial_views.py` checks the same views.\n\n"
+                    + partial_table(views, wholes, n_recordings, seconds)
+                ),
+            )
+        )
     for _, text in sections:
         print(text)
     if args.write:

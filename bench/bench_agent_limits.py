@@ -106,8 +106,10 @@ def starve(args, tmp: Path) -> dict:
                 time.sleep(args.settle)
                 with grpc.insecure_channel(agent.address) as channel:
                     stub = pb_grpc.AgentStub(channel)
-                    latencies = [timed(lambda: stub.FindRanks(pb.FindRanksRequest(job=ranks.job), timeout=90))
-                                 for _ in range(args.samples)]
+                    latencies = [
+                        timed(lambda: stub.FindRanks(pb.FindRanksRequest(job=ranks.job), timeout=90))
+                        for _ in range(args.samples)
+                    ]
                 out["operator_findranks"] = latencies
                 out["operator_findranks_median_s"] = statistics.median(s for _, s in latencies)
                 out["during"] = watch.stop()
@@ -140,8 +142,9 @@ def idle(args, tmp: Path) -> dict:
             # and a connection opened during it (its own subchannel: not the first channel's)
             with grpc.insecure_channel(agent.address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
                 fresh = pb_grpc.AgentStub(channel)
-                out["new_channel_getinfo"] = timed(lambda: fresh.GetInfo(pb.GetInfoRequest(), timeout=30,
-                                                                         wait_for_ready=True))
+                out["new_channel_getinfo"] = timed(
+                    lambda: fresh.GetInfo(pb.GetInfoRequest(), timeout=30, wait_for_ready=True)
+                )
             out["still_open_after_calls"] = open_count(socks)
             time.sleep(args.hold)
             out[f"still_open_{args.hold:g}s_later"] = open_count(socks)

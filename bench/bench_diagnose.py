@@ -42,8 +42,16 @@ from hangdoc.diagnose import CaptureOptions
 def start_job(n: int, tag: str, ready: Path) -> subprocess.Popen:
     env = dict(os.environ, HANGDOC_DEMO_TAG=tag, HANGDOC_READY_DIR=str(ready), OMP_NUM_THREADS="1")
     torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc-per-node", str(n), "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), str(ROOT / "examples" / "demo_train.py")]
+    cmd = [
+        str(torchrun),
+        "--nproc-per-node",
+        str(n),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        str(ROOT / "examples" / "demo_train.py"),
+    ]
     log = open(ready / "job.log", "w")  # noqa: SIM115 - the child writes to it for its whole life
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60 + 10 * n
@@ -63,13 +71,18 @@ def timed(fn) -> float:
 
 def manual_loop(pyspy: str, pids: list[int]) -> None:
     for pid in pids:
-        subprocess.run([pyspy, "dump", "--pid", str(pid)], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, check=False)
+        subprocess.run(
+            [pyspy, "dump", "--pid", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False
+        )
 
 
 def raw_parallel(pyspy: str, pids: list[int]) -> None:
-    procs = [subprocess.Popen([pyspy, "dump", "--json", "--pid", str(pid)], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL) for pid in pids]
+    procs = [
+        subprocess.Popen(
+            [pyspy, "dump", "--json", "--pid", str(pid)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+        for pid in pids
+    ]
     for p in procs:
         p.communicate()
 
@@ -93,14 +106,27 @@ def bench_size(n: int, repeat: int, options: CaptureOptions) -> dict[str, object
             times["round"].append(timed(lambda: sample_round(procs, 0.0)))
             t0 = time.perf_counter()
             out = subprocess.run(
-                [sys.executable, "-m", "hangdoc", "diagnose", spec, "--json", "-q",
-                 "--window", str(options.window), "--interval", str(options.interval)],
-                capture_output=True, text=True, check=True, cwd=ROOT,
+                [
+                    sys.executable,
+                    "-m",
+                    "hangdoc",
+                    "diagnose",
+                    spec,
+                    "--json",
+                    "-q",
+                    "--window",
+                    str(options.window),
+                    "--interval",
+                    str(options.interval),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+                cwd=ROOT,
             )
             times["diagnose"].append(time.perf_counter() - t0)
             report = json.loads(out.stdout)
-            verdicts.add((report["verdict"], tuple(report["culprit_ranks"]),
-                          report.get("observed_seconds")))
+            verdicts.add((report["verdict"], tuple(report["culprit_ranks"]), report.get("observed_seconds")))
         med = {k: statistics.median(v) for k, v in times.items()}
         return {"n": n, **med, "verdicts": sorted(verdicts)}
     finally:
@@ -114,13 +140,18 @@ def render(rows: list[dict[str, object]], options: CaptureOptions, repeat: int, 
         "",
         "## Time to verdict on real hung ranks (issue 3)",
         "",
-        (f"Produced by `{cmd}` on {platform.node()} ({os.cpu_count()} cores), "
-        f"{time.strftime('%Y-%m-%d')}. Job: `examples/demo_train.py` under torchrun, gloo on "
-        f"CPU, N ranks hung in a collective mismatch. Median of {repeat} interleaved runs."),
+        (
+            f"Produced by `{cmd}` on {platform.node()} ({os.cpu_count()} cores), "
+            f"{time.strftime('%Y-%m-%d')}. Job: `examples/demo_train.py` under torchrun, gloo on "
+            f"CPU, N ranks hung in a collective mismatch. Median of {repeat} interleaved runs."
+        ),
         f"hangdoc window {options.window:.1f} s, interval {options.interval:.1f} s.",
         "",
-        ("| ranks | manual py-spy loop (s) | raw parallel py-spy --json (s) | hangdoc capture round (s) "
-        "| round / raw | hangdoc diagnose, to verdict (s) | beyond the window (s) | verdict (culprits, observed s) |"),
+        (
+            "| ranks | manual py-spy loop (s) | raw parallel py-spy --json (s) | hangdoc capture round (s) "
+            "| round / raw | hangdoc diagnose, to verdict (s) | beyond the window (s) "
+            "| verdict (culprits, observed s) |"
+        ),
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -137,7 +168,7 @@ def render(rows: list[dict[str, object]], options: CaptureOptions, repeat: int, 
         "",
         "Reading the table: the manual loop is only the dumps, in sequence, with nobody reading",
         "them; hangdoc's round adds process counters and source lines to the same parallel dumps.",
-        "\"beyond the window\" is everything but the sampling window: interpreter start and",
+        '"beyond the window" is everything but the sampling window: interpreter start and',
         "imports, discovery, the round still running when the window closes, analysis and output.",
         "The window itself is a choice (`--window`, default 2 s): it is what tells a hang from a",
         "slow step, which no single dump can.",

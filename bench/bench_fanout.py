@@ -83,13 +83,28 @@ def start_agents(n: int, tag: str, logs: Path) -> tuple[list[subprocess.Popen], 
     for first in range(0, n, BATCH):
         batch = range(first, min(first + BATCH, n))
         for k in batch:
-            cmd = [sys.executable, "-m", "hangdoc", "agent", "--listen", "127.0.0.1:0",
-                   "--replay", str(SNAPSHOT), "--node-name", f"node{k}",
-                   "--replay-rank-offset", str(RANKS_PER_AGENT * k),
-                   "--replay-world-size", str(RANKS_PER_AGENT * n)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "hangdoc",
+                "agent",
+                "--listen",
+                "127.0.0.1:0",
+                "--replay",
+                str(SNAPSHOT),
+                "--node-name",
+                f"node{k}",
+                "--replay-rank-offset",
+                str(RANKS_PER_AGENT * k),
+                "--replay-world-size",
+                str(RANKS_PER_AGENT * n),
+            ]
             with open(logs / f"agent{k}.log", "w") as log:
-                procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                                              stderr=log, start_new_session=True))
+                procs.append(
+                    subprocess.Popen(
+                        cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True
+                    )
+                )
         ports += [wait_port(procs[k], logs / f"agent{k}.log") for k in batch]
     return procs, ports
 
@@ -103,13 +118,22 @@ def start_hosts(n: int, per: int, tag: str, logs: Path) -> tuple[list[subprocess
     procs: list[subprocess.Popen] = []
     for first in range(0, n, per):
         count = min(per, n - first)
-        cmd = [sys.executable, __file__, "--serve", f"{first}:{count}", "--world", str(RANKS_PER_AGENT * n),
-               "--token-file", str(token_file)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--serve",
+            f"{first}:{count}",
+            "--world",
+            str(RANKS_PER_AGENT * n),
+            "--token-file",
+            str(token_file),
+        ]
         with open(logs / f"host{first}.log", "w") as log:
-            procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                                          stderr=log, start_new_session=True))
+            procs.append(
+                subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+            )
     ports: list[int] = []
-    for first, proc in zip(range(0, n, per), procs):
+    for first, proc in zip(range(0, n, per), procs, strict=False):
         ports += wait_ports(proc, logs / f"host{first}.log", timeout=60.0 + per * 0.05)
     return procs, ports
 
@@ -142,8 +166,14 @@ def serve_hosted(first: int, count: int, world: int, token_file: str) -> int:
         ports: dict[int, int] = {}
         tasks = []
         for k in range(first, first + count):
-            config = AgentConfig(listen="127.0.0.1:0", token=token, host=f"node{k}", replay=str(SNAPSHOT),
-                                 replay_rank_offset=RANKS_PER_AGENT * k, replay_world_size=world)
+            config = AgentConfig(
+                listen="127.0.0.1:0",
+                token=token,
+                host=f"node{k}",
+                replay=str(SNAPSHOT),
+                replay_rank_offset=RANKS_PER_AGENT * k,
+                replay_world_size=world,
+            )
             tasks.append(asyncio.create_task(serve(config, partial(ports.__setitem__, k), stop)))
             if len(tasks) % 64 == 0:
                 await asyncio.sleep(0)  # let the started ones bind before the next batch
@@ -209,8 +239,11 @@ def round_bytes(fleet: Fleet, taken: Mapping[int, Sample]) -> int:
         procs = [fleet.placed[i][1] for i in idx]
         request = pb.SampleRequest(
             processes=pb.RankProcessList(processes=[wire.rank_process_to_proto(p) for p in procs]),
-            t=1.0, native=False, timeout_seconds=5.0)
-        response = wire.samples_to_proto([(p.pid, taken[i]) for p, i in zip(procs, idx)])
+            t=1.0,
+            native=False,
+            timeout_seconds=5.0,
+        )
+        response = wire.samples_to_proto([(p.pid, taken[i]) for p, i in zip(procs, idx, strict=False)])
         total += request.ByteSize() + response.ByteSize()
     return total
 
@@ -228,8 +261,9 @@ def widened(options: CaptureOptions, n: int) -> CaptureOptions:
     return options if n <= FLAT_LIMIT else replace(options, timeout=MAX_DUMP_TIMEOUT)
 
 
-def bench_size(n: int, per: int, repeat: int, options: CaptureOptions, profile: bool,
-               windows: list[int]) -> dict[str, object]:
+def bench_size(
+    n: int, per: int, repeat: int, options: CaptureOptions, profile: bool, windows: list[int]
+) -> dict[str, object]:
     options = widened(options, n)
     auth = AgentAuth(token=TOKEN) if per > 1 else AgentAuth()
     with agents(n, per) as (ports, started, agents_rss, agent_procs):
@@ -264,24 +298,40 @@ def bench_size(n: int, per: int, repeat: int, options: CaptureOptions, profile: 
             prof = profile_round(fleet, options, threads=n > 1) if profile else ""
             sweep = sweep_windows(fleet, windows, repeat, options) if windows else []
             return {
-                "n": n, "per": per, "ranks": len(fleet.placed), "start": started, "agents_rss": agents_rss,
-                "find": t_find, "round": statistics.median(rounds), "rounds": rounds,
-                "bytes": round_bytes(fleet, taken), "watch": t_watch,
-                "beyond": t_watch - options.window, "watch_rounds": rounds_in_watch,
-                "observed": snapshot.window_seconds, "analyse": t_analyse,
-                "cpu": cpu_round, "agents_cpu": agents_cpu_round, **parts,
-                "sources": sources, "verdict": diagnosis.verdict.value,
-                "culprits": culprits, "verdict_ok": verdict_ok,
+                "n": n,
+                "per": per,
+                "ranks": len(fleet.placed),
+                "start": started,
+                "agents_rss": agents_rss,
+                "find": t_find,
+                "round": statistics.median(rounds),
+                "rounds": rounds,
+                "bytes": round_bytes(fleet, taken),
+                "watch": t_watch,
+                "beyond": t_watch - options.window,
+                "watch_rounds": rounds_in_watch,
+                "observed": snapshot.window_seconds,
+                "analyse": t_analyse,
+                "cpu": cpu_round,
+                "agents_cpu": agents_cpu_round,
+                **parts,
+                "sources": sources,
+                "verdict": diagnosis.verdict.value,
+                "culprits": culprits,
+                "verdict_ok": verdict_ok,
                 "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                "profile": prof, "sweep": sweep, "timeout": options.timeout,
+                "profile": prof,
+                "sweep": sweep,
+                "timeout": options.timeout,
             }
         finally:
             for node in nodes:
                 node.close()
 
 
-def sweep_windows(fleet: Fleet, windows: list[int], repeat: int,
-                  options: CaptureOptions) -> list[tuple[int, float, float]]:
+def sweep_windows(
+    fleet: Fleet, windows: list[int], repeat: int, options: CaptureOptions
+) -> list[tuple[int, float, float]]:
     """(calls in flight, median round wall, coordinator CPU per round) for each window."""
     out = []
     default = coordinator.MAX_IN_FLIGHT
@@ -321,11 +371,13 @@ def breakdown(fleet: Fleet, taken: Mapping[int, Sample], options: CaptureOptions
     serial = (time.perf_counter() - t0) * len(per_node) / len(visited)
     t0 = time.perf_counter()
     for _, idx in per_node.values():
-        pb.SampleRequest(processes=pb.RankProcessList(
-            processes=[wire.rank_process_to_proto(fleet.placed[i][1]) for i in idx]))
+        pb.SampleRequest(
+            processes=pb.RankProcessList(processes=[wire.rank_process_to_proto(fleet.placed[i][1]) for i in idx])
+        )
     encode = time.perf_counter() - t0
-    responses = [wire.samples_to_proto([(fleet.placed[i][1].pid, taken[i]) for i in idx])
-                 for _, idx in per_node.values()]
+    responses = [
+        wire.samples_to_proto([(fleet.placed[i][1].pid, taken[i]) for i in idx]) for _, idx in per_node.values()
+    ]
     t0 = time.perf_counter()
     for response in responses:
         wire.samples_from_proto(response)
@@ -390,50 +442,58 @@ def profile_round(fleet: Fleet, options: CaptureOptions, threads: bool) -> str:
         stats.add(prof)
     stats.sort_stats("tottime").print_stats(20)
     text = out.getvalue()
-    for prefix in sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["stdlib"], str(ROOT)},
-                         key=len, reverse=True):
+    for prefix in sorted(
+        {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["stdlib"], str(ROOT)}, key=len, reverse=True
+    ):
         text = text.replace(prefix + "/", "")
     return text
 
 
-def render(rows: list[dict[str, Any]], options: CaptureOptions, repeat: int, cmd: str,
-           load_before: str) -> str:
+def render(rows: list[dict[str, Any]], options: CaptureOptions, repeat: int, cmd: str, load_before: str) -> str:
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     per = int(rows[0]["per"])
     hosting = (
-        f"Each agent is a separate `python -m hangdoc agent --listen 127.0.0.1:0 --replay {SNAPSHOT.relative_to(ROOT)}` "
+        "Each agent is a separate "
+        f"`python -m hangdoc agent --listen 127.0.0.1:0 --replay {SNAPSHOT.relative_to(ROOT)}` "
         f"process (one gRPC server per process, started {BATCH} at a time)"
-        if per == 1 else
-        f"The agents run {per} to a process (`--per-process {per}`): each is "
+        if per == 1
+        else f"The agents run {per} to a process (`--per-process {per}`): each is "
         "`hangdoc.fleet.agent.serve`, the server `hangdoc agent --replay "
         f"{SNAPSHOT.relative_to(ROOT)}` runs, on its own port, {per} of them on one event loop, with a token "
         "(as an agent off loopback must have; without one every call would read the kernel's socket "
         "table, whose length grows with the number of connections on this one machine) and no audit "
-        "lines")
+        "lines"
+    )
     lines = [
         "## Coordinator fan-out (issue 4)",
         "",
-        (f"Produced by `{cmd}` on {platform.node()} ({os.cpu_count()} cores shared with other "
-         f"work: load average {load_before} before the run, {load} at its end), "
-         f"{time.strftime('%Y-%m-%d')}. {hosting}; agent K serves the 3-rank snapshot as ranks "
-         "3K..3K+2 of a 3N-rank job. The agents replay, so the capture itself costs ~0: what is "
-         "timed is the coordinator's fan-out, gRPC and protobuf decode, in one Python process "
-         f"over loopback. Round: median of {repeat}. watch: window {options.window:.1f} s, "
-         f"interval {options.interval:.1f} s. How the coordinator would reach 12,500 nodes and "
-         "more: [docs/scale.md](scale.md)."),
+        (
+            f"Produced by `{cmd}` on {platform.node()} ({os.cpu_count()} cores shared with other "
+            f"work: load average {load_before} before the run, {load} at its end), "
+            f"{time.strftime('%Y-%m-%d')}. {hosting}; agent K serves the 3-rank snapshot as ranks "
+            "3K..3K+2 of a 3N-rank job. The agents replay, so the capture itself costs ~0: what is "
+            "timed is the coordinator's fan-out, gRPC and protobuf decode, in one Python process "
+            f"over loopback. Round: median of {repeat}. watch: window {options.window:.1f} s, "
+            f"interval {options.interval:.1f} s. How the coordinator would reach 12,500 nodes and "
+            "more: [docs/scale.md](scale.md)."
+        ),
         "",
-        ("| agents | ranks | agents up (s) | agents' RSS (MB) | find_ranks (s) | one sample_all round (s), median (min-max) "
-         "| bytes per round | watch beyond the window (s) | rounds in watch | SampleSources, serial (s) "
-         "| coordinator peak RSS (MB) | verdict (culprits) |"),
+        (
+            "| agents | ranks | agents up (s) | agents' RSS (MB) | find_ranks (s) "
+            "| one sample_all round (s), median (min-max) "
+            "| bytes per round | watch beyond the window (s) | rounds in watch | SampleSources, serial (s) "
+            "| coordinator peak RSS (MB) | verdict (culprits) |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         culprits = r["culprits"]
-        shown = (f"{culprits[:3]}...{culprits[-1]}" if len(culprits) > 4 else str(culprits))
+        shown = f"{culprits[:3]}...{culprits[-1]}" if len(culprits) > 4 else str(culprits)
         ok = "as expected" if r["verdict_ok"] else "UNEXPECTED"
         lines.append(
             f"| {r['n']:,} | {r['ranks']:,} | {r['start']:.1f} | {r['agents_rss'] / 2**20:.0f} | "
-            f"{r['find']:.3f} | {r['round']:.3f} ({min(r['rounds']):.3f}-{max(r['rounds']):.3f}) | {r['bytes']:,} | {r['beyond']:.2f} | "
+            f"{r['find']:.3f} | {r['round']:.3f} ({min(r['rounds']):.3f}-{max(r['rounds']):.3f}) | "
+            f"{r['bytes']:,} | {r['beyond']:.2f} | "
             f"{r['watch_rounds']} | {r['sources']:.3f} | {r['maxrss'] / 2**20:.0f} | "
             f"{r['verdict']} {shown} ({len(culprits)} culprits, {ok}) |"
         )
@@ -442,9 +502,11 @@ def render(rows: list[dict[str, Any]], options: CaptureOptions, repeat: int, cmd
         "Where the time goes (seconds; one round unless said otherwise; the agents run on the same",
         "2 cores as the coordinator, so on loopback their CPU is part of the round's wall time):",
         "",
-        ("| agents | round, wall | coordinator CPU per round | coordinator CPU per agent (ms) "
-         "| all agents' CPU per round | the same calls one node at a time | protobuf encode + decode alone "
-         "| thread pool alone (no-op calls) | watch: last round ended at (s) | watch: analysis |"),
+        (
+            "| agents | round, wall | coordinator CPU per round | coordinator CPU per agent (ms) "
+            "| all agents' CPU per round | the same calls one node at a time | protobuf encode + decode alone "
+            "| thread pool alone (no-op calls) | watch: last round ended at (s) | watch: analysis |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -459,8 +521,10 @@ def render(rows: list[dict[str, Any]], options: CaptureOptions, repeat: int, cmd
         if r["sweep"]:
             lines += [
                 "",
-                (f"Calls in flight (`MAX_IN_FLIGHT`, the coordinator's thread pool) at {r['n']:,} agents, "
-                 f"median of {repeat} rounds each:"),
+                (
+                    f"Calls in flight (`MAX_IN_FLIGHT`, the coordinator's thread pool) at {r['n']:,} agents, "
+                    f"median of {repeat} rounds each:"
+                ),
                 "",
                 "| calls in flight | round, wall (s) | coordinator CPU per round (s) |",
                 "|---|---|---|",
@@ -476,9 +540,11 @@ def render(rows: list[dict[str, Any]], options: CaptureOptions, repeat: int, cmd
         top = str(rows[-1]["profile"]).strip().splitlines()
         lines += [
             "",
-            (f"Where the coordinator's CPU goes in one round at {rows[-1]['n']:,} agents (`--profile`: cProfile in "
-             "CPU time, the calling thread and every pool thread merged; profiling itself slows the "
-             "Python parts most):"),
+            (
+                f"Where the coordinator's CPU goes in one round at {rows[-1]['n']:,} agents (`--profile`: cProfile in "
+                "CPU time, the calling thread and every pool thread merged; profiling itself slows the "
+                "Python parts most):"
+            ),
             "",
             "```",
             *[line.rstrip() for line in top if line.strip()][:20],
@@ -486,22 +552,30 @@ def render(rows: list[dict[str, Any]], options: CaptureOptions, repeat: int, cmd
         ]
     lines += [
         "",
-        "Reading the table: \"bytes per round\" is the protobuf payload of all Sample requests",
+        'Reading the table: "bytes per round" is the protobuf payload of all Sample requests',
         "and responses of one round, re-encoded here (gRPC/HTTP2 framing not counted);",
-        "\"protobuf encode\" is building every node's process list anew, which a `RemoteNode`",
+        '"protobuf encode" is building every node\'s process list anew, which a `RemoteNode`',
         "now does only when its processes change.",
-        "\"watch beyond the window\" is the whole `observe()` minus its 2 s window: the last round,",
+        '"watch beyond the window" is the whole `observe()` minus its 2 s window: the last round,',
         "every round's source lines, and analysis; it also depends on where the last round falls:",
         "`watch` stops at the first round ending past the window, anywhere up to an interval later.",
-        "\"SampleSources, serial\" is one round's worth of",
+        '"SampleSources, serial" is one round\'s worth of',
         "the source-line calls `watch` makes after each round, one node after the other.",
         f"The one-node-at-a-time columns visit at most {SERIAL_AT_MOST:,} nodes and are scaled to all.",
-        *([(f"Above {FLAT_LIMIT:,} agents the dump timeout is {MAX_DUMP_TIMEOUT:g} s instead of "
-           f"{options.timeout:g} s: a round's deadline (dump timeout + {coordinator.ROUND_SLACK:g} s) covers the "
-           "whole fan-out, queueing included, and a flat round over that many agents takes longer "
-           "than 6 s here, so with the default every agent still queued would be reported unreachable "
-           "(as `find_ranks` at 12,500 agents was, under its default 15 s deadline).")]
-          if any(int(r["n"]) > FLAT_LIMIT for r in rows) else []),
+        *(
+            [
+                (
+                    f"Above {FLAT_LIMIT:,} agents the dump timeout is {MAX_DUMP_TIMEOUT:g} s instead of "
+                    f"{options.timeout:g} s: a round's deadline "
+                    f"(dump timeout + {coordinator.ROUND_SLACK:g} s) covers the "
+                    "whole fan-out, queueing included, and a flat round over that many agents takes longer "
+                    "than 6 s here, so with the default every agent still queued would be reported unreachable "
+                    "(as `find_ranks` at 12,500 agents was, under its default 15 s deadline)."
+                )
+            ]
+            if any(int(r["n"]) > FLAT_LIMIT for r in rows)
+            else []
+        ),
         "Peak RSS is `ru_maxrss`, which only grows: sizes run ascending, so each row is the peak",
         "up to and including that size.",
         "",
@@ -517,27 +591,33 @@ def findings(rows: list[dict[str, Any]]) -> list[str]:
     verdict = "meets" if f["round"] < 1.0 else "misses"
     per_agent = f["cpu"] / n
     return [
-        (f"At {n:,} agents one round takes {f['round']:.3f} s (the bar is for 128 agents: it {verdict} "
-         f"1 s at this size). The coordinator's own CPU is {f['cpu']:.3f} s of it "
-         f"(~{per_agent * 1000:.2f} ms per agent): decoding the answers into model values takes "
-         f"{f['decode']:.3f} s of it, the thread pool {f['pool']:.3f} s (building the process lists, "
-         f"{f['encode']:.3f} s, is paid on a node's first round only). "
-         f"The same calls one node at a time cost {f['serial'] / n * 1000:.1f} ms each, of which "
-         f"encode + decode are {(f['encode'] + f['decode']) / n * 1000:.2f} ms: the rest is gRPC's own "
-         "work per call and waiting for the agent's answer; the agents' own CPU "
-         f"({f['agents_cpu']:.3f} s per round) shares the coordinator's 2 cores here, which it would "
-         "not on a real cluster, so loopback overstates the round."),
+        (
+            f"At {n:,} agents one round takes {f['round']:.3f} s (the bar is for 128 agents: it {verdict} "
+            f"1 s at this size). The coordinator's own CPU is {f['cpu']:.3f} s of it "
+            f"(~{per_agent * 1000:.2f} ms per agent): decoding the answers into model values takes "
+            f"{f['decode']:.3f} s of it, the thread pool {f['pool']:.3f} s (building the process lists, "
+            f"{f['encode']:.3f} s, is paid on a node's first round only). "
+            f"The same calls one node at a time cost {f['serial'] / n * 1000:.1f} ms each, of which "
+            f"encode + decode are {(f['encode'] + f['decode']) / n * 1000:.2f} ms: the rest is gRPC's own "
+            "work per call and waiting for the agent's answer; the agents' own CPU "
+            f"({f['agents_cpu']:.3f} s per round) shares the coordinator's 2 cores here, which it would "
+            "not on a real cluster, so loopback overstates the round."
+        ),
         "",
-        (f"At 12,500 nodes (100,000 GPUs, 8 a node) one flat round costs the coordinator "
-         f"~{per_agent * 12_500:.1f} s of CPU at this rate, however many calls are in flight: above the "
-         "5 s a round may take. [docs/scale.md](scale.md) plans the relay tree that spreads it."),
+        (
+            f"At 12,500 nodes (100,000 GPUs, 8 a node) one flat round costs the coordinator "
+            f"~{per_agent * 12_500:.1f} s of CPU at this rate, however many calls are in flight: above the "
+            "5 s a round may take. [docs/scale.md](scale.md) plans the relay tree that spreads it."
+        ),
         "",
-        (f"What `watch` adds: source lines. Asked one node after the other they would cost "
-         f"{f['sources']:.3f} s at {n:,} agents (the \"SampleSources, serial\" column); `watch` asks "
-         "all nodes at once and only for (file, line) pairs it has not fetched from that node "
-         "before, so only the first round pays, and rounds start on a fixed tick "
-         f"(`t0 + k * interval`). `watch` took {big['watch_rounds']} round(s) in its 2 s window at {n:,} "
-         f"agents, {small['watch_rounds']} at {small['n']:,} agents."),
+        (
+            f"What `watch` adds: source lines. Asked one node after the other they would cost "
+            f'{f["sources"]:.3f} s at {n:,} agents (the "SampleSources, serial" column); `watch` asks '
+            "all nodes at once and only for (file, line) pairs it has not fetched from that node "
+            "before, so only the first round pays, and rounds start on a fixed tick "
+            f"(`t0 + k * interval`). `watch` took {big['watch_rounds']} round(s) in its 2 s window at {n:,} "
+            f"agents, {small['watch_rounds']} at {small['n']:,} agents."
+        ),
     ]
 
 
@@ -552,15 +632,28 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="8,32,128")
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--profile", action="store_true",
-                        help="a CPU profile of one round at the largest size (printed, and written with --write)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="a CPU profile of one round at the largest size (printed, and written with --write)",
+    )
     parser.add_argument("--write", metavar="FILE", help="append the markdown section to this file")
-    parser.add_argument("--per-process", type=int, default=1, metavar="K",
-                        help="host K agents in each agent process (default 1: one `hangdoc agent` each)")
-    parser.add_argument("--in-flight", default="", metavar="W,W,...",
-                        help="also time rounds with these many calls in flight (the coordinator's MAX_IN_FLIGHT)")
-    parser.add_argument("--in-flight-at", type=int, metavar="N",
-                        help="the one size to time --in-flight at (default: every size)")
+    parser.add_argument(
+        "--per-process",
+        type=int,
+        default=1,
+        metavar="K",
+        help="host K agents in each agent process (default 1: one `hangdoc agent` each)",
+    )
+    parser.add_argument(
+        "--in-flight",
+        default="",
+        metavar="W,W,...",
+        help="also time rounds with these many calls in flight (the coordinator's MAX_IN_FLIGHT)",
+    )
+    parser.add_argument(
+        "--in-flight-at", type=int, metavar="N", help="the one size to time --in-flight at (default: every size)"
+    )
     parser.add_argument("--serve", metavar="FIRST:COUNT", help=argparse.SUPPRESS)  # a host process
     parser.add_argument("--world", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--token-file", help=argparse.SUPPRESS)
@@ -575,8 +668,16 @@ def main() -> int:
     windows = [int(w) for w in args.in_flight.split(",") if w]
     for n in sizes:
         print(f"fan-out to {n} agents ...", file=sys.stderr, flush=True)
-        rows.append(bench_size(n, args.per_process, args.repeat, options, args.profile and n == sizes[-1],
-                               windows if args.in_flight_at in (None, n) else []))
+        rows.append(
+            bench_size(
+                n,
+                args.per_process,
+                args.repeat,
+                options,
+                args.profile and n == sizes[-1],
+                windows if args.in_flight_at in (None, n) else [],
+            )
+        )
         shown = {k: v for k, v in rows[-1].items() if k not in ("profile", "culprits", "rounds")}
         print(shown, file=sys.stderr, flush=True)
         if rows[-1]["profile"]:

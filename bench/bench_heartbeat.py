@@ -38,7 +38,7 @@ def per_call(fn, calls: int) -> float:
 
 
 def empty_loop(n: int) -> None:
-    for i in range(n):
+    for _i in range(n):
         pass
 
 
@@ -78,22 +78,26 @@ def main() -> int:
     beat = med["heartbeat(step)"] - med["empty loop"]
     with_step = med["with step()"] - med["empty with"]
     cmd = "python bench/bench_heartbeat.py " + " ".join(sys.argv[1:])
-    text = "\n".join([
-        "## Heartbeat cost (issue 5)",
-        "",
-        (f"Produced by `{cmd.strip()}`, {time.strftime('%Y-%m-%d')}, Python "
-        f"{sys.version.split()[0]}, {args.calls:,} calls x {args.repeat} interleaved runs (median)."),
-        "",
-        "| what | ns per call (loop included) | ns per call, the heartbeat alone |",
-        "|---|---|---|",
-        f"| empty `for` loop | {med['empty loop']:.0f} | - |",
-        f"| `hangdoc.heartbeat(i)` | {med['heartbeat(step)']:.0f} | {beat:.0f} |",
-        f"| empty `with` on a no-op context manager | {med['empty with']:.0f} | - |",
-        f"| `with hangdoc.step():` (two beats) | {med['with step()']:.0f} | {with_step:.0f} |",
-        "",
-        "The bar: under 1 microsecond per call. A training step takes milliseconds to seconds.",
-        "",
-    ])
+    text = "\n".join(
+        [
+            "## Heartbeat cost (issue 5)",
+            "",
+            (
+                f"Produced by `{cmd.strip()}`, {time.strftime('%Y-%m-%d')}, Python "
+                f"{sys.version.split()[0]}, {args.calls:,} calls x {args.repeat} interleaved runs (median)."
+            ),
+            "",
+            "| what | ns per call (loop included) | ns per call, the heartbeat alone |",
+            "|---|---|---|",
+            f"| empty `for` loop | {med['empty loop']:.0f} | - |",
+            f"| `hangdoc.heartbeat(i)` | {med['heartbeat(step)']:.0f} | {beat:.0f} |",
+            f"| empty `with` on a no-op context manager | {med['empty with']:.0f} | - |",
+            f"| `with hangdoc.step():` (two beats) | {med['with step()']:.0f} | {with_step:.0f} |",
+            "",
+            "The bar: under 1 microsecond per call. A training step takes milliseconds to seconds.",
+            "",
+        ]
+    )
     print(text)
     if args.write:
         sys.path.insert(0, str(Path(__file__).parent))

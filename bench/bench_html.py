@@ -46,11 +46,16 @@ def _measure(size: int, scenario: str, loads: int, out: Path, browser, executabl
     analysed = time.perf_counter() - t0
     verdict, culprits = expected(size, scenario)
     if diagnosis.verdict is not verdict or tuple(diagnosis.culprit_ranks) != culprits:
-        raise SystemExit(f"{size} ranks: the analysis said {diagnosis.verdict.value} "
-                         f"{list(diagnosis.culprit_ranks)[:8]}, expected {verdict.value}")
+        raise SystemExit(
+            f"{size} ranks: the analysis said {diagnosis.verdict.value} "
+            f"{list(diagnosis.culprit_ranks)[:8]}, expected {verdict.value}"
+        )
     row: dict[str, object] = {"ranks": size, "analyse_s": analysed}
-    for kind, render in (("html", lambda: render_html(diagnosis, snapshot)),
-                         ("dot", lambda: render_dot(diagnosis)), ("svg", lambda: render_svg(diagnosis))):
+    for kind, render in (
+        ("html", lambda: render_html(diagnosis, snapshot)),
+        ("dot", lambda: render_dot(diagnosis)),
+        ("svg", lambda: render_svg(diagnosis)),
+    ):
         t0 = time.perf_counter()
         text = render()
         row[f"{kind}_s"] = time.perf_counter() - t0
@@ -67,21 +72,30 @@ def _measure(size: int, scenario: str, loads: int, out: Path, browser, executabl
         ready.append(float(browser.evaluate("document.body.dataset.ready")) / 1000)
         if browser.errors:
             raise SystemExit(f"{size} ranks: the page reported errors: {browser.errors}")
-    row.update(load_median_s=statistics.median(times), load_max_s=max(times),
-               script_ready_s=statistics.median(ready), tree_nodes=len(diagnosis.tree or ()))
+    row.update(
+        load_median_s=statistics.median(times),
+        load_max_s=max(times),
+        script_ready_s=statistics.median(ready),
+        tree_nodes=len(diagnosis.tree or ()),
+    )
     return row
 
 
 def _table(rows: list[dict[str, object]]) -> str:
-    lines = [("| ranks | tree nodes | analyse | `--html` build | HTML size | load, median (max) "
-              "| load in a fresh browser | `--dot` build, size | `--svg` build, size |"),
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        (
+            "| ranks | tree nodes | analyse | `--html` build | HTML size | load, median (max) "
+            "| load in a fresh browser | `--dot` build, size | `--svg` build, size |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         lines.append(
             f"| {r['ranks']:,} | {r['tree_nodes']} | {r['analyse_s']:.1f} s | {r['html_s']:.2f} s "
             f"| {_mb(r['html_bytes'])} | **{r['load_median_s']:.2f} s** ({r['load_max_s']:.2f} s) "
             f"| {r['fresh_s']:.2f} s "
-            f"| {r['dot_s']:.3f} s, {_kb(r['dot_bytes'])} | {r['svg_s']:.3f} s, {_kb(r['svg_bytes'])} |")
+            f"| {r['dot_s']:.3f} s, {_kb(r['dot_bytes'])} | {r['svg_s']:.3f} s, {_kb(r['svg_bytes'])} |"
+        )
     return "\n".join(lines)
 
 
@@ -95,8 +109,7 @@ def _kb(n: object) -> str:
 
 def _chromium_version(executable: str) -> str:
     try:
-        out = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=30,
-                             check=False).stdout
+        out = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
     except (OSError, subprocess.TimeoutExpired):
         return "chromium"
     return out.strip().splitlines()[-1] if out.strip() else "chromium"
@@ -123,31 +136,46 @@ def main(argv: list[str] | None = None) -> int:
         with Browser(executable, timeout=60) as browser:
             for size in sizes:
                 rows.append(_measure(size, args.scenario, args.loads, out, browser, executable))
-                print(f"{size:>7} ranks: html {rows[-1]['html_bytes']:,} bytes, load median "
-                      f"{rows[-1]['load_median_s']:.2f} s", file=sys.stderr, flush=True)
+                print(
+                    f"{size:>7} ranks: html {rows[-1]['html_bytes']:,} bytes, load median "
+                    f"{rows[-1]['load_median_s']:.2f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
     table = _table(rows)
     print(table)
     if args.write:
         from docs_section import write_section
 
-        command = (f"python bench/bench_html.py --sizes {args.sizes} --loads {args.loads} "
-                   f"--scenario {args.scenario} --write {args.write}")
-        text = "\n".join([
-            HEADING, "",
-            (f"`{command}` on {platform.node() or 'this machine'} ({platform.machine()}, "
-            f"{_cores()} cores, shared), {_chromium_version(executable)} headless, "
-            f"synthetic `{args.scenario}` jobs of `bench/synthetic.py` (36-67-frame main-thread "
-            "stacks, 4-12 threads a rank, a few hundred distinct stacks, 3 samples, 8 ranks a node). "
-            f"Load: wall time from `Page.navigate` until the page has drawn its tree and the first "
-            f"culprit's stacks, {args.loads} loads in one browser, the first one included; "
-            "and the first page a newly started browser opens. "
-            "The bar (issue 14): a 100k-rank report opens in under 2 s."), "",
-            table, "",
-            ("What the page holds does not grow with ranks x frames: each distinct frame, stack, "
-            "sample and rank set once, per-rank columns run-length encoded; only the pids are a "
-            "number a rank. The script draws a branch when it is first opened. DOT and SVG "
-            "grow with the merged tree's nodes, not with ranks (rank sets are range strings)."),
-        ])
+        command = (
+            f"python bench/bench_html.py --sizes {args.sizes} --loads {args.loads} "
+            f"--scenario {args.scenario} --write {args.write}"
+        )
+        text = "\n".join(
+            [
+                HEADING,
+                "",
+                (
+                    f"`{command}` on {platform.node() or 'this machine'} ({platform.machine()}, "
+                    f"{_cores()} cores, shared), {_chromium_version(executable)} headless, "
+                    f"synthetic `{args.scenario}` jobs of `bench/synthetic.py` (36-67-frame main-thread "
+                    "stacks, 4-12 threads a rank, a few hundred distinct stacks, 3 samples, 8 ranks a node). "
+                    f"Load: wall time from `Page.navigate` until the page has drawn its tree and the first "
+                    f"culprit's stacks, {args.loads} loads in one browser, the first one included; "
+                    "and the first page a newly started browser opens. "
+                    "The bar (issue 14): a 100k-rank report opens in under 2 s."
+                ),
+                "",
+                table,
+                "",
+                (
+                    "What the page holds does not grow with ranks x frames: each distinct frame, stack, "
+                    "sample and rank set once, per-rank columns run-length encoded; only the pids are a "
+                    "number a rank. The script draws a branch when it is first opened. DOT and SVG "
+                    "grow with the merged tree's nodes, not with ranks (rank sets are range strings)."
+                ),
+            ]
+        )
         write_section(Path(args.write), HEADING, text)
     return 0
 

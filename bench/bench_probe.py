@@ -44,8 +44,9 @@ for line in sys.stdin:  # one round per line
 
 
 def _child(mode: str) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
     assert proc.stdout is not None
     return proc, proc.stdout.readline().strip()
 
@@ -85,27 +86,35 @@ def main() -> int:
             proc.wait()
     med = {k: statistics.median(v) for k, v in times.items()}
     cmd = "python bench/bench_probe.py " + " ".join(sys.argv[1:])
-    text = "\n".join([
-        HEADING,
-        "",
-        (f"Produced by `{cmd.strip()}`, {time.strftime('%Y-%m-%d')}, Python {sys.version.split()[0]}, "
-         f"{args.rounds} interleaved rounds of a fixed pure-Python loop (6,000,000 iterations) in a child "
-         "process (median)."),
-        "",
-        "| the child | seconds per round | vs. without the probe |",
-        "|---|---|---|",
-        f"| without the probe | {med['without']:.3f} | 1.00 |",
-        f"| probe started, idle | {med['idle']:.3f} | {med['idle'] / med['without']:.2f} |",
-        (f"| probe asked `ping` and `flight` during the round | {med['asked']:.3f} | "
-        f"{med['asked'] / med['without']:.2f} |"),
-        "",
-        (f"Time to an answer while the child's main thread runs Python: median "
-         f"{statistics.median(answers) * 1000:.1f} ms, max {max(answers) * 1000:.1f} ms "
-         f"({len(answers)} requests). A thread that never releases the GIL leaves the probe "
-         "unanswered: the caller gives up after its timeout (3 s in `diagnose`; "
-         "tests/unit/capture/read/test_probe.py)."),
-        "",
-    ])
+    text = "\n".join(
+        [
+            HEADING,
+            "",
+            (
+                f"Produced by `{cmd.strip()}`, {time.strftime('%Y-%m-%d')}, Python {sys.version.split()[0]}, "
+                f"{args.rounds} interleaved rounds of a fixed pure-Python loop (6,000,000 iterations) in a child "
+                "process (median)."
+            ),
+            "",
+            "| the child | seconds per round | vs. without the probe |",
+            "|---|---|---|",
+            f"| without the probe | {med['without']:.3f} | 1.00 |",
+            f"| probe started, idle | {med['idle']:.3f} | {med['idle'] / med['without']:.2f} |",
+            (
+                f"| probe asked `ping` and `flight` during the round | {med['asked']:.3f} | "
+                f"{med['asked'] / med['without']:.2f} |"
+            ),
+            "",
+            (
+                f"Time to an answer while the child's main thread runs Python: median "
+                f"{statistics.median(answers) * 1000:.1f} ms, max {max(answers) * 1000:.1f} ms "
+                f"({len(answers)} requests). A thread that never releases the GIL leaves the probe "
+                "unanswered: the caller gives up after its timeout (3 s in `diagnose`; "
+                "tests/unit/capture/read/test_probe.py)."
+            ),
+            "",
+        ]
+    )
     print(text)
     if args.write:
         sys.path.insert(0, str(Path(__file__).parent))

@@ -35,13 +35,21 @@ print(json.dumps({"added_mb": (peak - before) / 1024, "seconds": round(took, 2),
 
 
 def measure(kind: str, size: int, directory: str, items: int = 0) -> dict[str, object]:
-    server = subprocess.Popen([sys.executable, str(FAKE), "--dir", directory, "--answer", kind, "--size", str(size),
-                               "--items", str(items)], stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, str(FAKE), "--dir", directory, "--answer", kind, "--size", str(size), "--items", str(items)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert server.stdout is not None
         server.stdout.readline()
-        done = subprocess.run([sys.executable, "-c", READER, str(server.pid), str(ROOT)], capture_output=True,
-                              text=True, timeout=300, check=True)
+        done = subprocess.run(
+            [sys.executable, "-c", READER, str(server.pid), str(ROOT)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
         return {"answer": kind, "bytes": size, "items": items, **json.loads(done.stdout)}
     finally:
         server.kill()
@@ -52,8 +60,9 @@ def measure(kind: str, size: int, directory: str, items: int = 0) -> dict[str, o
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=64_000_000)
-    parser.add_argument("--answers", default="entries,numbers,dump-lists,dump-strings,exceptions,lists,strings,"
-                        "astral,quiet")
+    parser.add_argument(
+        "--answers", default="entries,numbers,dump-lists,dump-strings,exceptions,lists,strings,astral,quiet"
+    )
     parser.add_argument("--items", type=int, default=0, help="a dump's items, the rest of --size padding")
     parser.add_argument("--dir", help="where the fake probe listens (default: a fresh private directory)")
     args = parser.parse_args()

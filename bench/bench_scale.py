@@ -87,9 +87,14 @@ def worker(size: int, scenario: str) -> Measured:
     seconds = time.perf_counter() - t0
     verdict, culprits = expected(size, scenario)
     return Measured(
-        size, scenario, built, seconds, snapshot_mb,
+        size,
+        scenario,
+        built,
+        seconds,
+        snapshot_mb,
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6,
-        diagnosis.verdict.value, list(diagnosis.culprit_ranks),
+        diagnosis.verdict.value,
+        list(diagnosis.culprit_ranks),
         diagnosis.verdict is verdict and tuple(diagnosis.culprit_ranks) == culprits,
     )
 
@@ -120,8 +125,10 @@ def measure(size: int, scenario: str) -> Measured:
         from synthetic import expected
 
         verdict, culprits = expected(size, scenario)
-        raise SystemExit(f"{scenario}, {size} ranks: the analysis said {row.verdict} "
-                         f"{row.culprits[:8]}, expected {verdict.value} {list(culprits)[:8]}")
+        raise SystemExit(
+            f"{scenario}, {size} ranks: the analysis said {row.verdict} "
+            f"{row.culprits[:8]}, expected {verdict.value} {list(culprits)[:8]}"
+        )
     return row
 
 
@@ -130,14 +137,23 @@ def measure_cli(size: int, scenario: str, tmp: Path) -> Analyzed:
     from synthetic import expected
 
     bundle = tmp / f"{scenario}-{size}.json.gz"
-    _child([sys.executable, str(ROOT / "bench" / "synthetic.py"), "--ranks", str(size),
-            "--scenario", scenario, "--out", str(bundle)])
+    _child(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "synthetic.py"),
+            "--ranks",
+            str(size),
+            "--scenario",
+            scenario,
+            "--out",
+            str(bundle),
+        ]
+    )
     text, seconds, peak = _child([sys.executable, "-m", "hangdoc", "analyze", str(bundle), "--json"])
     report = json.loads(text)
     verdict, culprits = expected(size, scenario)
     if report["verdict"] != verdict.value or tuple(report["culprit_ranks"]) != culprits:
-        raise SystemExit(f"hangdoc analyze of {size} ranks said {report['verdict']}, "
-                         f"expected {verdict.value}")
+        raise SystemExit(f"hangdoc analyze of {size} ranks said {report['verdict']}, expected {verdict.value}")
     size_bytes = bundle.stat().st_size
     bundle.unlink()
     return Analyzed(size, scenario, seconds, peak, size_bytes)
@@ -164,19 +180,27 @@ def tables(rows: list[Measured], cli: list[Analyzed], sizes: list[int]) -> str:
     memory_lines = [memory, "", head, rule]
     for scenario in dict.fromkeys(r.scenario for r in rows):
         mine = {n: by[(scenario, n)] for n in sizes if (scenario, n) in by}
-        time_lines.append(f"| `{scenario}` | " + " | ".join(
-            f"**{_seconds(mine[n].analyse_s)}**" if n in mine else "" for n in sizes)
-            + f" | {_growth({n: r.analyse_s for n, r in mine.items()})} |")
-        memory_lines.append(f"| `{scenario}` | " + " | ".join(
-            f"**{mine[n].peak_mb:,.0f} MB** ({mine[n].snapshot_mb:,.0f})" if n in mine else ""
-            for n in sizes) + f" | {_growth({n: r.peak_mb for n, r in mine.items()})} |")
+        time_lines.append(
+            f"| `{scenario}` | "
+            + " | ".join(f"**{_seconds(mine[n].analyse_s)}**" if n in mine else "" for n in sizes)
+            + f" | {_growth({n: r.analyse_s for n, r in mine.items()})} |"
+        )
+        memory_lines.append(
+            f"| `{scenario}` | "
+            + " | ".join(
+                f"**{mine[n].peak_mb:,.0f} MB** ({mine[n].snapshot_mb:,.0f})" if n in mine else "" for n in sizes
+            )
+            + f" | {_growth({n: r.peak_mb for n, r in mine.items()})} |"
+        )
     text = "\n".join(time_lines) + "\n\n" + "\n".join(memory_lines)
     if cli:
         title = f"`hangdoc analyze FILE --json` of the saved bundle (`{cli[0].scenario}`), loading included:"
         lines = [title, "", "| ranks | bundle | bytes per rank | time | peak memory |", "|---|---|---|---|---|"]
         for a in cli:
-            lines.append(f"| {a.ranks:,} | {a.bundle_bytes / 1e6:.2f} MB | {a.bundle_bytes / a.ranks:.1f} "
-                         f"| **{_seconds(a.seconds)}** | {a.peak_mb:,.0f} MB |")
+            lines.append(
+                f"| {a.ranks:,} | {a.bundle_bytes / 1e6:.2f} MB | {a.bundle_bytes / a.ranks:.1f} "
+                f"| **{_seconds(a.seconds)}** | {a.peak_mb:,.0f} MB |"
+            )
         text += "\n\n" + "\n".join(lines)
     return text
 
@@ -184,9 +208,11 @@ def tables(rows: list[Measured], cli: list[Analyzed], sizes: list[int]) -> str:
 def _huge(huge: Measured | None) -> str:
     if huge is None:
         return ""
-    return (f"At {huge.ranks:,} ranks (`collective_mismatch`, STAT's scale): `analyse()` "
-            f"**{_seconds(huge.analyse_s)}**, peak **{huge.peak_mb / 1e3:.1f} GB** "
-            f"({huge.snapshot_mb / 1e3:.1f} GB with the snapshot built), verdict and culprits right.\n\n")
+    return (
+        f"At {huge.ranks:,} ranks (`collective_mismatch`, STAT's scale): `analyse()` "
+        f"**{_seconds(huge.analyse_s)}**, peak **{huge.peak_mb / 1e3:.1f} GB** "
+        f"({huge.snapshot_mb / 1e3:.1f} GB with the snapshot built), verdict and culprits right.\n\n"
+    )
 
 
 # what the profiles of ``hangdoc analyze FILE --json`` at 100k ranks showed (cProfile and
@@ -206,18 +232,23 @@ PROFILE = (
     "report entry, some tens of microseconds a rank. Loading a format-2 bundle: parsing its "
     "JSON 0.3-0.55 s, building 1.3M frozen objects and decoding their columns about 2 s (the "
     "thread records alone about 1 s). The report is written a rank a line by json's C encoder "
-    "(about 1 s for 40 MB), with the snapshot frozen out of the cyclic collector.")
+    "(about 1 s for 40 MB), with the snapshot frozen out of the cyclic collector."
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="ranks, comma-separated")
     parser.add_argument("--scenarios", default="all", help="comma-separated, or all (bench/synthetic.py)")
-    parser.add_argument("--cli-scenario", default="collective_mismatch",
-                        help="the scenario whose saved bundles `hangdoc analyze --json` reads; none: skip")
+    parser.add_argument(
+        "--cli-scenario",
+        default="collective_mismatch",
+        help="the scenario whose saved bundles `hangdoc analyze --json` reads; none: skip",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="fresh processes per measurement (median)")
-    parser.add_argument("--huge", type=int, default=0,
-                        help="also one analyse() of this many ranks (collective_mismatch), e.g. 1000000")
+    parser.add_argument(
+        "--huge", type=int, default=0, help="also one analyse() of this many ranks (collective_mismatch), e.g. 1000000"
+    )
     parser.add_argument("--write", type=Path, help="write the section into this markdown file")
     parser.add_argument("--worker", nargs=2, metavar=("RANKS", "SCENARIO"), help=argparse.SUPPRESS)
     given = sys.argv[1:] if argv is None else argv
@@ -234,12 +265,17 @@ def main(argv: list[str] | None = None) -> int:
         for size in sizes:
             runs = [measure(size, scenario) for _ in range(args.repeat)]
             row = dataclasses.replace(
-                runs[0], analyse_s=statistics.median(r.analyse_s for r in runs),
+                runs[0],
+                analyse_s=statistics.median(r.analyse_s for r in runs),
                 peak_mb=statistics.median(r.peak_mb for r in runs),
-                snapshot_mb=statistics.median(r.snapshot_mb for r in runs))
+                snapshot_mb=statistics.median(r.snapshot_mb for r in runs),
+            )
             rows.append(row)
-            print(f"{scenario} {size}: analyse {row.analyse_s:.2f} s, peak {row.peak_mb:.0f} MB "
-                  f"(before {row.snapshot_mb:.0f} MB), {row.verdict} right", file=sys.stderr)
+            print(
+                f"{scenario} {size}: analyse {row.analyse_s:.2f} s, peak {row.peak_mb:.0f} MB "
+                f"(before {row.snapshot_mb:.0f} MB), {row.verdict} right",
+                file=sys.stderr,
+            )
     huge = measure(args.huge, "collective_mismatch") if args.huge else None
     if huge is not None:
         print(f"huge {args.huge}: analyse {huge.analyse_s:.2f} s, peak {huge.peak_mb:.0f} MB", file=sys.stderr)
@@ -248,18 +284,26 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             for size in sizes:
                 cli.append(measure_cli(size, args.cli_scenario, Path(tmp)))
-                print(f"analyze --json {size}: {cli[-1].seconds:.2f} s, {cli[-1].peak_mb:.0f} MB, "
-                      f"{cli[-1].bundle_bytes} bytes", file=sys.stderr)
+                print(
+                    f"analyze --json {size}: {cli[-1].seconds:.2f} s, {cli[-1].peak_mb:.0f} MB, "
+                    f"{cli[-1].bundle_bytes} bytes",
+                    file=sys.stderr,
+                )
     command = " ".join(["python bench/bench_scale.py", *given])
     repeated = f", the median of {args.repeat} processes" if args.repeat > 1 else ""
-    text = (f"{HEADING}\n\n`{command}` on {platform.node()} ({platform.machine()}, "
-            f"{os.cpu_count()} cores, shared), Python {platform.python_version()}: synthetic jobs of "
-            "`bench/synthetic.py` (36-67-frame main-thread stacks, 4-12 threads a rank, a few hundred "
-            "distinct stacks, 3 samples, 8 ranks a node), one scenario a verdict; every verdict and "
-            "its culprits were right. Each measurement is one `analyse()` in a fresh process after "
-            f"it built the snapshot{repeated}. The bars (issue 14): 100k ranks under 10 s and 2 GB "
-            "(goal 5 s and 1 GB), growing linearly at worst (10k → 100k: 10x).\n\n"
-            + tables(rows, cli, sizes) + "\n\n" + _huge(huge) + PROFILE)
+    text = (
+        f"{HEADING}\n\n`{command}` on {platform.node()} ({platform.machine()}, "
+        f"{os.cpu_count()} cores, shared), Python {platform.python_version()}: synthetic jobs of "
+        "`bench/synthetic.py` (36-67-frame main-thread stacks, 4-12 threads a rank, a few hundred "
+        "distinct stacks, 3 samples, 8 ranks a node), one scenario a verdict; every verdict and "
+        "its culprits were right. Each measurement is one `analyse()` in a fresh process after "
+        f"it built the snapshot{repeated}. The bars (issue 14): 100k ranks under 10 s and 2 GB "
+        "(goal 5 s and 1 GB), growing linearly at worst (10k → 100k: 10x).\n\n"
+        + tables(rows, cli, sizes)
+        + "\n\n"
+        + _huge(huge)
+        + PROFILE
+    )
     print(text)
     if args.write:
         from docs_section import write_section

@@ -34,10 +34,19 @@ HEADING = "## Watchdog detection latency and false alarms (issue 5)"
 
 HANGS = {
     "mismatch, output silence, --stall-after 3": (
-        ["--stall-after", "3"], 3, ["--hang", "mismatch", "--at", "8"], "collective_mismatch", [2]),
+        ["--stall-after", "3"],
+        3,
+        ["--hang", "mismatch", "--at", "8"],
+        "collective_mismatch",
+        [2],
+    ),
     "lock straggler, heartbeats, learned timeout": (
-        ["--warmup-steps", "3", "--min-stall", "2", "--warmup-timeout", "60", "--max-window", "4"], 2,
-        ["--hang", "lock", "--at", "40", "--steps", "100", "--heartbeat"], "straggler", [1]),
+        ["--warmup-steps", "3", "--min-stall", "2", "--warmup-timeout", "60", "--max-window", "4"],
+        2,
+        ["--hang", "lock", "--at", "40", "--steps", "100", "--heartbeat"],
+        "straggler",
+        [1],
+    ),
 }
 
 
@@ -48,11 +57,26 @@ def free_port() -> int:
 
 
 def watch(workdir: Path, watch_args: list[str], nproc: int, job_args: list[str], timeout: float) -> tuple[int, str]:
-    argv = [sys.executable, "-m", "hangdoc", "watch", "--out", str(workdir / "hangs"), *watch_args, "--",
-            str(BIN / "torchrun"), "--nproc-per-node", str(nproc), "--master-port", str(free_port()),
-            str(TRAIN), *job_args]
-    proc = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    argv = [
+        sys.executable,
+        "-m",
+        "hangdoc",
+        "watch",
+        "--out",
+        str(workdir / "hangs"),
+        *watch_args,
+        "--",
+        str(BIN / "torchrun"),
+        "--nproc-per-node",
+        str(nproc),
+        "--master-port",
+        str(free_port()),
+        str(TRAIN),
+        *job_args,
+    ]
+    proc = subprocess.run(
+        argv, check=False, capture_output=True, text=True, timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1")
+    )
     return proc.returncode, proc.stderr
 
 
@@ -68,20 +92,32 @@ def hang_run(name: str) -> dict:
     return {
         "ok": report["verdict"] == verdict and report["culprit_ranks"] == culprits,
         "verdict": f"{report['verdict']} {report['culprit_ranks']}",
-        "timeout": w["timeout_seconds"], "overshoot": w["silence_seconds"] - w["timeout_seconds"],
-        "interval": w["check_interval"], "diagnosis": w["diagnosis_seconds"],
+        "timeout": w["timeout_seconds"],
+        "overshoot": w["silence_seconds"] - w["timeout_seconds"],
+        "interval": w["check_interval"],
+        "diagnosis": w["diagnosis_seconds"],
     }
 
 
 def healthy_run(steps: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-watch-") as tmp:
         t0 = time.monotonic()
-        code, err = watch(Path(tmp), ["--step-regex", r"step (\d+) loss", "--warmup-steps", "5", "--min-stall", "2"],
-                          2, ["--jitter", "--steps", str(steps)], 60 + steps)
+        code, err = watch(
+            Path(tmp),
+            ["--step-regex", r"step (\d+) loss", "--warmup-steps", "5", "--min-stall", "2"],
+            2,
+            ["--jitter", "--steps", str(steps)],
+            60 + steps,
+        )
         seconds = time.monotonic() - t0
         alarms = len(list(Path(tmp, "hangs").glob("hang-*")))
-    return {"exit": code, "seconds": seconds, "alarms": alarms,
-            "suspected": err.count("stall suspected"), "dismissed": err.count("not a hang") + err.count("not yet")}
+    return {
+        "exit": code,
+        "seconds": seconds,
+        "alarms": alarms,
+        "suspected": err.count("stall suspected"),
+        "dismissed": err.count("not a hang") + err.count("not yet"),
+    }
 
 
 def main() -> int:
@@ -100,11 +136,14 @@ def main() -> int:
     print("healthy", healthy, file=sys.stderr)
     cmd = "python bench/bench_watch.py " + " ".join(sys.argv[1:])
     lines = [
-        HEADING, "",
-        (f"Produced by `{cmd.strip()}`, {time.strftime('%Y-%m-%d')}: real torchrun/gloo DDP jobs wrapped in "
-        "`hangdoc watch --on-hang kill` (2 cores, shared). *Overshoot* is the silence at detection minus "
-        "the stall timeout (bar: at most one check interval, 1 s); *diagnosis* is the time from detection "
-        "to the report on disk (sampling window 2 s, longer when the evidence is ambiguous)."),
+        HEADING,
+        "",
+        (
+            f"Produced by `{cmd.strip()}`, {time.strftime('%Y-%m-%d')}: real torchrun/gloo DDP jobs wrapped in "
+            "`hangdoc watch --on-hang kill` (2 cores, shared). *Overshoot* is the silence at detection minus "
+            "the stall timeout (bar: at most one check interval, 1 s); *diagnosis* is the time from detection "
+            "to the report on disk (sampling window 2 s, longer when the evidence is ambiguous)."
+        ),
         "",
         "| hang | run | verdict (culprits) | right | timeout (s) | overshoot (s) | diagnosis (s) |",
         "|---|---|---|---|---|---|---|",
@@ -113,13 +152,17 @@ def main() -> int:
         if "timeout" not in r:
             lines.append(f"| {name} | {i % args.repeat + 1} | failed: {r['why'][:80]} | no | | | |")
             continue
-        lines.append(f"| {name} | {i % args.repeat + 1} | {r['verdict']} | {'yes' if r['ok'] else 'NO'} | "
-                     f"{r['timeout']:.2f} | {r['overshoot']:.2f} | {r['diagnosis']:.2f} |")
+        lines.append(
+            f"| {name} | {i % args.repeat + 1} | {r['verdict']} | {'yes' if r['ok'] else 'NO'} | "
+            f"{r['timeout']:.2f} | {r['overshoot']:.2f} | {r['diagnosis']:.2f} |"
+        )
     lines += [
         "",
-        (f"Healthy run: {args.steps} jittery steps in {healthy['seconds']:.0f} s, learned timeout (floor 2 s): "
-        f"exit status {healthy['exit']}, **{healthy['alarms']} alarm(s)**; {healthy['suspected']} silence(s) "
-        f"checked by a diagnosis, {healthy['dismissed']} dismissed as progress."),
+        (
+            f"Healthy run: {args.steps} jittery steps in {healthy['seconds']:.0f} s, learned timeout (floor 2 s): "
+            f"exit status {healthy['exit']}, **{healthy['alarms']} alarm(s)**; {healthy['suspected']} silence(s) "
+            f"checked by a diagnosis, {healthy['dismissed']} dismissed as progress."
+        ),
         "",
     ]
     text = "\n".join(lines)

@@ -57,8 +57,7 @@ from hangdoc.model import (
     Verdict,
 )
 
-SCENARIOS = ("nccl_timeout", "collective_mismatch", "straggler", "cleanup_deadlock",
-             "init_deadlock", "rank_missing")
+SCENARIOS = ("nccl_timeout", "collective_mismatch", "straggler", "cleanup_deadlock", "init_deadlock", "rank_missing")
 RANKS_PER_NODE = 8
 SAMPLES = 3
 INTERVAL = 0.5
@@ -88,19 +87,24 @@ def _stack(*frames: tuple[str, str, int]) -> Stack:
 # ------------------------------------------------------------------ main thread
 
 _TRUNK = (  # <module> down to the training step: 24 frames, as in a Lightning run
-    ("<module>", USER, 212), ("main", USER, 198), ("run", USER, 171),
+    ("<module>", USER, 212),
+    ("main", USER, 198),
+    ("run", USER, 171),
     ("fit", f"{PL}/trainer/trainer.py", 538),
     ("_call_and_handle_interrupt", f"{PL}/trainer/call.py", 47),
     ("launch", f"{PL}/strategies/launchers/subprocess_script.py", 105),
-    ("_fit_impl", f"{PL}/trainer/trainer.py", 574), ("_run", f"{PL}/trainer/trainer.py", 981),
-    ("_run_stage", f"{PL}/trainer/trainer.py", 1025), ("run", f"{PL}/loops/fit_loop.py", 205),
+    ("_fit_impl", f"{PL}/trainer/trainer.py", 574),
+    ("_run", f"{PL}/trainer/trainer.py", 981),
+    ("_run_stage", f"{PL}/trainer/trainer.py", 1025),
+    ("run", f"{PL}/loops/fit_loop.py", 205),
     ("advance", f"{PL}/loops/fit_loop.py", 363),
     ("run", f"{PL}/loops/training_epoch_loop.py", 140),
     ("advance", f"{PL}/loops/training_epoch_loop.py", 250),
     ("run", f"{PL}/loops/optimization/automatic.py", 190),
     ("_optimizer_step", f"{PL}/loops/optimization/automatic.py", 268),
     ("_call_lightning_module_hook", f"{PL}/trainer/call.py", 167),
-    ("optimizer_step", f"{PL}/core/module.py", 1306), ("step", f"{PL}/core/optimizer.py", 153),
+    ("optimizer_step", f"{PL}/core/module.py", 1306),
+    ("step", f"{PL}/core/optimizer.py", 153),
     ("optimizer_step", f"{PL}/strategies/ddp.py", 270),
     ("optimizer_step", f"{PL}/plugins/precision/precision.py", 122),
     ("wrapper", f"{SITE}/torch/optim/optimizer.py", 485),
@@ -117,8 +121,11 @@ def _forward(depth: int, line: int) -> tuple[tuple[str, str, int], ...]:
     """A model's forward nested ``depth`` modules deep (3 frames each), ending at ``line``."""
     frames: list[tuple[str, str, int]] = [("training_step", USER, 84)]
     for level in range(depth):
-        frames += [("_wrapped_call_impl", MODULE, 1773), ("_call_impl", MODULE, 1784),
-                   ("forward", MODEL, 40 + 12 * level)]
+        frames += [
+            ("_wrapped_call_impl", MODULE, 1773),
+            ("_call_impl", MODULE, 1784),
+            ("forward", MODEL, 40 + 12 * level),
+        ]
     frames.append(("attention", MODEL, line))
     return tuple(frames)
 
@@ -127,19 +134,31 @@ def _main_stack(scenario: str, rank: int, world: int, sample: int) -> Stack:
     """The main thread's stack of ``rank`` in ``sample`` (outermost first)."""
     role = _role(scenario, rank, world)
     if role == "init":
-        return _stack(("<module>", USER, 212), ("main", USER, 198), ("setup_groups", USER, 52),
-                      *(("setup", f"{PL}/strategies/ddp.py", 150 + k) for k in range(30)),
-                      ("wrapper", LOGGER, 95), ("new_group", C10D, 4870),
-                      ("_new_group_with_tag", C10D, 5030), ("_store_based_barrier", C10D, 4410))
+        return _stack(
+            ("<module>", USER, 212),
+            ("main", USER, 198),
+            ("setup_groups", USER, 52),
+            *(("setup", f"{PL}/strategies/ddp.py", 150 + k) for k in range(30)),
+            ("wrapper", LOGGER, 95),
+            ("new_group", C10D, 4870),
+            ("_new_group_with_tag", C10D, 5030),
+            ("_store_based_barrier", C10D, 4410),
+        )
     if role == "cleanup":
-        return _stack(*_TRUNK[:3], ("__exit__", USER, 120),
-                      *(("teardown", f"{PL}/strategies/ddp.py", 400 + k) for k in range(33)),
-                      ("destroy_process_group", C10D, 2101))
+        return _stack(
+            *_TRUNK[:3],
+            ("__exit__", USER, 120),
+            *(("teardown", f"{PL}/strategies/ddp.py", 400 + k) for k in range(33)),
+            ("destroy_process_group", C10D, 2101),
+        )
     if role == "save":
-        return _stack(*_TRUNK[:12], ("on_train_batch_end", USER, 131),
-                      *(("save_checkpoint", f"{PL}/trainer/connectors/checkpoint_connector.py",
-                         300 + k) for k in range(20)),
-                      ("save_checkpoint", USER, 140), *_BARRIER)
+        return _stack(
+            *_TRUNK[:12],
+            ("on_train_batch_end", USER, 131),
+            *(("save_checkpoint", f"{PL}/trainer/connectors/checkpoint_connector.py", 300 + k) for k in range(20)),
+            ("save_checkpoint", USER, 140),
+            *_BARRIER,
+        )
     if role == "busy":
         return _stack(*_TRUNK, *_forward(13, 101 + sample))  # 24 + 41 = 65 frames
     return _stack(*_TRUNK, *_STRATEGY, *_STEP, *_ALL_REDUCE)  # 36 frames
@@ -166,8 +185,7 @@ def expected(world: int, scenario: str) -> tuple[Verdict, tuple[int, ...]]:
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}")
     node = (world // RANKS_PER_NODE) // 2
-    node_ranks = tuple(r for r in range(node * RANKS_PER_NODE, (node + 1) * RANKS_PER_NODE)
-                       if r < world)
+    node_ranks = tuple(r for r in range(node * RANKS_PER_NODE, (node + 1) * RANKS_PER_NODE) if r < world)
     return {
         "nccl_timeout": (Verdict.NCCL_TIMEOUT, ()),
         "collective_mismatch": (Verdict.COLLECTIVE_MISMATCH, node_ranks),
@@ -180,9 +198,11 @@ def expected(world: int, scenario: str) -> tuple[Verdict, tuple[int, ...]]:
 
 # ----------------------------------------------------------------- side threads
 
-_THREAD = (("_bootstrap", f"{STDLIB}/threading.py", 1002),
-           ("_bootstrap_inner", f"{STDLIB}/threading.py", 1045),
-           ("run", f"{STDLIB}/threading.py", 982))
+_THREAD = (
+    ("_bootstrap", f"{STDLIB}/threading.py", 1002),
+    ("_bootstrap_inner", f"{STDLIB}/threading.py", 1045),
+    ("run", f"{STDLIB}/threading.py", 982),
+)
 _WAIT = ("wait", f"{STDLIB}/threading.py", 331)
 
 
@@ -196,39 +216,86 @@ def _side_threads(rank: int) -> tuple[tuple[str, Stack], ...]:
 
 
 @functools.cache
-def _threads_at(item: int, codec: int, monitor: int, pool: int, flush: int,
-                extra: int) -> tuple[tuple[str, Stack], ...]:
+def _threads_at(
+    item: int, codec: int, monitor: int, pool: int, flush: int, extra: int
+) -> tuple[tuple[str, Stack], ...]:
     threads: list[tuple[str, Stack]] = [
         ("pt_autograd_0", _stack(*_THREAD, ("_engine_loop", f"{SITE}/torch/autograd/graph.py", 60))),
-        ("Thread-1 (_pin_memory_loop)", _stack(
-            *_THREAD, ("_pin_memory_loop", f"{SITE}/torch/utils/data/_utils/pin_memory.py", 54),
-            ("do_one_step", f"{SITE}/torch/utils/data/_utils/pin_memory.py", 31),
-            ("get", f"{STDLIB}/multiprocessing/queues.py", 113),
-            ("poll", f"{STDLIB}/multiprocessing/connection.py", 257),
-            ("_poll", f"{STDLIB}/multiprocessing/connection.py", 440),
-            ("wait", f"{STDLIB}/multiprocessing/connection.py", 1136),
-            ("select", f"{STDLIB}/selectors.py", 415))),
-        ("Thread-2 (prefetch)", _stack(
-            *_THREAD, ("prefetch", USER, 30), ("__getitem__", "/workspace/llm/data.py", 70 + item),
-            ("decode", "/workspace/llm/data.py", 20 + codec))),
+        (
+            "Thread-1 (_pin_memory_loop)",
+            _stack(
+                *_THREAD,
+                ("_pin_memory_loop", f"{SITE}/torch/utils/data/_utils/pin_memory.py", 54),
+                ("do_one_step", f"{SITE}/torch/utils/data/_utils/pin_memory.py", 31),
+                ("get", f"{STDLIB}/multiprocessing/queues.py", 113),
+                ("poll", f"{STDLIB}/multiprocessing/connection.py", 257),
+                ("_poll", f"{STDLIB}/multiprocessing/connection.py", 440),
+                ("wait", f"{STDLIB}/multiprocessing/connection.py", 1136),
+                ("select", f"{STDLIB}/selectors.py", 415),
+            ),
+        ),
+        (
+            "Thread-2 (prefetch)",
+            _stack(
+                *_THREAD,
+                ("prefetch", USER, 30),
+                ("__getitem__", "/workspace/llm/data.py", 70 + item),
+                ("decode", "/workspace/llm/data.py", 20 + codec),
+            ),
+        ),
     ]
     kinds = [
-        ("QueueFeederThread", _stack(*_THREAD, ("_feed", f"{STDLIB}/multiprocessing/queues.py", 231),
-                                     ("wait", f"{STDLIB}/threading.py", 327))),
-        ("Thread-3 (_monitor)", _stack(*_THREAD, ("_monitor", f"{SITE}/wandb/sdk/internal/system.py",
-                                                   90 + monitor), _WAIT)),
-        ("ThreadPoolExecutor-0_0", _stack(*_THREAD, ("_worker", f"{STDLIB}/concurrent/futures/thread.py", 81),
-                                          ("get", f"{STDLIB}/queue.py", 171), _WAIT)),
-        ("ThreadPoolExecutor-0_1", _stack(*_THREAD, ("_worker", f"{STDLIB}/concurrent/futures/thread.py", 81),
-                                          ("get", f"{STDLIB}/queue.py", 180 + pool), _WAIT)),
+        (
+            "QueueFeederThread",
+            _stack(
+                *_THREAD, ("_feed", f"{STDLIB}/multiprocessing/queues.py", 231), ("wait", f"{STDLIB}/threading.py", 327)
+            ),
+        ),
+        (
+            "Thread-3 (_monitor)",
+            _stack(*_THREAD, ("_monitor", f"{SITE}/wandb/sdk/internal/system.py", 90 + monitor), _WAIT),
+        ),
+        (
+            "ThreadPoolExecutor-0_0",
+            _stack(
+                *_THREAD,
+                ("_worker", f"{STDLIB}/concurrent/futures/thread.py", 81),
+                ("get", f"{STDLIB}/queue.py", 171),
+                _WAIT,
+            ),
+        ),
+        (
+            "ThreadPoolExecutor-0_1",
+            _stack(
+                *_THREAD,
+                ("_worker", f"{STDLIB}/concurrent/futures/thread.py", 81),
+                ("get", f"{STDLIB}/queue.py", 180 + pool),
+                _WAIT,
+            ),
+        ),
         ("Thread-4 (_heartbeat)", _stack(*_THREAD, ("_heartbeat", USER, 20), ("sleep", "<built-in>", 0))),
-        ("Thread-5 (flush)", _stack(*_THREAD, ("flush_loop", f"{SITE}/tensorboard/summary/writer/event_file_writer.py",
-                                               240 + flush), _WAIT)),
+        (
+            "Thread-5 (flush)",
+            _stack(
+                *_THREAD, ("flush_loop", f"{SITE}/tensorboard/summary/writer/event_file_writer.py", 240 + flush), _WAIT
+            ),
+        ),
         ("Thread-6 (_check_timeout)", _stack(*_THREAD, ("_check_timeout", USER, 45), _WAIT)),
-        ("Thread-7 (checkpoint_io)", _stack(*_THREAD, ("_io_loop", f"{PL}/plugins/io/async_plugin.py", 60),
-                                            ("get", f"{STDLIB}/queue.py", 171), _WAIT)),
-        ("Thread-8 (_serve)", _stack(*_THREAD, ("serve_forever", f"{STDLIB}/socketserver.py", 233),
-                                     ("select", f"{STDLIB}/selectors.py", 415))),
+        (
+            "Thread-7 (checkpoint_io)",
+            _stack(
+                *_THREAD,
+                ("_io_loop", f"{PL}/plugins/io/async_plugin.py", 60),
+                ("get", f"{STDLIB}/queue.py", 171),
+                _WAIT,
+            ),
+        ),
+        (
+            "Thread-8 (_serve)",
+            _stack(
+                *_THREAD, ("serve_forever", f"{STDLIB}/socketserver.py", 233), ("select", f"{STDLIB}/selectors.py", 415)
+            ),
+        ),
     ]
     return tuple(threads + kinds[:extra])  # 0 to 8 more: 4 to 12 threads a rank in all
 
@@ -236,26 +303,47 @@ def _threads_at(item: int, codec: int, monitor: int, pool: int, flush: int,
 # ------------------------------------------------------------------ processes
 
 _ENV_FIXED = (
-    ("CUDA_DEVICE_MAX_CONNECTIONS", "1"), ("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500"),
-    ("NCCL_ASYNC_ERROR_HANDLING", "1"), ("NCCL_DEBUG", "WARN"), ("NCCL_IB_HCA", "mlx5"),
-    ("NCCL_SOCKET_IFNAME", "eth0"), ("OMP_NUM_THREADS", "8"), ("PYTHONUNBUFFERED", "1"),
-    ("TORCHELASTIC_RUN_ID", "llm-pretrain-42"), ("TORCH_NCCL_BLOCKING_WAIT", "0"),
+    ("CUDA_DEVICE_MAX_CONNECTIONS", "1"),
+    ("MASTER_ADDR", "10.0.0.1"),
+    ("MASTER_PORT", "29500"),
+    ("NCCL_ASYNC_ERROR_HANDLING", "1"),
+    ("NCCL_DEBUG", "WARN"),
+    ("NCCL_IB_HCA", "mlx5"),
+    ("NCCL_SOCKET_IFNAME", "eth0"),
+    ("OMP_NUM_THREADS", "8"),
+    ("PYTHONUNBUFFERED", "1"),
+    ("TORCHELASTIC_RUN_ID", "llm-pretrain-42"),
+    ("TORCH_NCCL_BLOCKING_WAIT", "0"),
 )
 
 
 def _process(rank: int, world: int) -> RankProcess:
     node, local = divmod(rank, RANKS_PER_NODE)
     env = dict(_ENV_FIXED)
-    env.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local),
-                "LOCAL_WORLD_SIZE": str(RANKS_PER_NODE), "GROUP_RANK": str(node),
-                "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
-                "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"})
+    env.update(
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(local),
+            "LOCAL_WORLD_SIZE": str(RANKS_PER_NODE),
+            "GROUP_RANK": str(node),
+            "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(world),
+            "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
+        }
+    )
     pid = 40_000 + 37 * local + node % 1000
     return RankProcess(
-        pid=pid, host=f"node{node:05d}", rank=rank, rank_source=RankSource.ENV,
-        rank_evidence=f"RANK={rank}", world_size=world, local_rank=local,
+        pid=pid,
+        host=f"node{node:05d}",
+        rank=rank,
+        rank_source=RankSource.ENV,
+        rank_evidence=f"RANK={rank}",
+        world_size=world,
+        local_rank=local,
         cmdline=("/opt/venv/bin/python", "-u", USER, "--config", "llm.yaml"),
-        env=tuple(sorted(env.items())), launcher_pid=39_990 + node % 1000,
+        env=tuple(sorted(env.items())),
+        launcher_pid=39_990 + node % 1000,
     )
 
 
@@ -268,19 +356,25 @@ def _rank(scenario: str, rank: int, world: int, samples: int) -> RankSnapshot:
         main = _main_stack(scenario, rank, world, i)
         base = 0x7F00_0000_0000 + 0x1000 * rank
         threads = [ThreadStack(base, "MainThread", main, process.pid, active=busy, owns_gil=busy)]
-        threads += [ThreadStack(base + 0x100 * (k + 1), name, stack, process.pid + k + 1)
-                    for k, (name, stack) in enumerate(side)]
+        threads += [
+            ThreadStack(base + 0x100 * (k + 1), name, stack, process.pid + k + 1)
+            for k, (name, stack) in enumerate(side)
+        ]
         cpu = 120.0 + (1.2 * i if busy else 0.0)  # a waiting rank's counters stand still
-        state = ProcessState(status="running" if busy else "sleeping", cpu_seconds=cpu,
-                             num_threads=len(threads) + 20, read_chars=9_000_000,
-                             write_chars=400_000, ctx_switches=5_000 + (40 * i if busy else 0),
-                             rss_bytes=6 * 2**30)
+        state = ProcessState(
+            status="running" if busy else "sleeping",
+            cpu_seconds=cpu,
+            num_threads=len(threads) + 20,
+            read_chars=9_000_000,
+            write_chars=400_000,
+            ctx_switches=5_000 + (40 * i if busy else 0),
+            rss_bytes=6 * 2**30,
+        )
         taken.append(Sample(t=round(i * INTERVAL, 6), threads=tuple(threads), state=state))
     return RankSnapshot(process=process, samples=tuple(taken))
 
 
-def synthetic_snapshot(world: int, scenario: str = "collective_mismatch", *,
-                       samples: int = SAMPLES) -> JobSnapshot:
+def synthetic_snapshot(world: int, scenario: str = "collective_mismatch", *, samples: int = SAMPLES) -> JobSnapshot:
     """A snapshot of a ``world``-rank job hung as ``scenario`` says (see the module doc)."""
     expected(world, scenario)  # checks the scenario's name
     if world < 3 * RANKS_PER_NODE:  # one node of two would be no minority
@@ -294,8 +388,11 @@ def synthetic_snapshot(world: int, scenario: str = "collective_mismatch", *,
         if collecting:
             gc.enable()
     return JobSnapshot(
-        spec="10.0.0.1:29500", ranks=ranks, world_size=world,
-        window_seconds=round((samples - 1) * INTERVAL, 6), captured_at="2025-06-01T12:00:00Z",
+        spec="10.0.0.1:29500",
+        ranks=ranks,
+        world_size=world,
+        window_seconds=round((samples - 1) * INTERVAL, 6),
+        captured_at="2025-06-01T12:00:00Z",
         hangdoc_version="synthetic",
     )
 

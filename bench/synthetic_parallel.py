@@ -91,16 +91,26 @@ _TRUNK: tuple[F, ...] = (
     ("train", f"{MEG}/training/training.py", 1463, "train_step(forward_step_func,"),
     ("train_step", f"{MEG}/training/training.py", 753, "losses_reduced = forward_backward_func("),
 )
-_NO_PIPE = ("forward_backward_no_pipelining", f"{MEG}/core/pipeline_parallel/schedules.py", 441,
-            "output_tensor, num_tokens = forward_step(")
-_WITH_PIPE = ("forward_backward_pipelining_without_interleaving",
-              f"{MEG}/core/pipeline_parallel/schedules.py", 1561, "")
+_NO_PIPE = (
+    "forward_backward_no_pipelining",
+    f"{MEG}/core/pipeline_parallel/schedules.py",
+    441,
+    "output_tensor, num_tokens = forward_step(",
+)
+_WITH_PIPE = (
+    "forward_backward_pipelining_without_interleaving",
+    f"{MEG}/core/pipeline_parallel/schedules.py",
+    1561,
+    "",
+)
 
 
 def _call() -> tuple[F, ...]:
     """Calling a module: ``module(x)``."""
-    return (("_wrapped_call_impl", MODULE, 1736, "return self._call_impl(*args, **kwargs)"),
-            ("_call_impl", MODULE, 1747, "return forward_call(*args, **kwargs)"))
+    return (
+        ("_wrapped_call_impl", MODULE, 1736, "return self._call_impl(*args, **kwargs)"),
+        ("_call_impl", MODULE, 1747, "return forward_call(*args, **kwargs)"),
+    )
 
 
 def _forward_to_block(recompute: bool) -> tuple[F, ...]:
@@ -108,25 +118,34 @@ def _forward_to_block(recompute: bool) -> tuple[F, ...]:
     recomputes a checkpointed layer."""
     if not recompute:
         return (
-            ("forward_step", f"{MEG}/core/pipeline_parallel/schedules.py", 275,
-             "output_tensor, loss_func = forward_step_func(data_iterator, model)"),
+            (
+                "forward_step",
+                f"{MEG}/core/pipeline_parallel/schedules.py",
+                275,
+                "output_tensor, loss_func = forward_step_func(data_iterator, model)",
+            ),
             ("forward_step", PRETRAIN, 215, "output_tensor = model(tokens, position_ids, attention_mask,"),
             *_call(),
             ("forward", f"{MEG}/core/models/gpt/gpt_model.py", 264, "hidden_states = self.decoder("),
             *_call(),
-            ("forward", f"{MEG}/core/transformer/transformer_block.py", 536,
-             "hidden_states, context = layer("),
+            ("forward", f"{MEG}/core/transformer/transformer_block.py", 536, "hidden_states, context = layer("),
         )
     return (
-        ("backward_step", f"{MEG}/core/pipeline_parallel/schedules.py", 363,
-         "custom_backward(output_tensor[0], output_tensor_grad[0])"),
-        ("custom_backward", f"{MEG}/core/pipeline_parallel/schedules.py", 166,
-         "Variable._execution_engine.run_backward("),
+        (
+            "backward_step",
+            f"{MEG}/core/pipeline_parallel/schedules.py",
+            363,
+            "custom_backward(output_tensor[0], output_tensor_grad[0])",
+        ),
+        (
+            "custom_backward",
+            f"{MEG}/core/pipeline_parallel/schedules.py",
+            166,
+            "Variable._execution_engine.run_backward(",
+        ),
         ("apply", f"{AUTOGRAD}/function.py", 307, "return user_fn(self, *args)"),
-        ("backward", f"{MEG}/core/tensor_parallel/random.py", 292,
-         "outputs = ctx.run_function(*detached_inputs)"),
-        ("custom_forward", f"{MEG}/core/transformer/transformer_block.py", 337,
-         "hidden_states, context = layer("),
+        ("backward", f"{MEG}/core/tensor_parallel/random.py", 292, "outputs = ctx.run_function(*detached_inputs)"),
+        ("custom_forward", f"{MEG}/core/transformer/transformer_block.py", 337, "hidden_states, context = layer("),
     )
 
 
@@ -135,36 +154,73 @@ def _tp_reduce(place: int) -> tuple[F, ...]:
     recompute, mlp, seq = bool(place & 4), bool(place & 2), bool(place & 1)
     layer: tuple[F, ...] = (
         *_call(),
-        ("forward", f"{MEG}/core/transformer/transformer_layer.py", 416 if mlp else 388,
-         "mlp_output_with_bias = self.mlp(pre_mlp_layernorm_output)" if mlp else
-         "attention_output_with_bias = self.self_attention("),
+        (
+            "forward",
+            f"{MEG}/core/transformer/transformer_layer.py",
+            416 if mlp else 388,
+            "mlp_output_with_bias = self.mlp(pre_mlp_layernorm_output)"
+            if mlp
+            else "attention_output_with_bias = self.self_attention(",
+        ),
         *_call(),
-        ("forward", f"{MEG}/core/transformer/{'mlp' if mlp else 'attention'}.py", 140 if mlp else 669,
-         "output, output_bias = self.linear_fc2(intermediate_parallel)" if mlp else
-         "output, bias = self.linear_proj(core_attn_out)"),
+        (
+            "forward",
+            f"{MEG}/core/transformer/{'mlp' if mlp else 'attention'}.py",
+            140 if mlp else 669,
+            "output, output_bias = self.linear_fc2(intermediate_parallel)"
+            if mlp
+            else "output, bias = self.linear_proj(core_attn_out)",
+        ),
         *_call(),
-        ("forward", f"{MEG}/core/tensor_parallel/layers.py", 1107, "output_ = reduce_scatter_to_sequence_parallel_region(output_parallel)"
-         if seq else "output_ = reduce_from_tensor_model_parallel_region(output_parallel)"),
+        (
+            "forward",
+            f"{MEG}/core/tensor_parallel/layers.py",
+            1107,
+            "output_ = reduce_scatter_to_sequence_parallel_region(output_parallel)"
+            if seq
+            else "output_ = reduce_from_tensor_model_parallel_region(output_parallel)",
+        ),
     )
     if seq:
         tail: tuple[F, ...] = (
-            ("reduce_scatter_to_sequence_parallel_region", f"{MEG}/core/tensor_parallel/mappings.py", 495,
-             "return _ReduceScatterToSequenceParallelRegion.apply(input_)"),
+            (
+                "reduce_scatter_to_sequence_parallel_region",
+                f"{MEG}/core/tensor_parallel/mappings.py",
+                495,
+                "return _ReduceScatterToSequenceParallelRegion.apply(input_)",
+            ),
             ("apply", f"{AUTOGRAD}/function.py", 575, "return super().apply(*args, **kwargs)"),
-            ("forward", f"{MEG}/core/tensor_parallel/mappings.py", 322, "return _reduce_scatter_along_first_dim(input_)"),
-            ("_reduce_scatter_along_first_dim", f"{MEG}/core/tensor_parallel/mappings.py", 151,
-             "dist_reduce_scatter_func(output, input_.contiguous(), group=group)"),
+            (
+                "forward",
+                f"{MEG}/core/tensor_parallel/mappings.py",
+                322,
+                "return _reduce_scatter_along_first_dim(input_)",
+            ),
+            (
+                "_reduce_scatter_along_first_dim",
+                f"{MEG}/core/tensor_parallel/mappings.py",
+                151,
+                "dist_reduce_scatter_func(output, input_.contiguous(), group=group)",
+            ),
             ("wrapper", LOGGER, 81, "return func(*args, **kwargs)"),
             ("reduce_scatter_tensor", C10D, 4202, "work.wait()"),
         )
     else:
         tail = (
-            ("reduce_from_tensor_model_parallel_region", f"{MEG}/core/tensor_parallel/mappings.py", 470,
-             "return _ReduceFromModelParallelRegion.apply(input_)"),
+            (
+                "reduce_from_tensor_model_parallel_region",
+                f"{MEG}/core/tensor_parallel/mappings.py",
+                470,
+                "return _ReduceFromModelParallelRegion.apply(input_)",
+            ),
             ("apply", f"{AUTOGRAD}/function.py", 575, "return super().apply(*args, **kwargs)"),
             ("forward", f"{MEG}/core/tensor_parallel/mappings.py", 248, "return _reduce(input_)"),
-            ("_reduce", f"{MEG}/core/tensor_parallel/mappings.py", 30,
-             "torch.distributed.all_reduce(input_.contiguous(), group=get_tensor_model_parallel_group())"),
+            (
+                "_reduce",
+                f"{MEG}/core/tensor_parallel/mappings.py",
+                30,
+                "torch.distributed.all_reduce(input_.contiguous(), group=get_tensor_model_parallel_group())",
+            ),
             ("wrapper", LOGGER, 81, "return func(*args, **kwargs)"),
             ("all_reduce", C10D, 2806, "work.wait()"),
         )
@@ -178,22 +234,43 @@ def _ep_all_to_all(place: int) -> tuple[F, ...]:
     return (
         *_forward_to_block(recompute),
         *_call(),
-        ("forward", f"{MEG}/core/transformer/transformer_layer.py", 416,
-         "mlp_output_with_bias = self.mlp(pre_mlp_layernorm_output)"),
+        (
+            "forward",
+            f"{MEG}/core/transformer/transformer_layer.py",
+            416,
+            "mlp_output_with_bias = self.mlp(pre_mlp_layernorm_output)",
+        ),
         *_call(),
-        ("forward", f"{MEG}/core/transformer/moe/moe_layer.py", 150 if combine else 142,
-         "output, mlp_bias = self.token_dispatcher.token_unpermutation(expert_output, mlp_bias)"
-         if combine else "dispatched_input, tokens_per_expert = self.token_dispatcher.token_permutation("),
-        ("token_unpermutation" if combine else "token_permutation",
-         f"{MEG}/core/transformer/moe/token_dispatcher.py", 640 if combine else 560,
-         "permutated_local_input_tokens = all_to_all(" if combine else
-         "global_input_tokens = all_to_all("),
-        ("all_to_all", f"{MEG}/core/tensor_parallel/mappings.py", 541,
-         "return _AllToAll.apply(group, input_, output_split_sizes_, input_split_sizes)"),
+        (
+            "forward",
+            f"{MEG}/core/transformer/moe/moe_layer.py",
+            150 if combine else 142,
+            "output, mlp_bias = self.token_dispatcher.token_unpermutation(expert_output, mlp_bias)"
+            if combine
+            else "dispatched_input, tokens_per_expert = self.token_dispatcher.token_permutation(",
+        ),
+        (
+            "token_unpermutation" if combine else "token_permutation",
+            f"{MEG}/core/transformer/moe/token_dispatcher.py",
+            640 if combine else 560,
+            "permutated_local_input_tokens = all_to_all(" if combine else "global_input_tokens = all_to_all(",
+        ),
+        (
+            "all_to_all",
+            f"{MEG}/core/tensor_parallel/mappings.py",
+            541,
+            "return _AllToAll.apply(group, input_, output_split_sizes_, input_split_sizes)",
+        ),
         ("apply", f"{AUTOGRAD}/function.py", 575, "return super().apply(*args, **kwargs)"),
-        ("forward", f"{MEG}/core/tensor_parallel/mappings.py", 428,
-         ("torch.distributed.all_to_all_single(output, input, output_split_sizes=output_split_sizes, "
-          "input_split_sizes=input_split_sizes, group=group)")),
+        (
+            "forward",
+            f"{MEG}/core/tensor_parallel/mappings.py",
+            428,
+            (
+                "torch.distributed.all_to_all_single(output, input, output_split_sizes=output_split_sizes, "
+                "input_split_sizes=input_split_sizes, group=group)"
+            ),
+        ),
         ("wrapper", LOGGER, 81, "return func(*args, **kwargs)"),
         ("all_to_all_single", C10D, 4388, "work.wait()"),
     )
@@ -202,16 +279,31 @@ def _ep_all_to_all(place: int) -> tuple[F, ...]:
 def _pp_recv(phase: int) -> tuple[F, ...]:
     """A later pipeline stage receiving from the one before it, in warm-up or steady state."""
     return (
-        ("recv_forward", f"{MEG}/core/pipeline_parallel/schedules.py", 1452 if phase else 1390,
-         "input_tensor = recv_forward(recv_tensor_shapes, config)"),
-        ("recv_forward", f"{MEG}/core/pipeline_parallel/schedules.py", 1208,
-         "input_tensors.append(p2p_communication.recv_forward(tensor_shape, config))"),
-        ("recv_forward", f"{MEG}/core/pipeline_parallel/p2p_communication.py", 407,
-         "input_tensor, _, _ = _communicate("),
-        ("_communicate", f"{MEG}/core/pipeline_parallel/p2p_communication.py", 352,
-         "reqs = p2p_func("),
-        ("_p2p_ops", f"{MEG}/core/pipeline_parallel/p2p_communication.py", 215,
-         "torch.distributed.recv(tensor=tensor_recv_prev, src=prev_pipeline_rank, group=group)"),
+        (
+            "recv_forward",
+            f"{MEG}/core/pipeline_parallel/schedules.py",
+            1452 if phase else 1390,
+            "input_tensor = recv_forward(recv_tensor_shapes, config)",
+        ),
+        (
+            "recv_forward",
+            f"{MEG}/core/pipeline_parallel/schedules.py",
+            1208,
+            "input_tensors.append(p2p_communication.recv_forward(tensor_shape, config))",
+        ),
+        (
+            "recv_forward",
+            f"{MEG}/core/pipeline_parallel/p2p_communication.py",
+            407,
+            "input_tensor, _, _ = _communicate(",
+        ),
+        ("_communicate", f"{MEG}/core/pipeline_parallel/p2p_communication.py", 352, "reqs = p2p_func("),
+        (
+            "_p2p_ops",
+            f"{MEG}/core/pipeline_parallel/p2p_communication.py",
+            215,
+            "torch.distributed.recv(tensor=tensor_recv_prev, src=prev_pipeline_rank, group=group)",
+        ),
         ("wrapper", LOGGER, 81, "return func(*args, **kwargs)"),
         ("recv", C10D, 2391, "pg.recv([tensor], group_src_rank, tag).wait()"),
     )
@@ -269,25 +361,48 @@ def outlier_ranks(world: int, shape: str, *, group: int = 8, outliers: int = 3) 
 @functools.cache
 def _samples(frames: tuple[F, ...], code: bool, samples: int) -> tuple[Sample, ...]:
     """The samples every rank with ``frames`` shows (one object: a bundle interns them)."""
-    threads = (ThreadStack(1, "MainThread", _stack(frames, code), 100),
-               ThreadStack(2, "Thread-1 (_pin_memory_loop)", _stack(_PIN, code), 101))
-    state = ProcessState(status="sleeping", cpu_seconds=300.0, num_threads=40, read_chars=9_000_000,
-                         write_chars=400_000, ctx_switches=5_000, rss_bytes=6 * 2**30)
+    threads = (
+        ThreadStack(1, "MainThread", _stack(frames, code), 100),
+        ThreadStack(2, "Thread-1 (_pin_memory_loop)", _stack(_PIN, code), 101),
+    )
+    state = ProcessState(
+        status="sleeping",
+        cpu_seconds=300.0,
+        num_threads=40,
+        read_chars=9_000_000,
+        write_chars=400_000,
+        ctx_switches=5_000,
+        rss_bytes=6 * 2**30,
+    )
     return tuple(Sample(t=round(i * 0.5, 6), threads=threads, state=state) for i in range(samples))
 
 
 def _process(rank: int, world: int) -> RankProcess:
     node, local = divmod(rank, RANKS_PER_NODE)
-    env = (("LOCAL_RANK", str(local)), ("LOCAL_WORLD_SIZE", str(RANKS_PER_NODE)),
-           ("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500"), ("RANK", str(rank)),
-           ("WORLD_SIZE", str(world)))
-    return RankProcess(pid=50_000 + local, host=f"node{node:05d}", rank=rank,
-                       rank_source=RankSource.ENV, rank_evidence=f"RANK={rank}", world_size=world,
-                       local_rank=local, cmdline=("python", PRETRAIN), env=env)
+    env = (
+        ("LOCAL_RANK", str(local)),
+        ("LOCAL_WORLD_SIZE", str(RANKS_PER_NODE)),
+        ("MASTER_ADDR", "10.0.0.1"),
+        ("MASTER_PORT", "29500"),
+        ("RANK", str(rank)),
+        ("WORLD_SIZE", str(world)),
+    )
+    return RankProcess(
+        pid=50_000 + local,
+        host=f"node{node:05d}",
+        rank=rank,
+        rank_source=RankSource.ENV,
+        rank_evidence=f"RANK={rank}",
+        world_size=world,
+        local_rank=local,
+        cmdline=("python", PRETRAIN),
+        env=env,
+    )
 
 
-def parallel_snapshot(world: int, shape: str = "tp", *, group: int = 8, outliers: int = 3,
-                      code: bool = True, samples: int = 2) -> JobSnapshot:
+def parallel_snapshot(
+    world: int, shape: str = "tp", *, group: int = 8, outliers: int = 3, code: bool = True, samples: int = 2
+) -> JobSnapshot:
     """A ``world``-rank job of ``shape`` (see the module doc), ``outliers`` ranks of its
     middle group at the WORLD barrier."""
     if shape not in SHAPES:
@@ -298,12 +413,17 @@ def parallel_snapshot(world: int, shape: str = "tp", *, group: int = 8, outliers
     gc.disable()
     try:
         ranks = tuple(
-            RankSnapshot(_process(r, world),
-                         _samples(_main(shape, r, world, group, outliers), code, samples))
-            for r in range(world))
+            RankSnapshot(_process(r, world), _samples(_main(shape, r, world, group, outliers), code, samples))
+            for r in range(world)
+        )
     finally:
         if collecting:
             gc.enable()
-    return JobSnapshot(spec="10.0.0.1:29500", ranks=ranks, world_size=world,
-                       window_seconds=0.5 * (samples - 1), captured_at="2025-06-01T12:00:00Z",
-                       hangdoc_version="synthetic")
+    return JobSnapshot(
+        spec="10.0.0.1:29500",
+        ranks=ranks,
+        world_size=world,
+        window_seconds=0.5 * (samples - 1),
+        captured_at="2025-06-01T12:00:00Z",
+        hangdoc_version="synthetic",
+    )

@@ -47,8 +47,9 @@ def say(text: str = "", indent: int = 0) -> None:
 def wrap(text: str, indent: int = 0) -> list[str]:
     """``text`` in lines of ``WIDTH`` columns; paths and words are never cut."""
     pad = " " * indent
-    return textwrap.wrap(text, WIDTH, initial_indent=pad, subsequent_indent=pad,
-                         break_long_words=False, break_on_hyphens=False)
+    return textwrap.wrap(
+        text, WIDTH, initial_indent=pad, subsequent_indent=pad, break_long_words=False, break_on_hyphens=False
+    )
 
 
 def source_line(needle: str) -> tuple[int, str]:
@@ -65,13 +66,17 @@ def quoted(number: int, line: str) -> str:
 
 def intro() -> None:
     number, line = source_line(BUG_MARK)
-    say("This demo starts a 4-rank training job (examples/demo_train.py, gloo on CPU) that is "
+    say(
+        "This demo starts a 4-rank training job (examples/demo_train.py, gloo on CPU) that is "
         f"broken on purpose: rank 3 is one step off. It resumed with another step offset "
-        f"({TRAIN.name}:{number}):")
+        f"({TRAIN.name}:{number}):"
+    )
     print(quoted(number, line.split(BUG_MARK)[0]), file=sys.stderr)
-    say("so every few steps rank 3 goes to gather the logged losses while ranks 0-2 go to "
+    say(
+        "so every few steps rank 3 goes to gather the logged losses while ranks 0-2 go to "
         "all-reduce the gradients, and every rank waits forever. hangdoc is told none of "
-        "this: it is given torchrun's pid and reads the ranks' stacks.")
+        "this: it is given torchrun's pid and reads the ranks' stacks."
+    )
     say()
 
 
@@ -81,8 +86,13 @@ def the_fix(report: dict) -> list[str] | None:
     culprits = report.get("culprit_ranks")
     ranks = {r.get("rank"): r for r in report.get("ranks", [])}
     culprit_op = (ranks.get(3) or {}).get("op") or {}
-    others = sorted({(r["op"]["name"], r["op"]["call_site"]) for n, r in ranks.items()
-                     if n != 3 and r.get("op") and r["op"].get("call_site")})
+    others = sorted(
+        {
+            (r["op"]["name"], r["op"]["call_site"])
+            for n, r in ranks.items()
+            if n != 3 and r.get("op") and r["op"].get("call_site")
+        }
+    )
     if report.get("verdict") != "collective_mismatch" or culprits != [3] or not culprit_op or not others:
         return None
     gate_number, gate = source_line(GATE)
@@ -94,13 +104,15 @@ def the_fix(report: dict) -> list[str] | None:
         f"hangdoc named rank 3: it waits in {culprit_op['name']} ({culprit_op['call_site']}, "
         f"in {culprit_op['function']}) while ranks 0-2 wait in {where}. Rank 3 went to gather "
         f"the losses when the others did not. That is decided by the step number "
-        f"({TRAIN.name}:{gate_number}):")
+        f"({TRAIN.name}:{gate_number}):"
+    )
     lines.append(quoted(gate_number, gate))
-    lines += wrap(f"so rank 3 counts steps differently. Its count starts at "
-                           f"{TRAIN.name}:{bug_number}:")
+    lines += wrap(f"so rank 3 counts steps differently. Its count starts at {TRAIN.name}:{bug_number}:")
     lines.append(quoted(bug_number, code))
-    lines += wrap("The fix: start every rank from the same step. In a real job, that "
-                           "is the step saved in the checkpoint, read by every rank:")
+    lines += wrap(
+        "The fix: start every rank from the same step. In a real job, that "
+        "is the step saved in the checkpoint, read by every rank:"
+    )
     lines.append(quoted(bug_number, indent + FIXED))
     return lines
 
@@ -111,8 +123,10 @@ def show_fix(report: dict | None) -> None:
     lines = the_fix(report) if report is not None else None
     if lines is None:
         verdict = report.get("verdict") if report else "no report"
-        say(f"hangdoc's answer ({verdict}) is not the bug planted in this demo (rank 3 one step "
-            "off, a collective mismatch): the report above says what it saw instead.")
+        say(
+            f"hangdoc's answer ({verdict}) is not the bug planted in this demo (rank 3 one step "
+            "off, a collective mismatch): the report above says what it saw instead."
+        )
         return
     for line in lines:
         print(line, file=sys.stderr)
@@ -154,8 +168,13 @@ def kill_all(launcher: subprocess.Popen, tag: str) -> None:
 
 def report_of(snapshot: Path) -> dict | None:
     """The JSON report of a saved snapshot (``hangdoc analyze --json``), None if it fails."""
-    done = subprocess.run([sys.executable, "-m", "hangdoc", "analyze", "--json", str(snapshot)],
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "hangdoc", "analyze", "--json", str(snapshot)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     try:
         return json.loads(done.stdout) if done.returncode == 0 else None
     except ValueError:
@@ -168,8 +187,16 @@ def main(argv: list[str]) -> int:
     ready = Path(tempfile.mkdtemp(prefix="hangdoc-demo-"))
     env = dict(os.environ, HANGDOC_DEMO_TAG=tag, HANGDOC_READY_DIR=str(ready), OMP_NUM_THREADS="1")
     torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc-per-node", str(NPROC), "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), str(TRAIN)]
+    cmd = [
+        str(torchrun),
+        "--nproc-per-node",
+        str(NPROC),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        str(TRAIN),
+    ]
     print(f"$ {' '.join(cmd)}", file=sys.stderr)
     log = open(ready / "job.log", "w")  # noqa: SIM115 - the child writes to it for its whole life
     launcher = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -185,8 +212,7 @@ def main(argv: list[str]) -> int:
         snapshot = _saves(argv) or str(ready / "snapshot.json.gz")  # the user's --save, or ours
         saved = [] if _saves(argv) else ["--save", snapshot]
         print(f"$ hangdoc diagnose pid:{launcher.pid} {' '.join(argv)}", file=sys.stderr)
-        code = subprocess.call([sys.executable, "-m", "hangdoc", "diagnose", f"pid:{launcher.pid}",
-                                *argv, *saved])
+        code = subprocess.call([sys.executable, "-m", "hangdoc", "diagnose", f"pid:{launcher.pid}", *argv, *saved])
         if code == 0:
             show_fix(report_of(Path(snapshot)))
         return code

@@ -37,17 +37,38 @@ LOG_NAME = "watch-demo-torchrun.log"
 
 def command(out: Path, port: int) -> list[str]:
     torchrun = Path(sys.executable).with_name("torchrun")
-    return [sys.executable, "-m", "hangdoc", "watch", "--stall-after", "5", "--on-hang", "kill",
-            "--kill-grace", "5", "--out", str(out), "--",
-            str(torchrun), "--nproc-per-node", "4", "--master-addr", "127.0.0.1", "--master-port",
-            str(port), str(TRAIN)]
+    return [
+        sys.executable,
+        "-m",
+        "hangdoc",
+        "watch",
+        "--stall-after",
+        "5",
+        "--on-hang",
+        "kill",
+        "--kill-grace",
+        "5",
+        "--out",
+        str(out),
+        "--",
+        str(torchrun),
+        "--nproc-per-node",
+        "4",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+        str(TRAIN),
+    ]
 
 
 def shown_command(cmd: list[str]) -> str:
     """``cmd`` as a user would type it: ``hangdoc watch ... -- torchrun ... examples/...``."""
     words = ["hangdoc", *cmd[3:]]
-    return " ".join("torchrun" if Path(w).name == "torchrun" else
-                    str(Path(w).relative_to(HERE.parent)) if w == str(TRAIN) else w for w in words)
+    return " ".join(
+        "torchrun" if Path(w).name == "torchrun" else str(Path(w).relative_to(HERE.parent)) if w == str(TRAIN) else w
+        for w in words
+    )
 
 
 def split(lines: Iterable[str]) -> Iterator[tuple[bool, str]]:
@@ -69,8 +90,10 @@ def report_dir(line: str) -> Path | None:
 def main(argv: list[str]) -> int:
     out = Path(argv[0]) if argv else Path("hangs")
     intro()
-    say("Here hangdoc watch wraps torchrun and reads the job's output. When nothing comes for "
-        "5 s it diagnoses the job, and a hang it confirms ends the job (--on-hang kill).")
+    say(
+        "Here hangdoc watch wraps torchrun and reads the job's output. When nothing comes for "
+        "5 s it diagnoses the job, and a hang it confirms ends the job (--on-hang kill)."
+    )
     say()
     tag = uuid.uuid4().hex
     cmd = command(out, free_port())
@@ -101,14 +124,21 @@ def main(argv: list[str]) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / LOG_NAME).write_text("".join(held))
     if status != EXIT_HANG_KILLED:
-        say(f"watch-demo: hangdoc watch exited with status {status} after {elapsed:.0f} s, not "
-            f"{EXIT_HANG_KILLED} (a hang reported and the job ended)")
+        say(
+            f"watch-demo: hangdoc watch exited with status {status} after {elapsed:.0f} s, not "
+            f"{EXIT_HANG_KILLED} (a hang reported and the job ended)"
+        )
         return status or 1
     show_fix(_read_json(hang / "report.json") if hang else None)
-    kept = (f" torchrun's {len(held)} lines after the kill (its traceback on SIGTERM) are in "
-            f"{out / LOG_NAME}.") if held else ""
-    say(f"watch-demo: hang reported in {hang or out}/ (report.txt, report.json, snapshot.json.gz), "
-        f"job ended after {elapsed:.0f} s: exit {EXIT_HANG_KILLED}, as documented.{kept}")
+    kept = (
+        (f" torchrun's {len(held)} lines after the kill (its traceback on SIGTERM) are in {out / LOG_NAME}.")
+        if held
+        else ""
+    )
+    say(
+        f"watch-demo: hang reported in {hang or out}/ (report.txt, report.json, snapshot.json.gz), "
+        f"job ended after {elapsed:.0f} s: exit {EXIT_HANG_KILLED}, as documented.{kept}"
+    )
     return 0
 
 

@@ -7,6 +7,6 @@ boundaries for the watchdog; they are dependency-free and cost well under a micr
 __version__ = "0.1.0"
 SCHEMA_VERSION = 1
 
-from .heartbeat import heartbeat, step
+from .heartbeat import heartbeat, step  # noqa: E402 - after the version, which it reads
 
 __all__ = ["SCHEMA_VERSION", "__version__", "heartbeat", "step"]

@@ -1,4 +1,5 @@
 """``python -m hangdoc``."""
+
 import sys
 
 from .cli import main

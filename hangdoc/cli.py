@@ -71,11 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     output = _Parser(add_help=False)
     output.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    output.add_argument("--width", type=bounded_int(WIDTH_COLUMNS), default=None,
-                        help="terminal width for the report")
+    output.add_argument("--width", type=bounded_int(WIDTH_COLUMNS), default=None, help="terminal width for the report")
     files = output.add_argument_group("report files (docs/reports.md)")
-    files.add_argument("--html", metavar="FILE",
-                       help="also write a self-contained HTML report with the merged tree to explore")
+    files.add_argument(
+        "--html", metavar="FILE", help="also write a self-contained HTML report with the merged tree to explore"
+    )
     files.add_argument("--dot", metavar="FILE", help="also write the merged tree as Graphviz DOT")
     files.add_argument("--svg", metavar="FILE", help="also write the merged tree as an SVG picture")
 
@@ -99,23 +99,39 @@ def build_parser() -> argparse.ArgumentParser:
         "slurm:JOBID[.STEP], ray:JOB_ID (a Ray job id or submission id)",
     )
     diag.add_argument("--save", metavar="FILE", help="also save the raw snapshot (replay with analyze)")
-    diag.add_argument("--window", type=seconds(WINDOW_SECONDS), default=2.0,
-                      help="seconds to sample before a first verdict (default 2)")
-    diag.add_argument("--interval", type=seconds(INTERVAL_SECONDS), default=0.5,
-                      help="seconds between samples (default 0.5)")
     diag.add_argument(
-        "--max-window", type=seconds(WINDOW_SECONDS), default=12.0,
+        "--window",
+        type=seconds(WINDOW_SECONDS),
+        default=2.0,
+        help="seconds to sample before a first verdict (default 2)",
+    )
+    diag.add_argument(
+        "--interval", type=seconds(INTERVAL_SECONDS), default=0.5, help="seconds between samples (default 0.5)"
+    )
+    diag.add_argument(
+        "--max-window",
+        type=seconds(WINDOW_SECONDS),
+        default=12.0,
         help="longest observation when the evidence is ambiguous (default 12)",
     )
     diag.add_argument("--native", action="store_true", help="include native (C/C++) frames in every sample")
-    diag.add_argument("--timeout", type=seconds(DUMP_TIMEOUT_SECONDS), default=5.0,
-                      help="seconds allowed per py-spy dump (default 5)")
-    diag.add_argument("-q", "--quiet", action="store_true",
-                      help="nothing on stderr but errors (no progress messages, no live progress line)")
+    diag.add_argument(
+        "--timeout", type=seconds(DUMP_TIMEOUT_SECONDS), default=5.0, help="seconds allowed per py-spy dump (default 5)"
+    )
+    diag.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="nothing on stderr but errors (no progress messages, no live progress line)",
+    )
     _add_ray(diag, "the diagnosis")
     remote = diag.add_argument_group("agents (multi-node)")
-    remote.add_argument("--agents", type=agent_list, metavar="HOST[:PORT],...",
-                        help="ask these `hangdoc agent`s instead of reading this node")
+    remote.add_argument(
+        "--agents",
+        type=agent_list,
+        metavar="HOST[:PORT],...",
+        help="ask these `hangdoc agent`s instead of reading this node",
+    )
     remote.add_argument("--hostfile", metavar="FILE", help="agent addresses, one per line")
     diag.set_defaults(func=_cmd_diagnose)
 
@@ -125,20 +141,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve this node's ranks to a coordinator over gRPC",
         description="Per-node agent: finds and samples the job's ranks on this node. Read-only.",
     )
-    agent.add_argument("--listen", type=listen_address, default="127.0.0.1:7420", metavar="HOST:PORT",
-                       help="address to listen on (default 127.0.0.1:7420, loopback only)")
-    agent.add_argument("--insecure", action="store_true",
-                       help="allow a non-loopback address without token or TLS (trusted networks only)")
-    agent.add_argument("--node-name", type=node_name, metavar="NAME",
-                       help="host name to report for this node's ranks")
-    agent.add_argument("--open-health", action="store_true",
-                       help="answer the gRPC health service without the token (Kubernetes gRPC probes); "
-                       "it tells only whether the agent is serving")
+    agent.add_argument(
+        "--listen",
+        type=listen_address,
+        default="127.0.0.1:7420",
+        metavar="HOST:PORT",
+        help="address to listen on (default 127.0.0.1:7420, loopback only)",
+    )
+    agent.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback address without token or TLS (trusted networks only)",
+    )
+    agent.add_argument("--node-name", type=node_name, metavar="NAME", help="host name to report for this node's ranks")
+    agent.add_argument(
+        "--open-health",
+        action="store_true",
+        help="answer the gRPC health service without the token (Kubernetes gRPC probes); "
+        "it tells only whether the agent is serving",
+    )
     agent.add_argument("--replay", metavar="FILE", help=argparse.SUPPRESS)  # benchmarks: serve a saved snapshot
-    agent.add_argument("--replay-rank-offset", type=bounded_int(RANK_OFFSET), default=0,
-                       help=argparse.SUPPRESS)
-    agent.add_argument("--replay-world-size", type=bounded_int(WORLD_SIZE), default=None,
-                       help=argparse.SUPPRESS)
+    agent.add_argument("--replay-rank-offset", type=bounded_int(RANK_OFFSET), default=0, help=argparse.SUPPRESS)
+    agent.add_argument("--replay-world-size", type=bounded_int(WORLD_SIZE), default=None, help=argparse.SUPPRESS)
     agent.set_defaults(func=_cmd_agent)
 
     _add_watch(sub, auth)
@@ -155,8 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
         "hangdoc's files; one started with -E or -I is reached only through the hook hangdoc installs "
         "beside itself (HANGDOC_PROBE=1), one started with -S not at all.",
     )
-    run.add_argument("-v", "--verbose", action="store_true",
-                     help="each Python process says on stderr where its probe serves, or why it cannot")
+    run.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="each Python process says on stderr where its probe serves, or why it cannot",
+    )
     run.set_defaults(func=_cmd_run, command_argv=())
 
     ana = sub.add_parser(
@@ -171,22 +199,32 @@ def build_parser() -> argparse.ArgumentParser:
         "read too. Several dumps of one pid are its samples; the notes say what a dump "
         "cannot show (ranks taken from command lines or file order, progress with one dump).",
     )
-    ana.add_argument("bundle", metavar="FILE", help="a snapshot written by `hangdoc diagnose "
-                     "--save`, or py-spy / ray stack dumps, or stacks as pasted in an issue "
-                     "(frame lines or tracebacks under labels such as `rank 3:`); `-` reads "
-                     "standard input")
-    ana.add_argument("-q", "--quiet", action="store_true",
-                     help="nothing on stderr but errors (no live progress line)")
+    ana.add_argument(
+        "bundle",
+        metavar="FILE",
+        help="a snapshot written by `hangdoc diagnose "
+        "--save`, or py-spy / ray stack dumps, or stacks as pasted in an issue "
+        "(frame lines or tracebacks under labels such as `rank 3:`); `-` reads "
+        "standard input",
+    )
+    ana.add_argument("-q", "--quiet", action="store_true", help="nothing on stderr but errors (no live progress line)")
     ana.set_defaults(func=_cmd_analyze)
     return parser
 
 
 def _add_ray(command: argparse.ArgumentParser, after: str) -> None:
     ray = command.add_argument_group("Ray (ray:JOB)")
-    ray.add_argument("--ray-address", metavar="ADDRESS",
-                     help="the cluster: GCS HOST:6379, auto, ray://HOST:10001 (default: RAY_ADDRESS, else auto)")
-    ray.add_argument("--workers", metavar="PATTERNS", default="",
-                     help="comma-separated shell patterns over actor class/name (default: the training workers)")
+    ray.add_argument(
+        "--ray-address",
+        metavar="ADDRESS",
+        help="the cluster: GCS HOST:6379, auto, ray://HOST:10001 (default: RAY_ADDRESS, else auto)",
+    )
+    ray.add_argument(
+        "--workers",
+        metavar="PATTERNS",
+        default="",
+        help="comma-separated shell patterns over actor class/name (default: the training workers)",
+    )
     ray.add_argument("--keep-agents", action="store_true", help=f"leave the agent actors running after {after}")
 
 
@@ -201,58 +239,125 @@ def _add_watch(sub: argparse._SubParsersAction[_Parser], auth: _Parser) -> None:
         "OUT/hang-<UTC>/report.json, snapshot.json.gz, report.txt and report.html. Exit status: the wrapped "
         "command's own; 124 when --on-hang kill ended the job; 0 when an attached job ended.",
     )
-    watch.add_argument("job", metavar="JOB", nargs="?",
-                       help="attach to this running job (HOST:PORT, pid:PID, slurm:JOBID[.STEP], ray:JOB_ID)")
-    watch.add_argument("--job", dest="job_of_command", metavar="JOB",
-                       help="with a wrapped command: the job it runs, when its ranks are not its "
-                       "descendants on this node (with --agents)")
+    watch.add_argument(
+        "job",
+        metavar="JOB",
+        nargs="?",
+        help="attach to this running job (HOST:PORT, pid:PID, slurm:JOBID[.STEP], ray:JOB_ID)",
+    )
+    watch.add_argument(
+        "--job",
+        dest="job_of_command",
+        metavar="JOB",
+        help="with a wrapped command: the job it runs, when its ranks are not its "
+        "descendants on this node (with --agents)",
+    )
     watch.add_argument("--out", default="hangs", metavar="DIR", help="where hang reports go (default ./hangs)")
     stall = watch.add_argument_group("stall detection")
-    stall.add_argument("--stall-after", type=seconds(STALL_SECONDS), metavar="SECONDS",
-                       help="a silence this long is a stall (default: learned from the step intervals)")
-    stall.add_argument("--warmup-steps", type=bounded_int(WARMUP_STEPS), default=5, metavar="N",
-                       help="steps before the steady-state timeout applies (default 5)")
-    stall.add_argument("--warmup-timeout", type=seconds(STALL_SECONDS), metavar="SECONDS",
-                       help="stall timeout during warm-up (default: --stall-after, or 600)")
-    stall.add_argument("--stall-factor", type=finite_float(STALL_FACTOR), default=3.0, metavar="F",
-                       help="learned timeout = F x the longest step gap seen after warm-up (default 3)")
-    stall.add_argument("--min-stall", type=seconds(MIN_STALL_SECONDS), default=30.0, metavar="SECONDS",
-                       help="the learned timeout is never shorter (default 30)")
-    stall.add_argument("--check-interval", type=seconds(CHECK_INTERVAL_SECONDS), metavar="SECONDS",
-                       help="how often to check (default 1, or 5 when stacks must be sampled)")
-    stall.add_argument("--step-regex", metavar="REGEX",
-                       help="output lines matching this are steps (group `step` or the first group: the number)")
-    stall.add_argument("--log", metavar="FILE", help="also watch this log file's growth (attach mode: instead of sampling stacks)")
+    stall.add_argument(
+        "--stall-after",
+        type=seconds(STALL_SECONDS),
+        metavar="SECONDS",
+        help="a silence this long is a stall (default: learned from the step intervals)",
+    )
+    stall.add_argument(
+        "--warmup-steps",
+        type=bounded_int(WARMUP_STEPS),
+        default=5,
+        metavar="N",
+        help="steps before the steady-state timeout applies (default 5)",
+    )
+    stall.add_argument(
+        "--warmup-timeout",
+        type=seconds(STALL_SECONDS),
+        metavar="SECONDS",
+        help="stall timeout during warm-up (default: --stall-after, or 600)",
+    )
+    stall.add_argument(
+        "--stall-factor",
+        type=finite_float(STALL_FACTOR),
+        default=3.0,
+        metavar="F",
+        help="learned timeout = F x the longest step gap seen after warm-up (default 3)",
+    )
+    stall.add_argument(
+        "--min-stall",
+        type=seconds(MIN_STALL_SECONDS),
+        default=30.0,
+        metavar="SECONDS",
+        help="the learned timeout is never shorter (default 30)",
+    )
+    stall.add_argument(
+        "--check-interval",
+        type=seconds(CHECK_INTERVAL_SECONDS),
+        metavar="SECONDS",
+        help="how often to check (default 1, or 5 when stacks must be sampled)",
+    )
+    stall.add_argument(
+        "--step-regex",
+        metavar="REGEX",
+        help="output lines matching this are steps (group `step` or the first group: the number)",
+    )
+    stall.add_argument(
+        "--log", metavar="FILE", help="also watch this log file's growth (attach mode: instead of sampling stacks)"
+    )
     act = watch.add_argument_group("on a hang")
-    act.add_argument("--on-hang", default="report", metavar="ACTION",
-                     help="report (default: keep watching), kill (end the job), or 'exec CMD [ARGS]' "
-                     "(run CMD with the report directory: where ARGS say {report}, else appended unless "
-                     "they say {job}, the job's id: 'exec ray job stop {job}')")
-    act.add_argument("--kill-grace", type=seconds(KILL_GRACE_SECONDS), default=10.0, metavar="SECONDS",
-                     help="after SIGTERM, wait this long before SIGKILL (default 10)")
-    act.add_argument("--max-postpone", type=bounded_int(MAX_POSTPONE), default=3, metavar="N",
-                     help="a rank still working alone postpones the report up to N stall timeouts (default 3)")
+    act.add_argument(
+        "--on-hang",
+        default="report",
+        metavar="ACTION",
+        help="report (default: keep watching), kill (end the job), or 'exec CMD [ARGS]' "
+        "(run CMD with the report directory: where ARGS say {report}, else appended unless "
+        "they say {job}, the job's id: 'exec ray job stop {job}')",
+    )
+    act.add_argument(
+        "--kill-grace",
+        type=seconds(KILL_GRACE_SECONDS),
+        default=10.0,
+        metavar="SECONDS",
+        help="after SIGTERM, wait this long before SIGKILL (default 10)",
+    )
+    act.add_argument(
+        "--max-postpone",
+        type=bounded_int(MAX_POSTPONE),
+        default=3,
+        metavar="N",
+        help="a rank still working alone postpones the report up to N stall timeouts (default 3)",
+    )
     diag = watch.add_argument_group("diagnosis")
-    diag.add_argument("--window", type=seconds(WINDOW_SECONDS), default=2.0,
-                      help="seconds of sampling on a stall (default 2)")
-    diag.add_argument("--interval", type=seconds(INTERVAL_SECONDS), default=0.5,
-                      help="seconds between samples (default 0.5)")
-    diag.add_argument("--max-window", type=seconds(WINDOW_SECONDS), default=12.0,
-                      help="longest observation when ambiguous (default 12)")
-    diag.add_argument("--timeout", type=seconds(DUMP_TIMEOUT_SECONDS), default=5.0,
-                      help="seconds allowed per py-spy dump (default 5)")
+    diag.add_argument(
+        "--window", type=seconds(WINDOW_SECONDS), default=2.0, help="seconds of sampling on a stall (default 2)"
+    )
+    diag.add_argument(
+        "--interval", type=seconds(INTERVAL_SECONDS), default=0.5, help="seconds between samples (default 0.5)"
+    )
+    diag.add_argument(
+        "--max-window",
+        type=seconds(WINDOW_SECONDS),
+        default=12.0,
+        help="longest observation when ambiguous (default 12)",
+    )
+    diag.add_argument(
+        "--timeout", type=seconds(DUMP_TIMEOUT_SECONDS), default=5.0, help="seconds allowed per py-spy dump (default 5)"
+    )
     met = watch.add_argument_group("metrics")
-    met.add_argument("--metrics-port", type=port(), metavar="PORT",
-                     help="serve Prometheus metrics on this port (0: any free port)")
-    met.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
-                     help="address for the metrics server (default loopback)")
-    met.add_argument("--metrics-textfile", metavar="PATH",
-                     help="also write the metrics to this .prom file for node_exporter's textfile "
-                     "collector (a directory: a file of its own in it); removed when the watch ends")
+    met.add_argument(
+        "--metrics-port", type=port(), metavar="PORT", help="serve Prometheus metrics on this port (0: any free port)"
+    )
+    met.add_argument(
+        "--metrics-host", default="127.0.0.1", metavar="HOST", help="address for the metrics server (default loopback)"
+    )
+    met.add_argument(
+        "--metrics-textfile",
+        metavar="PATH",
+        help="also write the metrics to this .prom file for node_exporter's textfile "
+        "collector (a directory: a file of its own in it); removed when the watch ends",
+    )
     _add_ray(watch, "the watch")
     remote = watch.add_argument_group("agents (multi-node)")
-    remote.add_argument("--agents", type=agent_list, metavar="HOST[:PORT],...",
-                        help="diagnose through these `hangdoc agent`s")
+    remote.add_argument(
+        "--agents", type=agent_list, metavar="HOST[:PORT],...", help="diagnose through these `hangdoc agent`s"
+    )
     remote.add_argument("--hostfile", metavar="FILE", help="agent addresses, one per line")
     watch.add_argument("-q", "--quiet", action="store_true", help="only the hang lines on stderr")
     watch.set_defaults(func=_cmd_watch, command_argv=())
@@ -322,8 +427,9 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     options = CaptureOptions(args.window, args.interval, args.max_window, args.native, args.timeout)
     nodes = _remote_nodes(args)
     with _progress(args) as shown:
-        snapshot, diagnosis = diagnose(args.job, options, shown.say, nodes, _ray_source(args, args.job, nodes),
-                                       shown.update)
+        snapshot, diagnosis = diagnose(
+            args.job, options, shown.say, nodes, _ray_source(args, args.job, nodes), shown.update
+        )
     if args.save:
         save_snapshot(snapshot, args.save)
         shown.say(f"snapshot saved to {args.save}; replay with `hangdoc analyze {args.save}`")
@@ -383,12 +489,21 @@ def _cmd_watch(args: argparse.Namespace) -> int:
     nodes = _remote_nodes(args)
     policy = StallPolicy(args.stall_after, args.warmup_steps, args.warmup_timeout, args.stall_factor, args.min_stall)
     config = WatchConfig(
-        command=tuple(args.command_argv), job=args.job or args.job_of_command, out=Path(args.out),
-        policy=policy, check_interval=args.check_interval, step_regex=args.step_regex, log=args.log,
-        on_hang=OnHang.parse(args.on_hang), kill_grace=args.kill_grace, max_postpone=args.max_postpone,
+        command=tuple(args.command_argv),
+        job=args.job or args.job_of_command,
+        out=Path(args.out),
+        policy=policy,
+        check_interval=args.check_interval,
+        step_regex=args.step_regex,
+        log=args.log,
+        on_hang=OnHang.parse(args.on_hang),
+        kill_grace=args.kill_grace,
+        max_postpone=args.max_postpone,
         capture=CaptureOptions(args.window, args.interval, args.max_window, False, args.timeout),
-        nodes=nodes, source=_ray_source(args, args.job or args.job_of_command, nodes),
-        metrics_host=args.metrics_host, metrics_port=args.metrics_port,
+        nodes=nodes,
+        source=_ray_source(args, args.job or args.job_of_command, nodes),
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
         metrics_textfile=Path(args.metrics_textfile) if args.metrics_textfile else None,
     )
     say = _stderr_watch if not args.quiet else _stderr_hang_only
@@ -428,9 +543,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         os.execvpe(command[0], command, env)
     except OSError as err:
         what = "not found" if isinstance(err, FileNotFoundError) else (err.strerror or str(err))
-        raise UsageError(f"cannot run {command[0]!r}: {what}",
-                         help="Give a command on PATH or a path to an executable: "
-                         "hangdoc run -- torchrun --nproc-per-node 4 train.py") from None
+        raise UsageError(
+            f"cannot run {command[0]!r}: {what}",
+            help="Give a command on PATH or a path to an executable: "
+            "hangdoc run -- torchrun --nproc-per-node 4 train.py",
+        ) from None
     return EXIT_OK  # not reached: exec replaced this process
 
 
@@ -438,10 +555,19 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     from .fleet.agent import AgentConfig, read_token, run_agent
 
     token = read_token(args.token_file) if args.token_file else None
-    config = AgentConfig(args.listen, token, args.tls_cert, args.tls_key, args.tls_ca,
-                         args.insecure, host=args.node_name, open_health=args.open_health, replay=args.replay,
-                         replay_rank_offset=args.replay_rank_offset,
-                         replay_world_size=args.replay_world_size)
+    config = AgentConfig(
+        args.listen,
+        token,
+        args.tls_cert,
+        args.tls_key,
+        args.tls_ca,
+        args.insecure,
+        host=args.node_name,
+        open_health=args.open_health,
+        replay=args.replay,
+        replay_rank_offset=args.replay_rank_offset,
+        replay_world_size=args.replay_world_size,
+    )
     return run_agent(config)
 
 
@@ -468,7 +594,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command: list[str] = []
     if argv and argv[0] == "watch" and "--" in argv:
         cut = argv.index("--")
-        argv, command = argv[:cut], argv[cut + 1:]
+        argv, command = argv[:cut], argv[cut + 1 :]
     elif argv and argv[0] == "run":
         argv, command = _split_run(argv)
     wants_json = "--json" in argv  # until the arguments are parsed, or fail to be
@@ -503,7 +629,7 @@ def _split_run(argv: list[str]) -> tuple[list[str], list[str]]:
     that is not an option (``hangdoc run torchrun --nproc-per-node 2 train.py``)."""
     for i, arg in enumerate(argv[1:], start=1):
         if arg == "--":
-            return argv[:i], argv[i + 1:]
+            return argv[:i], argv[i + 1 :]
         if not arg.startswith("-"):
             return argv[:i], argv[i:]
     return argv, []

@@ -104,8 +104,7 @@ def port(bounds: tuple[int, int] = LISTEN_PORT) -> Callable[[str], int]:
         value = _parse_number(text, integer=True)
         if value is None or not lo <= value <= hi:
             zero = " (0: any free port)" if lo == 0 else ""
-            raise argparse.ArgumentTypeError(
-                f"{shown(text, 40)} is not a port number from {lo} to {hi}{zero}")
+            raise argparse.ArgumentTypeError(f"{shown(text, 40)} is not a port number from {lo} to {hi}{zero}")
         return int(value)
 
     parse.__name__ = "port"
@@ -143,7 +142,8 @@ def agent_list(text: str) -> str:
             except argparse.ArgumentTypeError:
                 raise argparse.ArgumentTypeError(
                     f"agent address {shown(entry, 60)} is not HOST[:PORT] with a port from "
-                    f"{AGENT_PORT[0]} to {AGENT_PORT[1]}") from None
+                    f"{AGENT_PORT[0]} to {AGENT_PORT[1]}"
+                ) from None
     return text
 
 

@@ -170,8 +170,9 @@ def observe(
             return snapshot, diagnosis
         if not extended:
             extended = True
-            gather.note(f"window extended beyond {options.window:.1f} s: {diagnosis.summary.split(':')[0]} "
-                        "is not yet certain")
+            gather.note(
+                f"window extended beyond {options.window:.1f} s: {diagnosis.summary.split(':')[0]} is not yet certain"
+            )
             say("evidence ambiguous (a rank is busy while others wait): observing longer")
         tell(Step.SAMPLING, window=options.max_window)
         wait_for_next_round()

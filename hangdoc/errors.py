@@ -15,14 +15,22 @@ import os
 # (U+202E shows text backwards: "Trojan Source"), the Unicode line/paragraph separators,
 # and lone surrogates (from JSON "\ud800" escapes: they cannot even be encoded to UTF-8).
 UNSAFE_CHARACTERS = [
-    *range(0x20), 0x7F, *range(0x80, 0xA0), 0x061C, 0x200E, 0x200F, 0x2028, 0x2029,
-    *range(0x202A, 0x202F), *range(0x2066, 0x206A), *range(0xD800, 0xE000),
+    *range(0x20),
+    0x7F,
+    *range(0x80, 0xA0),
+    0x061C,
+    0x200E,
+    0x200F,
+    0x2028,
+    0x2029,
+    *range(0x202A, 0x202F),
+    *range(0x2066, 0x206A),
+    *range(0xD800, 0xE000),
 ]
 _SHORT_ESCAPES = {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}
-_PRINTABLE = str.maketrans({
-    cp: _SHORT_ESCAPES.get(cp) or (f"\\x{cp:02x}" if cp < 0x100 else f"\\u{cp:04x}")
-    for cp in UNSAFE_CHARACTERS
-})
+_PRINTABLE = str.maketrans(
+    {cp: _SHORT_ESCAPES.get(cp) or (f"\\x{cp:02x}" if cp < 0x100 else f"\\u{cp:04x}") for cp in UNSAFE_CHARACTERS}
+)
 MESSAGE_MAX_CHARS = 2000  # an error line longer than this is cut (a 1 MB job spec, say)
 
 
@@ -89,8 +97,10 @@ class JobNotFound(HangdocError):
         "Check the spec: HOST:PORT must equal the ranks' MASTER_ADDR/MASTER_PORT, pid:PID "
         "must be a launcher or rank on this node. Run as the job's user or root."
     )
-    def __init__(self, message: str, help: str | None = None, unreachable: tuple[str, ...] = (),
-                 running: bool = False) -> None:
+
+    def __init__(
+        self, message: str, help: str | None = None, unreachable: tuple[str, ...] = (), running: bool = False
+    ) -> None:
         super().__init__(message, help)
         # nodes that did not answer the search: with any, "not found" only means "not found
         # where we could look"
@@ -197,7 +207,4 @@ class InternalError(HangdocError):
     """hangdoc itself failed: a bug, reported as one line instead of a traceback."""
 
     exit_code = 70  # EX_SOFTWARE (sysexits.h)
-    help = (
-        "This is a bug in hangdoc: please report it with the command line. Set HANGDOC_DEBUG=1 "
-        "to see the traceback."
-    )
+    help = "This is a bug in hangdoc: please report it with the command line. Set HANGDOC_DEBUG=1 to see the traceback."

@@ -43,7 +43,7 @@ def pid_namespace(pid: str) -> str | None:
         link = os.readlink(f"/proc/{pid}/ns/pid")  # "pid:[4026531836]"
     except OSError:
         return None
-    return link[link.find("[") + 1:-1] or None
+    return link[link.find("[") + 1 : -1] or None
 
 
 def record_name(pid: int, namespace: str | None) -> str:
@@ -65,8 +65,7 @@ def _open() -> mmap.mmap | None:
     try:
         directory = heartbeat_dir()
         directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(directory / record_name(_pid, pid_namespace("self")), os.O_RDWR | os.O_CREAT | os.O_TRUNC,
-                     0o644)
+        fd = os.open(directory / record_name(_pid, pid_namespace("self")), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, RECORD.size)
             _map = mmap.mmap(fd, RECORD.size)

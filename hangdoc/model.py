@@ -59,11 +59,32 @@ _PACKAGE_DIRS = frozenset({"site-packages", "dist-packages"})
 _STDLIB_DIR = re.compile(r"python3\.\d+t?")  # lib/python3.11/, lib/python3.13t/
 # torch run from a source checkout (``pip install -e``) has no site-packages above it: its
 # own top-level modules say it is torch.
-_TORCH_TOP = frozenset({
-    "distributed", "nn", "autograd", "multiprocessing", "utils", "cuda", "optim", "amp", "fx",
-    "futures", "jit", "testing", "export", "compiler", "accelerator", "cpu", "backends",
-    "__init__.py", "functional.py", "serialization.py", "overrides.py", "random.py",
-})
+_TORCH_TOP = frozenset(
+    {
+        "distributed",
+        "nn",
+        "autograd",
+        "multiprocessing",
+        "utils",
+        "cuda",
+        "optim",
+        "amp",
+        "fx",
+        "futures",
+        "jit",
+        "testing",
+        "export",
+        "compiler",
+        "accelerator",
+        "cpu",
+        "backends",
+        "__init__.py",
+        "functional.py",
+        "serialization.py",
+        "overrides.py",
+        "random.py",
+    }
+)
 
 
 # the file name torch.fx gives the code it generates for a compiled graph (torch.compile,
@@ -81,13 +102,13 @@ def frame_origin(filename: str) -> FrameOrigin:
         if parts[i] in _PACKAGE_DIRS:
             package = parts[i + 1].split(".")[0]
             kind = Origin.TORCH if package == "torch" else Origin.LIBRARY
-            return FrameOrigin(kind, package, "/".join(parts[i + 1:]))
+            return FrameOrigin(kind, package, "/".join(parts[i + 1 :]))
     for i in range(len(parts) - 2, 0, -1):
         if parts[i] == "torch" and (parts[i + 1] in _TORCH_TOP or parts[i + 1].startswith("_")):
             return FrameOrigin(Origin.TORCH, "torch", "/".join(parts[i:]))
     for i in range(len(parts) - 2, 0, -1):
         if parts[i - 1] in ("lib", "lib64") and _STDLIB_DIR.fullmatch(parts[i]):
-            return FrameOrigin(Origin.STDLIB, "", "/".join(parts[i + 1:]))
+            return FrameOrigin(Origin.STDLIB, "", "/".join(parts[i + 1 :]))
     return FrameOrigin(Origin.USER, "", filename)
 
 
@@ -344,8 +365,9 @@ class FlightEntry:
 
     def describe(self) -> str:
         """``all_reduce Float[4]``, ``broadcast Long[3]+Long[3]``."""
-        shapes = "+".join(f"{d}[{','.join(map(str, s))}]"
-                          for d, s in zip(self.input_dtypes, self.input_sizes, strict=False))
+        shapes = "+".join(
+            f"{d}[{','.join(map(str, s))}]" for d, s in zip(self.input_dtypes, self.input_sizes, strict=False)
+        )
         return f"{self.op} {shapes}".strip()
 
 

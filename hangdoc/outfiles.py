@@ -130,8 +130,9 @@ def _open_dir(directory: Path) -> int:
     try:
         return os.open(str(directory) or ".", _PARENT)
     except FileNotFoundError:
-        raise Refused(f"directory {directory} does not exist",
-                      "Create the directory first, or name a file in one that exists.") from None
+        raise Refused(
+            f"directory {directory} does not exist", "Create the directory first, or name a file in one that exists."
+        ) from None
     except NotADirectoryError:
         raise Refused(f"{directory} is not a directory", _ELSEWHERE) from None
 
@@ -142,19 +143,27 @@ def _check_name(dir_fd: int, name: str) -> None:
     except FileNotFoundError:
         return
     if stat.S_ISLNK(info.st_mode):
-        raise Refused("is a symbolic link; hangdoc never writes through one",
-                      "Name the file itself (see `readlink -f`), or a new file.")
+        raise Refused(
+            "is a symbolic link; hangdoc never writes through one",
+            "Name the file itself (see `readlink -f`), or a new file.",
+        )
     if not stat.S_ISREG(info.st_mode):
         raise Refused(f"is {_kind(info.st_mode)}; hangdoc writes only regular files")
     if info.st_uid != os.geteuid():
-        raise Refused(f"belongs to {_owner(info.st_uid)}, not to this user; hangdoc replaces only its own files",
-                      "Remove the file first if it should go, or name a new file.")
+        raise Refused(
+            f"belongs to {_owner(info.st_uid)}, not to this user; hangdoc replaces only its own files",
+            "Remove the file first if it should go, or name a new file.",
+        )
 
 
 def _kind(mode: int) -> str:
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-             (stat.S_ISSOCK, "a socket"))
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 

@@ -359,8 +359,12 @@ def _heartbeat() -> dict[str, object] | None:
         return None
     if beats <= 0:
         return None
-    return {"step": None if step == no_step else step, "beats": beats, "in_step": bool(in_step),
-            "age_seconds": max(time.monotonic_ns() - last, 0) / 1e9}
+    return {
+        "step": None if step == no_step else step,
+        "beats": beats,
+        "in_step": bool(in_step),
+        "age_seconds": max(time.monotonic_ns() - last, 0) / 1e9,
+    }
 
 
 _QUALNAME = type.__dict__["__qualname__"]
@@ -396,8 +400,14 @@ def _describe(ident: int, thread: object, exc: BaseException, budget: list[int])
     kind = type(exc)
     module, qualname = _MODULE.__get__(kind), _QUALNAME.__get__(kind)
     name = qualname if module in ("builtins", None) or not isinstance(module, str) else f"{module}.{qualname}"
-    entry: dict[str, object] = {"thread_id": ident, "thread_name": None, "type": name[:MAX_NAME_CHARS],
-                                "function": "", "file": "", "line": None}
+    entry: dict[str, object] = {
+        "thread_id": ident,
+        "thread_name": None,
+        "type": name[:MAX_NAME_CHARS],
+        "function": "",
+        "file": "",
+        "line": None,
+    }
     try:
         thread_name = object.__getattribute__(thread, "__dict__").get("_name")
     except AttributeError:  # no thread object (a thread started by C code)
@@ -412,8 +422,9 @@ def _describe(ident: int, thread: object, exc: BaseException, budget: list[int])
         return None
     if innermost is not None:
         code = innermost.tb_frame.f_code
-        entry.update(function=code.co_name[:MAX_NAME_CHARS], file=code.co_filename[:MAX_PATH_CHARS],
-                     line=innermost.tb_lineno)
+        entry.update(
+            function=code.co_name[:MAX_NAME_CHARS], file=code.co_filename[:MAX_PATH_CHARS], line=innermost.tb_lineno
+        )
     return entry
 
 
@@ -426,8 +437,10 @@ def _send(conn: socket.socket, answer: dict[str, object]) -> None:
 
 
 def _drop_dump(answer: dict[str, object], size: int) -> None:
-    error = (f"the flight recorder dump makes an answer of {size:,} bytes, more than hangdoc reads "
-             f"({MAX_ANSWER_BYTES:,}): a smaller TORCH_FR_BUFFER_SIZE fits")
+    error = (
+        f"the flight recorder dump makes an answer of {size:,} bytes, more than hangdoc reads "
+        f"({MAX_ANSWER_BYTES:,}): a smaller TORCH_FR_BUFFER_SIZE fits"
+    )
     if "dump" in answer:
         answer.update(ok=False, error=error)
         del answer["dump"]

@@ -101,10 +101,10 @@ def ranks_label(ranks: Sequence[int], limit: int = 40, count_over: int = 32) -> 
     return label
 
 
-def scope_text(seen: Sequence[int], not_seen: Sequence[int], absent: Sequence[int],
-               world_size: int | None) -> str:
+def scope_text(seen: Sequence[int], not_seen: Sequence[int], absent: Sequence[int], world_size: int | None) -> str:
     """What a diagnosis saw of the job, for a report's header: ``saw ranks 0-1 of 4; ranks
     2-3 not seen``; ``""`` when every rank of a job of known size was seen."""
+
     def who(ranks: Sequence[int]) -> str:
         return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {short_ranges(ranks)}"
 

@@ -79,8 +79,7 @@ class _Session:
     def find(self, job: JobSpec, say: Progress) -> Fleet:
         assert job.ray_job is not None
         found = find_ray_job(job.ray_job, address=self.options.address, patterns=self.options.workers)
-        say(f"Ray job {found.job_id}: {len(found.workers)} worker(s) on "
-            f"{len(found.node_ids)} node(s)")
+        say(f"Ray job {found.job_id}: {len(found.workers)} worker(s) on {len(found.node_ids)} node(s)")
         self._place([n for n in found.node_ids if n not in self.nodes and n not in self.failed], say)
         nodes = {n: self.nodes[n] for n in found.node_ids if n in self.nodes}
         failed = {n: self.failed[n] for n in found.node_ids if n in self.failed}
@@ -94,8 +93,10 @@ class _Session:
             self.connected = True
         keep = self.options.keep_agents
         agents = self.stack.enter_context(ray_agents(node_ids, token=self.token, keep=keep, partial=True))
-        say(f"started {len(agents)} hangdoc agent actor(s)"
-            + (" (kept after the diagnosis: --keep-agents)" if keep else ""))
+        say(
+            f"started {len(agents)} hangdoc agent actor(s)"
+            + (" (kept after the diagnosis: --keep-agents)" if keep else "")
+        )
         self.nodes.update({node_id: _RayNode(node_id, address, self.auth) for node_id, address in agents.items()})
         self.failed.update(agents.failed)
 
@@ -118,15 +119,16 @@ def _fleet(found: RayJob, nodes: dict[str, _RayNode], failed: dict[str, str], sp
     did not start, or did not list them, are unreachable with their ranks."""
     answers = fan_out(list(nodes.values()), lambda n: n.find_ranks(spec), FIND_TIMEOUT)
     listed: dict[str, set[int]] = {}
-    unreachable = [Unreachable(f"ray node {node_id[:12]}", f"no agent: {reason}",
-                               _ranks(found.workers, node_id)) for node_id, reason in failed.items()]
+    unreachable = [
+        Unreachable(f"ray node {node_id[:12]}", f"no agent: {reason}", _ranks(found.workers, node_id))
+        for node_id, reason in failed.items()
+    ]
     for asked, answer, error in answers:
         assert isinstance(asked, _RayNode)
         if isinstance(answer, Discovery):
             listed[asked.node_id] = {p.pid for p in answer.ranks}
         else:
-            unreachable.append(Unreachable(asked.name, one_line(str(error)),
-                                           _ranks(found.workers, asked.node_id)))
+            unreachable.append(Unreachable(asked.name, one_line(str(error)), _ranks(found.workers, asked.node_id)))
     placed: list[tuple[RemoteNode, RankProcess]] = []
     notes = list(found.notes)
     for worker in found.workers:
@@ -134,8 +136,7 @@ def _fleet(found: RayJob, nodes: dict[str, _RayNode], failed: dict[str, str], sp
         if agent is None or worker.node_id not in listed:
             continue
         if worker.pid not in listed[worker.node_id]:
-            notes.append(f"worker pid {worker.pid} ({worker.actor_class}) was gone when its "
-                         f"node's agent looked")
+            notes.append(f"worker pid {worker.pid} ({worker.actor_class}) was gone when its node's agent looked")
             continue
         placed.append((agent, worker.to_rank_process(agent.name)))
     sizes = {w.world_size for w in found.workers if w.world_size}
@@ -152,11 +153,12 @@ def _driver(address: str | None) -> Iterator[None]:
     try:
         import ray
     except ImportError:
-        raise RayNotInstalled("hangdoc needs Ray to diagnose a ray: job",
-                              help=RayNotInstalled.help) from None
+        raise RayNotInstalled("hangdoc needs Ray to diagnose a ray: job", help=RayNotInstalled.help) from None
     if address is not None and address.startswith(("http://", "https://")):
-        raise UsageError(f"--ray-address {address}: placing agents needs the cluster's GCS "
-                         "address (HOST:6379), `auto` or ray://HOST:10001, not the dashboard's URL")
+        raise UsageError(
+            f"--ray-address {address}: placing agents needs the cluster's GCS "
+            "address (HOST:6379), `auto` or ray://HOST:10001, not the dashboard's URL"
+        )
     if ray.is_initialized():
         yield  # a caller inside a Ray driver already: its connection serves
         return
@@ -165,30 +167,49 @@ def _driver(address: str | None) -> Iterator[None]:
     # they go to stderr; ray.shutdown() joins that thread before stdout is given back
     with contextlib.redirect_stdout(sys.stderr):
         try:
-            ray.init(address=address or "auto", namespace="hangdoc", log_to_driver=False,
-                     logging_level=logging.WARNING, configure_logging=False)
+            ray.init(
+                address=address or "auto",
+                namespace="hangdoc",
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+                configure_logging=False,
+            )
         except Exception as exc:  # noqa: BLE001 - Ray raises many kinds; the user gets one line
-            raise RayUnreachable(one_line(f"cannot connect to the Ray cluster at "
-                                          f"{address or 'auto'} as a driver: {exc}"),
-                                 help=RayUnreachable.help) from None
+            raise RayUnreachable(
+                one_line(f"cannot connect to the Ray cluster at {address or 'auto'} as a driver: {exc}"),
+                help=RayUnreachable.help,
+            ) from None
         try:
             yield
         finally:
             ray.shutdown()
 
 
-def diagnose(job: str, *, address: str | None = None, workers: Sequence[str] = (),
-             keep_agents: bool = False, options: CaptureOptions | None = None,
-             progress: Progress | None = None) -> Diagnosis:
+def diagnose(
+    job: str,
+    *,
+    address: str | None = None,
+    workers: Sequence[str] = (),
+    keep_agents: bool = False,
+    options: CaptureOptions | None = None,
+    progress: Progress | None = None,
+) -> Diagnosis:
     """Diagnose Ray job ``job`` (hex job id or submission id): the same ``Diagnosis``
     ``hangdoc diagnose ray:JOB`` reports."""
-    return capture(job, address=address, workers=workers, keep_agents=keep_agents,
-                   options=options, progress=progress)[1]
+    return capture(job, address=address, workers=workers, keep_agents=keep_agents, options=options, progress=progress)[
+        1
+    ]
 
 
-def capture(job: str, *, address: str | None = None, workers: Sequence[str] = (),
-            keep_agents: bool = False, options: CaptureOptions | None = None,
-            progress: Progress | None = None) -> tuple[JobSnapshot, Diagnosis]:
+def capture(
+    job: str,
+    *,
+    address: str | None = None,
+    workers: Sequence[str] = (),
+    keep_agents: bool = False,
+    options: CaptureOptions | None = None,
+    progress: Progress | None = None,
+) -> tuple[JobSnapshot, Diagnosis]:
     """``diagnose``, with the snapshot it rests on (save it with ``hangdoc.bundle``)."""
     spec = job if job.startswith("ray:") else f"ray:{job}"
     source = fleet_source(RayOptions(address, tuple(workers), keep_agents))

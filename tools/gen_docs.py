@@ -20,8 +20,16 @@ from hangdoc.model import CaptureErrorKind
 def cli_reference() -> str:
     os.environ["COLUMNS"] = "100"  # argparse wraps to the terminal: fix it for stable output
     parser = build_parser()
-    parts = ["# CLI reference", "", "Generated from the parser by `python tools/gen_docs.py`.", "",
-             "```", parser.format_help().rstrip(), "```", ""]
+    parts = [
+        "# CLI reference",
+        "",
+        "Generated from the parser by `python tools/gen_docs.py`.",
+        "",
+        "```",
+        parser.format_help().rstrip(),
+        "```",
+        "",
+    ]
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     seen = set()
     for name, command in sub.choices.items():
@@ -37,18 +45,33 @@ def troubleshooting() -> str:
 
     for module in ("hangdoc.fleet.client", "hangdoc.fleet.wire"):  # they define error classes
         importlib.import_module(module)
-    parts = ["# Troubleshooting", "",
-             ("Every error hangdoc can stop with, its exit code, and the help it prints. "
-             "Generated from `hangdoc/errors.py` by `python tools/gen_docs.py`."), "",
-             "| error | exit code | help printed |", "|---|---|---|"]
+    parts = [
+        "# Troubleshooting",
+        "",
+        (
+            "Every error hangdoc can stop with, its exit code, and the help it prints. "
+            "Generated from `hangdoc/errors.py` by `python tools/gen_docs.py`."
+        ),
+        "",
+        "| error | exit code | help printed |",
+        "|---|---|---|",
+    ]
     classes = [errors.HangdocError, *sorted(_subclasses(errors.HangdocError), key=lambda c: (c.exit_code, c.__name__))]
     for cls in classes:
         doc = (cls.__doc__ or "").strip().splitlines()[0]
         parts.append(f"| `{cls.__name__}`: {doc} | {cls.exit_code} | {cls.help or '-'} |")
-    parts += ["", "## Per-rank problems (reported, not fatal)", "",
-              ("A rank that cannot be read does not stop the diagnosis: it is listed with its reason "
-              "and the verdict says when it rests on partial evidence."), "",
-              "| reason | meaning |", "|---|---|"]
+    parts += [
+        "",
+        "## Per-rank problems (reported, not fatal)",
+        "",
+        (
+            "A rank that cannot be read does not stop the diagnosis: it is listed with its reason "
+            "and the verdict says when it rests on partial evidence."
+        ),
+        "",
+        "| reason | meaning |",
+        "|---|---|",
+    ]
     for kind in CaptureErrorKind:
         doc = _member_doc(kind)
         parts.append(f"| `{kind.value}` | {doc} |")

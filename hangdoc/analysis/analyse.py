@@ -97,11 +97,16 @@ def off_node_ranks(snapshot: JobSnapshot, absent: set[int], views: Sequence[Rank
     if not absent:
         return Placement()
     if not snapshot.nodes_searched:
-        return Placement(frozenset(absent), note=(
-            f"ranks {ranges_text(sorted(set(absent)))} are not in the dumps: not seen, so nothing "
-            "is concluded about them; dump every rank, or diagnose the live job"))
+        return Placement(
+            frozenset(absent),
+            note=(
+                f"ranks {ranges_text(sorted(set(absent)))} are not in the dumps: not seen, so nothing "
+                "is concluded about them; dump every rank, or diagnose the live job"
+            ),
+        )
     local_sizes = {
-        n for r in snapshot.ranks
+        n
+        for r in snapshot.ranks
         if (n := _env_int(r, "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", minimum=1)) is not None
     }
     hosts: dict[str, list[RankSnapshot]] = {}
@@ -122,19 +127,27 @@ def off_node_ranks(snapshot: JobSnapshot, absent: set[int], views: Sequence[Rank
         local_missing = in_blocks if len(in_blocks) == shortfall else set()
         elsewhere = absent - local_missing
         note = (
-            f"ranks {ranges_text(sorted(set(elsewhere)))} may run on nodes that were not asked "
-            f"({per_node} ranks per node, {len(hosts)} node(s) seen): their state is unknown; "
-            "diagnose with an agent on every node to see them"
-        ) if elsewhere else ""
+            (
+                f"ranks {ranges_text(sorted(set(elsewhere)))} may run on nodes that were not asked "
+                f"({per_node} ranks per node, {len(hosts)} node(s) seen): their state is unknown; "
+                "diagnose with an agent on every node to see them"
+            )
+            if elsewhere
+            else ""
+        )
         return Placement(frozenset(elsewhere), frozenset(local_missing), note)
     if _loopback_rendezvous(snapshot):
         return Placement(proven=frozenset(absent))
     searched = ", ".join(sorted(hosts)[:4]) + (" ..." if len(hosts) > 4 else "")
-    return Placement(frozenset(absent), note=(
-        f"ranks {ranges_text(sorted(set(absent)))} have no process on the node(s) searched "
-        f"({searched}), and nothing shows the job has no other node: not seen, not missing; "
-        "run `hangdoc agent` on the job's other nodes and add --agents NODE:7420,... "
-        "(or --hostfile FILE) to see them"))
+    return Placement(
+        frozenset(absent),
+        note=(
+            f"ranks {ranges_text(sorted(set(absent)))} have no process on the node(s) searched "
+            f"({searched}), and nothing shows the job has no other node: not seen, not missing; "
+            "run `hangdoc agent` on the job's other nodes and add --agents NODE:7420,... "
+            "(or --hostfile FILE) to see them"
+        ),
+    )
 
 
 def _loopback_rendezvous(snapshot: JobSnapshot) -> bool:
@@ -150,12 +163,12 @@ def _loopback_rendezvous(snapshot: JobSnapshot) -> bool:
     return all(is_loopback_host(a) for a in addrs)
 
 
-def scope_of(views: Sequence[RankView], missing: set[int], unknown: set[int],
-             world: int | None) -> Scope:
+def scope_of(views: Sequence[RankView], missing: set[int], unknown: set[int], world: int | None) -> Scope:
     """What the diagnosis saw of the job, and what it knows of the rest."""
     seen = tuple(sorted({v.rank for v in views}))
-    return Scope(seen=seen, not_seen=tuple(sorted(unknown - set(seen))), absent=tuple(sorted(missing)),
-                 world_size=world)
+    return Scope(
+        seen=seen, not_seen=tuple(sorted(unknown - set(seen))), absent=tuple(sorted(missing)), world_size=world
+    )
 
 
 def analyse(snapshot: JobSnapshot) -> Diagnosis:
@@ -189,15 +202,30 @@ def _analyse(snapshot: JobSnapshot) -> Diagnosis:
 
     # does anything say the job's size (a peer a rank names does not)? One rank, or dumps,
     # of a job of unknown size may be any part of it
-    world_known = any(r.process.world_size for r in snapshot.ranks) or bool(snapshot.world_size) \
+    world_known = (
+        any(r.process.world_size for r in snapshot.ranks)
+        or bool(snapshot.world_size)
         or any(v.code_world for v in views)
+    )
     coverage_unknown = not world_known and (len(present) == 1 or not snapshot.nodes_searched)
     others_unseen = not world_known and len(present) == 1  # its peers exist; nobody saw them
     told = Told(match_flight(snapshot), any(r.samples for r in snapshot.ranks), gpu_state.find(snapshot))
-    result = classify.classify(views, sorted(missing), sorted(unknown), others_unseen=others_unseen, told=told,
-                               notes=(elsewhere_note,) if elsewhere_note else ())
-    judged = confidence.judge(result, views, sorted(unknown), len(snapshot.unreachable),
-                              world_known=world_known, coverage_unknown=coverage_unknown)
+    result = classify.classify(
+        views,
+        sorted(missing),
+        sorted(unknown),
+        others_unseen=others_unseen,
+        told=told,
+        notes=(elsewhere_note,) if elsewhere_note else (),
+    )
+    judged = confidence.judge(
+        result,
+        views,
+        sorted(unknown),
+        len(snapshot.unreachable),
+        world_known=world_known,
+        coverage_unknown=coverage_unknown,
+    )
     describe = _details()
     ranks = [
         RankAnalysis(
@@ -218,8 +246,16 @@ def _analyse(snapshot: JobSnapshot) -> Diagnosis:
         for r in sorted(missing)
     ]
     ranks += [
-        RankAnalysis(r, None, "", RankState.UNKNOWN, None, None, None,
-                     "its node did not answer" if r in unreachable_ranks else "not seen")
+        RankAnalysis(
+            r,
+            None,
+            "",
+            RankState.UNKNOWN,
+            None,
+            None,
+            None,
+            "its node did not answer" if r in unreachable_ranks else "not seen",
+        )
         for r in sorted(unknown - present)
     ]
     ranks.sort(key=lambda r: (r.rank is None, r.rank))
@@ -270,9 +306,7 @@ def _working(v: RankView) -> bool:
     return v.state in _WORKING or (v.move is not None and v.move.moving)
 
 
-def _groups(
-    tree: CallTree, ops: dict[int, DistOp | None]
-) -> tuple[list[StackGroup], dict[int, int]]:
+def _groups(tree: CallTree, ops: dict[int, DistOp | None]) -> tuple[list[StackGroup], dict[int, int]]:
     groups: list[StackGroup] = []
     group_of: dict[int, int] = {}
     for gid, (ranks, stack) in enumerate(tree.classes):

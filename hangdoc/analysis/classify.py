@@ -64,8 +64,13 @@ OUTSIDE = (RankState.BUSY, RankState.BLOCKED, RankState.STOPPED)
 
 
 def classify(
-    views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[int], *, others_unseen: bool = False,
-    told: Told | None = None, notes: Sequence[str] = (),
+    views: Sequence[RankView],
+    missing: Sequence[int],
+    unknown: Sequence[int],
+    *,
+    others_unseen: bool = False,
+    told: Told | None = None,
+    notes: Sequence[str] = (),
 ) -> Classification:
     """The verdict, decided once: the stack rules (``decide``) in words, then what the other
     sources make of it (``settle``), then the probes' evidence. ``notes`` are said after the
@@ -85,8 +90,15 @@ def classify(
     if unknown and found.verdict is not Verdict.NOT_HUNG:
         summary += wording.partial_suffix(unknown)
     evidence += notes
-    result = Classification(found, found.verdict, tuple(sorted(found.culprits)), summary, tuple(evidence),
-                            wording.next_steps(found.verdict, found.facts), found.ambiguous)
+    result = Classification(
+        found,
+        found.verdict,
+        tuple(sorted(found.culprits)),
+        summary,
+        tuple(evidence),
+        wording.next_steps(found.verdict, found.facts),
+        found.ambiguous,
+    )
     told = told or Told()
     result = settle.by_flight(result, told.flight, told.had_stacks)
     seen = {v.rank for v in views}
@@ -95,8 +107,9 @@ def classify(
     return dataclasses.replace(result, evidence=(*result.evidence, *probed)) if probed else result
 
 
-def decide(views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[int], *,
-           others_unseen: bool = False) -> Finding:
+def decide(
+    views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[int], *, others_unseen: bool = False
+) -> Finding:
     """Apply the rules in order; the first that fits gives the verdict. ``others_unseen``:
     the job has ranks nobody saw besides ``unknown`` (one rank's dump, and nothing says the
     job's size): a claim about every rank cannot be made."""
@@ -123,9 +136,7 @@ def decide(views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[
     gone = sorted(set(missing) | set(exited))
     if gone:
         world = len(views) + len(gone) + len(unknown)
-        return Finding(
-            Verdict.RANK_MISSING, gone, RanksGone(gone, exited, world, in_op), quiet_over=in_op
-        )
+        return Finding(Verdict.RANK_MISSING, gone, RanksGone(gone, exited, world, in_op), quiet_over=in_op)
 
     # -- init_deadlock
     init = [v for v in in_op if v.op and v.op.kind is OpKind.INIT]
@@ -140,14 +151,18 @@ def decide(views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[
     training = [v for v in in_op if id(v) not in in_cleanup]
     if cleanup and training:
         return Finding(
-            Verdict.CLEANUP_DEADLOCK, [v.rank for v in cleanup], CleanupStuck(cleanup, training),
+            Verdict.CLEANUP_DEADLOCK,
+            [v.rank for v in cleanup],
+            CleanupStuck(cleanup, training),
             quiet_over=in_op,
         )
     if cleanup and partial and all(id(v) in in_cleanup for v in outside):
         # every rank seen is in cleanup (no rank is in training: that returned above), the
         # others were not seen: cleanup from one side
         return Finding(
-            Verdict.CLEANUP_DEADLOCK, [v.rank for v in cleanup], CleanupStuck(cleanup, [], unknown),
+            Verdict.CLEANUP_DEADLOCK,
+            [v.rank for v in cleanup],
+            CleanupStuck(cleanup, [], unknown),
             quiet_over=in_op,
         )
 
@@ -155,13 +170,16 @@ def decide(views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[
     raced = [v for v in in_op if _one_group_twice(v)]
     if raced:
         others = [v for v in in_op if not _one_group_twice(v)]
-        return Finding(Verdict.COLLECTIVE_MISMATCH, [v.rank for v in raced],
-                       ThreadsRace(raced, others), quiet_over=in_op)
+        return Finding(
+            Verdict.COLLECTIVE_MISMATCH, [v.rank for v in raced], ThreadsRace(raced, others), quiet_over=in_op
+        )
 
     # -- straggler
     if outside and in_op:
         return Finding(
-            Verdict.STRAGGLER, [v.rank for v in outside], Straggling(outside, in_op),
+            Verdict.STRAGGLER,
+            [v.rank for v in outside],
+            Straggling(outside, in_op),
             # a slow rank may still finish: observe longer; a lock-order deadlock seen in
             # two samples cannot
             ambiguous=not all(v.deadlocked for v in outside),
@@ -195,8 +213,7 @@ def decide(views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[
         # every rank that could be read waits in one op: the ranks not seen there are what
         # the others wait for, by elimination (a rank in D state on a dead filesystem, one
         # py-spy cannot pause); the report says it rests on elimination, not a stack
-        return Finding(Verdict.STRAGGLER, [v.rank for v in unseen], Unseen(unseen, in_op),
-                       quiet_over=in_op)
+        return Finding(Verdict.STRAGGLER, [v.rank for v in unseen], Unseen(unseen, in_op), quiet_over=in_op)
     if in_op and partial:
         # "every rank in the same op" holds only over the whole world: what the ranks not
         # seen do decides between a transport hang and one rank the others wait for
@@ -223,28 +240,28 @@ def _not_hung(
     stuck, and the straggler rule decides instead. A few ranks progressing among many that
     wait is reported as such, and watched longer.
     """
-    busy = [v for v in outside if v.state is RankState.BUSY or (
-        v.move is not None and (v.move.moving or v.move.stack_changed or v.move.woke))]
+    busy = [
+        v
+        for v in outside
+        if v.state is RankState.BUSY or (v.move is not None and (v.move.moving or v.move.stack_changed or v.move.woke))
+    ]
     if progressing:
         working = {id(v) for v in busy}
         still = [v for v in outside if id(v) not in working]
         if waiting and still:
             return None
-        return Finding(Verdict.NOT_HUNG, [], Progressing(progressing, waiting),
-                       ambiguous=len(waiting) > len(progressing))
+        return Finding(
+            Verdict.NOT_HUNG, [], Progressing(progressing, waiting), ambiguous=len(waiting) > len(progressing)
+        )
     communicating = [v for v in in_op if v.state is RankState.COMMUNICATING]
     if communicating and not waiting:
-        return Finding(
-            Verdict.NOT_HUNG, [], DataMoving(communicating), ambiguous=bool(outside)
-        )
+        return Finding(Verdict.NOT_HUNG, [], DataMoving(communicating), ambiguous=bool(outside))
     if not in_op and busy:
         return Finding(Verdict.NOT_HUNG, [], Working(busy))
     return None
 
 
-def _init_deadlock(
-    views: Sequence[RankView], init: list[RankView], in_op: list[RankView]
-) -> Finding:
+def _init_deadlock(views: Sequence[RankView], init: list[RankView], in_op: list[RankView]) -> Finding:
     init_ranks = [v.rank for v in init]
     in_init = {id(v) for v in init}
     others = [v for v in views if id(v) not in in_init and v.state is not RankState.UNREADABLE]
@@ -254,8 +271,11 @@ def _init_deadlock(
         went_past = any(v.op is not None and v.op.kind is not OpKind.INIT for v in others)
         ambiguous = any(v.state is RankState.BUSY for v in others)
         return Finding(
-            Verdict.INIT_DEADLOCK, culprits, InitSplit(init, others, went_past),
-            ambiguous=ambiguous, quiet_over=in_op,
+            Verdict.INIT_DEADLOCK,
+            culprits,
+            InitSplit(init, others, went_past),
+            ambiguous=ambiguous,
+            quiet_over=in_op,
         )
     culprits, env = _env_disagreement(init)
     key = op_keys()
@@ -264,9 +284,7 @@ def _init_deadlock(
         classes[key(v.op)].append(v.rank)  # type: ignore[arg-type]
     if not culprits and len(classes) > 1:
         culprits = _minority(list(classes.values()))
-    return Finding(
-        Verdict.INIT_DEADLOCK, culprits, InitStuck(init, culprits, env), quiet_over=in_op
-    )
+    return Finding(Verdict.INIT_DEADLOCK, culprits, InitStuck(init, culprits, env), quiet_over=in_op)
 
 
 _RDZV_KEYS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "SLURM_NTASKS")
@@ -319,12 +337,10 @@ def _mismatch(
         # in its own group's collective, legitimately apart from the others: p2p peers that
         # cannot pair are direct evidence, and name the culprits instead
         named = set(culprits)
-        if not culprits or all(v.op is not None and v.op.group == GIVEN_GROUP
-                               for v in in_op if v.rank in named):
+        if not culprits or all(v.op is not None and v.op.group == GIVEN_GROUP for v in in_op if v.rank in named):
             culprits, by_peers, left = p2p_culprits, True, False
     if apart and not culprits:
-        return Finding(Verdict.UNKNOWN, [], GroupsApart(groups, apart, shape.from_lines),
-                       quiet_over=in_op)
+        return Finding(Verdict.UNKNOWN, [], GroupsApart(groups, apart, shape.from_lines), quiet_over=in_op)
     parted: list[tuple[Frame, list[RankView]]] = []
     by_tree = False
     if not culprits:
@@ -339,9 +355,9 @@ def _mismatch(
         if not culprits:
             parted = []
     return Finding(
-        Verdict.COLLECTIVE_MISMATCH, culprits,
-        Mismatch(groups, culprits, p2p, by_peers, parted, shape if left else None, by_tree,
-                 waiting),
+        Verdict.COLLECTIVE_MISMATCH,
+        culprits,
+        Mismatch(groups, culprits, p2p, by_peers, parted, shape if left else None, by_tree, waiting),
         quiet_over=in_op,
     )
 
@@ -390,8 +406,7 @@ def _parting(views: Sequence[RankView]) -> list[tuple[Frame, list[RankView]]]:
     group first. Ranks stuck in three different ops can still be two paths: two ranks in
     one training step (a broadcast and the reducer's all_reduce) and one that left it for
     validation. Empty when the paths never part."""
-    stacks = {v.rank: [f for f in v.thread.frames if not f.native] if v.thread else []
-              for v in views}
+    stacks = {v.rank: [f for f in v.thread.frames if not f.native] if v.thread else [] for v in views}
     depth = 0
     while True:
         at: dict[tuple[str, str] | None, list[RankView]] = defaultdict(list)

@@ -80,12 +80,20 @@ class Case:
 
     @classmethod
     def of(
-        cls, found: Finding, views: Sequence[RankView], unknown: Sequence[int], silent_nodes: int,
-        world_known: bool = True, coverage_unknown: bool = False,
+        cls,
+        found: Finding,
+        views: Sequence[RankView],
+        unknown: Sequence[int],
+        silent_nodes: int,
+        world_known: bool = True,
+        coverage_unknown: bool = False,
     ) -> Case:
         read = [v for v in views if v.state not in (RankState.UNREADABLE, RankState.EXITED)]
         return cls(
-            found, views, unknown, silent_nodes,
+            found,
+            views,
+            unknown,
+            silent_nodes,
             read=read,
             in_op=[v for v in views if v.state in IN_OP],
             outside=[v for v in views if v.state in OUTSIDE],
@@ -101,8 +109,12 @@ class Case:
 
 
 def judge(
-    result: Classification, views: Sequence[RankView], unknown: Sequence[int] = (), silent_nodes: int = 0,
-    world_known: bool = True, coverage_unknown: bool = False,
+    result: Classification,
+    views: Sequence[RankView],
+    unknown: Sequence[int] = (),
+    silent_nodes: int = 0,
+    world_known: bool = True,
+    coverage_unknown: bool = False,
 ) -> Judgement:
     """The confidence of ``result`` and its basis: what the stacks' finding rests on and
     what lowers it (``RULES``), then what the other sources that weighed in set
@@ -114,8 +126,12 @@ def judge(
 
 
 def weigh_stacks(
-    found: Finding, views: Sequence[RankView], unknown: Sequence[int] = (), silent_nodes: int = 0,
-    world_known: bool = True, coverage_unknown: bool = False,
+    found: Finding,
+    views: Sequence[RankView],
+    unknown: Sequence[int] = (),
+    silent_nodes: int = 0,
+    world_known: bool = True,
+    coverage_unknown: bool = False,
 ) -> Judgement:
     """The confidence of the stacks' own finding and its basis: what it rests on, then what
     lowers it."""
@@ -141,8 +157,7 @@ def rests_on(case: Case) -> list[str]:
         count = f"{samples[0]}" if samples[0] == samples[-1] else f"{samples[0]}-{samples[-1]}"
         complete = len(case.read) == len(case.views) and not case.unknown
         n = len(case.read)
-        ranks = _who(case.read) if not complete or n == 1 else (
-            "both ranks" if n == 2 else f"all {n} ranks")
+        ranks = _who(case.read) if not complete or n == 1 else ("both ranks" if n == 2 else f"all {n} ranks")
         agree = " agree" if isinstance(case.found.facts, SameOp) and complete else ""
         plural = "" if count == "1" else "s"
         basis.append(f"stacks of {ranks} in {count} sample{plural}{agree}")
@@ -156,20 +171,25 @@ def rests_on(case: Case) -> list[str]:
         seconds = _seconds(quiet)
         spinning = [v for v in quiet if waits_for_device(v.op)]
         if seconds and spinning:
-            basis.append(f"no waiting rank's bytes or stack moved over {seconds:.1f} s "
-                         f"({_who(spinning)} at a host sync: CPU there is no progress)")
+            basis.append(
+                f"no waiting rank's bytes or stack moved over {seconds:.1f} s "
+                f"({_who(spinning)} at a host sync: CPU there is no progress)"
+            )
         elif seconds:  # one sample compares nothing: _one_sample says so
             basis.append(f"no waiting rank's CPU, bytes or stack moved over {seconds:.1f} s")
     idle = _idle_for(case)
     if idle is not None and idle >= STILL_FOR:
-        basis.append(f"{_who(case.outside)} stayed off CPU, without I/O, on one stack over "
-                     f"{idle:.1f} s: stuck, not slow")
+        basis.append(
+            f"{_who(case.outside)} stayed off CPU, without I/O, on one stack over {idle:.1f} s: stuck, not slow"
+        )
     for v in case.outside if case.hang else ():
         if v.deadlocked and v.locks is not None and v.thread is not None:
             cycle = v.locks.cycle_of(v.thread)
             assert cycle is not None
-            basis.append(f"rank {v.rank} {deadlock_short(cycle)} in {v.deadlock_seen} samples: "
-                         "stuck, not slow (waiting cannot resolve it)")
+            basis.append(
+                f"rank {v.rank} {deadlock_short(cycle)} in {v.deadlock_seen} samples: "
+                "stuck, not slow (waiting cannot resolve it)"
+            )
     return basis
 
 
@@ -185,15 +205,13 @@ def _named_by(case: Case) -> str | None:
         parts = []
         never = sorted(set(f.gone) - set(f.exited))
         if never:
-            parts.append(f"{rank_phrase(never)} of world size {f.world} "
-                         f"{_verb(never, 'has', 'have')} no process")
+            parts.append(f"{rank_phrase(never)} of world size {f.world} {_verb(never, 'has', 'have')} no process")
         if f.exited:
             parts.append(f"{rank_phrase(f.exited)} exited during the capture")
         return "; ".join(parts)
     elif isinstance(f, InitSplit):
         where = "went past" if f.went_past else "never reached"
-        return (f"{rank_phrase(culprits)} named by {_their(culprits)}: the smaller side "
-                f"({_who(f.others)} {where} init)")
+        return f"{rank_phrase(culprits)} named by {_their(culprits)}: the smaller side ({_who(f.others)} {where} init)"
     elif isinstance(f, InitStuck) and f.differ:
         if f.env is not None:
             return f"{rank_phrase(f.differ)} named by the rendezvous environment ({f.env.key})"
@@ -203,18 +221,20 @@ def _named_by(case: Case) -> str | None:
     elif isinstance(f, Straggling):
         return f"{_who(f.outside)} named by {_their(f.outside)}: outside any distributed op"
     elif isinstance(f, ThreadsRace):
-        return (f"{_who(f.raced)} named by {_their(f.raced)}: two threads in collectives on "
-                "one process group")
+        return f"{_who(f.raced)} named by {_their(f.raced)}: two threads in collectives on one process group"
     elif isinstance(f, Mismatch) and culprits:
         if f.structure is not None:
-            return (f"{rank_phrase(culprits)} named by the ops' process groups: on WORLD, which "
-                    "needs every rank, while the others wait on groups their callers passed")
+            return (
+                f"{rank_phrase(culprits)} named by the ops' process groups: on WORLD, which "
+                "needs every rank, while the others wait on groups their callers passed"
+            )
         if f.by_tree:
-            return (f"{rank_phrase(culprits)} named by the merged call tree: one place off the "
-                    "others' path, with fewer ranks than any place of theirs")
+            return (
+                f"{rank_phrase(culprits)} named by the merged call tree: one place off the "
+                "others' path, with fewer ranks than any place of theirs"
+            )
         if f.parted:
-            return (f"{rank_phrase(culprits)} named by where the stacks part: the smaller path "
-                    f"({f.parted[1][0]})")
+            return f"{rank_phrase(culprits)} named by where the stacks part: the smaller path ({f.parted[1][0]})"
         if _has_minority(f) and not f.by_peers:
             return f"{rank_phrase(culprits)} named by {_their(culprits)}: the minority op"
         return f"{rank_phrase(culprits)} named by the send/recv calls that do not pair up"
@@ -229,8 +249,10 @@ def _nothing_to_go_on(case: Case) -> str | None:
     if isinstance(f, NothingCaptured):
         return "no rank could be captured"
     if isinstance(f, Unexplained):
-        return ("no rank is in a distributed op and nothing moves: native frames (--native) "
-                "or a longer --window may settle it")
+        return (
+            "no rank is in a distributed op and nothing moves: native frames (--native) "
+            "or a longer --window may settle it"
+        )
     return None
 
 
@@ -239,35 +261,44 @@ def _by_elimination(case: Case) -> str | None:
     if not isinstance(f, Unseen):
         return None
     reasons = "; ".join(sorted({unseen_reason(v) for v in f.unseen}))
-    return (f"{_who(f.unseen)} could not be read ({reasons}): culprit by elimination, "
-            "not by a stack; reading it would settle it")
+    return (
+        f"{_who(f.unseen)} could not be read ({reasons}): culprit by elimination, "
+        "not by a stack; reading it would settle it"
+    )
 
 
 def _members_unknown(case: Case) -> str | None:
     f = case.found.facts
     if isinstance(f, Mismatch) and f.waiting_for_members:
-        return (f"{_who(f.waiting_for_members)} wait on a process group whose other members "
-                "wait in the others' op: which rank skipped an op rests on the order each rank "
-                "issued them, which stacks do not show (the flight recorder's sequence numbers "
-                "would)")
+        return (
+            f"{_who(f.waiting_for_members)} wait on a process group whose other members "
+            "wait in the others' op: which rank skipped an op rests on the order each rank "
+            "issued them, which stacks do not show (the flight recorder's sequence numbers "
+            "would)"
+        )
     return None
 
 
 def _no_minority(case: Case) -> str | None:
     f = case.found.facts
-    if (isinstance(f, Mismatch) and len(f.groups) > 1 and not case.found.culprits
-            and not f.waiting_for_members):
+    if isinstance(f, Mismatch) and len(f.groups) > 1 and not case.found.culprits and not f.waiting_for_members:
         sizes = sorted((len(g) for g in f.groups), reverse=True)
         if sizes[0] == sizes[-1]:
-            return (f"ranks split evenly between {len(f.groups)} ops: no minority to blame, "
-                    "and ops of different process groups are not told apart")
-        return (f"no op holds most of the ranks ({sizes[0]:,} of {sum(sizes):,} in the largest of "
-                f"{len(f.groups)}) and no small set is off the others' path: ranks of different "
-                "process groups may wait apart legitimately, and stacks do not tell the groups apart")
+            return (
+                f"ranks split evenly between {len(f.groups)} ops: no minority to blame, "
+                "and ops of different process groups are not told apart"
+            )
+        return (
+            f"no op holds most of the ranks ({sizes[0]:,} of {sum(sizes):,} in the largest of "
+            f"{len(f.groups)}) and no small set is off the others' path: ranks of different "
+            "process groups may wait apart legitimately, and stacks do not tell the groups apart"
+        )
     if isinstance(f, GroupsApart):
-        return (f"every op runs on a group its caller passed, at {len(f.groups)} places that may "
-                "each hold whole groups: no small set of ranks explains the hang, and stacks do "
-                "not show what each group waits for (the flight recorder would)")
+        return (
+            f"every op runs on a group its caller passed, at {len(f.groups)} places that may "
+            "each hold whole groups: no small set of ranks explains the hang, and stacks do "
+            "not show what each group waits for (the flight recorder would)"
+        )
     if isinstance(f, InitStuck) and not f.differ:
         key = op_keys()
         calls = {key(v.op) for v in f.init if v.op is not None}
@@ -281,8 +312,10 @@ def _silent_nodes(case: Case) -> str | None:
         return None
     if case.silent_nodes:
         answered = len({v.snap.process.host for v in case.views})
-        return (f"{case.silent_nodes} of {answered + case.silent_nodes} nodes did not answer: "
-                f"{rank_phrase(case.unknown)} unknown")
+        return (
+            f"{case.silent_nodes} of {answered + case.silent_nodes} nodes did not answer: "
+            f"{rank_phrase(case.unknown)} unknown"
+        )
     return f"{rank_phrase(case.unknown)} not seen"
 
 
@@ -310,7 +343,7 @@ def _other_part(case: Case) -> str | None:
 
 
 def _size_unknown(case: Case) -> str | None:
-    """"Every rank waits in the same op" with nothing to say how many ranks the job has."""
+    """ "Every rank waits in the same op" with nothing to say how many ranks the job has."""
     if case.world_known:
         return None
     if isinstance(case.found.facts, (SameOp, Teardown)) or (case.hang and case.coverage_unknown):
@@ -331,16 +364,20 @@ def _one_sample(case: Case) -> str | None:
     few = [v for v, n in zip(case.read, case.samples, strict=True) if n < 2]
     if not few:
         return None
-    return (f"{_who(few)} read in 1 sample only: nothing to compare; a second look (a longer "
-            "--window, or a second dump of each process) would show whether it moves")
+    return (
+        f"{_who(few)} read in 1 sample only: nothing to compare; a second look (a longer "
+        "--window, or a second dump of each process) would show whether it moves"
+    )
 
 
 def _device_collective_unseen(case: Case) -> str | None:
     f = case.found.facts
     if not isinstance(f, DeviceWaits):
         return None
-    return (f"{_who(f.device)} {_verb(f.device, 'waits', 'wait')} for device work at a host "
-            f"sync: {NOT_VISIBLE}; the flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE) would tell")
+    return (
+        f"{_who(f.device)} {_verb(f.device, 'waits', 'wait')} for device work at a host "
+        f"sync: {NOT_VISIBLE}; the flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE) would tell"
+    )
 
 
 def _device_waiters(case: Case) -> str | None:
@@ -349,8 +386,10 @@ def _device_waiters(case: Case) -> str | None:
     device = [v for v in case.in_op if waits_for_device(v.op)]
     if not device:
         return None
-    return (f"{_who(device)} {_verb(device, 'waits', 'wait')} for device work at a host sync, "
-            "not in a torch.distributed frame: which collective is not visible from stacks")
+    return (
+        f"{_who(device)} {_verb(device, 'waits', 'wait')} for device work at a host sync, "
+        "not in a torch.distributed frame: which collective is not visible from stacks"
+    )
 
 
 def _maybe_device(case: Case) -> str | None:
@@ -359,10 +398,12 @@ def _maybe_device(case: Case) -> str | None:
         return None
     inner = spinning[0].thread.innermost_python if spinning[0].thread else None
     line = f" (`{inner.code}`)" if inner is not None and inner.code else ""
-    return (f"{_who(spinning)} {_verb(spinning, 'spins', 'spin')} on one line that waits for "
-            f"a GPU if its tensors are on one{line}, and nothing shows whether the rank uses "
-            "one: it may be waiting for device work, not computing; --native would show a "
-            "CUDA call")
+    return (
+        f"{_who(spinning)} {_verb(spinning, 'spins', 'spin')} on one line that waits for "
+        f"a GPU if its tensors are on one{line}, and nothing shows whether the rank uses "
+        "one: it may be waiting for device work, not computing; --native would show a "
+        "CUDA call"
+    )
 
 
 def _line_unseen(case: Case) -> str | None:
@@ -378,20 +419,28 @@ def _line_unseen(case: Case) -> str | None:
         return None
     inner = unseen[0].thread.innermost_python if unseen[0].thread else None
     where = f" ({inner.location})" if inner is not None else ""
-    return (f"{_who(unseen)} {_verb(unseen, 'is', 'are')} on a line of the job that capture "
-            f"does not show{where}: if it waits for a GPU (`.item()`, `.cpu()`, "
-            "`synchronize()`), the rank has issued its collective and waits, and is no "
-            "straggler; the source lines (`hangdoc diagnose` on the job) or native frames "
-            "(`py-spy dump --native`) would tell")
+    return (
+        f"{_who(unseen)} {_verb(unseen, 'is', 'are')} on a line of the job that capture "
+        f"does not show{where}: if it waits for a GPU (`.item()`, `.cpu()`, "
+        "`synchronize()`), the rank has issued its collective and waits, and is no "
+        "straggler; the source lines (`hangdoc diagnose` on the job) or native frames "
+        "(`py-spy dump --native`) would tell"
+    )
 
 
 def _line_not_had(v: RankView) -> bool:
     thread = v.thread
     inner = thread.innermost_python if thread is not None else None
-    return (v.op is None and thread is not None and inner is not None and inner.code is None
-            and v.move is not None and v.move.marked_active is not None
-            and inner.origin.kind in (Origin.USER, Origin.LIBRARY)
-            and not any(f.native for f in thread.frames))
+    return (
+        v.op is None
+        and thread is not None
+        and inner is not None
+        and inner.code is None
+        and v.move is not None
+        and v.move.marked_active is not None
+        and inner.origin.kind in (Origin.USER, Origin.LIBRARY)
+        and not any(f.native for f in thread.frames)
+    )
 
 
 def _spins_at_sync(v: RankView) -> bool:
@@ -400,8 +449,13 @@ def _spins_at_sync(v: RankView) -> bool:
     if v.op is not None or v.state is not RankState.BUSY:
         return False
     inner = v.thread.innermost_python if v.thread is not None else None
-    return (inner is not None and sync_call(inner.code) is not None and v.move is not None
-            and not v.move.stack_changed and len(v.snap.good_samples) >= 2)
+    return (
+        inner is not None
+        and sync_call(inner.code) is not None
+        and v.move is not None
+        and not v.move.stack_changed
+        and len(v.snap.good_samples) >= 2
+    )
 
 
 def _indirect_ops(case: Case) -> str | None:
@@ -426,8 +480,7 @@ def _still_working(case: Case) -> str | None:
     working = [v for v in case.outside if _working(v)]
     if not working:
         return None
-    return (f"{_who(working)} still {_verb(working, 'works', 'work')} (CPU, I/O or stack): "
-            "it may be slow, not stuck")
+    return f"{_who(working)} still {_verb(working, 'works', 'work')} (CPU, I/O or stack): it may be slow, not stuck"
 
 
 def _briefly_idle(case: Case) -> str | None:
@@ -436,8 +489,10 @@ def _briefly_idle(case: Case) -> str | None:
     idle = _idle_for(case)
     if idle is None or idle >= STILL_FOR:
         return None
-    return (f"{_who(case.outside)} idle for only {idle:.1f} s: a slow read or lock may still "
-            "return; a longer --max-window would settle it")
+    return (
+        f"{_who(case.outside)} idle for only {idle:.1f} s: a slow read or lock may still "
+        "return; a longer --max-window would settle it"
+    )
 
 
 def _waiting_moves(case: Case) -> str | None:
@@ -446,8 +501,10 @@ def _waiting_moves(case: Case) -> str | None:
     moving = [v for v in case.in_op if _moves_in_op(v)]
     if not moving:
         return None
-    return (f"{_who(moving)} still {_verb(moving, 'moves', 'move')} data or stack inside "
-            f"{_verb(moving, 'its', 'their')} op: the op may yet complete")
+    return (
+        f"{_who(moving)} still {_verb(moving, 'moves', 'move')} data or stack inside "
+        f"{_verb(moving, 'its', 'their')} op: the op may yet complete"
+    )
 
 
 def _counters_only(case: Case) -> str | None:
@@ -455,14 +512,11 @@ def _counters_only(case: Case) -> str | None:
     if isinstance(f, Progressing):
         if any(v.move and (v.move.op_changed or v.move.left_op) for v in f.ranks):
             return None
-        return (f"{_who(f.ranks)} stayed in one op: progress rests on wake-up counters, "
-                "not a completed op")
+        return f"{_who(f.ranks)} stayed in one op: progress rests on wake-up counters, not a completed op"
     if isinstance(f, DataMoving):
-        return (f"{_who(f.communicating)} stayed in one op: progress rests on byte and CPU "
-                "counters, not a completed op")
+        return f"{_who(f.communicating)} stayed in one op: progress rests on byte and CPU counters, not a completed op"
     if isinstance(f, Working):
-        return ("no rank is in a distributed op: progress rests on CPU and changing stacks, "
-                "not a completed op")
+        return "no rank is in a distributed op: progress rests on CPU and changing stacks, not a completed op"
     return None
 
 
@@ -473,9 +527,11 @@ def _groups_unseen(case: Case) -> str | None:
     common = f.groups[0]
     if not all(v.op is not None and v.op.group == GIVEN_GROUP for v in common):
         return None  # the others wait on WORLD (or a group hangdoc cannot see): it needs everyone
-    return (f"{_who(common)} wait on a process group their caller passed, whose members "
-            "py-spy cannot see: the minority may be in its own group's collective "
-            "(the flight recorder would tell)")
+    return (
+        f"{_who(common)} wait on a process group their caller passed, whose members "
+        "py-spy cannot see: the minority may be in its own group's collective "
+        "(the flight recorder would tell)"
+    )
 
 
 def _race_from_lines(case: Case) -> str | None:
@@ -485,9 +541,11 @@ def _race_from_lines(case: Case) -> str | None:
     ops = [op for v in f.raced for op in (v.op, *(o for _, o in v.side_ops)) if op is not None]
     if all(op.group is not None for op in ops):
         return None
-    return ("that the threads' collectives run on one group was read from the call lines (no "
-            "`group=` passed), not from call arguments: a wrapper that passes its own group on "
-            "may pass another; call arguments (py-spy --locals) would tell")
+    return (
+        "that the threads' collectives run on one group was read from the call lines (no "
+        "`group=` passed), not from call arguments: a wrapper that passes its own group on "
+        "may pass another; call arguments (py-spy --locals) would tell"
+    )
 
 
 def _maybe_compiled(case: Case) -> str | None:
@@ -496,43 +554,53 @@ def _maybe_compiled(case: Case) -> str | None:
     maybe = [v for v in case.in_op if v.op is not None and v.op.via == COMPILED_MAYBE]
     if not maybe:
         return None
-    return (f"{_who(maybe)} {_verb(maybe, 'is', 'are')} idle in a C++ op of a compiled graph, "
-            "read as a collective: native frames (--native) or the graph's locals (py-spy "
-            "--locals) would say which op it is")
+    return (
+        f"{_who(maybe)} {_verb(maybe, 'is', 'are')} idle in a C++ op of a compiled graph, "
+        "read as a collective: native frames (--native) or the graph's locals (py-spy "
+        "--locals) would say which op it is"
+    )
 
 
 def _groups_from_lines(case: Case) -> str | None:
     f = case.found.facts
     if not isinstance(f, Mismatch) or f.structure is None or not f.structure.from_lines:
         return None
-    return ("which ops run on WORLD and which on passed groups was read from the call lines "
-            "(`group=`), not from call arguments: a wrapper that passes its own group on may "
-            "pass None; call arguments (py-spy --locals) would tell")
+    return (
+        "which ops run on WORLD and which on passed groups was read from the call lines "
+        "(`group=`), not from call arguments: a wrapper that passes its own group on may "
+        "pass None; call arguments (py-spy --locals) would tell"
+    )
 
 
 def _by_tree_shape(case: Case) -> str | None:
     f = case.found.facts
     if isinstance(f, Mismatch) and f.by_tree:
-        return ("the culprits rest on the merged tree's shape alone: the ops do not say which "
-                "process groups they run on, so ranks at different places may each be whole "
-                "groups; call arguments (py-spy --locals), the call lines or the flight "
-                "recorder would tell")
+        return (
+            "the culprits rest on the merged tree's shape alone: the ops do not say which "
+            "process groups they run on, so ranks at different places may each be whole "
+            "groups; call arguments (py-spy --locals), the call lines or the flight "
+            "recorder would tell"
+        )
     return None
 
 
 def _by_parting(case: Case) -> str | None:
     f = case.found.facts
     if isinstance(f, Mismatch) and f.parted and not f.by_tree:
-        return ("the ops name no minority: the culprits are the smaller path where the stacks "
-                "part, and ranks in different ops on one path may still wait for each other")
+        return (
+            "the ops name no minority: the culprits are the smaller path where the stacks "
+            "part, and ranks in different ops on one path may still wait for each other"
+        )
     return None
 
 
 def _few_moving(case: Case) -> str | None:
     f = case.found.facts
     if isinstance(f, Progressing) and len(f.waiting) > len(f.ranks):
-        return (f"only {_who(f.ranks)} completed ops while {_who(f.waiting)} waited "
-                "throughout: they may be stuck around the ones moving")
+        return (
+            f"only {_who(f.ranks)} completed ops while {_who(f.waiting)} waited "
+            "throughout: they may be stuck around the ones moving"
+        )
     return None
 
 
@@ -619,8 +687,9 @@ SETTLED_BY_FLIGHT: dict[FlightRole, Callable[[Classification], Confidence | None
     # agreeing dumps that name the culprits settle them; a rank still working (ambiguous)
     # stays as unsure as the stacks leave it: the dumps show it has not issued the
     # collective, not that it never will
-    FlightRole.AGREES: lambda r: Confidence.HIGH if r.flight and r.flight.finding.culprits
-    and not r.finding.ambiguous else None,
+    FlightRole.AGREES: lambda r: (
+        Confidence.HIGH if r.flight and r.flight.finding.culprits and not r.finding.ambiguous else None
+    ),
     # the dumps decide: sure where they name the culprits
     FlightRole.OVERRIDES: lambda r: Confidence.HIGH if r.culprits else Confidence.MEDIUM,
     # dumps and no stacks: one dump per rank cannot show whether the ranks still wait
@@ -641,8 +710,10 @@ def settled(result: Classification, stacks: Judgement) -> tuple[Confidence, list
     level, basis = stacks.confidence, list(stacks.basis)
     said = result.flight
     if said is not None and said.role not in (FlightRole.NOT_WEIGHED, FlightRole.EVIDENCE):
-        basis = [said.finding.basis, *((ALONE_UNSURE,) if said.role in (FlightRole.ALONE, FlightRole.ALONE_SAYS)
-                                       else basis)]
+        basis = [
+            said.finding.basis,
+            *((ALONE_UNSURE,) if said.role in (FlightRole.ALONE, FlightRole.ALONE_SAYS) else basis),
+        ]
         row = SETTLED_BY_FLIGHT.get(said.role)
         if row is not None:
             level = FLIGHT_UNSEEN if said.finding.unseen else (row(result) or level)
@@ -657,12 +728,12 @@ def settled(result: Classification, stacks: Judgement) -> tuple[Confidence, list
     return level, basis
 
 
-def _over_part(verdict: Verdict, level: Confidence, basis: list[str], not_seen: Sequence[int],
-               coverage_unknown: bool) -> Judgement:
+def _over_part(
+    verdict: Verdict, level: Confidence, basis: list[str], not_seen: Sequence[int], coverage_unknown: bool
+) -> Judgement:
     """A hang verdict said of part of the job, or of a part of unknown size, stays low,
     whichever source decided it."""
-    if not (not_seen or coverage_unknown) or verdict in (Verdict.NOT_HUNG, Verdict.UNKNOWN) \
-            or level is Confidence.LOW:
+    if not (not_seen or coverage_unknown) or verdict in (Verdict.NOT_HUNG, Verdict.UNKNOWN) or level is Confidence.LOW:
         return Judgement(level, tuple(basis))
     said = f"{rank_phrase(not_seen)} not seen" if not_seen else SIZE_UNKNOWN
     if not any(said in b for b in basis):
@@ -677,8 +748,7 @@ def _working(v: RankView) -> bool:
     """On CPU, moving bytes or changing its stack (wake-ups alone are not work: a rank
     polling a stale lock wakes forever without getting anywhere)."""
     move = v.move
-    return v.state is RankState.BUSY or (
-        move is not None and (move.moving or move.stack_changed))
+    return v.state is RankState.BUSY or (move is not None and (move.moving or move.stack_changed))
 
 
 def _moves_in_op(v: RankView) -> bool:
@@ -716,4 +786,3 @@ def _their(ranks: Sequence[object]) -> str:
 
 def _verb(ranks: Sequence[object], singular: str, plural: str) -> str:
     return singular if len(ranks) == 1 else plural
-

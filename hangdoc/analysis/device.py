@@ -49,7 +49,8 @@ _NATIVE_SYNC = re.compile(
     r"\b(?:cuda(?:Stream|Device|Event|Ctx|Thread)?Synchronize|cu(?:Stream|Event|Ctx)Synchronize"
     r"|cudaMemcpy\w*|cuMemcpy\w*|cudaFree|cuMemFree\w*|_local_scalar_dense_cuda"
     r"|c10::cuda::(?:device_synchronize|stream_synchronize|memcpy_and_sync)"
-    r"|at::cuda::CUDAEvent::synchronize)")
+    r"|at::cuda::CUDAEvent::synchronize)"
+)
 _CUDA_LIBRARY = re.compile(r"(?:^|/)lib(?:cuda|cudart)(?:[-.][^/]*)?\.so")
 # a line calling a tensor method that waits for the device (see the module doc)
 _SYNC_CALL = re.compile(
@@ -57,7 +58,8 @@ _SYNC_CALL = re.compile(
     r"|\.(?P<n>numpy)\s*\(\s*force\s*=\s*True\s*\)"
     r"|\.(?P<c>cuda)\s*\((?![^)]*non_blocking\s*=\s*True)"
     r"|\.(?P<t>to)\s*\(\s*(?:device\s*=\s*)?(?:['\"]cpu['\"]|torch\.device\(\s*['\"]cpu['\"]\s*\))"
-    r"(?![^)]*non_blocking\s*=\s*True)")
+    r"(?![^)]*non_blocking\s*=\s*True)"
+)
 
 
 def waits_for_device(op: DistOp | None) -> bool:
@@ -67,8 +69,7 @@ def waits_for_device(op: DistOp | None) -> bool:
 
 def is_cuda_native(frame: Frame) -> bool:
     """A native frame of the CUDA runtime or driver, or of torch's sync helpers."""
-    return frame.native and (bool(_NATIVE_SYNC.search(frame.function))
-                             or bool(_CUDA_LIBRARY.search(frame.filename)))
+    return frame.native and (bool(_NATIVE_SYNC.search(frame.function)) or bool(_CUDA_LIBRARY.search(frame.filename)))
 
 
 def sync_call(code: str | None) -> str | None:
@@ -88,12 +89,15 @@ def device_wait(thread: ThreadStack, lines: bool) -> DistOp | None:
         return None
     inner_index = python[-1]
     inner = thread.frames[inner_index]
-    below = thread.frames[inner_index + 1:]
+    below = thread.frames[inner_index + 1 :]
     site = _call_site(thread, inner_index)
     # 1. torch's own synchronize
     origin = inner.origin
-    if origin.kind is Origin.TORCH and inner.function.rsplit(".", 1)[-1] == "synchronize" and \
-            origin.module_path.startswith(_DEVICE_MODULES):
+    if (
+        origin.kind is Origin.TORCH
+        and inner.function.rsplit(".", 1)[-1] == "synchronize"
+        and origin.module_path.startswith(_DEVICE_MODULES)
+    ):
         if below and not any(is_cuda_native(f) for f in below):
             return None
         return _op(_torch_name(inner), site, f"{HOST_SYNC}: torch's {_torch_name(inner)} frame")
@@ -156,10 +160,8 @@ def python_host_sync(thread: ThreadStack, uses_gpu: bool, code: Callable[[Frame]
         return False
     origin = inner.origin
     if origin.kind is Origin.TORCH:
-        return inner.function.rsplit(".", 1)[-1] == "synchronize" and \
-            origin.module_path.startswith(_DEVICE_MODULES)
-    return uses_gpu and origin.kind in (Origin.USER, Origin.LIBRARY) and \
-        sync_call(code(inner)) is not None
+        return inner.function.rsplit(".", 1)[-1] == "synchronize" and origin.module_path.startswith(_DEVICE_MODULES)
+    return uses_gpu and origin.kind in (Origin.USER, Origin.LIBRARY) and sync_call(code(inner)) is not None
 
 
 def gpu_evidence(snap: RankSnapshot) -> str | None:

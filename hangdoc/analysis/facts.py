@@ -214,8 +214,22 @@ class Unexplained:
 
 
 Facts = (
-    NothingCaptured | Progressing | DataMoving | Working | RanksGone | InitSplit | InitStuck
-    | CleanupStuck | Straggling | Unseen | Mismatch | SameOp | DeviceWaits | Unexplained
+    NothingCaptured
+    | Progressing
+    | DataMoving
+    | Working
+    | RanksGone
+    | InitSplit
+    | InitStuck
+    | CleanupStuck
+    | Straggling
+    | Unseen
+    | Mismatch
+    | SameOp
+    | DeviceWaits
+    | Unexplained
     | GroupsApart
-    | SeenInOneOp | Teardown | ThreadsRace
+    | SeenInOneOp
+    | Teardown
+    | ThreadsRace
 )

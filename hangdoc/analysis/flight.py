@@ -129,9 +129,18 @@ class FlightKind(enum.Enum):
     """Ranks wait in p2p ops the dumps cannot pair (no member list, a ring that wrapped)."""
 
 
-_ORDER = {FlightKind.MISMATCH: 0, FlightKind.GROUP_CYCLE: 1, FlightKind.P2P_DEADLOCK: 2, FlightKind.P2P_MISMATCH: 3,
-          FlightKind.BEHIND: 4, FlightKind.UNSEEN: 5, FlightKind.ALL_IN: 6, FlightKind.STUCK: 7,
-          FlightKind.IDLE: 8, FlightKind.UNPAIRED: 9}
+_ORDER = {
+    FlightKind.MISMATCH: 0,
+    FlightKind.GROUP_CYCLE: 1,
+    FlightKind.P2P_DEADLOCK: 2,
+    FlightKind.P2P_MISMATCH: 3,
+    FlightKind.BEHIND: 4,
+    FlightKind.UNSEEN: 5,
+    FlightKind.ALL_IN: 6,
+    FlightKind.STUCK: 7,
+    FlightKind.IDLE: 8,
+    FlightKind.UNPAIRED: 9,
+}
 # collectives with a root (src/dst) that the dumps do not record
 _ROOTED = frozenset({"broadcast", "reduce", "gather", "scatter", "_broadcast_oop", "_reduce_oop"})
 
@@ -183,23 +192,26 @@ def match_flight(snapshot: JobSnapshot) -> FlightFinding | None:
             return idle  # nothing unfinished: what could not be paired does not matter
         if notes:
             summary = f"ranks wait in p2p ops the flight recorder cannot pair: {notes[0]}"
-            return FlightFinding(FlightKind.UNPAIRED, "", 0, (), summary, tuple(notes[:8]),
-                                 "flight recorder: p2p ops not paired")
+            return FlightFinding(
+                FlightKind.UNPAIRED, "", 0, (), summary, tuple(notes[:8]), "flight recorder: p2p ops not paired"
+            )
         return None
     decided = _decide(fronts, records)
     if decided is not None:
         findings.append(decided)
     findings.sort(key=lambda f: (_ORDER[f.kind], not f.culprits, f.seq))
     best = findings[0]
-    if decided is not None and best.kind in (FlightKind.BEHIND, FlightKind.UNSEEN, FlightKind.ALL_IN,
-                                             FlightKind.STUCK):
+    if decided is not None and best.kind in (FlightKind.BEHIND, FlightKind.UNSEEN, FlightKind.ALL_IN, FlightKind.STUCK):
         best = decided  # the waits across groups decide between the groups' findings
     seen = {r.rank for r in snapshot.ranks if r.rank is not None}
     unseen = tuple(r for r in best.culprits if r not in seen)
     # the other groups' findings, said; where the waits across groups decided, that says theirs
     weighed = {id(f) for _, f in fronts} if best is decided else set()
-    others = [f"also on {f.group}: {f.summary}" for f in findings
-              if f.group != best.group and f.group and f is not decided and id(f) not in weighed]
+    others = [
+        f"also on {f.group}: {f.summary}"
+        for f in findings
+        if f.group != best.group and f.group and f is not decided and id(f) not in weighed
+    ]
     return dataclasses.replace(best, unseen=unseen, evidence=(*best.evidence, *others[:4], *notes[:4]))
 
 
@@ -302,27 +314,37 @@ def _mismatch(label: str, ops: dict[int, dict[int, FlightEntry]]) -> FlightFindi
     majority = ranked[0] if len(ranked[0]) > len(ranked[1]) else []
     agreeing = set(majority)
     culprits = tuple(sorted(r for r in at if r not in agreeing)) if majority else ()
-    lines = [f"{rank_phrase(ranks)} recorded {at[ranks[0]].describe()} as collective #{seq} of {label}"
-             for ranks in ranked]
+    lines = [
+        f"{rank_phrase(ranks)} recorded {at[ranks[0]].describe()} as collective #{seq} of {label}" for ranks in ranked
+    ]
     kind = _difference([at[ranks[0]] for ranks in ranked])
     if majority:
-        summary = (f"collective mismatch (flight recorder): {rank_phrase(list(culprits))} called "
-                   f"{at[culprits[0]].describe()} as collective #{seq} of {label} while "
-                   f"{rank_phrase(majority)} called {at[majority[0]].describe()}{kind}")
+        summary = (
+            f"collective mismatch (flight recorder): {rank_phrase(list(culprits))} called "
+            f"{at[culprits[0]].describe()} as collective #{seq} of {label} while "
+            f"{rank_phrase(majority)} called {at[majority[0]].describe()}{kind}"
+        )
         lines.extend(_shifts(label, seq, ops, culprits, majority))
         lines.extend(_moved_on(label, seq, ops, culprits))
         lines.extend(_repeated(label, seq, ops[majority[0]], majority, culprits))
     else:
-        summary = (f"collective mismatch (flight recorder): the ranks of {label} disagree on "
-                   f"collective #{seq} and no call is the majority's{kind}")
+        summary = (
+            f"collective mismatch (flight recorder): the ranks of {label} disagree on "
+            f"collective #{seq} and no call is the majority's{kind}"
+        )
     if agreed:
-        where = (_span(agreed[0], agreed[-1]) if agreed[-1] - agreed[0] + 1 == len(agreed) else
-                 f"{len(agreed)} numbers from #{agreed[0]} to #{agreed[-1]}")
-        lines.append(f"{rank_phrase(sorted(ops))} recorded the same calls (op, sizes, dtypes) as collectives "
-                     f"{where} of {label}")
+        where = (
+            _span(agreed[0], agreed[-1])
+            if agreed[-1] - agreed[0] + 1 == len(agreed)
+            else f"{len(agreed)} numbers from #{agreed[0]} to #{agreed[-1]}"
+        )
+        lines.append(
+            f"{rank_phrase(sorted(ops))} recorded the same calls (op, sizes, dtypes) as collectives {where} of {label}"
+        )
     basis = f"flight recorder: collective #{seq} of {label} differs between ranks"
-    return FlightFinding(FlightKind.MISMATCH, label, seq, culprits, summary, tuple(lines),
-                         basis, Verdict.COLLECTIVE_MISMATCH)
+    return FlightFinding(
+        FlightKind.MISMATCH, label, seq, culprits, summary, tuple(lines), basis, Verdict.COLLECTIVE_MISMATCH
+    )
 
 
 def _same(a: FlightEntry, b: FlightEntry) -> bool:
@@ -339,8 +361,9 @@ def _difference(calls: Sequence[FlightEntry]) -> str:
     return ": same op, different dtypes"
 
 
-def _shifts(label: str, seq: int, ops: dict[int, dict[int, FlightEntry]], culprits: Sequence[int],
-            majority: Sequence[int]) -> list[str]:
+def _shifts(
+    label: str, seq: int, ops: dict[int, dict[int, FlightEntry]], culprits: Sequence[int], majority: Sequence[int]
+) -> list[str]:
     """Evidence that culprits skipped (or added) calls: what a culprit recorded from #seq on
     is what the majority recorded k numbers later (or earlier)."""
     ahead = max(majority, key=lambda r: max(ops[r]))
@@ -359,15 +382,19 @@ def _shifts(label: str, seq: int, ops: dict[int, dict[int, FlightEntry]], culpri
         if how == "skipped":
             call = ops[ahead][seq + k].describe()
             skipped = ops[ahead][seq].describe() if k == 1 else f"{k} calls, from {ops[ahead][seq].describe()}"
-            lines.append(f"{who} issued as collective #{seq} the call rank {ahead} issued as #{seq + k} ({call}): "
-                         f"{who} looks to have skipped collective {_span(seq, seq + k - 1)} of {label} "
-                         f"({skipped}), which shifts every later number by {k}")
+            lines.append(
+                f"{who} issued as collective #{seq} the call rank {ahead} issued as #{seq + k} ({call}): "
+                f"{who} looks to have skipped collective {_span(seq, seq + k - 1)} of {label} "
+                f"({skipped}), which shifts every later number by {k}"
+            )
         else:
             call = ops[ahead][seq].describe()
             extra = ops[ranks[0]][seq].describe()
-            lines.append(f"{who} issued as collective #{seq + k} the call rank {ahead} issued as #{seq} ({call}): "
-                         f"{who} looks to have made {k} call(s) of {label} the others did not (from {extra} "
-                         f"as #{seq}), which shifts every later number by {k}")
+            lines.append(
+                f"{who} issued as collective #{seq + k} the call rank {ahead} issued as #{seq} ({call}): "
+                f"{who} looks to have made {k} call(s) of {label} the others did not (from {extra} "
+                f"as #{seq}), which shifts every later number by {k}"
+            )
     return lines
 
 
@@ -385,8 +412,9 @@ def _lines_up(mine: dict[int, FlightEntry], theirs: dict[int, FlightEntry], star
     return compared > 0
 
 
-def _repeated(label: str, seq: int, theirs: dict[int, FlightEntry], majority: Sequence[int],
-              culprits: Sequence[int]) -> list[str]:
+def _repeated(
+    label: str, seq: int, theirs: dict[int, FlightEntry], majority: Sequence[int], culprits: Sequence[int]
+) -> list[str]:
     """Where the majority's call at #seq repeats the calls before it, a call skipped (or
     added) among them would not show before #seq: say so."""
     start = seq
@@ -394,9 +422,13 @@ def _repeated(label: str, seq: int, theirs: dict[int, FlightEntry], majority: Se
         start -= 1
     if start == seq:
         return []
-    return [(f"{rank_phrase(majority)} recorded {theirs[seq].describe()} as every collective {_span(start, seq)} "
-             f"of {label}: a call among them skipped (or added) on {rank_phrase(culprits)} would shift the numbers "
-             f"without showing before #{seq}")]
+    return [
+        (
+            f"{rank_phrase(majority)} recorded {theirs[seq].describe()} as every collective {_span(start, seq)} "
+            f"of {label}: a call among them skipped (or added) on {rank_phrase(culprits)} would shift the numbers "
+            f"without showing before #{seq}"
+        )
+    ]
 
 
 def _moved_on(label: str, seq: int, ops: dict[int, dict[int, FlightEntry]], culprits: Sequence[int]) -> list[str]:
@@ -411,9 +443,11 @@ def _moved_on(label: str, seq: int, ops: dict[int, dict[int, FlightEntry]], culp
         if later:
             now = min(later)
             moved[(now, mine[now].describe())].append(rank)
-    return [f"{rank_phrase(ranks)} finished {'its' if len(ranks) == 1 else 'their'} side of collective #{seq} and "
-            f"{'waits' if len(ranks) == 1 else 'wait'} in collective #{now} ({what}) of {label}"
-            for (now, what), ranks in moved.items()]
+    return [
+        f"{rank_phrase(ranks)} finished {'its' if len(ranks) == 1 else 'their'} side of collective #{seq} and "
+        f"{'waits' if len(ranks) == 1 else 'wait'} in collective #{now} ({what}) of {label}"
+        for (now, what), ranks in moved.items()
+    ]
 
 
 @dataclass(slots=True)
@@ -458,54 +492,86 @@ def _front_finding(front: _Front) -> FlightFinding | None:
     behind = sorted(r for r, n in front.newest.items() if n < seq)
     done = sorted(r for r, n in front.newest.items() if n >= seq and front.pending.get(r) != seq)
     one = len(waiting) == 1
-    started = (f"{rank_phrase(waiting)} issued collective #{seq} ({entry.describe()}) of {label} and "
-               f"{'has' if one else 'have'} not finished it")
+    started = (
+        f"{rank_phrase(waiting)} issued collective #{seq} ({entry.describe()}) of {label} and "
+        f"{'has' if one else 'have'} not finished it"
+    )
     moved = _moved_past(label, seq, ops, front.pending, done)
     if behind:
-        last = ", ".join(f"rank {r} up to #{front.newest[r]}" if front.newest[r] else f"rank {r} none"
-                         for r in behind[:8]) + (", ..." if len(behind) > 8 else "")
-        summary = (f"{rank_phrase(behind)} {'has' if len(behind) == 1 else 'have'} not called collective #{seq} "
-                   f"({entry.describe()}) of {label}, which {rank_phrase(waiting)} "
-                   f"{'waits' if one else 'wait'} in (flight recorder)")
+        last = ", ".join(
+            f"rank {r} up to #{front.newest[r]}" if front.newest[r] else f"rank {r} none" for r in behind[:8]
+        ) + (", ..." if len(behind) > 8 else "")
+        summary = (
+            f"{rank_phrase(behind)} {'has' if len(behind) == 1 else 'have'} not called collective #{seq} "
+            f"({entry.describe()}) of {label}, which {rank_phrase(waiting)} "
+            f"{'waits' if one else 'wait'} in (flight recorder)"
+        )
         basis = f"flight recorder: collective #{seq} of {label} not yet called by the culprits"
-        return FlightFinding(FlightKind.BEHIND, label, seq, tuple(behind), summary,
-                             (started, f"issued so far on {label}: {last}", *moved), basis, Verdict.STRAGGLER)
+        return FlightFinding(
+            FlightKind.BEHIND,
+            label,
+            seq,
+            tuple(behind),
+            summary,
+            (started, f"issued so far on {label}: {last}", *moved),
+            basis,
+            Verdict.STRAGGLER,
+        )
     if front.unseen:
         unseen = front.unseen
         who, single = rank_phrase(unseen), len(unseen) == 1
-        summary = (f"{rank_phrase(waiting)} {'waits' if one else 'wait'} in collective #{seq} ({entry.describe()}) of "
-                   f"{label} for {who}, which {'its' if one else 'their'} dump{'' if one else 's'} list as "
-                   f"{'a member' if single else 'members'} and which left no dump (not seen) (flight recorder)")
-        lines = (started, *moved,
-                 (f"every rank of {label} with a dump issued collective #{seq}; their dumps list {who} as "
-                  f"{'a member' if single else 'members'} of {label}: the collective waits on "
-                  f"{'it' if single else 'them'}"),
-                 (f"{who} left no flight recorder dump: not seen, which is no evidence of "
-                  f"{'a dead process' if single else 'dead processes'}; whether {'it lags' if single else 'they lag'} "
-                  f"before #{seq} or {'waits' if single else 'wait'} inside it the dumps cannot show"))
+        summary = (
+            f"{rank_phrase(waiting)} {'waits' if one else 'wait'} in collective #{seq} ({entry.describe()}) of "
+            f"{label} for {who}, which {'its' if one else 'their'} dump{'' if one else 's'} list as "
+            f"{'a member' if single else 'members'} and which left no dump (not seen) (flight recorder)"
+        )
+        lines = (
+            started,
+            *moved,
+            (
+                f"every rank of {label} with a dump issued collective #{seq}; their dumps list {who} as "
+                f"{'a member' if single else 'members'} of {label}: the collective waits on "
+                f"{'it' if single else 'them'}"
+            ),
+            (
+                f"{who} left no flight recorder dump: not seen, which is no evidence of "
+                f"{'a dead process' if single else 'dead processes'}; whether {'it lags' if single else 'they lag'} "
+                f"before #{seq} or {'waits' if single else 'wait'} inside it the dumps cannot show"
+            ),
+        )
         basis = f"flight recorder: every rank of {label} with a dump waits in collective #{seq}; {who} left none"
-        return FlightFinding(FlightKind.UNSEEN, label, seq, tuple(unseen), summary, lines, basis,
-                             Verdict.STRAGGLER, unseen=tuple(unseen))
+        return FlightFinding(
+            FlightKind.UNSEEN, label, seq, tuple(unseen), summary, lines, basis, Verdict.STRAGGLER, unseen=tuple(unseen)
+        )
     if done:
-        summary = (f"every rank of {label} issued collective #{seq} ({entry.describe()}); {rank_phrase(waiting)} "
-                   f"{'has' if one else 'have'} not finished it while {rank_phrase(done)} finished "
-                   f"{'its' if len(done) == 1 else 'their'} side (flight recorder)")
-        why = (f"the dumps do not record a {entry.op}'s root (src/dst): whether the ranks agree on it they "
-               "cannot show, so they name no culprit" if entry.op in _ROOTED else
-               "every rank recorded the same call: what holds the others in it the dumps cannot show")
+        summary = (
+            f"every rank of {label} issued collective #{seq} ({entry.describe()}); {rank_phrase(waiting)} "
+            f"{'has' if one else 'have'} not finished it while {rank_phrase(done)} finished "
+            f"{'its' if len(done) == 1 else 'their'} side (flight recorder)"
+        )
+        why = (
+            f"the dumps do not record a {entry.op}'s root (src/dst): whether the ranks agree on it they "
+            "cannot show, so they name no culprit"
+            if entry.op in _ROOTED
+            else "every rank recorded the same call: what holds the others in it the dumps cannot show"
+        )
         basis = f"flight recorder: every rank of {label} issued collective #{seq}; some finished it"
-        return FlightFinding(FlightKind.STUCK, label, seq, (), summary, (started, *moved, why), basis,
-                             cleared=tuple(done))
+        return FlightFinding(
+            FlightKind.STUCK, label, seq, (), summary, (started, *moved, why), basis, cleared=tuple(done)
+        )
     if len(waiting) < 2:
         return None
-    line = (f"{rank_phrase(waiting)} all issued collective #{seq} ({entry.describe()}) of {label}; "
-            f"none has finished it (flight recorder)")
+    line = (
+        f"{rank_phrase(waiting)} all issued collective #{seq} ({entry.describe()}) of {label}; "
+        f"none has finished it (flight recorder)"
+    )
     basis = f"flight recorder: every rank of {label} issued collective #{seq}"
     return FlightFinding(FlightKind.ALL_IN, label, seq, (), line, (line,), basis)
 
 
-def _moved_past(label: str, seq: int, ops: dict[int, dict[int, FlightEntry]], pending: dict[int, int],
-                done: Sequence[int]) -> list[str]:
+def _moved_past(
+    label: str, seq: int, ops: dict[int, dict[int, FlightEntry]], pending: dict[int, int], done: Sequence[int]
+) -> list[str]:
     """Members that finished their side of #seq, and where in the group they wait now."""
     moved: dict[tuple[int, str], list[int]] = defaultdict(list)
     for rank in done:
@@ -514,14 +580,18 @@ def _moved_past(label: str, seq: int, ops: dict[int, dict[int, FlightEntry]], pe
     lines = []
     for (now, what), ranks in sorted(moved.items())[:8]:
         who, one = rank_phrase(ranks), len(ranks) == 1
-        lines.append(f"{who} finished {'its' if one else 'their'} side of collective #{seq} and "
-                     + (f"{'waits' if one else 'wait'} in collective #{now} ({what}) of {label}" if now else
-                        f"{'has' if one else 'have'} no unfinished collective on {label}"))
+        lines.append(
+            f"{who} finished {'its' if one else 'their'} side of collective #{seq} and "
+            + (
+                f"{'waits' if one else 'wait'} in collective #{now} ({what}) of {label}"
+                if now
+                else f"{'has' if one else 'have'} no unfinished collective on {label}"
+            )
+        )
     return lines
 
 
-def _decide(fronts: Sequence[tuple[_Front, FlightFinding]],
-            records: dict[int, FlightRecord]) -> FlightFinding | None:
+def _decide(fronts: Sequence[tuple[_Front, FlightFinding]], records: dict[int, FlightRecord]) -> FlightFinding | None:
     """Every group's finding weighed against the others: each rank waiting in a group waits
     for the members that have not called its collective (those whose newest number is
     lower; the members without a dump where every member with one has called it). A rank
@@ -565,14 +635,18 @@ def _decide(fronts: Sequence[tuple[_Front, FlightFinding]],
     roots.sort(key=lambda f: (_ORDER[f.kind], f.seq))
     primary = roots[0]
     rooted = {id(f) for f in roots}
-    victims = [_victims(front, f, waits, pending) for front, f in fronts
-               if f.culprits and id(f) not in rooted and all(r in waits or r in pending for r in f.culprits)]
+    victims = [
+        _victims(front, f, waits, pending)
+        for front, f in fronts
+        if f.culprits and id(f) not in rooted and all(r in waits or r in pending for r in f.culprits)
+    ]
     also = [f"also on {f.group}: {f.summary}" for f in roots[1:]]
     return dataclasses.replace(primary, culprits=tuple(free), evidence=(*primary.evidence, *victims[:8], *also[:4]))
 
 
-def _victims(front: _Front, finding: FlightFinding, waits: dict[int, tuple[_Front, int]],
-             pending: dict[int, tuple[_Front, int]]) -> str:
+def _victims(
+    front: _Front, finding: FlightFinding, waits: dict[int, tuple[_Front, int]], pending: dict[int, tuple[_Front, int]]
+) -> str:
     """``ranks 2-3 wait in collective #3 (...) of group 2, which rank 1 has not called: it
     waits in collective #5 (...) of group 1 for rank 0``."""
     waiting = sorted(r for r, p in front.pending.items() if p == front.seq)
@@ -581,11 +655,13 @@ def _victims(front: _Front, finding: FlightFinding, waits: dict[int, tuple[_Fron
     where, on = waits[culprit] if culprit in waits else (pending[culprit][0], None)
     at = where.pending[culprit]
     one = len(finding.culprits) == 1
-    return (f"{rank_phrase(waiting)} {'waits' if len(waiting) == 1 else 'wait'} in collective #{front.seq} "
-            f"({entry.describe()}) of {front.group.label}, which {rank_phrase(finding.culprits)} "
-            f"{'has' if one else 'have'} not called: {rank_phrase([culprit])} waits in collective #{at} "
-            f"({where.group.colls[culprit][at].describe()}) of {where.group.label}"
-            + (f" for rank {on}" if on is not None else ""))
+    return (
+        f"{rank_phrase(waiting)} {'waits' if len(waiting) == 1 else 'wait'} in collective #{front.seq} "
+        f"({entry.describe()}) of {front.group.label}, which {rank_phrase(finding.culprits)} "
+        f"{'has' if one else 'have'} not called: {rank_phrase([culprit])} waits in collective #{at} "
+        f"({where.group.colls[culprit][at].describe()}) of {where.group.label}"
+        + (f" for rank {on}" if on is not None else "")
+    )
 
 
 def _group_cycle(waits: dict[int, tuple[_Front, int]], records: dict[int, FlightRecord]) -> FlightFinding:
@@ -601,13 +677,15 @@ def _group_cycle(waits: dict[int, tuple[_Front, int]], records: dict[int, Flight
         order[rank] = len(path)
         path.append(rank)
         rank = waits[rank][1]
-    cycle = path[order[rank]:]
+    cycle = path[order[rank] :]
     parts = []
     for r in cycle:
         front, on = waits[r]
         at = front.pending[r]
-        parts.append(f"rank {r} waits in collective #{at} ({front.group.colls[r][at].describe()}) of "
-                     f"{front.group.label} for rank {on}")
+        parts.append(
+            f"rank {r} waits in collective #{at} ({front.group.colls[r][at].describe()}) of "
+            f"{front.group.label} for rank {on}"
+        )
     first = waits[cycle[0]][0]
     groups, votes = _issued_first(cycle, waits, records)
     ranked = sorted(votes.items(), key=lambda kv: (-len(kv[1]), kv[0]))
@@ -617,26 +695,45 @@ def _group_cycle(waits: dict[int, tuple[_Front, int]], records: dict[int, Flight
         culprits = sorted(r for _, ranks in ranked[1:] for r in ranks)
         members = sorted(r for _, ranks in ranked for r in ranks)
         lines = [f"{rank_phrase(ranks)} issued collective #{seq} of {label} first" for (label, seq), ranks in ranked]
-        lines.append(f"{rank_phrase(members)}, the members of {groups} with a dump, issued these collectives in "
-                     f"different orders: {rank_phrase(majority)} one way, {rank_phrase(culprits)} the other")
+        lines.append(
+            f"{rank_phrase(members)}, the members of {groups} with a dump, issued these collectives in "
+            f"different orders: {rank_phrase(majority)} one way, {rank_phrase(culprits)} the other"
+        )
         other = ranked[1][0]
-        summary = (f"collective mismatch (flight recorder): {rank_phrase(culprits)} issued collective #{other[1]} of "
-                   f"{other[0]} first while {rank_phrase(majority)} issued collective #{usual[1]} of {usual[0]} first: "
-                   "the ranks wait on each other across process groups")
-        basis = f"flight recorder: {rank_phrase(culprits)} issued the collectives of {groups} in another order than the rest"
+        summary = (
+            f"collective mismatch (flight recorder): {rank_phrase(culprits)} issued collective #{other[1]} of "
+            f"{other[0]} first while {rank_phrase(majority)} issued collective #{usual[1]} of {usual[0]} first: "
+            "the ranks wait on each other across process groups"
+        )
+        basis = (
+            f"flight recorder: {rank_phrase(culprits)} issued the collectives of {groups} "
+            "in another order than the rest"
+        )
         shown = {*cycle, *members}
     else:
         culprits = sorted({*cycle, *(r for _, ranks in ranked for r in ranks)})
-        summary = ("collective mismatch (flight recorder): ranks wait on each other across process groups: "
-                   + ", ".join(parts) + ": the groups' collectives are called in different orders")
+        summary = (
+            "collective mismatch (flight recorder): ranks wait on each other across process groups: "
+            + ", ".join(parts)
+            + ": the groups' collectives are called in different orders"
+        )
         basis = f"flight recorder: ranks {ranges_text(sorted(set(culprits)))} wait on each other in different groups"
         shown = set(culprits)
-    return FlightFinding(FlightKind.GROUP_CYCLE, first.group.label, first.pending[cycle[0]], tuple(culprits),
-                         summary, (*parts, *lines, *_held_behind(waits, shown)), basis, Verdict.COLLECTIVE_MISMATCH)
+    return FlightFinding(
+        FlightKind.GROUP_CYCLE,
+        first.group.label,
+        first.pending[cycle[0]],
+        tuple(culprits),
+        summary,
+        (*parts, *lines, *_held_behind(waits, shown)),
+        basis,
+        Verdict.COLLECTIVE_MISMATCH,
+    )
 
 
-def _issued_first(cycle: Sequence[int], waits: dict[int, tuple[_Front, int]],
-                  records: dict[int, FlightRecord]) -> tuple[str, dict[tuple[str, int], list[int]]]:
+def _issued_first(
+    cycle: Sequence[int], waits: dict[int, tuple[_Front, int]], records: dict[int, FlightRecord]
+) -> tuple[str, dict[tuple[str, int], list[int]]]:
     """(the groups, named) and, for each of the collectives the cycle waits in (one per
     group), the members of all those groups that issued it first, by their rings' order
     (an entry a ring no longer holds came before every entry it holds). A member whose
@@ -681,9 +778,11 @@ def _held_behind(waits: dict[int, tuple[_Front, int]], cycle: set[int]) -> list[
         held[key][2].update(r for r, n in front.newest.items() if n < at)
     lines = []
     for (_, at), (front, ranks, behind) in sorted(held.items())[:4]:
-        lines.append(f"{rank_phrase(ranks)} {'waits' if len(ranks) == 1 else 'wait'} in collective #{at} "
-                     f"({front.group.colls[ranks[0]][at].describe()}) of {front.group.label} for "
-                     f"{rank_phrase(sorted(behind))}, which {'waits' if len(behind) == 1 else 'wait'} in the cycle")
+        lines.append(
+            f"{rank_phrase(ranks)} {'waits' if len(ranks) == 1 else 'wait'} in collective #{at} "
+            f"({front.group.colls[ranks[0]][at].describe()}) of {front.group.label} for "
+            f"{rank_phrase(sorted(behind))}, which {'waits' if len(behind) == 1 else 'wait'} in the cycle"
+        )
     return lines
 
 
@@ -700,12 +799,19 @@ def _idle(groups: dict[str, _Group], records: dict[int, FlightRecord]) -> Flight
         by_front: dict[int, list[int]] = defaultdict(list)
         for rank, seq in newest.items():
             by_front[seq].append(rank)
-        lines.append(f"on {group.label}: " + ", ".join(
-            f"{rank_phrase(ranks)} finished every collective up to #{seq}" for seq, ranks in sorted(by_front.items())))
+        lines.append(
+            f"on {group.label}: "
+            + ", ".join(
+                f"{rank_phrase(ranks)} finished every collective up to #{seq}"
+                for seq, ranks in sorted(by_front.items())
+            )
+        )
     if not lines:
         return None
-    summary = ("no rank has an unfinished collective in its flight recorder: the ranks wait outside "
-               "every op it saw (a p2p op, which gloo does not record, or no torch.distributed call)")
+    summary = (
+        "no rank has an unfinished collective in its flight recorder: the ranks wait outside "
+        "every op it saw (a p2p op, which gloo does not record, or no torch.distributed call)"
+    )
     basis = "flight recorder: no unfinished op on any rank"
     return FlightFinding(FlightKind.IDLE, "", 0, (), summary, (summary, *lines), basis)
 
@@ -763,8 +869,10 @@ def _match_p2p(group: _Group, records: dict[int, FlightRecord]) -> tuple[FlightF
             waits.append(_Wait(b, a, received[len(sent)], len(sent) + 1, len(sent)))
     notes = []
     if unjudged:
-        notes.append(f"p2p ops of {group.label} with rank(s) {ranges_text(sorted(set(unjudged)))} not matched: "
-                     "no dump, or a ring that no longer holds the process's first op (counts from the start unknown)")
+        notes.append(
+            f"p2p ops of {group.label} with rank(s) {ranges_text(sorted(set(unjudged)))} not matched: "
+            "no dump, or a ring that no longer holds the process's first op (counts from the start unknown)"
+        )
     label = group.label
     if differ is not None:
         a, b, i = differ
@@ -802,25 +910,34 @@ def _shape(e: FlightEntry) -> str:
 
 
 def _p2p_differ(label: str, a: int, b: int, send: FlightEntry, recv: FlightEntry, nth: int) -> FlightFinding:
-    summary = (f"p2p mismatch (flight recorder): rank {a}'s {_ordinal(nth)} send to rank {b} "
-               f"(p2p #{send.seq} of {label}: {_shape(send)}) and rank {b}'s {_ordinal(nth)} receive from "
-               f"rank {a} (p2p #{recv.seq}: {_shape(recv)}) differ")
-    evidence = (f"rank {a} recorded send {_shape(send)} to rank {b} as p2p #{send.seq} of {label}, "
-                + f"its {_ordinal(nth)} to rank {b}",
-                f"rank {b} recorded recv {_shape(recv)} from rank {a} as p2p #{recv.seq} of {label}, "
-                + f"its {_ordinal(nth)} from rank {a}",
-                "one send and one receive: which side has the wrong shape the dumps cannot tell")
+    summary = (
+        f"p2p mismatch (flight recorder): rank {a}'s {_ordinal(nth)} send to rank {b} "
+        f"(p2p #{send.seq} of {label}: {_shape(send)}) and rank {b}'s {_ordinal(nth)} receive from "
+        f"rank {a} (p2p #{recv.seq}: {_shape(recv)}) differ"
+    )
+    evidence = (
+        f"rank {a} recorded send {_shape(send)} to rank {b} as p2p #{send.seq} of {label}, "
+        + f"its {_ordinal(nth)} to rank {b}",
+        f"rank {b} recorded recv {_shape(recv)} from rank {a} as p2p #{recv.seq} of {label}, "
+        + f"its {_ordinal(nth)} from rank {a}",
+        "one send and one receive: which side has the wrong shape the dumps cannot tell",
+    )
     basis = f"flight recorder: a send and its receive on {label} differ (p2p #{send.seq} on rank {a})"
-    return FlightFinding(FlightKind.P2P_MISMATCH, label, send.seq, (), summary, evidence, basis,
-                         Verdict.COLLECTIVE_MISMATCH)
+    return FlightFinding(
+        FlightKind.P2P_MISMATCH, label, send.seq, (), summary, evidence, basis, Verdict.COLLECTIVE_MISMATCH
+    )
 
 
 def _wait_line(label: str, w: _Wait) -> str:
     if w.op.op == "send":
-        return (f"rank {w.rank} waits in p2p #{w.op.seq} of {label} (send {_shape(w.op)} to rank {w.peer}, its "
-                f"{_ordinal(w.nth)} to rank {w.peer}); rank {w.peer} has posted {w.posted} receive(s) from it")
-    return (f"rank {w.rank} waits in p2p #{w.op.seq} of {label} (recv {_shape(w.op)} from rank {w.peer}, its "
-            f"{_ordinal(w.nth)} from rank {w.peer}); rank {w.peer} has issued {w.posted} send(s) to it")
+        return (
+            f"rank {w.rank} waits in p2p #{w.op.seq} of {label} (send {_shape(w.op)} to rank {w.peer}, its "
+            f"{_ordinal(w.nth)} to rank {w.peer}); rank {w.peer} has posted {w.posted} receive(s) from it"
+        )
+    return (
+        f"rank {w.rank} waits in p2p #{w.op.seq} of {label} (recv {_shape(w.op)} from rank {w.peer}, its "
+        f"{_ordinal(w.nth)} from rank {w.peer}); rank {w.peer} has issued {w.posted} send(s) to it"
+    )
 
 
 def _cycle(waits: Sequence[_Wait]) -> list[_Wait]:
@@ -839,7 +956,7 @@ def _cycle(waits: Sequence[_Wait]) -> list[_Wait]:
             path.append(rank)
             rank = first[rank].peer
         if rank is not None and rank in on_path:
-            return [first[r] for r in path[on_path[rank]:]]
+            return [first[r] for r in path[on_path[rank] :]]
         done.update(path)
     return []
 
@@ -847,15 +964,29 @@ def _cycle(waits: Sequence[_Wait]) -> list[_Wait]:
 def _p2p_deadlock(label: str, cycle: Sequence[_Wait]) -> FlightFinding:
     ranks = sorted(w.rank for w in cycle)
     kinds = {w.op.op for w in cycle}
-    how = ("every one sends and none receives" if kinds == {"send"} else
-           "every one receives and none sends" if kinds == {"recv"} else
-           "each waits on the next")
-    parts = [f"rank {w.rank} waits to {'send to' if w.op.op == 'send' else 'receive from'} rank {w.peer} "
-             f"(p2p #{w.op.seq})" for w in cycle]
+    how = (
+        "every one sends and none receives"
+        if kinds == {"send"}
+        else "every one receives and none sends"
+        if kinds == {"recv"}
+        else "each waits on the next"
+    )
+    parts = [
+        f"rank {w.rank} waits to {'send to' if w.op.op == 'send' else 'receive from'} rank {w.peer} (p2p #{w.op.seq})"
+        for w in cycle
+    ]
     summary = f"p2p deadlock (flight recorder) on {label}: " + ", ".join(parts) + f": {how}"
     basis = f"flight recorder: ranks {ranges_text(sorted(set(ranks)))} wait on each other's p2p ops on {label}"
-    return FlightFinding(FlightKind.P2P_DEADLOCK, label, min(w.op.seq for w in cycle), tuple(ranks), summary,
-                         tuple(_wait_line(label, w) for w in cycle), basis, Verdict.COLLECTIVE_MISMATCH)
+    return FlightFinding(
+        FlightKind.P2P_DEADLOCK,
+        label,
+        min(w.op.seq for w in cycle),
+        tuple(ranks),
+        summary,
+        tuple(_wait_line(label, w) for w in cycle),
+        basis,
+        Verdict.COLLECTIVE_MISMATCH,
+    )
 
 
 def _p2p_unposted(label: str, waits: Sequence[_Wait], records: dict[int, FlightRecord]) -> FlightFinding:
@@ -866,17 +997,29 @@ def _p2p_unposted(label: str, waits: Sequence[_Wait], records: dict[int, FlightR
     for peer in culprits[:8]:
         rec = records.get(peer)
         pending = next((e for e in rec.entries if not e.finished), None) if rec else None
-        elsewhere.append(f"rank {peer} waits in {_where(pending)}" if pending else
-                         f"rank {peer} has no unfinished op in its flight recorder")
+        elsewhere.append(
+            f"rank {peer} waits in {_where(pending)}"
+            if pending
+            else f"rank {peer} has no unfinished op in its flight recorder"
+        )
     w = shown[0]
-    summary = (f"p2p mismatch (flight recorder): rank {w.peer} has not posted the "
-               f"{'receive' if w.op.op == 'send' else 'send'} rank {w.rank} waits on (p2p #{w.op.seq} of {label}: "
-               f"{w.op.op} {_shape(w.op)})" + (f"; {elsewhere[0]}" if elsewhere else ""))
+    summary = (
+        f"p2p mismatch (flight recorder): rank {w.peer} has not posted the "
+        f"{'receive' if w.op.op == 'send' else 'send'} rank {w.rank} waits on (p2p #{w.op.seq} of {label}: "
+        f"{w.op.op} {_shape(w.op)})" + (f"; {elsewhere[0]}" if elsewhere else "")
+    )
     busy = bool(elsewhere) and all(line.endswith("in its flight recorder") for line in elsewhere)
     basis = f"flight recorder: p2p #{w.op.seq} of {label} on rank {w.rank} has no counterpart on rank {w.peer}"
-    return FlightFinding(FlightKind.P2P_MISMATCH, label, w.op.seq, tuple(culprits), summary,
-                         (*(_wait_line(label, x) for x in shown), *elsewhere), basis,
-                         Verdict.STRAGGLER if busy else Verdict.COLLECTIVE_MISMATCH)
+    return FlightFinding(
+        FlightKind.P2P_MISMATCH,
+        label,
+        w.op.seq,
+        tuple(culprits),
+        summary,
+        (*(_wait_line(label, x) for x in shown), *elsewhere),
+        basis,
+        Verdict.STRAGGLER if busy else Verdict.COLLECTIVE_MISMATCH,
+    )
 
 
 def _where(e: FlightEntry) -> str:

@@ -67,9 +67,15 @@ from ..rankranges import rank_phrase
 IDLE_AT_MOST = 5  # percent: no kernel over (almost) all of NVML's sample period
 BUSY_AT_LEAST = 95  # percent: a kernel resident over (almost) all of it
 # NCCL's ncclResult_t values (nccl.h), as RAS reports async_error and init_state
-NCCL_RESULTS = {1: "unhandled CUDA error", 2: "system error", 3: "internal error",
-                4: "invalid argument", 5: "invalid usage", 6: "remote process error",
-                7: "in progress"}
+NCCL_RESULTS = {
+    1: "unhandled CUDA error",
+    2: "system error",
+    3: "internal error",
+    4: "invalid argument",
+    5: "invalid usage",
+    6: "remote process error",
+    7: "in progress",
+}
 _IN_PROGRESS = 7
 _LIST_MAX = 8  # ranks or processes quoted in one line
 
@@ -113,18 +119,32 @@ def find(snapshot: JobSnapshot) -> DeviceFindings | None:
     faulty, fault_lines = _faults(gpus)
     next_steps: tuple[str, ...] = ()
     if faulty:
-        next_steps = (f"Look for Xid lines in the kernel log of the node(s) of {rank_phrase(faulty)} "
-                      "(`dmesg -T | grep -i xid`) and check the GPU there (`nvidia-smi -q`)"),
+        next_steps = (
+            (
+                f"Look for Xid lines in the kernel log of the node(s) of {rank_phrase(faulty)} "
+                "(`dmesg -T | grep -i xid`) and check the GPU there (`nvidia-smi -q`)"
+            ),
+        )
     ras = read_ras(snapshot, snapshot.ras) if snapshot.ras is not None else RasFindings((), (), ())
-    return DeviceFindings(_split_line(gpus, idle, busy) if idle and busy else "", tuple(fault_lines), ras.evidence,
-                          ras.lags, idle, busy, faulty, ras.unreachable, next_steps)
+    return DeviceFindings(
+        _split_line(gpus, idle, busy) if idle and busy else "",
+        tuple(fault_lines),
+        ras.evidence,
+        ras.lags,
+        idle,
+        busy,
+        faulty,
+        ras.unreachable,
+        next_steps,
+    )
 
 
 # ------------------------------------------------------------------ NVML
 
 
-def utilisation_split(gpus: dict[int, tuple[GpuState, ...]],
-                      hosts: dict[int, str] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def utilisation_split(
+    gpus: dict[int, tuple[GpuState, ...]], hosts: dict[int, str] | None = None
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(ranks whose GPUs all read idle, ranks whose GPUs all read busy); a GPU shared by
     several ranks (``hosts``: each rank's node, to tell GPUs without a UUID apart), or with
     no reading, makes its ranks neither."""
@@ -148,9 +168,11 @@ def _gpu_key(gpu: GpuState, host: str) -> str:
 
 
 def _split_line(gpus: dict[int, tuple[GpuState, ...]], idle: Sequence[int], busy: Sequence[int]) -> str:
-    return (f"GPUs of {rank_phrase(idle)} at {_percent(gpus, idle)} while {_whose(busy)} at "
-            f"{_percent(gpus, busy)} (NVML utilisation: a rank inside a launched NCCL "
-            "collective keeps its GPU busy; an idle GPU has no collective running)")
+    return (
+        f"GPUs of {rank_phrase(idle)} at {_percent(gpus, idle)} while {_whose(busy)} at "
+        f"{_percent(gpus, busy)} (NVML utilisation: a rank inside a launched NCCL "
+        "collective keeps its GPU busy; an idle GPU has no collective running)"
+    )
 
 
 def _percent(gpus: dict[int, tuple[GpuState, ...]], ranks: Iterable[int]) -> str:
@@ -172,8 +194,10 @@ def _faults(gpus: dict[int, tuple[GpuState, ...]]) -> tuple[tuple[int, ...], lis
                 faulty.append(rank)
                 lines.append(f"rank {rank}'s GPU {gpu.index} " + " and ".join(said))
             if gpu.ecc_uncorrected:
-                lines.append(f"rank {rank}'s GPU {gpu.index} counts {gpu.ecc_uncorrected} uncorrectable "
-                             "ECC error(s) since its driver loaded (NVML)")
+                lines.append(
+                    f"rank {rank}'s GPU {gpu.index} counts {gpu.ecc_uncorrected} uncorrectable "
+                    "ECC error(s) since its driver loaded (NVML)"
+                )
     return tuple(sorted(set(faulty))), lines
 
 
@@ -202,12 +226,16 @@ def read_ras(snapshot: JobSnapshot, report: NcclRasReport) -> RasFindings:
         if gone:
             unreachable.update(names[r.comm_rank] for r in gone if r.comm_rank in names)
             dead = [r for r in gone if r.dead]
-            evidence.append(f"{origin}: {label} cannot reach {_ras_who(gone, names)}"
-                            + (f"; {len(dead)} considered dead" if dead else ""))
+            evidence.append(
+                f"{origin}: {label} cannot reach {_ras_who(gone, names)}"
+                + (f"; {len(dead)} considered dead" if dead else "")
+            )
         quiet = [r for r in comm.missing if not (r.unresponsive or r.dead)]
         if quiet:
-            evidence.append(f"{origin}: {label} got no data from {_ras_who(quiet, names)} "
-                            "(reachable, but not a member: starting or leaving the communicator)")
+            evidence.append(
+                f"{origin}: {label} got no data from {_ras_who(quiet, names)} "
+                "(reachable, but not a member: starting or leaving the communicator)"
+            )
         for line in _errors(comm, names):
             evidence.append(f"{origin}: {label}: {line}")
         found = _lag(comm, names)
@@ -221,8 +249,7 @@ def read_ras(snapshot: JobSnapshot, report: NcclRasReport) -> RasFindings:
 def global_ranks(snapshot: JobSnapshot, comm: RasCommunicator) -> dict[int, int]:
     """The global rank of each of the communicator's ranks that can be named (module doc)."""
     owners = Counter(r.process.pid for r in snapshot.ranks)
-    by_pid = {r.process.pid: r.rank for r in snapshot.ranks
-              if r.rank is not None and owners[r.process.pid] == 1}
+    by_pid = {r.process.pid: r.rank for r in snapshot.ranks if r.rank is not None and owners[r.process.pid] == 1}
     named = {r.comm_rank: by_pid[r.pid] for r in comm.ranks if r.pid is not None and r.pid in by_pid}
     world = snapshot.world_size or max((r.process.world_size or 0 for r in snapshot.ranks), default=0)
     if comm.size and comm.size == world and all(g == c for c, g in named.items()):
@@ -236,8 +263,10 @@ def _errors(comm: RasCommunicator, names: dict[int, int]) -> list[str]:
     failed = [r for r in comm.ranks if r.async_error not in (None, 0, _IN_PROGRESS)]
     for code in sorted({r.async_error for r in failed if r.async_error is not None}):
         ranks = [r for r in failed if r.async_error == code]
-        lines.append(f"{_ras_who(ranks, names)} report{'s' if len(ranks) == 1 else ''} NCCL error "
-                     f"{code} ({NCCL_RESULTS.get(code, 'unknown')})")
+        lines.append(
+            f"{_ras_who(ranks, names)} report{'s' if len(ranks) == 1 else ''} NCCL error "
+            f"{code} ({NCCL_RESULTS.get(code, 'unknown')})"
+        )
     init = [r for r in comm.ranks if r.init_state not in (None, 0, _IN_PROGRESS)]
     if init:
         lines.append(f"initialisation failed on {_ras_who(init, names)}")
@@ -263,11 +292,15 @@ def _lag(comm: RasCommunicator, names: dict[int, int]) -> tuple[tuple[int, ...],
         return None  # none lags, or no member is ahead in every type: counts only cross
     short = sorted({k for r in behind for k in kinds if counts[r.comm_rank].get(k, 0) < front[k]})
     per = ", ".join(f"{k} {front[k]}" for k in short)
-    mine = "; ".join(f"{_ras_who([r], names)} " + ", ".join(
-        f"{k} {counts[r.comm_rank].get(k, 0)}" for k in short) for r in behind[:_LIST_MAX])
-    line = (f"{_ras_who(behind, names)} launched fewer collectives than {_ras_who(ahead, names)} "
-            f"({per} launched by the latter; {mine}): the ranks ahead wait in a collective the "
-            "others have not launched")
+    mine = "; ".join(
+        f"{_ras_who([r], names)} " + ", ".join(f"{k} {counts[r.comm_rank].get(k, 0)}" for k in short)
+        for r in behind[:_LIST_MAX]
+    )
+    line = (
+        f"{_ras_who(behind, names)} launched fewer collectives than {_ras_who(ahead, names)} "
+        f"({per} launched by the latter; {mine}): the ranks ahead wait in a collective the "
+        "others have not launched"
+    )
     known = tuple(sorted(names[r.comm_rank] for r in behind if r.comm_rank in names))
     return (known if len(known) == len(behind) else ()), line
 

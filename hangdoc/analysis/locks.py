@@ -50,8 +50,7 @@ NOT_A_LOCAL = "-"
 _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 _WITH = re.compile(r"^\s*(?:async\s+)?with\s+(?P<items>.+?)\s*:\s*(?:#.*)?$")
 _ITEM = re.compile(rf"(?P<expr>{_DOTTED})(?:\s+as\s+[A-Za-z_]\w*)?")
-_ACQUIRE = re.compile(
-    rf"^\s*(?:(?:if|while)\s+(?:not\s+)?|[A-Za-z_]\w*\s*=\s*)?(?P<expr>{_DOTTED})\.acquire\s*\(")
+_ACQUIRE = re.compile(rf"^\s*(?:(?:if|while)\s+(?:not\s+)?|[A-Za-z_]\w*\s*=\s*)?(?P<expr>{_DOTTED})\.acquire\s*\(")
 _RELEASE = re.compile(rf"^\s*(?P<expr>{_DOTTED})\.release\s*\(")
 _DEF = re.compile(r"^\s*(async\s+def|def|class)\s")
 # the interpreter blocked acquiring a lock, by CPython's own function names (and the libc
@@ -59,7 +58,8 @@ _DEF = re.compile(r"^\s*(async\s+def|def|class)\s")
 _NATIVE_ACQUIRE = re.compile(
     r"PyThread_acquire_lock|lock_PyThread_acquire_lock|rlock_acquire|acquire_timed"
     r"|_PySemaphore_Wait|futex|sem_(?:timed|clock)?wait|pthread_cond_(?:timed)?wait",
-    re.IGNORECASE)
+    re.IGNORECASE,
+)
 # threading's own frames a waiter passes through on its way into the lock
 _THREADING_ENTRY = frozenset({"__enter__", "acquire", "_acquire_restore"})
 REENTRANT = frozenset({"_thread.RLock", "RLock", "_RLock"})
@@ -185,7 +185,7 @@ def _waiting_frame(thread: ThreadStack) -> int | None:
     code = frames[innermost].code or ""
     if "with" not in code and "acquire" not in code and "__enter__" not in frames[innermost].function:
         return None  # the common case, cheaply: no lock on its innermost line
-    below = frames[innermost + 1:]
+    below = frames[innermost + 1 :]
     if below and not any(_NATIVE_ACQUIRE.search(f.function) for f in below):
         return None  # native frames say it is somewhere else in C
     for index in range(innermost, -1, -1):
@@ -193,8 +193,11 @@ def _waiting_frame(thread: ThreadStack) -> int | None:
         if frame.native:
             continue
         kind = frame.origin.kind
-        if kind is Origin.STDLIB and frame.origin.module_path == "threading.py" and \
-                frame.function.rsplit(".", 1)[-1] in _THREADING_ENTRY:
+        if (
+            kind is Origin.STDLIB
+            and frame.origin.module_path == "threading.py"
+            and frame.function.rsplit(".", 1)[-1] in _THREADING_ENTRY
+        ):
             continue  # Condition.__enter__ / a Python-level acquire: its caller's line says which
         if kind not in (Origin.USER, Origin.LIBRARY):
             return None
@@ -276,9 +279,7 @@ def waits_on_a_lock(sample: Sample) -> bool:
     return any(_waiting_frame(thread) is not None for thread in sample.threads)
 
 
-def lock_graph(
-    sample: Sample, sources: SourceIndex, op_of: Callable[[ThreadStack], DistOp | None]
-) -> LockGraph | None:
+def lock_graph(sample: Sample, sources: SourceIndex, op_of: Callable[[ThreadStack], DistOp | None]) -> LockGraph | None:
     """The lock waits of ``sample``'s threads, their holders and cycles; None when no
     thread waits on a lock. ``op_of`` tells the distributed op a holder thread is in."""
     waits: list[LockWait] = []
@@ -299,8 +300,7 @@ def lock_graph(
         edge = LockEdge(wait)
         if wait.lock is not None:
             own = [h for h in held[wait.thread.thread_id] if h.lock == wait.lock]
-            others = [h for th, hs in held.items() if th != wait.thread.thread_id
-                      for h in hs if h.lock == wait.lock]
+            others = [h for th, hs in held.items() if th != wait.thread.thread_id for h in hs if h.lock == wait.lock]
             if own:
                 edge = replace(edge, reentry=True, holder=own[0])
             elif len({h.thread.thread_id for h in others}) == 1:
@@ -329,10 +329,11 @@ def _cycles(edges: Sequence[LockEdge]) -> tuple[tuple[LockEdge, ...], ...]:
             on_path.add(tid)
             tid = edge.holder.thread.thread_id
         if tid is not None and tid in on_path:
-            cycle = path[[e.wait.thread.thread_id for e in path].index(tid):]
+            cycle = path[[e.wait.thread.thread_id for e in path].index(tid) :]
             # told from the main thread when it is in it, else from the lowest thread id
-            first = min(range(len(cycle)), key=lambda i: (not cycle[i].wait.thread.is_main,
-                                                          cycle[i].wait.thread.thread_id))
+            first = min(
+                range(len(cycle)), key=lambda i: (not cycle[i].wait.thread.is_main, cycle[i].wait.thread.thread_id)
+            )
             found.append(tuple(cycle[first:] + cycle[:first]))
         seen |= on_path
     return tuple(found)
@@ -341,9 +342,13 @@ def _cycles(edges: Sequence[LockEdge]) -> tuple[tuple[LockEdge, ...], ...]:
 def same_deadlock(a: LockGraph | None, b: LockGraph | None) -> bool:
     """``a`` and ``b`` (two samples) show the same deadlocks: the same threads waiting at
     the same lines."""
+
     def shape(graph: LockGraph | None) -> set[tuple[tuple[int, int | None, str], ...]]:
         if graph is None:
             return set()
-        return {tuple((e.wait.thread.thread_id, e.wait.frame.line, e.wait.frame.filename)
-                      for e in cycle) for cycle in graph.deadlocked}
+        return {
+            tuple((e.wait.thread.thread_id, e.wait.frame.line, e.wait.frame.filename) for e in cycle)
+            for cycle in graph.deadlocked
+        }
+
     return bool(shape(a)) and shape(a) == shape(b)

@@ -80,9 +80,7 @@ def build_tree(stacks_by_rank: Mapping[int, Stack], culprits: Collection[int] = 
             ranks_of[node] = parts[0]
         elif parts:
             ranks_of[node] = tuple(sorted(chain.from_iterable(parts)))  # sorted runs: one merge
-    nodes = tuple(
-        TreeNode(n, frames[n], ranks_of[n], depth[n], tuple(children[n])) for n in range(len(frames))
-    )
+    nodes = tuple(TreeNode(n, frames[n], ranks_of[n], depth[n], tuple(children[n])) for n in range(len(frames)))
     classes = tuple(sorted(((ranks, stack) for stack, ranks in distinct),
                            key=lambda item: (-len(item[0]), item[0][0])))  # fmt: skip
     graph = _graph(nodes)
@@ -131,8 +129,9 @@ def _distinct(stacks_by_rank: Mapping[int, Stack]) -> list[tuple[Stack, tuple[in
                 crowded[key] = {tuple(map(id, seen)): (seen, ranks) for seen, ranks in entries}
                 del buckets[key]
     by_stack: dict[Stack, list[int]] = {}
-    found = chain(chain.from_iterable(buckets.values()),
-                  chain.from_iterable(by_ids.values() for by_ids in crowded.values()))
+    found = chain(
+        chain.from_iterable(buckets.values()), chain.from_iterable(by_ids.values() for by_ids in crowded.values())
+    )
     for stack, ranks in found:  # one hash of each distinct stack object, not of each rank
         by_stack.setdefault(stack, []).extend(ranks)
     out = [(stack, tuple(sorted(ranks))) for stack, ranks in by_stack.items()]
@@ -171,9 +170,7 @@ def _outliers(
             parent[kid] = node.node_id
     # the place where each class's stack ends: the path down to its innermost Python frame,
     # that frame by function and file only (native frames below it: how it waits, not where)
-    ended: dict[int, set[tuple[int, str, str]]] = {
-        kid: set() for div in divergence for kid in nodes[div].children
-    }
+    ended: dict[int, set[tuple[int, str, str]]] = {kid: set() for div in divergence for kid in nodes[div].children}
     for node in nodes:
         if len(node.ranks) <= sum(len(nodes[kid].ranks) for kid in node.children):
             continue  # no class ends here

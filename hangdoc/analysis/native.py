@@ -19,8 +19,7 @@ from .device import python_host_sync, samples_gpu_evidence
 
 # a Python stack ending in these torch modules may wait inside the C++ autograd engine
 # (DDP's reducer), or in a C++ operator (a compiled graph's functional collective)
-_ENGINE = ("torch/autograd/graph.py", "torch/autograd/__init__.py", "torch/_tensor.py",
-           "torch/_ops.py")
+_ENGINE = ("torch/autograd/graph.py", "torch/autograd/__init__.py", "torch/_tensor.py", "torch/_ops.py")
 
 
 def needs_native(samples: Sequence[Sample], process: RankProcess, code: Callable[[Frame], str | None]) -> bool:

@@ -62,9 +62,7 @@ INIT = frozenset(
         "split_group", "_init_process_groups", "_new_group_via_split_group", "shrink_group",
     }
 )  # fmt: skip
-CLEANUP_OPS = frozenset(
-    {"destroy_process_group", "_shutdown_backend", "shutdown", "abort", "_abort_process_group"}
-)
+CLEANUP_OPS = frozenset({"destroy_process_group", "_shutdown_backend", "shutdown", "abort", "_abort_process_group"})
 FUNCOL_WAITS = frozenset({"wait_tensor", "wait", "trigger_wait", "_wait_tensor"})
 CLEANUP_FUNCTIONS = frozenset(
     {"__exit__", "__aexit__", "__del__", "close", "shutdown", "cleanup", "teardown",
@@ -88,8 +86,9 @@ _C10D = "torch/distributed/distributed_c10d"
 _NOT_WORK = frozenset({"os", "proc", "process", "popen", "subprocess", "p"})
 _PIPELINING = "torch/distributed/pipelining/"
 COMPILED = "compiled graph"
-COMPILED_MAYBE = ("compiled graph idle in a C++ op, maybe a collective: neither native frames "
-                  "nor the graph's locals say which")
+COMPILED_MAYBE = (
+    "compiled graph idle in a C++ op, maybe a collective: neither native frames nor the graph's locals say which"
+)
 # what torch.distributed's own ``x.wait()`` lines wait on that is not a Work handle: the
 # rendezvous store, threading events and conditions, processes and threads
 _NOT_A_WORK = re.compile(r"store|event|cond|lock|thread|proc|popen|barrier|sem", re.IGNORECASE)
@@ -192,8 +191,7 @@ def init_arguments_at(thread: ThreadStack, index: int | None) -> tuple[int | Non
     if found is None:
         return None, None
     rank, world = _int(found.get("rank")), _int(found.get("world_size"))
-    return (rank if rank is not None and rank >= 0 else None,
-            world if world is not None and world > 0 else None)
+    return (rank if rank is not None and rank >= 0 else None, world if world is not None and world > 0 else None)
 
 
 def init_frame(frames: Stack) -> int | None:
@@ -253,8 +251,10 @@ class Recogniser:
 
     def __init__(self, snapshot: JobSnapshot | None = None) -> None:
         self.snapshot = snapshot
-        self.sources = SourceIndex(snapshot.sources if snapshot is not None else (),
-                                   whole_stacks=snapshot is None or not snapshot.stacks_may_be_cut)
+        self.sources = SourceIndex(
+            snapshot.sources if snapshot is not None else (),
+            whole_stacks=snapshot is None or not snapshot.stacks_may_be_cut,
+        )
         self._ops: dict[ThreadKey, DistOp | None] = {}
         self._markers: dict[tuple[ThreadKey, tuple[str, ...]], Frame | None] = {}
         self._device: dict[tuple[ThreadKey, bool], DistOp | None] = {}
@@ -311,9 +311,7 @@ class Recogniser:
         assert op is None or isinstance(op, DistOp)
         return op
 
-    def cleanup_marker(
-        self, thread: ThreadStack, blocks: tuple[str, ...] = _BLOCKS
-    ) -> Frame | None:
+    def cleanup_marker(self, thread: ThreadStack, blocks: tuple[str, ...] = _BLOCKS) -> Frame | None:
         """``cleanup_marker`` of ``thread`` in this snapshot."""
         key = (self.key(thread), blocks)
         marker = self._markers.get(key, _UNSEEN)
@@ -411,19 +409,28 @@ def _recognise_call(thread: ThreadStack, sources: SourceIndex) -> DistOp | None:
             kind = OpKind.P2P if name in P2P else OpKind.COLLECTIVE
             return DistOp(kind, name, inner, f"Work.wait on the {name} issued at line {line}")
         native = _native_op(thread)
-        return DistOp(OpKind.COLLECTIVE, native or "wait", inner,
-                      "Work.wait (issuing call not in the captured source)")
+        return DistOp(OpKind.COLLECTIVE, native or "wait", inner, "Work.wait (issuing call not in the captured source)")
     # 2b. torch.distributed's own code waiting on handles it issued elsewhere: a pipelining
     #    schedule waits on the Work of its stage's batched send/recv in a helper of its own
     #    (``_wait_batch_p2p``), so no frame names the op
-    if _in_torch(inner) and inner.origin.under(_TORCH_DIST) and waited and not thread.active \
-            and not _NOT_A_WORK.search(waited):
+    if (
+        _in_torch(inner)
+        and inner.origin.under(_TORCH_DIST)
+        and waited
+        and not thread.active
+        and not _NOT_A_WORK.search(waited)
+    ):
         site = user_call_site(frames, len(frames) - 1)
         if inner.origin.under(_PIPELINING):
-            return DistOp(OpKind.P2P, "batch_isend_irecv", site,
-                          f"Work.wait in the pipelining schedule ({inner.function})")
-        return DistOp(OpKind.COLLECTIVE, _native_op(thread) or "wait", site,
-                      f"Work.wait in {inner.origin.module_path} ({inner.function})")
+            return DistOp(
+                OpKind.P2P, "batch_isend_irecv", site, f"Work.wait in the pipelining schedule ({inner.function})"
+            )
+        return DistOp(
+            OpKind.COLLECTIVE,
+            _native_op(thread) or "wait",
+            site,
+            f"Work.wait in {inner.origin.module_path} ({inner.function})",
+        )
     # 2c. a compiled graph (torch.compile, AOT autograd) idle in one of its C++ ops: its
     #    functional collectives run with no torch.distributed frame and no source
     graph = _compiled_graph(thread)
@@ -441,8 +448,12 @@ def _recognise_call(thread: ThreadStack, sources: SourceIndex) -> DistOp | None:
         if frame.origin.under(_DDP):
             if thread.active:
                 break
-            return DistOp(OpKind.COLLECTIVE, "all_reduce", user_call_site(frames, idx),
-                          "DDP forward/backward sync (no native frames)")
+            return DistOp(
+                OpKind.COLLECTIVE,
+                "all_reduce",
+                user_call_site(frames, idx),
+                "DDP forward/backward sync (no native frames)",
+            )
         if frame.origin.kind is not Origin.TORCH:
             break
     return None
@@ -457,12 +468,19 @@ def _compiled_graph(thread: ThreadStack) -> DistOp | None:
     if thread.active:
         return None
     frames = thread.frames
-    at = next((i for i in range(len(frames) - 1, -1, -1)
-               if not frames[i].native and frames[i].filename.startswith(GRAPH_CODE)), None)
-    if at is None or any(not f.native and not _in_torch(f) for f in frames[at + 1:]):
+    at = next(
+        (
+            i
+            for i in range(len(frames) - 1, -1, -1)
+            if not frames[i].native and frames[i].filename.startswith(GRAPH_CODE)
+        ),
+        None,
+    )
+    if at is None or any(not f.native and not _in_torch(f) for f in frames[at + 1 :]):
         return None
-    site = next((f for f in reversed(frames[:at]) if not f.native
-                 and f.origin.kind in (Origin.USER, Origin.LIBRARY)), None)
+    site = next(
+        (f for f in reversed(frames[:at]) if not f.native and f.origin.kind in (Origin.USER, Origin.LIBRARY)), None
+    )
     kept = thread.locals_at(at)
     node = kept.get("graph_op") if kept is not None else None
     native = _native_op(thread)
@@ -470,8 +488,7 @@ def _compiled_graph(thread: ThreadStack) -> DistOp | None:
         name = node if node and node != "wait_tensor" else native
         return DistOp(OpKind.COLLECTIVE, name, site, f"{COMPILED} ({frames[at].filename}): native frames")
     if node is not None:
-        return DistOp(OpKind.COLLECTIVE, node, site,
-                      f"{COMPILED} ({frames[at].filename}): its last collective node")
+        return DistOp(OpKind.COLLECTIVE, node, site, f"{COMPILED} ({frames[at].filename}): its last collective node")
     return DistOp(OpKind.COLLECTIVE, "compiled graph op", site, COMPILED_MAYBE)
 
 
@@ -546,9 +563,7 @@ def cleanup_marker(
     return Recogniser(snapshot).cleanup_marker(thread, blocks)
 
 
-def _cleanup_marker(
-    thread: ThreadStack, sources: SourceIndex, blocks: tuple[str, ...]
-) -> Frame | None:
+def _cleanup_marker(thread: ThreadStack, sources: SourceIndex, blocks: tuple[str, ...]) -> Frame | None:
     """``cleanup_marker`` itself, uncached: reads of ``thread`` only what ``thread_key`` holds."""
     for index in range(len(thread.frames) - 1, -1, -1):
         frame = thread.frames[index]

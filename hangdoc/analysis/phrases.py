@@ -59,7 +59,7 @@ def activity(v: RankView) -> str:
         if move.cpu_fraction is None:
             return "on CPU (py-spy marked its thread active)"
         return f"computing ({move.cpu_fraction:.0%} of a core)"
-    inner = (v.thread.innermost_python if v.thread else None)
+    inner = v.thread.innermost_python if v.thread else None
     code = (inner.code or "") if inner else ""
     func = inner.function if inner else ""
     if move is not None and move.status == "disk-sleep":
@@ -78,7 +78,7 @@ def activity(v: RankView) -> str:
 
 def what_outside(v: RankView) -> str:
     """A rank outside any op: its activity, relevant thread, innermost frame, other threads."""
-    inner = (v.thread.innermost_python if v.thread else None)
+    inner = v.thread.innermost_python if v.thread else None
     name = v.thread.name if v.thread else "?"
     where = f" at {inner}" if inner else ""
     code = f" `{inner.code}`" if inner and inner.code else ""
@@ -127,16 +127,20 @@ def deadlock_words(cycle: Sequence[LockEdge], lead: bool = True) -> str:
     if len(cycle) == 1:
         edge = cycle[0]
         taken = f" (taken at {edge.holder.location})" if edge.holder else ""
-        return (f"{'self-deadlock: ' if lead else ''}thread {_thread(edge.wait.thread)} waits at "
-                f"{edge.wait.frame}{_code(edge.wait.frame)} for a plain Lock it already holds"
-                f"{taken}: it can never get it")
+        return (
+            f"{'self-deadlock: ' if lead else ''}thread {_thread(edge.wait.thread)} waits at "
+            f"{edge.wait.frame}{_code(edge.wait.frame)} for a plain Lock it already holds"
+            f"{taken}: it can never get it"
+        )
     parts = []
     for i, edge in enumerate(cycle):
         holder = edge.holder
         assert holder is not None
         who = f"thread {_thread(edge.wait.thread)} waits" if i == 0 else "which waits"
-        parts.append(f"{who} at {edge.wait.frame}{_code(edge.wait.frame)} for a lock held by "
-                     f"thread {_thread(holder.thread)} (taken at {holder.location})")
+        parts.append(
+            f"{who} at {edge.wait.frame}{_code(edge.wait.frame)} for a lock held by "
+            f"thread {_thread(holder.thread)} (taken at {holder.location})"
+        )
     return ("lock-order deadlock: " if lead else "") + ", ".join(parts) + "; none of them can go on"
 
 
@@ -149,13 +153,17 @@ def lock_wait_words(edge: LockEdge, graph: LockGraph) -> str:
     if edge.reentry and holder is not None:
         if wait.kind in REENTRANT:
             return text + f", an RLock it already holds (taken at {holder.location}): re-entering it"
-        return (text + f", a lock it already holds (taken at {holder.location}): a self-deadlock "
-                "if it is a plain Lock, fine if it is an RLock")
+        return (
+            text + f", a lock it already holds (taken at {holder.location}): a self-deadlock "
+            "if it is a plain Lock, fine if it is an RLock"
+        )
     if holder is None:
         if wait.lock is None:
             return text
-        return (text + ", held by no thread whose stack shows it (taken in a function that "
-                "returned, or by a thread that ended)")
+        return (
+            text + ", held by no thread whose stack shows it (taken in a function that "
+            "returned, or by a thread that ended)"
+        )
     text += f", held by thread {_thread(holder.thread)} (taken at {holder.location})"
     onward = graph.edge_of(holder.thread)
     if edge.holder_op is not None:
@@ -176,12 +184,13 @@ def lock_notes(views: Sequence[RankView], said: Sequence[str] = ()) -> list[str]
         if graph is None:
             continue
         # (what a line says, the part of it that tells whether a line says it already)
-        found = [(deadlock_words(cycle), deadlock_words(cycle, lead=False))
-                 for cycle in graph.deadlocked]
-        found += [(f"thread {_thread(e.wait.thread)} is {lock_wait_words(e, graph)}",
-                   lock_wait_words(e, graph)) for e in graph.edges if e.holder_op is not None]
-        lines += [f"rank {v.rank}: {words}" for words, core in found
-                  if not any(core in line for line in said)]
+        found = [(deadlock_words(cycle), deadlock_words(cycle, lead=False)) for cycle in graph.deadlocked]
+        found += [
+            (f"thread {_thread(e.wait.thread)} is {lock_wait_words(e, graph)}", lock_wait_words(e, graph))
+            for e in graph.edges
+            if e.holder_op is not None
+        ]
+        lines += [f"rank {v.rank}: {words}" for words, core in found if not any(core in line for line in said)]
         if len(lines) >= 6:
             break
     return lines[:6]
@@ -220,10 +229,8 @@ def cleanup_short(v: RankView) -> str:
     if v.thread is not None and (exiting := exit_frame(v.thread)) is not None:
         joining = " joining its non-daemon threads" if exiting.function.endswith("_shutdown") else ""
         return f"exiting: {exiting.function} ({exiting.location}){joining}"
-    inner = (v.thread.innermost_python if v.thread else None)
-    return f"{activity(v)} in {v.cleanup.location if v.cleanup else '?'}" + (
-        f" at {inner.function}" if inner else ""
-    )
+    inner = v.thread.innermost_python if v.thread else None
+    return f"{activity(v)} in {v.cleanup.location if v.cleanup else '?'}" + (f" at {inner.function}" if inner else "")
 
 
 def progress_line(v: RankView) -> str:
@@ -235,17 +242,14 @@ def progress_line(v: RankView) -> str:
             f"{m.wakeups} times on its own over {m.seconds:.1f} s: the call keeps completing "
             "and being issued again"
         )
-    return (
-        f"rank {v.rank} went through different operations between samples "
-        f"(last: {describe_rank(v)})"
-    )
+    return f"rank {v.rank} went through different operations between samples (last: {describe_rank(v)})"
 
 
 def frame_tail(v: RankView) -> str:
     """`` [innermost: frame]`` when the rank's innermost frame says more than its op."""
     if v.thread is None:
         return ""
-    inner = (v.thread.innermost_python if v.thread else None)
+    inner = v.thread.innermost_python if v.thread else None
     if inner is None or v.op is None or inner == v.op.call_site or inner.function == v.op.name:
         return ""
     return f" [innermost: {inner}]"
@@ -276,6 +280,7 @@ def op_lines(views: Sequence[RankView]) -> list[str]:
     """One line per op (and recogniser): which ranks wait in it, in the order first seen."""
     classes: dict[str, list[int]] = defaultdict(list)
     tails: dict[str, str] = {}
+
     def via(op: DistOp) -> str:
         return in_op(op) + (f" via {op.via}" if op.via != "c10d call" else "")
 
@@ -320,12 +325,16 @@ def quiet_line(waiting: Sequence[RankView]) -> str:
             cpus.append(v.move.cpu_fraction or 0.0)
     cpu = max(cpus, default=0.0)
     io = max((m.bytes_per_second or 0.0) for m in moves)
-    text = (f"nothing moved on the waiting ranks over {seconds:.1f} s: stacks unchanged, "
-            f"at most {cpu:.1%} CPU and {io / 1024:.1f} KiB/s read+written")
+    text = (
+        f"nothing moved on the waiting ranks over {seconds:.1f} s: stacks unchanged, "
+        f"at most {cpu:.1%} CPU and {io / 1024:.1f} KiB/s read+written"
+    )
     if spinning:
-        text += (f" ({rank_phrase(ranks_of(spinning))} at a host sync "
-                 f"{'spins' if len(spinning) == 1 else 'spin'} a core while "
-                 f"{'it waits' if len(spinning) == 1 else 'they wait'}: not counted)")
+        text += (
+            f" ({rank_phrase(ranks_of(spinning))} at a host sync "
+            f"{'spins' if len(spinning) == 1 else 'spin'} a core while "
+            f"{'it waits' if len(spinning) == 1 else 'they wait'}: not counted)"
+        )
     return text
 
 

@@ -41,8 +41,10 @@ def exception_lines(views: Sequence[RankView]) -> list[str]:
     lines = []
     for (_, thread, type_name, where, within), ranks in sorted(told.items(), key=_first):
         one = len(ranks) == 1
-        lines.append(f"{rank_phrase(ranks)}'s {_thread_words(thread, one)} {'is' if one else 'are'} handling {type_name} "
-                     f"raised at {where}{within} ({'its probe' if one else 'their probes'})")
+        lines.append(
+            f"{rank_phrase(ranks)}'s {_thread_words(thread, one)} {'is' if one else 'are'} handling {type_name} "
+            f"raised at {where}{within} ({'its probe' if one else 'their probes'})"
+        )
     return _bounded(lines, "thread(s) with a live exception")
 
 
@@ -59,8 +61,10 @@ def heartbeat_lines(views: Sequence[RankView]) -> list[str]:
         age = f"{ages[0]:.1f}" if ages[-1] - ages[0] < 0.05 else f"{ages[0]:.1f}-{ages[-1]:.1f}"
         at = f" at step {step}" if step is not None else ""
         inside = ", inside the step" if in_step else ""
-        lines.append(f"{rank_phrase(ranks)} last beat{at}{inside}, {age} s before hangdoc asked "
-                     f"({'its probe' if len(ranks) == 1 else 'their probes'})")
+        lines.append(
+            f"{rank_phrase(ranks)} last beat{at}{inside}, {age} s before hangdoc asked "
+            f"({'its probe' if len(ranks) == 1 else 'their probes'})"
+        )
     return _bounded(lines, "heartbeat line(s)")
 
 

@@ -96,7 +96,9 @@ class Movement:
 
 
 def relevant_thread(
-    sample: Sample, snapshot: JobSnapshot | None = None, recogniser: Recogniser | None = None,
+    sample: Sample,
+    snapshot: JobSnapshot | None = None,
+    recogniser: Recogniser | None = None,
     gpu: bool = False,
 ) -> tuple[ThreadStack | None, DistOp | None]:
     """The thread that matters for a rank: a main thread running the interpreter's exit
@@ -143,8 +145,7 @@ def _without_native(thread: ThreadStack, frames: Stack) -> ThreadStack:
     for index, frame in enumerate(thread.frames):
         if not frame.native:
             position[index] = len(position)
-    kept = tuple(replace(found, index=position[found.index])
-                 for found in thread.locals if found.index in position)
+    kept = tuple(replace(found, index=position[found.index]) for found in thread.locals if found.index in position)
     return replace(thread, frames=frames, locals=kept)
 
 
@@ -154,13 +155,15 @@ def _python_only(sample: Sample, rec: Recogniser) -> Sample:
         th if (frames := rec.python_frames(th.frames)) is th.frames else _without_native(th, frames)
         for th in sample.threads
     )
-    if all(new is old for new, old in zip(threads, sample.threads)):
+    if all(new is old for new, old in zip(threads, sample.threads, strict=False)):
         return sample
     return replace(sample, threads=threads)
 
 
 def movement(
-    rank: RankSnapshot, snapshot: JobSnapshot | None = None, recogniser: Recogniser | None = None,
+    rank: RankSnapshot,
+    snapshot: JobSnapshot | None = None,
+    recogniser: Recogniser | None = None,
     gpu: bool = False,
 ) -> Movement | None:
     """None when the rank has fewer than one good sample. An analysis passes its
@@ -289,7 +292,8 @@ def _side_threads(sample: Sample, relevant: ThreadStack, idle: Sequence[int]) ->
     checkpoint writer)."""
     threads = sample.threads
     return {
-        th.native_id for th in map(threads.__getitem__, idle)
+        th.native_id
+        for th in map(threads.__getitem__, idle)
         if th.thread_id != relevant.thread_id and th.native_id is not None
     }
 

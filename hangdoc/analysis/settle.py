@@ -37,13 +37,22 @@ def by_flight(stacks: Classification, finding: FlightFinding | None, had_stacks:
     cleared = sorted(set(finding.cleared) & set(stacks.culprits))
     if finding.verdict is None and cleared:
         # the stacks blame ranks the dumps show past the collective the others wait in
-        overruled = (f"the stacks alone read {stacks.verdict.value} (culprits "
-                     f"{', '.join(map(str, stacks.culprits))}): {stacks.summary}; the flight recorder "
-                     f"shows {rank_phrase(cleared)} finished {'its' if len(cleared) == 1 else 'their'} side of "
-                     f"collective #{finding.seq} of {finding.group}, which the others wait in")
-        return _said(stacks, FlightRole.OVERRULES, finding, verdict=Verdict.UNKNOWN, culprits=(),
-                     summary=finding.summary, evidence=(*finding.evidence, overruled, *stacks.evidence),
-                     ambiguous=False)
+        overruled = (
+            f"the stacks alone read {stacks.verdict.value} (culprits "
+            f"{', '.join(map(str, stacks.culprits))}): {stacks.summary}; the flight recorder "
+            f"shows {rank_phrase(cleared)} finished {'its' if len(cleared) == 1 else 'their'} side of "
+            f"collective #{finding.seq} of {finding.group}, which the others wait in"
+        )
+        return _said(
+            stacks,
+            FlightRole.OVERRULES,
+            finding,
+            verdict=Verdict.UNKNOWN,
+            culprits=(),
+            summary=finding.summary,
+            evidence=(*finding.evidence, overruled, *stacks.evidence),
+            ambiguous=False,
+        )
     if finding.verdict is None:
         return _said(stacks, FlightRole.NOTED, finding, evidence=(*stacks.evidence, *finding.evidence))
     verdict = finding.verdict
@@ -51,21 +60,41 @@ def by_flight(stacks: Classification, finding: FlightFinding | None, had_stacks:
         verdict = Verdict.COLLECTIVE_MISMATCH  # the ranks behind wait in some other collective
     if stacks.verdict is verdict and (not finding.culprits or tuple(sorted(finding.culprits)) == stacks.culprits):
         return _said(stacks, FlightRole.AGREES, finding, evidence=(*finding.evidence, *stacks.evidence))
-    overridden = (f"the stacks alone read {stacks.verdict.value}"
-                  + (f" (culprits {', '.join(map(str, stacks.culprits))})" if stacks.culprits else "")
-                  + f": {stacks.summary}; the flight recorder overrides it")
-    return _said(stacks, FlightRole.OVERRIDES, finding, verdict=verdict, culprits=tuple(sorted(finding.culprits)),
-                 summary=finding.summary, evidence=(*finding.evidence, overridden, *stacks.evidence),
-                 ambiguous=False)
+    overridden = (
+        f"the stacks alone read {stacks.verdict.value}"
+        + (f" (culprits {', '.join(map(str, stacks.culprits))})" if stacks.culprits else "")
+        + f": {stacks.summary}; the flight recorder overrides it"
+    )
+    return _said(
+        stacks,
+        FlightRole.OVERRIDES,
+        finding,
+        verdict=verdict,
+        culprits=tuple(sorted(finding.culprits)),
+        summary=finding.summary,
+        evidence=(*finding.evidence, overridden, *stacks.evidence),
+        ambiguous=False,
+    )
 
 
 def _dumps_alone(stacks: Classification, finding: FlightFinding) -> Classification:
     if finding.verdict is None:
-        summary = (f"every rank waits in the same collective by the flight recorder: {finding.summary}"
-                   if finding.kind is FlightKind.ALL_IN else finding.summary)
+        summary = (
+            f"every rank waits in the same collective by the flight recorder: {finding.summary}"
+            if finding.kind is FlightKind.ALL_IN
+            else finding.summary
+        )
         return _said(stacks, FlightRole.ALONE_SAYS, finding, summary=summary, evidence=finding.evidence)
-    return _said(stacks, FlightRole.ALONE, finding, verdict=finding.verdict, culprits=tuple(sorted(finding.culprits)),
-                 summary=finding.summary, evidence=finding.evidence, ambiguous=False)
+    return _said(
+        stacks,
+        FlightRole.ALONE,
+        finding,
+        verdict=finding.verdict,
+        culprits=tuple(sorted(finding.culprits)),
+        summary=finding.summary,
+        evidence=finding.evidence,
+        ambiguous=False,
+    )
 
 
 def _said(stacks: Classification, role: FlightRole, finding: FlightFinding, **changes: object) -> Classification:
@@ -92,21 +121,28 @@ def by_devices(result: Classification, found: DeviceFindings | None, not_seen: t
     plain = DevicesSaid(DeviceRole.EVIDENCE, found, tuple(reversed(agreeing)))
     # every rank seen waits in one op and the ranks not seen decide (``unknown``): RAS sees
     # every rank of the communicator, so one it cannot reach among them decides it
-    unseen_named = result.verdict is Verdict.UNKNOWN and bool(
-        set(found.unreachable) & set(not_seen)) and not result.culprits
+    unseen_named = (
+        result.verdict is Verdict.UNKNOWN and bool(set(found.unreachable) & set(not_seen)) and not result.culprits
+    )
     if result.verdict is not Verdict.NCCL_TIMEOUT and not unseen_named:
         return dataclasses.replace(result, evidence=evidence, next_steps=next_steps, devices=plain)
     if unseen_named:
         result = dataclasses.replace(result, verdict=Verdict.NCCL_TIMEOUT)
     if behind:
-        overridden = (f"the stacks alone read nccl_timeout: {result.summary}; NCCL RAS's "
-                      "launch counts override it")
+        overridden = f"the stacks alone read nccl_timeout: {result.summary}; NCCL RAS's launch counts override it"
         return dataclasses.replace(
-            result, verdict=Verdict.STRAGGLER, culprits=behind,
-            summary=(f"{rank_phrase(behind)} launched fewer NCCL collectives than the other ranks of "
-                     "their communicator (NCCL RAS): the others wait for them"),
-            evidence=(lag, overridden, *(e for e in evidence if e != lag)), next_steps=next_steps,
-            ambiguous=False, devices=dataclasses.replace(plain, role=DeviceRole.BEHIND))
+            result,
+            verdict=Verdict.STRAGGLER,
+            culprits=behind,
+            summary=(
+                f"{rank_phrase(behind)} launched fewer NCCL collectives than the other ranks of "
+                "their communicator (NCCL RAS): the others wait for them"
+            ),
+            evidence=(lag, overridden, *(e for e in evidence if e != lag)),
+            next_steps=next_steps,
+            ambiguous=False,
+            devices=dataclasses.replace(plain, role=DeviceRole.BEHIND),
+        )
     named = tuple(sorted(set(found.unreachable) | set(found.faulty)))
     if named and not result.culprits:
         how = []
@@ -115,6 +151,11 @@ def by_devices(result: Classification, found: DeviceFindings | None, not_seen: t
         if found.faulty:
             how.append(f"NVML reports a fault on the GPU of {rank_phrase(found.faulty)}")
         return dataclasses.replace(
-            result, culprits=named, summary=f"{result.summary}; {'; '.join(how)}", evidence=evidence,
-            next_steps=next_steps, devices=DevicesSaid(DeviceRole.NAMED, found, plain.agreeing, tuple(how)))
+            result,
+            culprits=named,
+            summary=f"{result.summary}; {'; '.join(how)}",
+            evidence=evidence,
+            next_steps=next_steps,
+            devices=DevicesSaid(DeviceRole.NAMED, found, plain.agreeing, tuple(how)),
+        )
     return dataclasses.replace(result, evidence=evidence, next_steps=next_steps, devices=plain)

@@ -42,6 +42,7 @@ class SourceIndex:
             lines = self._lines[filename] = dict(src.lines)
         return lines
 
+
 _DEF = re.compile(r"^\s*(async\s+def|def|class)\s")
 
 

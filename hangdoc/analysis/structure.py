@@ -59,20 +59,43 @@ class ScopeFrom(enum.Enum):
 
 
 # ``group=`` values that name the default group
-_WORLD_VALUES = frozenset({"None", "WORLD", "group.WORLD", "dist.group.WORLD",
-                           "torch.distributed.group.WORLD", "GroupMember.WORLD",
-                           "dist.GroupMember.WORLD", "_get_default_group()",
-                           "dist.distributed_c10d._get_default_group()"})
+_WORLD_VALUES = frozenset(
+    {
+        "None",
+        "WORLD",
+        "group.WORLD",
+        "dist.group.WORLD",
+        "torch.distributed.group.WORLD",
+        "GroupMember.WORLD",
+        "dist.GroupMember.WORLD",
+        "_get_default_group()",
+        "dist.distributed_c10d._get_default_group()",
+    }
+)
 _GROUP_KW = re.compile(r"\bgroup\s*=\s*([^,)]+)")
 # how many positional arguments come before ``group`` in torch.distributed's signatures: a
 # complete call with at most these, and no ``group=``, runs on WORLD
 _BEFORE_GROUP = {
-    "barrier": 0, "monitored_barrier": 0, "all_reduce": 2, "all_reduce_coalesced": 2,
-    "broadcast": 2, "reduce": 3, "all_gather": 2, "all_gather_into_tensor": 2,
-    "_all_gather_base": 2, "gather": 3, "scatter": 4, "reduce_scatter": 3,
-    "reduce_scatter_tensor": 3, "_reduce_scatter_base": 3, "all_to_all": 2,
-    "all_to_all_single": 4, "all_gather_object": 2, "gather_object": 3,
-    "broadcast_object_list": 2, "scatter_object_list": 3,
+    "barrier": 0,
+    "monitored_barrier": 0,
+    "all_reduce": 2,
+    "all_reduce_coalesced": 2,
+    "broadcast": 2,
+    "reduce": 3,
+    "all_gather": 2,
+    "all_gather_into_tensor": 2,
+    "_all_gather_base": 2,
+    "gather": 3,
+    "scatter": 4,
+    "reduce_scatter": 3,
+    "reduce_scatter_tensor": 3,
+    "_reduce_scatter_base": 3,
+    "all_to_all": 2,
+    "all_to_all_single": 4,
+    "all_gather_object": 2,
+    "gather_object": 3,
+    "broadcast_object_list": 2,
+    "scatter_object_list": 3,
 }
 
 
@@ -115,7 +138,7 @@ def line_scope(name: str, site: Frame | None) -> Scope | None:
     call = re.search(rf"\b{re.escape(name)}\s*\(", code)
     if before is None or call is None:
         return None
-    positional = _positional(code[call.end():])
+    positional = _positional(code[call.end() :])
     return Scope.WORLD if positional is not None and positional <= before else None
 
 
@@ -134,7 +157,7 @@ def _positional(args: str) -> int | None:
             count += 1 if token and not keyword else 0
             token = keyword = False
             continue
-        elif depth == 0 and ch == "=" and args[i + 1:i + 2] != "=" and args[i - 1:i] not in "=!<>":
+        elif depth == 0 and ch == "=" and args[i + 1 : i + 2] != "=" and args[i - 1 : i] not in "=!<>":
             keyword = True
         elif depth == 0 and ch == "*":
             return None  # *args: any number
@@ -210,8 +233,9 @@ def whole_groups(s: Structure) -> int | None:
     return size if size > 1 else None
 
 
-def tiny_parting(parted: Sequence[tuple[Frame, Sequence[RankView]]],
-                 classes: Sequence[Sequence[RankView]]) -> list[int]:
+def tiny_parting(
+    parted: Sequence[tuple[Frame, Sequence[RankView]]], classes: Sequence[Sequence[RankView]]
+) -> list[int]:
     """The ranks outside the largest path where the paths first part, when they are one
     class with fewer ranks than every other class: each place of a structure of groups
     holds whole groups, so ranks fewer than any place, all at one place off the others'
@@ -227,8 +251,7 @@ def tiny_parting(parted: Sequence[tuple[Frame, Sequence[RankView]]],
     return sorted(others) if rest and len(others) < min(rest) else []
 
 
-def could_be_groups(parted: Sequence[tuple[Frame, Sequence[RankView]]],
-                    classes: Sequence[Sequence[RankView]]) -> bool:
+def could_be_groups(parted: Sequence[tuple[Frame, Sequence[RankView]]], classes: Sequence[Sequence[RankView]]) -> bool:
     """Every class on the largest path where the paths part holds two ranks or more: each
     could be whole groups at its place. (A collective on a group of one rank never waits,
     so a class of one rank is no whole group: the ops there are not a structure.)"""

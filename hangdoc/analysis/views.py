@@ -57,8 +57,12 @@ class RankView:
     def deadlocked(self) -> bool:
         """Its relevant thread is in a lock-order deadlock seen in two samples or more:
         nothing in the rank can go on, however long it is watched."""
-        return (self.locks is not None and self.thread is not None and self.deadlock_seen >= 2
-                and self.locks.cycle_of(self.thread) is not None)
+        return (
+            self.locks is not None
+            and self.thread is not None
+            and self.deadlock_seen >= 2
+            and self.locks.cycle_of(self.thread) is not None
+        )
 
 
 OpKey = tuple[str, tuple[str, ...]]  # ``DistOp.key``
@@ -95,9 +99,7 @@ def rank_state(snap: RankSnapshot, op: DistOp | None, move: Movement | None) -> 
     return RankState.BUSY if move.busy else RankState.BLOCKED
 
 
-def view_rank(
-    snap: RankSnapshot, snapshot: JobSnapshot, recogniser: Recogniser | None = None
-) -> RankView:
+def view_rank(snap: RankSnapshot, snapshot: JobSnapshot, recogniser: Recogniser | None = None) -> RankView:
     """One rank's view. ``analyse`` makes its views with one ``Views`` for all ranks; alone,
     a rank's view is made with a ``Views`` of its own (with ``recogniser``, the snapshot's,
     when given)."""
@@ -125,15 +127,15 @@ class Views:
         good = snap.good_samples
         if not good:  # nothing read: no thread, op nor movement
             rank = snap.rank
-            return RankView(-1 if rank is None else rank, snap, rank_state(snap, None, None),
-                            None, None, None)
+            return RankView(-1 if rank is None else rank, snap, rank_state(snap, None, None), None, None, None)
         stacks = self._stacks(good)
         at = stacks.latest_at(good)
         latest = good[at]
         # a host-syncing line of the job's code counts only on a rank that runs on a GPU
         # (``gpu_evidence``: NVML, its stacks, its environment)
-        gpu = stacks.sync_line(at) and (bool(snap.gpus) or stacks.gpu_frames() is not None
-                                        or env_gpu_evidence(snap.process) is not None)
+        gpu = stacks.sync_line(at) and (
+            bool(snap.gpus) or stacks.gpu_frames() is not None or env_gpu_evidence(snap.process) is not None
+        )
         said = stacks.said(at, gpu)
         thread = latest.threads[said.relevant] if said.relevant is not None else None
         op = said.op
@@ -148,8 +150,19 @@ class Views:
                 rank = code_rank
         graph, seen = _locks(snap, latest, self.rec) if said.locked else (None, 0)
         side = tuple((latest.threads[i], o) for i, o in said.side_ops)
-        return RankView(-1 if rank is None else rank, snap, rank_state(snap, op, move), op, thread,
-                        move, said.cleanup, code_world, graph, seen, side)
+        return RankView(
+            -1 if rank is None else rank,
+            snap,
+            rank_state(snap, op, move),
+            op,
+            thread,
+            move,
+            said.cleanup,
+            code_world,
+            graph,
+            seen,
+            side,
+        )
 
     def _stacks(self, good: tuple[Sample, ...]) -> _Stacks:
         """What the stacks of ``good`` (a rank's good samples) say: by their shape.
@@ -166,13 +179,22 @@ class Views:
             # every sample has the same threads, one object (a bundle interns them: a hung
             # rank's samples): the key of one sample says it for all, tagged by their count
             threads = first
-            shape: tuple[object, ...] = (len(each), tuple(map(id, map(_FRAMES, threads))),
-                                         tuple(map(_ACTIVE, threads)), tuple(map(_NAME, threads)),
-                                         self._kept(threads))
+            shape: tuple[object, ...] = (
+                len(each),
+                tuple(map(id, map(_FRAMES, threads))),
+                tuple(map(_ACTIVE, threads)),
+                tuple(map(_NAME, threads)),
+                self._kept(threads),
+            )
         else:
             threads = tuple(chain.from_iterable(each))
-            shape = (tuple(map(len, each)), tuple(map(id, map(_FRAMES, threads))),
-                     tuple(map(_ACTIVE, threads)), tuple(map(_NAME, threads)), self._kept(threads))
+            shape = (
+                tuple(map(len, each)),
+                tuple(map(id, map(_FRAMES, threads))),
+                tuple(map(_ACTIVE, threads)),
+                tuple(map(_NAME, threads)),
+                self._kept(threads),
+            )
         stacks = self._shapes.get(shape)
         if stacks is None:
             stacks = self._shapes[shape] = _Stacks(good, self.rec)
@@ -238,7 +260,8 @@ class _Stacks:
         """The samples' ``python_stacks`` are equal but for the thread ids."""
         python = self.rec.python_frames
         return len(a.threads) == len(b.threads) and all(
-            python(x.frames) == python(y.frames) for x, y in zip(a.threads, b.threads))
+            python(x.frames) == python(y.frames) for x, y in zip(a.threads, b.threads, strict=False)
+        )
 
     def latest_at(self, good: tuple[Sample, ...]) -> int:
         """Which of a rank's ``good`` samples (of this shape) is its ``latest``."""
@@ -280,22 +303,23 @@ class _Stacks:
             # only __exit__/close-like functions, ``finally:`` and exit handlers count as
             # cleanup there
             cleanup=rec.cleanup_marker(thread, ("finally",)) if thread and op is None else None,
-            init_at=init_frame(thread.frames) if thread is not None and op is not None
-            and op.kind is OpKind.INIT else None,
+            init_at=init_frame(thread.frames)
+            if thread is not None and op is not None and op.kind is OpKind.INIT
+            else None,
             locked=waits_on_a_lock(latest),
             side_ops=self._side_ops(latest, thread, op),
         )
 
-    def _side_ops(self, latest: Sample, thread: ThreadStack | None,
-                  op: DistOp | None) -> tuple[tuple[int, DistOp], ...]:
+    def _side_ops(
+        self, latest: Sample, thread: ThreadStack | None, op: DistOp | None
+    ) -> tuple[tuple[int, DistOp], ...]:
         """The threads besides the relevant one that wait in a collective or send/recv, by
         position, when the relevant one does too (two ops of one process at once)."""
         if thread is None or op is None or op.kind not in _TRAFFIC:
             return ()
         found = []
         for index, other in enumerate(latest.threads):
-            if other is not thread and (side := self.rec.recognise(other)) is not None \
-                    and side.kind in _TRAFFIC:
+            if other is not thread and (side := self.rec.recognise(other)) is not None and side.kind in _TRAFFIC:
                 found.append((index, side))
         return tuple(found)
 
@@ -315,6 +339,9 @@ def _locks(snap: RankSnapshot, latest: Sample | None, rec: Recogniser) -> tuple[
     graph = lock_graph(latest, rec.sources, rec.recognise) if latest is not None else None
     if graph is None or not graph.deadlocked:
         return graph, 0
-    seen = sum(1 for sample in snap.good_samples
-               if sample is latest or same_deadlock(graph, lock_graph(sample, rec.sources, rec.recognise)))
+    seen = sum(
+        1
+        for sample in snap.good_samples
+        if sample is latest or same_deadlock(graph, lock_graph(sample, rec.sources, rec.recognise))
+    )
     return graph, seen

@@ -65,62 +65,82 @@ from .views import RankView
 
 NEXT_STEPS: dict[Verdict, tuple[str, ...]] = {
     Verdict.NOT_HUNG: (
-        ("The job is moving; if it is slower than expected, profile a step (py-spy record) "
-        "rather than looking for a hang."),
+        (
+            "The job is moving; if it is slower than expected, profile a step (py-spy record) "
+            "rather than looking for a hang."
+        ),
     ),
     Verdict.CLEANUP_DEADLOCK: (
-        ("Find the exception on the culprit ranks: it was raised in the training loop and is now "
-        "being handled by cleanup code; look at their logs for a traceback."),
-        ("Do not synchronise (barrier, destroy_process_group, collective checkpointing) in "
-        "__exit__/finally/atexit paths that only some ranks reach; let the launcher tear the job down."),
+        (
+            "Find the exception on the culprit ranks: it was raised in the training loop and is now "
+            "being handled by cleanup code; look at their logs for a traceback."
+        ),
+        (
+            "Do not synchronise (barrier, destroy_process_group, collective checkpointing) in "
+            "__exit__/finally/atexit paths that only some ranks reach; let the launcher tear the job down."
+        ),
         "Relaunch with TORCH_DISTRIBUTED_DEBUG=DETAIL to log every collective with ranks and shapes.",
     ),
     Verdict.COLLECTIVE_MISMATCH: (
-        ("Make every rank of the group issue the same collectives in the same order: look for "
-        "rank-dependent branches, uneven batches per rank and early exits around the call sites "
-        "quoted above."),
-        ("Relaunch with TORCH_DISTRIBUTED_DEBUG=DETAIL (checks that collectives match across ranks) "
-        "and NCCL_DEBUG=INFO."),
-        ("For uneven data with DDP, use the Join context manager or drop_last=True in the "
-        "DistributedSampler."),
+        (
+            "Make every rank of the group issue the same collectives in the same order: look for "
+            "rank-dependent branches, uneven batches per rank and early exits around the call sites "
+            "quoted above."
+        ),
+        (
+            "Relaunch with TORCH_DISTRIBUTED_DEBUG=DETAIL (checks that collectives match across ranks) "
+            "and NCCL_DEBUG=INFO."
+        ),
+        ("For uneven data with DDP, use the Join context manager or drop_last=True in the DistributedSampler."),
     ),
     Verdict.NCCL_TIMEOUT: (
-        ("Every rank is in the same collective: suspect the transport, not the code. Check the "
-        "network between the nodes (NCCL_DEBUG=INFO, NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME, "
-        "firewalls, link state) and GPU health."),
-        ("Lower the collective timeout so the job fails fast instead of hanging "
-        "(init_process_group(timeout=...), NCCL_TIMEOUT=300)."),
+        (
+            "Every rank is in the same collective: suspect the transport, not the code. Check the "
+            "network between the nodes (NCCL_DEBUG=INFO, NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME, "
+            "firewalls, link state) and GPU health."
+        ),
+        (
+            "Lower the collective timeout so the job fails fast instead of hanging "
+            "(init_process_group(timeout=...), NCCL_TIMEOUT=300)."
+        ),
     ),
     Verdict.STRAGGLER: (
-        ("Look at what the culprit ranks are doing (quoted above): an endless loop, a lock held "
-        "by another thread, I/O that never returns."),
-        ("Attach to a culprit with `py-spy dump --pid PID --locals` (add --native for C "
-        "extensions) to see the values involved."),
+        (
+            "Look at what the culprit ranks are doing (quoted above): an endless loop, a lock held "
+            "by another thread, I/O that never returns."
+        ),
+        (
+            "Attach to a culprit with `py-spy dump --pid PID --locals` (add --native for C "
+            "extensions) to see the values involved."
+        ),
     ),
     Verdict.RANK_MISSING: (
-        ("Find out why the missing ranks have no process: their launcher's log, `dmesg` (OOM "
-        "killer), the scheduler's record of the node."),
-        ("Lower the collective timeout so the job fails fast when a rank dies "
-        "(init_process_group(timeout=...), NCCL_TIMEOUT=300), and let the launcher restart it."),
+        (
+            "Find out why the missing ranks have no process: their launcher's log, `dmesg` (OOM "
+            "killer), the scheduler's record of the node."
+        ),
+        (
+            "Lower the collective timeout so the job fails fast when a rank dies "
+            "(init_process_group(timeout=...), NCCL_TIMEOUT=300), and let the launcher restart it."
+        ),
     ),
     Verdict.INIT_DEADLOCK: (
-        ("Check that every rank calls init_process_group/new_group with the same arguments, in "
-        "the same order, and that MASTER_ADDR, MASTER_PORT and WORLD_SIZE agree."),
-        ("Relaunch with TORCH_DISTRIBUTED_DEBUG=DETAIL and TORCH_CPP_LOG_LEVEL=INFO to log "
-        "rendezvous."),
+        (
+            "Check that every rank calls init_process_group/new_group with the same arguments, in "
+            "the same order, and that MASTER_ADDR, MASTER_PORT and WORLD_SIZE agree."
+        ),
+        ("Relaunch with TORCH_DISTRIBUTED_DEBUG=DETAIL and TORCH_CPP_LOG_LEVEL=INFO to log rendezvous."),
     ),
-    Verdict.UNKNOWN: (
-        "Run again with a longer window (--window) and native frames (--native).",
-    ),
+    Verdict.UNKNOWN: ("Run again with a longer window (--window) and native frames (--native).",),
 }
 
 
 # -- sentences from facts --------------------------------------------------------------
 
+
 class Words(NamedTuple):
     summary: str
     evidence: list[str]
-
 
 
 def words(facts: Facts) -> Words:
@@ -128,9 +148,11 @@ def words(facts: Facts) -> Words:
     return _SAY[type(facts)](facts)
 
 
-SEE_THE_REST = ("See the ranks that were not seen: diagnose the live job through an agent on "
-                "every node (`hangdoc agent` there, then --agents NODE:7420,... or --hostfile FILE), "
-                "or dump every rank (py-spy dump --pid PID for each).")
+SEE_THE_REST = (
+    "See the ranks that were not seen: diagnose the live job through an agent on "
+    "every node (`hangdoc agent` there, then --agents NODE:7420,... or --hostfile FILE), "
+    "or dump every rank (py-spy dump --pid PID for each)."
+)
 
 
 def next_steps(verdict: Verdict, facts: Facts | None = None) -> tuple[str, ...]:
@@ -149,9 +171,11 @@ def notes(unknown: Sequence[int], unreadable: Sequence[RankView]) -> list[str]:
     """Evidence lines on the ranks hangdoc could not see, added to every verdict."""
     lines: list[str] = []
     if unknown:
-        lines.append(f"{rank_phrase(unknown)} {verb_for(unknown, 'was', 'were')} not seen (on a node not searched, "
-                     "not in the dumps, or on a node that did not answer): nothing is concluded "
-                     f"about {verb_for(unknown, 'it', 'them')}")
+        lines.append(
+            f"{rank_phrase(unknown)} {verb_for(unknown, 'was', 'were')} not seen (on a node not searched, "
+            "not in the dumps, or on a node that did not answer): nothing is concluded "
+            f"about {verb_for(unknown, 'it', 'them')}"
+        )
     if unreadable:
         lines.append(
             f"{rank_phrase([v.rank for v in unreadable])} could not be read: "
@@ -184,9 +208,14 @@ def _progressing(f: Progressing) -> Words:
             f"not hung, for now: only {rank_phrase(ranks_of(f.ranks))} completed distributed operations "
             f"during the window while {rank_phrase(ranks_of(f.waiting))} waited "
             f"{in_ops(f.waiting)} throughout",
-            [*evidence, (f"{rank_phrase(ranks_of(f.waiting))} did not move: if they wait for "
-                         f"{rank_phrase(ranks_of(f.ranks))}, they are slow; if not, the job is stuck "
-                         "around them")],
+            [
+                *evidence,
+                (
+                    f"{rank_phrase(ranks_of(f.waiting))} did not move: if they wait for "
+                    f"{rank_phrase(ranks_of(f.ranks))}, they are slow; if not, the job is stuck "
+                    "around them"
+                ),
+            ],
         )
     return Words(
         f"not hung: {rank_phrase(ranks_of(f.ranks))} completed distributed operations during the window",
@@ -253,8 +282,10 @@ def env_line(env: EnvSplit) -> str:
 def _cleanup_stuck(f: CleanupStuck) -> Words:
     culprits, training = ranks_of(f.cleanup), f.training
     where, short = once_per_object(cleanup_op), once_per_object(DistOp.describe)
-    evidence = [f"rank {v.rank} is on a cleanup path: "
-                f"{where(v.op) if v.op is not None else cleanup_where(v)}" for v in f.cleanup]
+    evidence = [
+        f"rank {v.rank} is on a cleanup path: {where(v.op) if v.op is not None else cleanup_where(v)}"
+        for v in f.cleanup
+    ]
     evidence += op_lines(training)
     shorts = {short(v.op) if v.op is not None else cleanup_short(v) for v in f.cleanup}
     if not training:
@@ -318,8 +349,7 @@ def _straggling(f: Straggling) -> Words:
 # what a process's kernel state says about why py-spy could not read it
 def _unseen(f: Unseen) -> Words:
     unseen, waiting = ranks_of(f.unseen), f.waiting
-    evidence = [f"rank {v.rank} (pid {v.snap.process.pid}) could not be read: {unseen_reason(v)}"
-                for v in f.unseen]
+    evidence = [f"rank {v.rank} (pid {v.snap.process.pid}) could not be read: {unseen_reason(v)}" for v in f.unseen]
     evidence += op_lines(waiting)
     evidence.append(
         f"every rank that could be read waits {in_ops(waiting)}; "
@@ -341,11 +371,10 @@ def _apart(groups: Sequence[Sequence[RankView]]) -> list[str]:
         return plain
     paths = [[f.location for f in vs[0].op.path] if vs[0].op else [] for vs in groups]
     out = []
-    for i, (vs, text) in enumerate(zip(groups, plain)):
+    for i, (vs, text) in enumerate(zip(groups, plain, strict=False)):
         op = vs[0].op
         others = [p for j, p in enumerate(paths) if j != i]
-        depth = next((d for d in range(len(paths[i]))
-                      if all(d >= len(p) or p[d] != paths[i][d] for p in others)), None)
+        depth = next((d for d in range(len(paths[i])) if all(d >= len(p) or p[d] != paths[i][d] for p in others)), None)
         if op is None or op.call_site is None or depth is None or plain.count(text) == 1:
             out.append(text)
         else:
@@ -358,7 +387,7 @@ def _mismatch(f: Mismatch) -> Words:
     where = _apart(groups)
     evidence = [
         f"{rank_phrase(ranks_of(vs))} {verb_for(vs, 'waits', 'wait')} in {w}" + frame_tail(vs[0])
-        for vs, w in zip(groups, where)
+        for vs, w in zip(groups, where, strict=False)
     ]
     p2p = [p2p_line(p) for p in f.p2p]
     evidence += p2p
@@ -373,20 +402,28 @@ def _mismatch(f: Mismatch) -> Words:
     elif f.parted and f.by_tree:
         (_, common), *others = f.parted
         left = " / ".join(sorted({op_site(v.op) for _, vs in others for v in vs[:1]}))
-        summary = (f"collective mismatch: {rank_phrase(culprits)} left the others' path for {left}, "
-                   f"while the other {_count(common)} wait in {len(groups) - 1} ops at "
-                   "different places, as ranks of different process groups may")
-        evidence.append("the paths part at the first frame where the ranks call different "
-                        "functions: " + "; ".join(f"{_count(vs)} in {frame}" for frame, vs in f.parted)
-                        + f"; {rank_phrase(culprits)} are fewer than the ranks at any one place of the others")
+        summary = (
+            f"collective mismatch: {rank_phrase(culprits)} left the others' path for {left}, "
+            f"while the other {_count(common)} wait in {len(groups) - 1} ops at "
+            "different places, as ranks of different process groups may"
+        )
+        evidence.append(
+            "the paths part at the first frame where the ranks call different "
+            "functions: "
+            + "; ".join(f"{_count(vs)} in {frame}" for frame, vs in f.parted)
+            + f"; {rank_phrase(culprits)} are fewer than the ranks at any one place of the others"
+        )
     elif f.parted:
         (_, common), *others = f.parted
         left = " / ".join(str(frame) for frame, _ in others)
-        summary = (f"collective mismatch: {rank_phrase(culprits)} left the others' path into {left} "
-                   f"while {rank_phrase(ranks_of(common))} are in {f.parted[0][0]}")
-        evidence.append("the paths part at the first frame where the ranks call different "
-                        "functions: " + "; ".join(f"{rank_phrase(ranks_of(vs))} in {frame}"
-                                                  for frame, vs in f.parted))
+        summary = (
+            f"collective mismatch: {rank_phrase(culprits)} left the others' path into {left} "
+            f"while {rank_phrase(ranks_of(common))} are in {f.parted[0][0]}"
+        )
+        evidence.append(
+            "the paths part at the first frame where the ranks call different "
+            "functions: " + "; ".join(f"{rank_phrase(ranks_of(vs))} in {frame}" for frame, vs in f.parted)
+        )
     elif len(groups) > 1:
         minority = [v for vs in groups[1:] for v in vs] if culprits else []
         if culprits and minority:
@@ -400,42 +437,47 @@ def _mismatch(f: Mismatch) -> Words:
             )
         elif len(groups) > 2 and 2 * len(groups[0]) <= sum(map(len, groups)):
             total = sum(map(len, groups))
-            summary = (f"collective mismatch: ranks wait in {len(groups)} ops and none holds most "
-                       f"of them (the largest, {where[0]}, {len(groups[0]):,} of {total:,}): ranks "
-                       "of different process groups may wait apart legitimately, and no small set "
-                       "of ranks is off the others' path, so no rank is named")
+            summary = (
+                f"collective mismatch: ranks wait in {len(groups)} ops and none holds most "
+                f"of them (the largest, {where[0]}, {len(groups[0]):,} of {total:,}): ranks "
+                "of different process groups may wait apart legitimately, and no small set "
+                "of ranks is off the others' path, so no rank is named"
+            )
         else:
             summary = "collective mismatch: " + "; ".join(
-                f"{_brief(ranks_of(vs))} in {w}" for vs, w in zip(groups, where)
+                f"{_brief(ranks_of(vs))} in {w}" for vs, w in zip(groups, where, strict=False)
             )
     else:
-        summary = "collective mismatch: point-to-point calls do not pair up: " + (
-            p2p[0] if p2p else ""
-        )
+        summary = "collective mismatch: point-to-point calls do not pair up: " + (p2p[0] if p2p else "")
     return Words(summary, evidence)
 
 
-def _members_elsewhere(few: Sequence[RankView], groups: Sequence[Sequence[RankView]],
-                       where: Sequence[str]) -> tuple[str, str]:
+def _members_elsewhere(
+    few: Sequence[RankView], groups: Sequence[Sequence[RankView]], where: Sequence[str]
+) -> tuple[str, str]:
     """The summary and an evidence line for ranks in collectives on passed groups whose
     fellow members wait in the others' op."""
     named = {v.rank for v in few}
-    theirs = [w for vs, w in zip(groups, where) if vs[0].rank in named]
+    theirs = [w for vs, w in zip(groups, where, strict=False) if vs[0].rank in named]
     rest = [v for vs in groups for v in vs if v.rank not in named]
-    others = [w for vs, w in zip(groups, where) if vs[0].rank not in named]
+    others = [w for vs, w in zip(groups, where, strict=False) if vs[0].rank not in named]
     on_world = all((read := op_scope(v.op)) is not None and read.scope is Scope.WORLD for v in rest)
     scope = "on WORLD" if on_world else "(on WORLD or a group of theirs)"
-    summary = (f"collective mismatch: {rank_phrase(ranks_of(few))} {verb_for(few, 'waits', 'wait')} in "
-               f"{' / '.join(theirs)} on a group {verb_for(few, 'its', 'their')} caller passed, while "
-               f"{rank_phrase(ranks_of(rest))} are in {' / '.join(others)} {scope}: a member of "
-               f"{verb_for(few, 'its', 'their')} group is in the others' op, so either it skipped "
-               f"this collective (or calls it later) or {rank_phrase(ranks_of(few))} skipped the others' "
-               "op; stacks do not say which, so no rank is named")
-    evidence = ("a collective on a group its caller passed completes once every member of the "
-                f"group has entered it, so a member of the group of {rank_phrase(ranks_of(few))} is not in "
-                "it, and every other rank is in the others' op: the order each rank issued its "
-                "ops (the flight recorder's sequence numbers, through `hangdoc probe`, or "
-                "TORCH_DISTRIBUTED_DEBUG=DETAIL logs) names the rank that skipped one")
+    summary = (
+        f"collective mismatch: {rank_phrase(ranks_of(few))} {verb_for(few, 'waits', 'wait')} in "
+        f"{' / '.join(theirs)} on a group {verb_for(few, 'its', 'their')} caller passed, while "
+        f"{rank_phrase(ranks_of(rest))} are in {' / '.join(others)} {scope}: a member of "
+        f"{verb_for(few, 'its', 'their')} group is in the others' op, so either it skipped "
+        f"this collective (or calls it later) or {rank_phrase(ranks_of(few))} skipped the others' "
+        "op; stacks do not say which, so no rank is named"
+    )
+    evidence = (
+        "a collective on a group its caller passed completes once every member of the "
+        f"group has entered it, so a member of the group of {rank_phrase(ranks_of(few))} is not in "
+        "it, and every other rank is in the others' op: the order each rank issued its "
+        "ops (the flight recorder's sequence numbers, through `hangdoc probe`, or "
+        "TORCH_DISTRIBUTED_DEBUG=DETAIL logs) names the rank that skipped one"
+    )
     return summary, evidence
 
 
@@ -445,30 +487,40 @@ def _left_structure(s: Structure, culprits: Sequence[int]) -> tuple[str, str]:
     world = [vs for vs in s.world if vs and vs[0].rank in named]
     where = " / ".join(sorted({op_site(vs[0].op) for vs in world})) or "a WORLD op"
     structure = [v for vs in s.part for v in vs]
-    summary = (f"collective mismatch: {rank_phrase(culprits)} {verb_for(culprits, 'is', 'are')} in {where} on "
-               f"WORLD, which waits for every rank, while the other {_count(structure)} wait in "
-               f"{len(s.part)} ops on groups their callers passed: {verb_for(culprits, 'it', 'they')} "
-               "left the group structure")
-    evidence = ("a collective on a group its caller passed waits only for that group's members, "
-                f"so the {_count(structure)} at {len(s.part)} places wait apart legitimately; one on "
-                f"WORLD waits for every rank: the groups of {rank_phrase(culprits)} wait for "
-                f"{verb_for(culprits, 'it', 'them')} in their ops, and {verb_for(culprits, 'it waits', 'they wait')} "
-                "for everyone")
+    summary = (
+        f"collective mismatch: {rank_phrase(culprits)} {verb_for(culprits, 'is', 'are')} in {where} on "
+        f"WORLD, which waits for every rank, while the other {_count(structure)} wait in "
+        f"{len(s.part)} ops on groups their callers passed: {verb_for(culprits, 'it', 'they')} "
+        "left the group structure"
+    )
+    evidence = (
+        "a collective on a group its caller passed waits only for that group's members, "
+        f"so the {_count(structure)} at {len(s.part)} places wait apart legitimately; one on "
+        f"WORLD waits for every rank: the groups of {rank_phrase(culprits)} wait for "
+        f"{verb_for(culprits, 'it', 'them')} in their ops, and {verb_for(culprits, 'it waits', 'they wait')} "
+        "for everyone"
+    )
     return summary, evidence
 
 
 def _groups_apart(f: GroupsApart) -> Words:
     ranks = [v for vs in f.groups for v in vs]
     where = _apart(f.groups)
-    evidence = [f"{_count(vs)} ({rank_phrase(ranks_of(vs))}) {verb_for(vs, 'waits', 'wait')} in {w}"
-                for vs, w in zip(f.groups, where)]
-    evidence.append(f"each op runs on a group its caller passed, and each holds a multiple of "
-                    f"{f.size} ranks: every place may hold whole groups; stacks do not show which "
-                    "ranks each group has, nor what a whole group waits for")
+    evidence = [
+        f"{_count(vs)} ({rank_phrase(ranks_of(vs))}) {verb_for(vs, 'waits', 'wait')} in {w}"
+        for vs, w in zip(f.groups, where, strict=False)
+    ]
+    evidence.append(
+        f"each op runs on a group its caller passed, and each holds a multiple of "
+        f"{f.size} ranks: every place may hold whole groups; stacks do not show which "
+        "ranks each group has, nor what a whole group waits for"
+    )
     return Words(
         f"every rank in an op ({_count(ranks)}) waits on a group its caller passed, at "
         f"{len(f.groups)} places: ranks of different groups wait apart legitimately, and no small "
-        "set of ranks is outside that structure, so no rank is named", evidence)
+        "set of ranks is outside that structure, so no rank is named",
+        evidence,
+    )
 
 
 def _brief(ranks: Sequence[int]) -> str:
@@ -535,30 +587,40 @@ def _teardown(f: Teardown) -> Words:
     )
 
 
-NOT_VISIBLE = ("stacks cannot tell which collective a device waits in: a transport problem and "
-               "ranks that queued different collectives before their host sync look alike")
+NOT_VISIBLE = (
+    "stacks cannot tell which collective a device waits in: a transport problem and "
+    "ranks that queued different collectives before their host sync look alike"
+)
 
 
 def _device_waits(f: DeviceWaits) -> Words:
     ranks = ranks_of([*f.device, *f.known])
     evidence = op_lines([*f.known, *f.device])
     evidence.append(
-        f"{rank_phrase(ranks_of(f.device))} {verb_for(f.device, 'spins', 'spin')} or {verb_for(f.device, 'sleeps', 'sleep')} "
+        f"{rank_phrase(ranks_of(f.device))} {verb_for(f.device, 'spins', 'spin')} or "
+        f"{verb_for(f.device, 'sleeps', 'sleep')} "
         "at a host sync, with no torch.distributed frame on the stack: collectives on a GPU "
         "are asynchronous, so a rank blocks at the next point that waits for its device; "
-        "its CPU there is no progress")
+        "its CPU there is no progress"
+    )
     if f.one_site:
         evidence.append(NOT_VISIBLE)
         return Words(
             f"transport hang?: every rank ({rank_phrase(ranks)}) waits for device work at the same "
-            f"{op_site(f.device[0].op)} and nothing moves; {NOT_VISIBLE}", evidence)
-    evidence.append(NOT_VISIBLE + "; ranks at different host syncs may still wait in one "
-                    "collective, so no mismatch is inferred from where they stopped")
+            f"{op_site(f.device[0].op)} and nothing moves; {NOT_VISIBLE}",
+            evidence,
+        )
+    evidence.append(
+        NOT_VISIBLE + "; ranks at different host syncs may still wait in one "
+        "collective, so no mismatch is inferred from where they stopped"
+    )
     apart = "; ".join(f"{rank_phrase(r)} {k}" for k, r in _by_where([*f.known, *f.device]).items())
     return Words(
         f"every rank waits, but not all in a collective stacks can name: {apart}; which "
         "collective each device waits in is not visible, so a transport hang cannot be told "
-        "from a mismatch", evidence)
+        "from a mismatch",
+        evidence,
+    )
 
 
 def _by_where(views: Sequence[RankView]) -> dict[str, list[int]]:
@@ -571,38 +633,60 @@ def _by_where(views: Sequence[RankView]) -> dict[str, list[int]]:
 
 
 RACE_NEXT_STEPS = (
-    ("Give the side thread a process group of its own: create it with dist.new_group() on "
-     "every rank (every rank creates every group, in the same order) and pass it to that "
-     "thread's collectives (group=...); or issue those collectives from the main thread."),
-    ("Relaunch with TORCH_DISTRIBUTED_DEBUG=DETAIL to log every collective with ranks and "
-     "shapes, and the thread that issued it."),
+    (
+        "Give the side thread a process group of its own: create it with dist.new_group() on "
+        "every rank (every rank creates every group, in the same order) and pass it to that "
+        "thread's collectives (group=...); or issue those collectives from the main thread."
+    ),
+    (
+        "Relaunch with TORCH_DISTRIBUTED_DEBUG=DETAIL to log every collective with ranks and "
+        "shapes, and the thread that issued it."
+    ),
 )
 
 GROUPS_NEXT_STEPS = (
-    ("Stacks cannot tell which ranks each process group holds: relaunch with the flight "
-     "recorder (TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1) and read its "
-     "dump (torchfrtrace), which matches every group's collectives by member."),
+    (
+        "Stacks cannot tell which ranks each process group holds: relaunch with the flight "
+        "recorder (TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1) and read its "
+        "dump (torchfrtrace), which matches every group's collectives by member."
+    ),
     *NEXT_STEPS[Verdict.UNKNOWN],
 )
 
 
 DEVICE_NEXT_STEPS = (
-    ("Stacks cannot tell which collective the GPUs wait in: relaunch with the flight recorder "
-     "(TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1) and read its dump "
-     "(torchfrtrace), or with NCCL_DEBUG=INFO; `py-spy dump --native` shows the CUDA call "
-     "each rank blocks in."),
-    ("Check that every rank queues the same collectives in the same order before the host "
-     "sync quoted above; if they do, suspect the transport (NCCL_DEBUG=INFO, "
-     "NCCL_SOCKET_IFNAME, link state) or GPU health (nvidia-smi, dmesg for Xid errors)."),
+    (
+        "Stacks cannot tell which collective the GPUs wait in: relaunch with the flight recorder "
+        "(TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1) and read its dump "
+        "(torchfrtrace), or with NCCL_DEBUG=INFO; `py-spy dump --native` shows the CUDA call "
+        "each rank blocks in."
+    ),
+    (
+        "Check that every rank queues the same collectives in the same order before the host "
+        "sync quoted above; if they do, suspect the transport (NCCL_DEBUG=INFO, "
+        "NCCL_SOCKET_IFNAME, link state) or GPU health (nvidia-smi, dmesg for Xid errors)."
+    ),
 )
 
 
 # the sentences of each rule outcome
 _SAY: dict[type, Callable[[Any], Words]] = {
-    NothingCaptured: _nothing_captured, Progressing: _progressing, DataMoving: _data_moving,
-    Working: _working, RanksGone: _ranks_gone, InitSplit: _init_split, InitStuck: _init_stuck,
-    CleanupStuck: _cleanup_stuck, Straggling: _straggling, Unseen: _unseen,
-    Mismatch: _mismatch, SameOp: _same_op, Unexplained: _unexplained,
-    DeviceWaits: _device_waits, SeenInOneOp: _seen_in_one_op, Teardown: _teardown,
-    GroupsApart: _groups_apart, ThreadsRace: _threads_race,
+    NothingCaptured: _nothing_captured,
+    Progressing: _progressing,
+    DataMoving: _data_moving,
+    Working: _working,
+    RanksGone: _ranks_gone,
+    InitSplit: _init_split,
+    InitStuck: _init_stuck,
+    CleanupStuck: _cleanup_stuck,
+    Straggling: _straggling,
+    Unseen: _unseen,
+    Mismatch: _mismatch,
+    SameOp: _same_op,
+    Unexplained: _unexplained,
+    DeviceWaits: _device_waits,
+    SeenInOneOp: _seen_in_one_op,
+    Teardown: _teardown,
+    GroupsApart: _groups_apart,
+    ThreadsRace: _threads_race,
 }

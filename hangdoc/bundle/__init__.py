@@ -99,8 +99,27 @@ from .stacks import StackTable
 from .writer import GZIP_LEVEL, save_snapshot, snapshot_bytes, snapshot_to_dict
 
 # MAX_WORLD_SIZE is the model's; the ranges here rest on it
-__all__ = ["BUNDLE_SCHEMA_VERSION", "GZIP_LEVEL", "KIND", "MAX_FILE_BYTES", "MAX_JSON_BYTES",
-           "MAX_RECORDS", "MAX_STACK_DEPTH", "MAX_TABLE_ITEMS", "MAX_TABLE_ROWS",
-           "MAX_THREAD_FRAMES", "MAX_WORLD_SIZE", "TABLED", "StackTable", "check_save_path",
-           "load_snapshot", "read_at_most", "read_input", "save_snapshot", "snapshot_bytes",
-           "snapshot_from_bytes", "snapshot_from_dict", "snapshot_to_dict"]
+__all__ = [
+    "BUNDLE_SCHEMA_VERSION",
+    "GZIP_LEVEL",
+    "KIND",
+    "MAX_FILE_BYTES",
+    "MAX_JSON_BYTES",
+    "MAX_RECORDS",
+    "MAX_STACK_DEPTH",
+    "MAX_TABLE_ITEMS",
+    "MAX_TABLE_ROWS",
+    "MAX_THREAD_FRAMES",
+    "MAX_WORLD_SIZE",
+    "TABLED",
+    "StackTable",
+    "check_save_path",
+    "load_snapshot",
+    "read_at_most",
+    "read_input",
+    "save_snapshot",
+    "snapshot_bytes",
+    "snapshot_from_bytes",
+    "snapshot_from_dict",
+    "snapshot_to_dict",
+]

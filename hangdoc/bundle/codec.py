@@ -108,9 +108,9 @@ def _tuple_codec(args: tuple[Any, ...], mode: str) -> tuple[Encoder, Decoder]:
         _expect_list(v)
         if len(v) != len(parts):
             raise _Invalid(f"expected a list of {len(parts)} items, got {len(v)}")
-        return tuple(dec(x, t) for (_, dec), x in zip(parts, v))
+        return tuple(dec(x, t) for (_, dec), x in zip(parts, v, strict=False))
 
-    return (lambda v, t: [enc(x, t) for (enc, _), x in zip(parts, v)]), decode_fixed
+    return (lambda v, t: [enc(x, t) for (enc, _), x in zip(parts, v, strict=False)]), decode_fixed
 
 
 @functools.cache
@@ -125,8 +125,12 @@ def _many_decoder(tp: Any, mode: str) -> Callable[[list[Any], _Tables], list[Any
     params = getattr(tp, "__dataclass_params__", None)
     fields = dataclasses.fields(tp)
     slots = set(getattr(tp, "__slots__", ()))
-    if (params is None or not params.frozen or hasattr(tp, "__post_init__")
-            or any(not f.init or f.name not in slots for f in fields)):
+    if (
+        params is None
+        or not params.frozen
+        or hasattr(tp, "__post_init__")
+        or any(not f.init or f.name not in slots for f in fields)
+    ):
         return None
     hints = typing.get_type_hints(tp)
     plan: list[tuple[_Field, Decoder | None]] = []
@@ -135,8 +139,12 @@ def _many_decoder(tp: Any, mode: str) -> Callable[[list[Any], _Tables], list[Any
         limits = _FIELD_RANGES.get((tp, f.name))
         _, decode = _codec(hints[f.name], mode)
         inline = col.kind == "inline" or (limits is not None and col.kind != "int")
-        plan.append((_Field(f.name, col, f.default, limits, tp.__dict__[f.name].__set__),
-                     (_ranged(decode, *limits) if limits else decode) if inline else None))
+        plan.append(
+            (
+                _Field(f.name, col, f.default, limits, tp.__dict__[f.name].__set__),
+                (_ranged(decode, *limits) if limits else decode) if inline else None,
+            )
+        )
     names = {f.name for f, _ in plan}
 
     def decode_many(items: list[Any], t: _Tables) -> list[Any] | None:
@@ -146,8 +154,17 @@ def _many_decoder(tp: Any, mode: str) -> Callable[[list[Any], _Tables], list[Any
         if len(keys) != 1:
             return None
         present = [k for k in next(iter(keys)) if k in names]
-        columns = dict(zip(present, zip(*map(itemgetter(*present), items)) if len(present) > 1
-                           else [list(map(itemgetter(*present), items))] if present else []))
+        columns = dict(
+            zip(
+                present,
+                zip(*map(itemgetter(*present), items), strict=False)
+                if len(present) > 1
+                else [list(map(itemgetter(*present), items))]
+                if present
+                else [],
+                strict=False,
+            )
+        )
         before = t.records, t.thread_frames
         n = len(items)
         try:
@@ -160,15 +177,14 @@ def _many_decoder(tp: Any, mode: str) -> Callable[[list[Any], _Tables], list[Any
                     values.append(repeat(f.default, n))
                     continue
                 raw = list(raw)
-                cells, records, frames = (_inline(raw, decode, t) if decode is not None
-                                          else _read_column(f, raw, n, t))
+                cells, records, frames = _inline(raw, decode, t) if decode is not None else _read_column(f, raw, n, t)
                 t.use(_total(records, n), _total(frames, n))
                 values.append(cells)
         except _Invalid:
             t.records, t.thread_frames = before
             return None
         objects: list[Any] = list(map(_new, repeat(tp, n)))
-        for (f, _), cells in zip(plan, values):
+        for (f, _), cells in zip(plan, values, strict=False):
             deque(map(f.setter, objects, cells), 0)
         return objects
 
@@ -292,8 +308,7 @@ def _dataclass_codec(tp: type, mode: str) -> tuple[Encoder, Decoder]:
 # --------------------------------------------------------------- reading: one column
 
 
-def _read_column(f: _Field, raw: object, n: int, t: _Tables
-                 ) -> tuple[Ints, Weights, Weights]:
+def _read_column(f: _Field, raw: object, n: int, t: _Tables) -> tuple[Ints, Weights, Weights]:
     """The ``n`` values of one column, checked a column at a time, with the records and
     frames each row reaches through it."""
     col = f.column

@@ -36,7 +36,7 @@ def _column_json(kind: str, cells: list[Any] | tuple[Any, ...]) -> Any:
     # where each run of equal deltas starts, and so how long it is
     starts = [0, *compress(range(1, len(deltas)), map(ne, islice(deltas, 1, None), deltas))]
     counts = map(sub, chain(islice(starts, 1, None), (len(deltas),)), starts)
-    runs = [cells[0], *chain.from_iterable(zip(map(deltas.__getitem__, starts), counts))]
+    runs = [cells[0], *chain.from_iterable(zip(map(deltas.__getitem__, starts), counts, strict=False))]
     if len(runs) > len(cells) or _text_length(runs) >= _text_length(cells):
         return cells  # runs must be shorter, and have fewer numbers to parse
     return {"runs": runs}
@@ -50,12 +50,11 @@ def _lookup(table: list[Any], idx: Ints, has_none: bool, none: Any = None) -> li
     if has_none:
         return [none if i is None else table[i] for i in idx]
     if type(idx) is range and idx.step > 0:  # rows in order (a tuple table's items)
-        return table[idx.start:idx.stop:idx.step]
+        return table[idx.start : idx.stop : idx.step]
     return list(map(table.__getitem__, idx))
 
 
-def _ints(raw: object, n: int, optional: bool, what: str
-          ) -> tuple[Ints, bool, tuple[int, int] | None]:
+def _ints(raw: object, n: int, optional: bool, what: str) -> tuple[Ints, bool, tuple[int, int] | None]:
     """An integer column of ``n`` values: a list of ints (None too when ``optional``), or
     runs. Also whether it holds a None, and its least and greatest values when they came
     for free (from runs)."""
@@ -69,7 +68,7 @@ def _ints(raw: object, n: int, optional: bool, what: str
     found = set(map(type, raw))
     if not found <= allowed:
         i = next(i for i, v in enumerate(raw) if type(v) not in allowed)
-        message = (f"{what} reference must be an integer" if what else "expected int")
+        message = f"{what} reference must be an integer" if what else "expected int"
         raise _Invalid(f"{message}, got {_kind(raw[i])}", f"[{i}]")
     return raw, _NONE in found, None
 
@@ -84,8 +83,7 @@ def _runs(raw: dict[str, Any], n: int) -> tuple[Ints, tuple[int, int]]:
         _expect_list(runs)
         _check_types(runs, _INT, "int")
         if n == 0 or len(runs) % 2 == 0:
-            raise _Invalid(f"{len(runs):,} numbers, not a first value and (delta, count) "
-                           f"pairs for {n:,} rows")
+            raise _Invalid(f"{len(runs):,} numbers, not a first value and (delta, count) pairs for {n:,} rows")
         first, deltas, counts = runs[0], runs[1::2], runs[2::2]
         low, high = min(runs[:2]), max(runs[:2])  # the first value and deltas
         if deltas:
@@ -118,8 +116,16 @@ def _check_types(values: list[Any], allowed: frozenset[type], name: str) -> None
         raise _Invalid(f"expected {name}, got {_kind(values[i])}", f"[{i}]")
 
 
-def _check_range(values: Ints, lo: int, hi: int, has_none: bool, int64: bool = False,
-                 offset: int = 0, step: int = 1, bounds: tuple[int, int] | None = None) -> None:
+def _check_range(
+    values: Ints,
+    lo: int,
+    hi: int,
+    has_none: bool,
+    int64: bool = False,
+    offset: int = 0,
+    step: int = 1,
+    bounds: tuple[int, int] | None = None,
+) -> None:
     """Every int in ``values`` lies in ``lo..hi`` (``bounds``: their least and greatest,
     when known); else the first that does not, and where it is."""
     if bounds is None:
@@ -130,8 +136,9 @@ def _check_range(values: Ints, lo: int, hi: int, has_none: bool, int64: bool = F
     if lo <= bounds[0] and bounds[1] <= hi:
         return
     i, v = next((i, v) for i, v in enumerate(values) if v is not None and not lo <= v <= hi)
-    message = (f"integer {shown(v, 40)} does not fit in 64 bits" if int64
-               else f"{shown(v, 40)} is out of range ({lo} to {hi})")
+    message = (
+        f"integer {shown(v, 40)} does not fit in 64 bits" if int64 else f"{shown(v, 40)} is out of range ({lo} to {hi})"
+    )
     raise _Invalid(message, f"[{offset + i * step}]")
 
 
@@ -139,14 +146,13 @@ def _not_none(value: object) -> bool:
     return value is not None
 
 
-def _check_indices(idx: Ints, size: int, what: str, has_none: bool,
-                   bounds: tuple[int, int] | None = None) -> None:
+def _check_indices(idx: Ints, size: int, what: str, has_none: bool, bounds: tuple[int, int] | None = None) -> None:
     if bounds is None:
         present = list(filter(_not_none, idx)) if has_none else idx
         if not present:
             return
         bounds = min(present), max(present)
-    if 0 <= bounds[0] and bounds[1] < size:
+    if bounds[0] >= 0 and bounds[1] < size:
         return
     i, v = next((i, v) for i, v in enumerate(idx) if v is not None and not 0 <= v < size)
     raise _Invalid(f"{what} index {v} out of range (table has {size})", f"[{i}]")
@@ -182,8 +188,7 @@ _HASHABLE = frozenset({str, int, float, bool, _NONE})
 def _enums(raw: list[Any], tp: type[enum.Enum], optional: bool) -> list[Any]:
     members = _members(tp, optional)
     if not set(map(type, raw)) <= _HASHABLE or not set(raw) <= members.keys():
-        i, v = next((i, v) for i, v in enumerate(raw)
-                    if type(v) not in _HASHABLE or v not in members)
+        i, v = next((i, v) for i, v in enumerate(raw) if type(v) not in _HASHABLE or v not in members)
         known = ", ".join(repr(m.value) for m in tp)
         raise _Invalid(f"unknown {tp.__name__} {shown(v)} (known: {known})", f"[{i}]")
     return list(map(members.__getitem__, raw))

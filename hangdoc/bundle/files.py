@@ -66,8 +66,12 @@ def _reason(err: Exception) -> str:
 
 
 def _file_kind(mode: int) -> str:
-    kinds = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    kinds = (
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
@@ -87,10 +91,8 @@ def _read_file(path: Path) -> bytes:
         if stat.S_ISDIR(mode):
             raise BundleError(f"{path} is a directory; pass the snapshot file written by --save")
         if not stat.S_ISREG(mode):
-            raise BundleError(f"{path} is {_file_kind(mode)}, not a snapshot file; pass the "
-                              "file written by --save")
-        too_large = BundleError(f"{path}: larger than {_size(MAX_FILE_BYTES)}, more than any "
-                                "snapshot hangdoc writes")
+            raise BundleError(f"{path} is {_file_kind(mode)}, not a snapshot file; pass the file written by --save")
+        too_large = BundleError(f"{path}: larger than {_size(MAX_FILE_BYTES)}, more than any snapshot hangdoc writes")
         if info.st_size > MAX_FILE_BYTES:
             raise too_large
         raw = read_at_most(fd, MAX_FILE_BYTES)
@@ -123,8 +125,9 @@ def _gunzip(raw: bytes, path: Path) -> bytes:
         except zlib.error as err:
             raise BundleError(f"{path}: corrupt or truncated gzip data ({err})") from None
         if total > MAX_JSON_BYTES:
-            raise BundleError(f"{path}: the gzip data inflates to more than "
-                              f"{_size(MAX_JSON_BYTES)}, more than any snapshot")
+            raise BundleError(
+                f"{path}: the gzip data inflates to more than {_size(MAX_JSON_BYTES)}, more than any snapshot"
+            )
         if not inflater.eof:
             raise BundleError(f"{path}: corrupt or truncated gzip data (the stream ends early)")
         data = inflater.unused_data.lstrip(b"\0")  # zero padding after a member is allowed

@@ -37,8 +37,7 @@ BUNDLE_SCHEMA_VERSION = 2
 # The record types a version 2 bundle stores in tables: those a job has one of per rank,
 # per sample or per thread. Each must be a frozen dataclass with slots and no
 # ``__post_init__`` (``_table_spec`` checks): its rows are built with its slot setters.
-TABLED: tuple[type, ...] = (RankProcess, Sample, ProcessState, ThreadCounters, ThreadStack,
-                            FrameLocals, CaptureError)
+TABLED: tuple[type, ...] = (RankProcess, Sample, ProcessState, ThreadCounters, ThreadStack, FrameLocals, CaptureError)
 
 _STACK = Stack  # tuple[Frame, ...]: a stack index, never a table of its own
 
@@ -88,8 +87,7 @@ def _tabled_key(tp: Any) -> bool:
     if tp in TABLED:
         return True
     args = typing.get_args(tp)
-    return typing.get_origin(tp) is tuple and len(args) == 2 and args[1] is Ellipsis \
-        and args[0] in TABLED
+    return typing.get_origin(tp) is tuple and len(args) == 2 and args[1] is Ellipsis and args[0] in TABLED
 
 
 @functools.cache
@@ -130,25 +128,44 @@ def _table_spec(key: Any) -> _TableSpec:
         params = getattr(key, "__dataclass_params__", None)
         slots = set(getattr(key, "__slots__", ()))
         fields = list(dataclasses.fields(key))
-        if (params is None or not params.frozen or hasattr(key, "__post_init__")
-                or any(not f.init or f.name not in slots for f in fields)):
-            raise TypeError(f"bundle tables need frozen slot dataclasses without "
-                            f"__post_init__, and {key.__name__} is not one")
+        if (
+            params is None
+            or not params.frozen
+            or hasattr(key, "__post_init__")
+            or any(not f.init or f.name not in slots for f in fields)
+        ):
+            raise TypeError(
+                f"bundle tables need frozen slot dataclasses without __post_init__, and {key.__name__} is not one"
+            )
         hints = typing.get_type_hints(key)
-        return _TableSpec(key, name, "record", tuple(
-            _Field(f.name, _column(hints[f.name]), f.default, _FIELD_RANGES.get((key, f.name)),
-                   key.__dict__[f.name].__set__)
-            for f in fields), key)
+        return _TableSpec(
+            key,
+            name,
+            "record",
+            tuple(
+                _Field(
+                    f.name,
+                    _column(hints[f.name]),
+                    f.default,
+                    _FIELD_RANGES.get((key, f.name)),
+                    key.__dict__[f.name].__set__,
+                )
+                for f in fields
+            ),
+            key,
+        )
     args = typing.get_args(key)
     if typing.get_origin(key) is not tuple or not args or args == ((),):
         raise TypeError(f"bundle cannot store values of type {key!r} in a table")
     if len(args) == 2 and args[1] is Ellipsis:
-        return _TableSpec(key, name, "seq",
-                          (_Field("items", _column(args[0]), dataclasses.MISSING, None, None),),
-                          None)
-    return _TableSpec(key, name, "fixed", tuple(
-        _Field(str(i), _column(a), dataclasses.MISSING, None, None) for i, a in enumerate(args)),
-        None)
+        return _TableSpec(key, name, "seq", (_Field("items", _column(args[0]), dataclasses.MISSING, None, None),), None)
+    return _TableSpec(
+        key,
+        name,
+        "fixed",
+        tuple(_Field(str(i), _column(a), dataclasses.MISSING, None, None) for i, a in enumerate(args)),
+        None,
+    )
 
 
 def _references(key: Any) -> Iterator[Any]:

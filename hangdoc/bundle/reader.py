@@ -58,8 +58,7 @@ def _load_v2(data: dict[str, Any], t: _Tables) -> None:
             raise err.under(spec.name).under("tables") from None
 
 
-def _read_table(spec: _TableSpec, raw: object, t: _Tables
-                ) -> tuple[list[Any], Weights, Weights]:
+def _read_table(spec: _TableSpec, raw: object, t: _Tables) -> tuple[list[Any], Weights, Weights]:
     """The rows of one table, with the records and frames each row reaches."""
     if type(raw) is not dict:
         raise _Invalid(f"expected an object (a table), got {_kind(raw)}")
@@ -73,8 +72,7 @@ def _read_table(spec: _TableSpec, raw: object, t: _Tables
     frames: Weights = 0
     shared = raw.get("shared")
     if shared is not None:
-        which, shared_cells, shared_records, shared_frames = _read_shared(
-            spec, raw, shared, n, columns, t)
+        which, shared_cells, shared_records, shared_frames = _read_shared(spec, raw, shared, n, columns, t)
         for name, combos in shared_cells.items():  # expanded row by row as they are set
             cells[name] = map(combos.__getitem__, which)
         records = _add_weights(records, _weights_of(shared_records, which, False))
@@ -91,7 +89,7 @@ def _read_table(spec: _TableSpec, raw: object, t: _Tables
         elif f.name not in cells and f.default is dataclasses.MISSING:
             raise _Invalid(f"missing column {f.name!r} ({spec.name})")
     if spec.shape == "fixed":
-        return list(zip(*(cells[f.name] for f in spec.fields))), records, frames
+        return list(zip(*(cells[f.name] for f in spec.fields), strict=False)), records, frames
     # the records themselves, a column at a time: a new object per row, then each slot set
     # by its descriptor (what the dataclass' __init__ does, without a call per row)
     rows: list[Any] = list(map(_new, repeat(spec.cls, n)))  # type: ignore[arg-type]
@@ -100,9 +98,9 @@ def _read_table(spec: _TableSpec, raw: object, t: _Tables
     return rows, records, frames
 
 
-def _read_shared(spec: _TableSpec, raw: dict[str, Any], shared: object, n: int,
-                 columns: dict[str, Any], t: _Tables
-                 ) -> tuple[Ints, dict[str, Ints], Weights, Weights]:
+def _read_shared(
+    spec: _TableSpec, raw: dict[str, Any], shared: object, n: int, columns: dict[str, Any], t: _Tables
+) -> tuple[Ints, dict[str, Ints], Weights, Weights]:
     """The columns stored once per distinct combination: each row's combination, the
     combinations' columns, and the records and frames each combination reaches."""
     if type(shared) is not dict:
@@ -136,8 +134,7 @@ def _read_shared(spec: _TableSpec, raw: dict[str, Any], shared: object, n: int,
     return which, cells, records, frames
 
 
-def _read_seq(spec: _TableSpec, raw: dict[str, Any], n: int, t: _Tables
-              ) -> tuple[list[Any], Weights, Weights]:
+def _read_seq(spec: _TableSpec, raw: dict[str, Any], n: int, t: _Tables) -> tuple[list[Any], Weights, Weights]:
     """A table of tuples: each row's length, and the items of all rows in one column, row
     after row; or, for tuples of one length ``width``, position after position."""
     width = raw.get("width")
@@ -163,8 +160,11 @@ def _read_seq(spec: _TableSpec, raw: dict[str, Any], n: int, t: _Tables
         if width == 0:
             return [()] * n, 0, 0
         positions = [slice(p * n, (p + 1) * n) for p in range(width)]
-        return (list(zip(*map(items.__getitem__, positions))),
-                _width_weights(records, positions, width), _width_weights(frames, positions, width))
+        return (
+            list(zip(*map(items.__getitem__, positions), strict=False)),
+            _width_weights(records, positions, width),
+            _width_weights(frames, positions, width),
+        )
     ends = list(accumulate(lengths))
     spans = list(map(slice, chain((0,), ends), ends))
     rows = list(map(tuple(items).__getitem__, spans))  # a tuple's slices are tuples
@@ -183,8 +183,7 @@ def _row_count(raw: dict[str, Any]) -> int:
 def _member(raw: dict[str, Any], key: str, tp: type, default: Any) -> Any:
     value = raw.get(key, default)
     if type(value) is not tp:
-        raise _Invalid(f"expected {'an object' if tp is dict else 'a list'}, got {_kind(value)}",
-                       key)
+        raise _Invalid(f"expected {'an object' if tp is dict else 'a list'}, got {_kind(value)}", key)
     return value
 
 
@@ -210,9 +209,7 @@ def snapshot_from_dict(data: object) -> JobSnapshot:
         where = f"at {err.where}: " if err.where else ""
         raise BundleError(f"not a valid hangdoc snapshot: {where}{err.message}") from None
     except (KeyError, TypeError, ValueError, ArithmeticError) as err:  # a shape the checks missed
-        raise BundleError(
-            f"not a valid hangdoc snapshot: {type(err).__name__}: {one_line(str(err), 200)}"
-        ) from None
+        raise BundleError(f"not a valid hangdoc snapshot: {type(err).__name__}: {one_line(str(err), 200)}") from None
 
 
 def _envelope(data: object) -> dict[str, Any]:
@@ -262,8 +259,7 @@ def _load_tables(data: dict[str, Any], tables: _Tables) -> None:
         try:
             _expect_list(raw)
             if len(raw) > MAX_STACK_DEPTH:
-                raise _Invalid(f"a stack of {len(raw):,} frames; hangdoc reads at most "
-                               f"{MAX_STACK_DEPTH:,}")
+                raise _Invalid(f"a stack of {len(raw):,} frames; hangdoc reads at most {MAX_STACK_DEPTH:,}")
             tables.stacks.append(tuple(_frames_of(raw, tables)))
         except _Invalid as err:
             raise err.under(f"stacks[{i}]") from None

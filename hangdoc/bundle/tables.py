@@ -60,20 +60,23 @@ class _Tables(StackTable):
         self.records += records
         self.thread_frames += frames
         if self.thread_frames > MAX_THREAD_FRAMES:
-            raise _Invalid(f"the threads of all samples hold more than {MAX_THREAD_FRAMES:,} "
-                           "frames in all, more than hangdoc analyses")
+            raise _Invalid(
+                f"the threads of all samples hold more than {MAX_THREAD_FRAMES:,} "
+                "frames in all, more than hangdoc analyses"
+            )
         if self.records > MAX_RECORDS:
-            raise _Invalid(f"the snapshot holds more than {MAX_RECORDS:,} records (threads, "
-                           "samples, ...) counted each time they are used, more than hangdoc "
-                           "analyses")
+            raise _Invalid(
+                f"the snapshot holds more than {MAX_RECORDS:,} records (threads, "
+                "samples, ...) counted each time they are used, more than hangdoc "
+                "analyses"
+            )
 
     def store(self, rows: int, items: bool = False) -> None:
         self.stored[items] += rows
         cap = MAX_TABLE_ITEMS if items else MAX_TABLE_ROWS
         if self.stored[items] > cap:
             what = "items of tuples" if items else "rows"
-            raise _Invalid(f"the tables hold more than {cap:,} {what} in all, more than any "
-                           "snapshot")
+            raise _Invalid(f"the tables hold more than {cap:,} {what} in all, more than any snapshot")
 
 
 def _total(w: Weights, n: int) -> int:
@@ -112,7 +115,7 @@ def _width_weights(w: Weights, positions: list[slice], width: int) -> Weights:
     """Each tuple's weight, for tuples of one length stored position after position."""
     if isinstance(w, int):
         return w * width
-    return list(map(sum, zip(*map(w.__getitem__, positions))))
+    return list(map(sum, zip(*map(w.__getitem__, positions), strict=False)))
 
 
 _new = object.__new__

@@ -77,8 +77,11 @@ class _Writer(StackTable):
         return table
 
     def tables_json(self) -> dict[str, Any]:
-        return {_table_name(key): self.tables[key].to_json()
-                for key in _table_order() if key in self.tables and self.tables[key].rows}
+        return {
+            _table_name(key): self.tables[key].to_json()
+            for key in _table_order()
+            if key in self.tables and self.tables[key].rows
+        }
 
 
 def _cell_encoder(col: _Column, w: _Writer) -> Callable[[Any], Any] | None:
@@ -112,8 +115,7 @@ def _only_strings(key: Any) -> bool:
     if key is str:
         return True
     args = typing.get_args(key)
-    return (typing.get_origin(key) is tuple and bool(args)
-            and all(a is Ellipsis or _only_strings(a) for a in args))
+    return typing.get_origin(key) is tuple and bool(args) and all(a is Ellipsis or _only_strings(a) for a in args)
 
 
 def _enum_value(member: enum.Enum) -> Any:
@@ -146,8 +148,8 @@ class _TableWriter:
         # strings (an environment, its variables) are looked up by value: equal ones abound.
         self._by_id: dict[int, int] = {}
         self.add: Callable[[Any], int] = (
-            self._add if spec.cls else _Memo(self._add).__getitem__ if _only_strings(spec.key)
-            else self._add_by_id)
+            self._add if spec.cls else _Memo(self._add).__getitem__ if _only_strings(spec.key) else self._add_by_id
+        )
         self._encoders = [_cell_encoder(f.column, writer) for f in spec.fields]
         # (position, encoder) of the cells that are not the value itself
         self._converted = [(i, enc) for i, enc in enumerate(self._encoders) if enc is not None]
@@ -158,14 +160,16 @@ class _TableWriter:
         self._inlines = [i for i, f in enumerate(spec.fields) if f.column.kind == "inline"]
         # the fields no row has held anything but the default of, yet: left out if it stays so
         self._unused: list[int] = []
-        self._set_unused([i for i, f in enumerate(spec.fields)
-                          if f.default is not dataclasses.MISSING])
+        self._set_unused([i for i, f in enumerate(spec.fields) if f.default is not dataclasses.MISSING])
 
     def _set_unused(self, unused: list[int]) -> None:
         self._unused = unused
         # the unused fields of a row, and their defaults: one comparison a row while they are
-        self._unused_of = itemgetter(*unused) if len(unused) > 1 else (
-            (lambda parts: (parts[unused[0]],)) if unused else (lambda parts: ()))
+        self._unused_of = (
+            itemgetter(*unused)
+            if len(unused) > 1
+            else ((lambda parts: (parts[unused[0]],)) if unused else (lambda parts: ()))
+        )
         self._defaults = tuple(self.spec.fields[i].default for i in unused)
 
     @property
@@ -193,8 +197,7 @@ class _TableWriter:
                 got = self._get(value)  # type: ignore[misc]
                 parts = list(got) if self._get_many else [got]
                 if self._unused and tuple(self._unused_of(parts)) != self._defaults:
-                    self._set_unused([i for i in self._unused
-                                      if parts[i] == spec.fields[i].default])
+                    self._set_unused([i for i in self._unused if parts[i] == spec.fields[i].default])
             for i, enc in self._converted:
                 parts[i] = enc(parts[i])
             cells = tuple(parts)
@@ -219,17 +222,23 @@ class _TableWriter:
         if spec.shape == "seq":
             kind = spec.fields[0].column.kind
             lengths = [len(r) for r in self.rows]
-            by_row = {"n": n, "lengths": _column_json("int", lengths),
-                      "items": _column_json(kind, [c for r in self.rows for c in r])}
+            by_row = {
+                "n": n,
+                "lengths": _column_json("int", lengths),
+                "items": _column_json(kind, [c for r in self.rows for c in r]),
+            }
             if n > 1 and lengths[0] and lengths.count(lengths[0]) == n:
                 # tuples of one length (the ranks' environments) may be stored a position at
                 # a time: "the pair at position 3 of every row", which mostly counts up
-                by_position = {"n": n, "width": lengths[0],
-                               "items": _column_json(kind, [c for p in zip(*self.rows) for c in p])}
+                by_position = {
+                    "n": n,
+                    "width": lengths[0],
+                    "items": _column_json(kind, [c for p in zip(*self.rows, strict=False) for c in p]),
+                }
                 if _text_length(by_position) < _text_length(by_row):
                     return by_position
             return by_row
-        cells = list(zip(*self.rows)) if self.rows else [() for _ in spec.fields]
+        cells = list(zip(*self.rows, strict=False)) if self.rows else [() for _ in spec.fields]
         kept = [i for i in range(len(spec.fields)) if self.used[i]]
         columns = {i: _column_json(spec.fields[i].column.kind, cells[i]) for i in kept}
         out: dict[str, Any] = {"n": n}
@@ -238,8 +247,9 @@ class _TableWriter:
         out.update(shared)
         return out
 
-    def _shared(self, kept: list[int], cells: list[tuple[Any, ...]], columns: dict[int, Any]
-                ) -> tuple[list[int], dict[str, Any]]:
+    def _shared(
+        self, kept: list[int], cells: list[tuple[Any, ...]], columns: dict[int, Any]
+    ) -> tuple[list[int], dict[str, Any]]:
         """The fields worth storing once per distinct combination (a thread's stack, name
         and flags) instead of once per row, and the table's ``shared`` and ``shared_row``
         that store them; none when that is not shorter.
@@ -251,8 +261,11 @@ class _TableWriter:
         n = len(self.rows)
         fields = self.spec.fields
         length = {i: _text_length(columns[i]) for i in kept}
-        keys = {i: list(map(_float_key, cells[i])) if fields[i].column.kind == "float"
-                else cells[i] for i in kept if fields[i].column.kind != "inline"}
+        keys = {
+            i: list(map(_float_key, cells[i])) if fields[i].column.kind == "float" else cells[i]
+            for i in kept
+            if fields[i].column.kind != "inline"
+        }
         distinct = {i: len(set(column)) for i, column in keys.items()}
         group: list[int] = []
         rows = [0] * n
@@ -261,7 +274,7 @@ class _TableWriter:
             if distinct[i] > n // 4:
                 break
             seen = _Numbering()
-            joined = list(map(seen.__getitem__, zip(rows, keys[i])))
+            joined = list(map(seen.__getitem__, zip(rows, keys[i], strict=False)))
             m = len(seen)
             grown = n * (len(str(m)) + 1) + m * sum(length[j] // n + 1 for j in (*group, i))
             if m > n // 4 or grown - cost >= length[i]:
@@ -271,18 +284,23 @@ class _TableWriter:
         if not group:
             return [], {}
         # the first row of each combination (numbered in first-seen order)
-        firsts = dict(zip(reversed(rows), range(n - 1, -1, -1)))
+        firsts = dict(zip(reversed(rows), range(n - 1, -1, -1), strict=False))
         combos = [firsts[combo] for combo in range(len(firsts))]
-        shared = {"shared": {"n": len(combos), "columns": {
-            fields[i].name: _column_json(fields[i].column.kind, [cells[i][r] for r in combos])
-            for i in group}}, "shared_row": _column_json("int", rows)}
+        shared = {
+            "shared": {
+                "n": len(combos),
+                "columns": {
+                    fields[i].name: _column_json(fields[i].column.kind, [cells[i][r] for r in combos]) for i in group
+                },
+            },
+            "shared_row": _column_json("int", rows),
+        }
         if _text_length(shared) >= sum(length[i] for i in group):
             return [], {}
         return group, shared
 
 
-def snapshot_to_dict(snapshot: JobSnapshot, schema_version: int = BUNDLE_SCHEMA_VERSION
-                     ) -> dict[str, Any]:
+def snapshot_to_dict(snapshot: JobSnapshot, schema_version: int = BUNDLE_SCHEMA_VERSION) -> dict[str, Any]:
     """The bundle's JSON object for ``snapshot``: version 2 (tables), or 1 (what hangdoc
     read before version 2: records field for field, frames and stacks interned)."""
     if schema_version not in (1, 2):
@@ -292,8 +310,7 @@ def snapshot_to_dict(snapshot: JobSnapshot, schema_version: int = BUNDLE_SCHEMA_
     encode_snapshot, _ = _codec(JobSnapshot, mode)
     body = encode_snapshot(snapshot, writer)
     encode_frame, _ = _codec(Frame, "plain")
-    out: dict[str, Any] = {"kind": KIND, "schema_version": schema_version,
-                           "hangdoc_version": __version__}
+    out: dict[str, Any] = {"kind": KIND, "schema_version": schema_version, "hangdoc_version": __version__}
     tables = writer.tables_json() if schema_version == 2 else None  # adds strings
     if tables is not None:
         out["strings"] = writer.strings

@@ -88,8 +88,11 @@ MAX_SOURCE_FRAMES = 20_000
 FEATURES = ["sources", "heartbeats", "flight", "probe-state", "devices"]
 FEATURES_REPLAY = ["sources", "flight", "probe-state", "devices"]
 MAX_XID_LISTEN = 10.0  # seconds a Devices call may listen for XID events
-_PROBE_STATUS = {ProbeStatus.ANSWERED: pb.PROBE_STATUS_ANSWERED, ProbeStatus.NO_PROBE: pb.PROBE_STATUS_NO_PROBE,
-                 ProbeStatus.FAILED: pb.PROBE_STATUS_FAILED}
+_PROBE_STATUS = {
+    ProbeStatus.ANSWERED: pb.PROBE_STATUS_ANSWERED,
+    ProbeStatus.NO_PROBE: pb.PROBE_STATUS_NO_PROBE,
+    ProbeStatus.FAILED: pb.PROBE_STATUS_FAILED,
+}
 
 
 @dataclass(frozen=True)
@@ -188,8 +191,12 @@ class AgentService(pb_grpc.AgentServicer):
         self.found_pids: set[int] = set()
         self.node: LocalNode | ReplayNode = LocalNode(config.host)
         if config.replay:
-            self.node = ReplayNode(load_snapshot(config.replay), config.host or socket.gethostname(),
-                                   config.replay_rank_offset, config.replay_world_size)
+            self.node = ReplayNode(
+                load_snapshot(config.replay),
+                config.host or socket.gethostname(),
+                config.replay_rank_offset,
+                config.replay_world_size,
+            )
         self.lanes = Lanes()
         self._identify = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hangdoc-identify")
         self._identify.submit(int)  # its thread started now, counted with the agent's own
@@ -206,8 +213,13 @@ class AgentService(pb_grpc.AgentServicer):
 
     async def GetInfo(self, request: pb.GetInfoRequest, context: grpc.aio.ServicerContext) -> pb.AgentInfo:
         info = pb.AgentInfo(
-            hangdoc_version=__version__, schema_version=SCHEMA_VERSION, api_version=API_VERSION,
-            host=self.node.name, pid=os.getpid(), native=True, features=FEATURES_REPLAY if self.config.replay else FEATURES,
+            hangdoc_version=__version__,
+            schema_version=SCHEMA_VERSION,
+            api_version=API_VERSION,
+            host=self.node.name,
+            pid=os.getpid(),
+            native=True,
+            features=FEATURES_REPLAY if self.config.replay else FEATURES,
             python_version=sys.version.split()[0],
         )
         try:
@@ -235,8 +247,9 @@ class AgentService(pb_grpc.AgentServicer):
     ) -> pb.SampleSourcesResponse:
         caller = await self.caller(context)
         pids = [q.pid for q in request.queries]
-        sources = await self._run(context, caller, "SampleSources", f"pids={_pid_list(pids)}",
-                                  self._sources, request, caller)
+        sources = await self._run(
+            context, caller, "SampleSources", f"pids={_pid_list(pids)}", self._sources, request, caller
+        )
         return pb.SampleSourcesResponse(files=[wire.source_file_to_proto(s) for s in sources])
 
     async def Heartbeats(
@@ -248,8 +261,7 @@ class AgentService(pb_grpc.AgentServicer):
         def beats() -> dict[int, Heartbeat]:
             if len(request.pids) > MAX_PIDS_PER_CALL:
                 raise UsageError(f"{len(request.pids)} pids in one call; at most {MAX_PIDS_PER_CALL}")
-            pids = [pid for pid in dict.fromkeys(request.pids)
-                    if pid in self.found_pids and caller.may_read(pid)]
+            pids = [pid for pid in dict.fromkeys(request.pids) if pid in self.found_pids and caller.may_read(pid)]
             return self.node.heartbeats(pids, lane.probes, lane.who)
 
         found = await self._run(context, caller, "Heartbeats", f"pids={_pid_list(request.pids)}", beats)
@@ -265,8 +277,7 @@ class AgentService(pb_grpc.AgentServicer):
             timeout = request.timeout_seconds
             if not (math.isfinite(timeout) and 0 < timeout <= MAX_DUMP_TIMEOUT):
                 raise UsageError(f"timeout_seconds must be in (0, {MAX_DUMP_TIMEOUT:g}], not {timeout!r}")
-            pids = [pid for pid in dict.fromkeys(request.pids)
-                    if pid in self.found_pids and caller.may_read(pid)]
+            pids = [pid for pid in dict.fromkeys(request.pids) if pid in self.found_pids and caller.may_read(pid)]
             return self.node.probe(pids, timeout, lane.probes, lane.who)
 
         found = await self._run(context, caller, "Flight", f"pids={_pid_list(request.pids)}", answers)
@@ -274,13 +285,24 @@ class AgentService(pb_grpc.AgentServicer):
 
     async def Devices(self, request: pb.DevicesRequest, context: grpc.aio.ServicerContext) -> pb.DevicesResponse:
         caller = await self.caller(context)
-        found = await self._run(context, caller, "Devices", f"pids={_pid_list(request.pids)} ras={request.ras}",
-                                self._devices, request, caller)
+        found = await self._run(
+            context,
+            caller,
+            "Devices",
+            f"pids={_pid_list(request.pids)} ras={request.ras}",
+            self._devices,
+            request,
+            caller,
+        )
         return pb.DevicesResponse(
-            ranks=[pb.RankGpus(pid=pid, gpus=[wire.gpu_state_to_proto(g) for g in gpus])
-                   for pid, gpus in found.gpus.items()],
-            gpu_reason=found.gpu_reason, ras_output=ras_report_to_json(found.ras) if found.ras else "",
-            ras_reason=found.ras_reason)
+            ranks=[
+                pb.RankGpus(pid=pid, gpus=[wire.gpu_state_to_proto(g) for g in gpus])
+                for pid, gpus in found.gpus.items()
+            ],
+            gpu_reason=found.gpu_reason,
+            ras_output=ras_report_to_json(found.ras) if found.ras else "",
+            ras_reason=found.ras_reason,
+        )
 
     # ------------------------------------------------------------ the work, in a thread
 
@@ -304,7 +326,8 @@ class AgentService(pb_grpc.AgentServicer):
             raise PermissionDenied(
                 f"this agent cannot tell who is calling ({caller.how}), so it shows no process",
                 help="Call it over loopback from the job's node, or give the operator's "
-                "--token-file or client certificate.")
+                "--token-file or client certificate.",
+            )
         found = self.node.find_ranks(spec, readable=None if caller.reads_all else caller.may_read)
         self.found_pids = {pid for pid in self.found_pids if psutil.pid_exists(pid)}
         self.found_pids.update(p.pid for p in found.ranks)
@@ -324,27 +347,32 @@ class AgentService(pb_grpc.AgentServicer):
             procs = list(found.ranks)
         else:
             if len(request.processes.processes) > MAX_PIDS_PER_CALL:
-                raise UsageError(f"{len(request.processes.processes)} processes in one call; "
-                                 f"at most {MAX_PIDS_PER_CALL}")
+                raise UsageError(
+                    f"{len(request.processes.processes)} processes in one call; at most {MAX_PIDS_PER_CALL}"
+                )
             unique = {p.pid: p for p in request.processes.processes}
             procs = [wire.rank_process_from_proto(p) for p in unique.values()]
         refused = {p.pid: self._refusal(p.pid, caller) for p in procs}
         allowed = [p for p in procs if refused[p.pid] is None]
-        taken = dict(zip((p.pid for p in allowed),
-                         self.node.sample(allowed, request.t, native=request.native, timeout=timeout)))
+        taken = dict(
+            zip(
+                (p.pid for p in allowed),
+                self.node.sample(allowed, request.t, native=request.native, timeout=timeout),
+                strict=False,
+            )
+        )
         for pid, sample in taken.items():
-            self.seen.setdefault(pid, set()).update(
-                f.filename for th in sample.threads for f in th.frames)
+            self.seen.setdefault(pid, set()).update(f.filename for th in sample.threads for f in th.frames)
         samples = [(p.pid, taken.get(p.pid) or Sample(t=request.t, error=refused[p.pid])) for p in procs]
         return wire.samples_to_proto(samples, found)
 
     def _refusal(self, pid: int, caller: Caller) -> CaptureError | None:
         if pid not in self.found_pids:
-            return CaptureError(CaptureErrorKind.PTRACE_DENIED,
-                                f"pid {pid} is not a rank process this agent found (FindRanks first)")
+            return CaptureError(
+                CaptureErrorKind.PTRACE_DENIED, f"pid {pid} is not a rank process this agent found (FindRanks first)"
+            )
         if not caller.may_read(pid):
-            return CaptureError(CaptureErrorKind.PTRACE_DENIED,
-                                f"the caller ({caller.label}) may not read pid {pid}")
+            return CaptureError(CaptureErrorKind.PTRACE_DENIED, f"the caller ({caller.label}) may not read pid {pid}")
         return None
 
     def _sources(self, request: pb.SampleSourcesRequest, caller: Caller) -> tuple[SourceFile, ...]:
@@ -358,14 +386,16 @@ class AgentService(pb_grpc.AgentServicer):
             wanted.setdefault(query.pid, []).extend(frames)
         for raw in request.frames:  # without a pid: through any process that showed the file
             frame = wire.frame_from_proto(raw)
-            pid = next((pid for pid, names in self.seen.items()
-                        if frame.filename in names and caller.may_read(pid)), None)
+            pid = next(
+                (pid for pid, names in self.seen.items() if frame.filename in names and caller.may_read(pid)), None
+            )
             if pid is not None:
                 wanted.setdefault(pid, []).append(frame)
         return self.node.sources({pid: frames for pid, frames in wanted.items() if frames})
 
-    async def _run(self, context: _CallContext, caller: Caller, method: str, what: str,
-                   fn: Callable[..., T], *args: object) -> T:
+    async def _run(
+        self, context: _CallContext, caller: Caller, method: str, what: str, fn: Callable[..., T], *args: object
+    ) -> T:
         t0 = time.monotonic()
         peer = context.peer()
         try:
@@ -384,8 +414,7 @@ class AgentService(pb_grpc.AgentServicer):
         if isinstance(failure, HangdocError):
             # the error's kind and help travel beside the status, so the user gets the same
             # help (ptrace rights, how to name one job) as on a single node
-            context.set_trailing_metadata(((ERROR_KIND, type(failure).__name__),
-                                           (ERROR_HELP, failure.help.encode())))
+            context.set_trailing_metadata(((ERROR_KIND, type(failure).__name__), (ERROR_HELP, failure.help.encode())))
         await context.abort(code, detail)
 
 
@@ -411,13 +440,18 @@ def _pid_list(pids: Collection[int]) -> str:
 
 def _rank_flight(pid: int, answer: ProbeAnswer) -> pb.RankFlight:
     """One process's probe answer on the wire (``RankFlight``)."""
-    msg = pb.RankFlight(pid=pid, dump=flight_record_to_json(answer.flight) if answer.flight else "",
-                        reason=answer.reason, status=_PROBE_STATUS[answer.status])
+    msg = pb.RankFlight(
+        pid=pid,
+        dump=flight_record_to_json(answer.flight) if answer.flight else "",
+        reason=answer.reason,
+        status=_PROBE_STATUS[answer.status],
+    )
     if answer.heartbeat is not None:
         msg.heartbeat.CopyFrom(wire.heartbeat_to_proto(answer.heartbeat))
     for exc in answer.exceptions:
-        out = msg.exceptions.add(thread_id=exc.thread_id, type_name=exc.type_name,
-                                 raised_at=wire.frame_to_proto(exc.raised_at))
+        out = msg.exceptions.add(
+            thread_id=exc.thread_id, type_name=exc.type_name, raised_at=wire.frame_to_proto(exc.raised_at)
+        )
         if exc.thread_name is not None:
             out.thread_name = exc.thread_name
     return msg
@@ -430,8 +464,15 @@ def _clean(text: str, limit: int = 160) -> str:
 
 def audit(peer: str, caller: str, method: str, what: str, outcome: str, ms: float) -> None:
     """One line per request on the ``hangdoc.audit`` logger (stderr by default)."""
-    audit_log.info("audit peer=%s caller=%s method=%s %s outcome=%s ms=%.0f", _clean(peer, 64),
-                   _clean(caller, 64), _clean(method, 64), _clean(what), _clean(outcome, 240), ms)
+    audit_log.info(
+        "audit peer=%s caller=%s method=%s %s outcome=%s ms=%.0f",
+        _clean(peer, 64),
+        _clean(caller, 64),
+        _clean(method, 64),
+        _clean(what),
+        _clean(outcome, 240),
+        ms,
+    )
 
 
 def _ms(t0: float) -> float:
@@ -448,8 +489,9 @@ def _credentials(config: AgentConfig) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
 
 
-async def serve(config: AgentConfig, ready: Callable[[int], None] | None = None,
-                stop: asyncio.Event | None = None) -> int:
+async def serve(
+    config: AgentConfig, ready: Callable[[int], None] | None = None, stop: asyncio.Event | None = None
+) -> int:
     """Run until SIGTERM/SIGINT, or until ``stop`` is set when one is given (then no signal
     handler is installed: see ``serve_in_thread``). ``ready(port)`` is called once the port
     is bound. Calls in flight get ``STOP_GRACE_S`` seconds; returns how many requests'
@@ -457,8 +499,9 @@ async def serve(config: AgentConfig, ready: Callable[[int], None] | None = None,
     check_listen_policy(config)
     interceptors = [TokenAuth(config.token, config.open_health)] if config.token else []
     fds = limits.fd_limit()
-    server = grpc.aio.server(interceptors=interceptors, options=limits.server_options(fds),
-                             maximum_concurrent_rpcs=limits.MAX_CALLS)
+    server = grpc.aio.server(
+        interceptors=interceptors, options=limits.server_options(fds), maximum_concurrent_rpcs=limits.MAX_CALLS
+    )
     service = AgentService(config)
     pb_grpc.add_AgentServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
@@ -479,14 +522,28 @@ async def serve(config: AgentConfig, ready: Callable[[int], None] | None = None,
     if stop is None:
         stop = _stop_on_signals()
     auth = "token" if config.token else "mTLS" if creds else "none"
-    log.info("hangdoc agent %s on %s (port %d, auth: %s, host %s)", __version__, config.listen,
-             port, auth, socket.gethostname())
-    log.info("limits: %d connections (descriptor limit %d), operator %d threads and %d probe reads, "
-             "local users %d threads (%d requests per user) and %d probe reads (%d per user); "
-             "probe answers held at once <= %d MiB", limits.max_connections(fds), fds,
-             limits.OPERATOR_WORKERS, limits.OPERATOR_PROBE_READS, limits.USER_WORKERS,
-             limits.REQUESTS_PER_USER, limits.USER_PROBE_READS, limits.PROBE_READS_PER_USER,
-             limits.answer_memory_bound() >> 20)
+    log.info(
+        "hangdoc agent %s on %s (port %d, auth: %s, host %s)",
+        __version__,
+        config.listen,
+        port,
+        auth,
+        socket.gethostname(),
+    )
+    log.info(
+        "limits: %d connections (descriptor limit %d), operator %d threads and %d probe reads, "
+        "local users %d threads (%d requests per user) and %d probe reads (%d per user); "
+        "probe answers held at once <= %d MiB",
+        limits.max_connections(fds),
+        fds,
+        limits.OPERATOR_WORKERS,
+        limits.OPERATOR_PROBE_READS,
+        limits.USER_WORKERS,
+        limits.REQUESTS_PER_USER,
+        limits.USER_PROBE_READS,
+        limits.PROBE_READS_PER_USER,
+        limits.answer_memory_bound() >> 20,
+    )
     if ready:
         ready(port)
     await stop.wait()
@@ -534,8 +591,9 @@ def _flush_and_exit(code: int) -> None:
 class BackgroundAgent:
     """An agent served by a thread of this process (``serve_in_thread``); ``stop()`` ends it."""
 
-    def __init__(self, port: int, loop: asyncio.AbstractEventLoop, stop: asyncio.Event,
-                 thread: threading.Thread) -> None:
+    def __init__(
+        self, port: int, loop: asyncio.AbstractEventLoop, stop: asyncio.Event, thread: threading.Thread
+    ) -> None:
         self.port = port
         self._loop, self._stop, self._thread = loop, stop, thread
 
@@ -581,8 +639,7 @@ def serve_in_thread(config: AgentConfig, timeout: float = 30.0) -> BackgroundAge
 
 
 def run_agent(config: AgentConfig) -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s hangdoc-agent %(message)s")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s hangdoc-agent %(message)s")
     check_listen_policy(config)
     limits.raise_fd_limit()
 
@@ -594,5 +651,12 @@ def run_agent(config: AgentConfig) -> int:
     return 0
 
 
-__all__ = ["AgentConfig", "BackgroundAgent", "check_listen_policy", "read_token", "run_agent", "serve",
-           "serve_in_thread"]
+__all__ = [
+    "AgentConfig",
+    "BackgroundAgent",
+    "check_listen_policy",
+    "read_token",
+    "run_agent",
+    "serve",
+    "serve_in_thread",
+]

@@ -98,8 +98,14 @@ class ProcCreds:
             ours = in_our_user_namespace(pid)
             effective = int(fields.get("CapEff", "0"), 16) if ours else 0
             permitted = int(fields.get("CapPrm", "0"), 16) if ours else 0
-            return cls(uids[:4], gids[:4], bool(effective & _CAP_SYS_PTRACE),  # type: ignore[arg-type]
-                       int(fields.get("PPid", "0")), groups, permitted & effective)
+            return cls(
+                uids[:4],  # type: ignore[arg-type]  # four ids in a well-formed status file
+                gids[:4],  # type: ignore[arg-type]
+                bool(effective & _CAP_SYS_PTRACE),
+                int(fields.get("PPid", "0")),
+                groups,
+                permitted & effective,
+            )
         except (KeyError, ValueError):
             return None
 
@@ -143,17 +149,32 @@ def kernel_check(creds: ProcCreds, pids: list[int]) -> set[int]:
     uid, gid = creds.uids[0], creds.gids[0]
     if os.geteuid() != 0 and (uid, gid) != (os.getuid(), os.getgid()):
         return set()  # an unprivileged agent cannot act as anyone else (nor read them)
-    argv = [os.path.realpath(sys.executable), "-I", "-S", "-c", _CHECK, str(uid), str(gid),
-            ",".join(map(str, creds.groups)), f"{creds.caps:x}", *map(str, pids)]
+    argv = [
+        os.path.realpath(sys.executable),
+        "-I",
+        "-S",
+        "-c",
+        _CHECK,
+        str(uid),
+        str(gid),
+        ",".join(map(str, creds.groups)),
+        f"{creds.caps:x}",
+        *map(str, pids),
+    ]
     try:
-        done = subprocess.run(argv, env={}, cwd="/", stdin=subprocess.DEVNULL, capture_output=True,
-                              timeout=_CHECK_TIMEOUT, check=False)
+        done = subprocess.run(
+            argv, env={}, cwd="/", stdin=subprocess.DEVNULL, capture_output=True, timeout=_CHECK_TIMEOUT, check=False
+        )
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
         log.warning("cannot ask the kernel what uid %d may read: %s", uid, exc)
         return set()
     if done.returncode != 0:
-        log.warning("cannot ask the kernel what uid %d may read: the helper exited %d (%s)", uid,
-                    done.returncode, done.stderr.decode(errors="replace").strip()[-200:])
+        log.warning(
+            "cannot ask the kernel what uid %d may read: the helper exited %d (%s)",
+            uid,
+            done.returncode,
+            done.stderr.decode(errors="replace").strip()[-200:],
+        )
         return set()
     allowed = {int(word) for word in done.stdout.split() if word.isdigit()}
     return allowed & set(pids)
@@ -239,7 +260,7 @@ def parse_peer(peer: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address
 
 def _decode_address(text: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
     addr_hex, port_hex = text.split(":")
-    words = [int(addr_hex[i:i + 8], 16) for i in range(0, len(addr_hex), 8)]
+    words = [int(addr_hex[i : i + 8], 16) for i in range(0, len(addr_hex), 8)]
     raw = struct.pack(f"={len(words)}I", *words)  # the kernel prints host-order words
     addr = ipaddress.ip_address(raw)
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:

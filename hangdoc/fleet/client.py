@@ -40,8 +40,11 @@ from .v1 import agent_pb2_grpc as pb_grpc
 from .wire import ERROR_HELP, ERROR_KIND
 
 _Response = TypeVar("_Response")
-_PROBE_STATUS = {pb.PROBE_STATUS_ANSWERED: ProbeStatus.ANSWERED, pb.PROBE_STATUS_NO_PROBE: ProbeStatus.NO_PROBE,
-                 pb.PROBE_STATUS_FAILED: ProbeStatus.FAILED}
+_PROBE_STATUS = {
+    pb.PROBE_STATUS_ANSWERED: ProbeStatus.ANSWERED,
+    pb.PROBE_STATUS_NO_PROBE: ProbeStatus.NO_PROBE,
+    pb.PROBE_STATUS_FAILED: ProbeStatus.FAILED,
+}
 
 
 class AgentError(HangdocError):
@@ -115,11 +118,8 @@ class RemoteNode:
         msg = self._call(self._stub.FindRanks, pb.FindRanksRequest(job=spec.raw), self.connect_timeout + 10)
         return wire.discovery_from_proto(msg)
 
-    def sample(
-        self, procs: Sequence[RankProcess], t: float, *, native: bool, timeout: float
-    ) -> list[Sample]:
-        request = pb.SampleRequest(processes=self._process_list(procs), t=t, native=native,
-                                   timeout_seconds=timeout)
+    def sample(self, procs: Sequence[RankProcess], t: float, *, native: bool, timeout: float) -> list[Sample]:
+        request = pb.SampleRequest(processes=self._process_list(procs), t=t, native=native, timeout_seconds=timeout)
         response = self._call(self._stub.Sample, request, timeout + 2.0)
         by_pid = wire.samples_from_proto(response)
         return [by_pid[p.pid] for p in procs]
@@ -141,8 +141,9 @@ class RemoteNode:
         if not queries:
             return ()
         try:
-            response = self._call(self._stub.SampleSources, pb.SampleSourcesRequest(queries=queries),
-                                  self.connect_timeout)
+            response = self._call(
+                self._stub.SampleSources, pb.SampleSourcesRequest(queries=queries), self.connect_timeout
+            )
         except AgentError:
             return ()  # source lines refine the analysis; their absence does not stop it
         return tuple(wire.source_file_from_proto(f) for f in response.files)
@@ -170,9 +171,14 @@ class RemoteNode:
             except FlightRecordInvalid as err:
                 reason = f"its agent sent a dump hangdoc cannot read: {err}"
         exceptions = tuple(
-            ThreadException(e.thread_id, e.thread_name if e.HasField("thread_name") else None, e.type_name,
-                            wire.frame_from_proto(e.raised_at))
-            for e in msg.exceptions[:MAX_EXCEPTIONS])
+            ThreadException(
+                e.thread_id,
+                e.thread_name if e.HasField("thread_name") else None,
+                e.type_name,
+                wire.frame_from_proto(e.raised_at),
+            )
+            for e in msg.exceptions[:MAX_EXCEPTIONS]
+        )
         heartbeat = wire.heartbeat_from_proto(msg.heartbeat) if msg.HasField("heartbeat") else None
         return ProbeAnswer(status, reason, record, heartbeat, exceptions)
 
@@ -183,8 +189,11 @@ class RemoteNode:
         except AgentError as err:  # an agent without the call: device state refines, never blocks
             return NodeDevices(gpu_reason=f"its agent gave none: {err}", ras_reason=f"its agent gave none: {err}")
         wanted = set(pids)
-        gpus = {r.pid: tuple(wire.gpu_state_from_proto(g) for g in r.gpus[:64])
-                for r in response.ranks if r.pid in wanted and r.gpus}
+        gpus = {
+            r.pid: tuple(wire.gpu_state_from_proto(g) for g in r.gpus[:64])
+            for r in response.ranks
+            if r.pid in wanted and r.gpus
+        }
         report, ras_reason = None, response.ras_reason[:300]
         if response.ras_output:
             try:
@@ -216,7 +225,6 @@ class RemoteNode:
                 raise AgentError(f"agent {self.address} unavailable: {detail}") from None
             name = code.name if code is not None else "error"
             raise AgentError(f"agent {self.address}: {name}: {detail}") from None
-
 
     def _agent_error(self, err: grpc.RpcError, detail: str) -> HangdocError | None:
         """The agent's own HangdocError, rebuilt from the kind and help it sent along, or

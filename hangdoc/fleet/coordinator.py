@@ -83,8 +83,10 @@ def _missed(queued: bool, deadline: float | None, nodes: int) -> str:
     asked (it waited its turn behind ``MAX_IN_FLIGHT`` calls: a flat fan-out's limit,
     docs/scale.md), so the node may be fine."""
     if queued:
-        return (f"not asked within {deadline:.1f} s: queued behind {MAX_IN_FLIGHT} calls in flight "
-                f"to {nodes} nodes (a flat fan-out's limit: docs/scale.md)")
+        return (
+            f"not asked within {deadline:.1f} s: queued behind {MAX_IN_FLIGHT} calls in flight "
+            f"to {nodes} nodes (a flat fan-out's limit: docs/scale.md)"
+        )
     return f"no answer within {deadline:.1f} s"
 
 
@@ -102,14 +104,21 @@ class NodeAnswer(Generic[T]):
 
 
 def fan_out_pids(
-    fleet: Fleet, call: Callable[[Node, list[int]], T], deadline: float | None, *,
-    only: Collection[int] | None = None, skip: Collection[str] = (),
+    fleet: Fleet,
+    call: Callable[[Node, list[int]], T],
+    deadline: float | None,
+    *,
+    only: Collection[int] | None = None,
+    skip: Collection[str] = (),
 ) -> list[NodeAnswer[T]]:
     """``call(node, pids)`` on every node holding ranks of ``fleet`` (``only`` those indices
     into ``placed``; no node named in ``skip``), at once, with the pids of its ranks; every
     node's answer, a failure included, in first-seen order."""
-    groups = {id(node): (node, idx) for node, idx in fleet.by_node(None if only is None else set(only))
-              if node.name not in skip}
+    groups = {
+        id(node): (node, idx)
+        for node, idx in fleet.by_node(None if only is None else set(only))
+        if node.name not in skip
+    }
 
     def ask(node: Node) -> tuple[T | None, Exception | None]:
         try:
@@ -149,21 +158,24 @@ def _find_by_pid(nodes: Sequence[Node], spec: JobSpec, deadline: float | None) -
     specs = {node.name: _job_of(found) for node, found in holders}
     named = set(specs.values())
     if len(holders) > 1 and (len(named) > 1 or None in named):
-        listed = "; ".join(f"{name}: {job or 'a job with no rendezvous to name it by'}"
-                           for name, job in sorted(specs.items()))
+        listed = "; ".join(
+            f"{name}: {job or 'a job with no rendezvous to name it by'}" for name, job in sorted(specs.items())
+        )
         raise MultipleJobs(
-            f"{spec} names rank processes on {len(holders)} nodes ({listed}): a pid is one "
-            "node's number", tuple(sorted(j for j in named if j)),
-            help="Name the job by its rendezvous (HOST:PORT or slurm:JOBID), or ask only the "
-            "node that holds the pid.")
+            f"{spec} names rank processes on {len(holders)} nodes ({listed}): a pid is one node's number",
+            tuple(sorted(j for j in named if j)),
+            help="Name the job by its rendezvous (HOST:PORT or slurm:JOBID), or ask only the node that holds the pid.",
+        )
     held = {node.name for node, _ in holders}
     others = [n for n in nodes if n.name not in held]
     kept = [(node, found, exc) for node, found, exc in first if node.name in held]
     job = next(iter(named))
     anchor = ", ".join(sorted(held))
     if job is None:
-        note = (f"{spec} is on {anchor}; its ranks show no rendezvous (MASTER_ADDR/MASTER_PORT, "
-                f"a Slurm step) to ask the other {len(others)} node(s) for: they were not asked")
+        note = (
+            f"{spec} is on {anchor}; its ranks show no rendezvous (MASTER_ADDR/MASTER_PORT, "
+            f"a Slurm step) to ask the other {len(others)} node(s) for: they were not asked"
+        )
         rest: list[tuple[Node, Discovery | None, BaseException | None]] = []
     else:
         job_spec = parse_job_spec(job)
@@ -192,8 +204,9 @@ def _fan_out_caught(
         return [(nodes[0], None, exc)]
 
 
-def _assemble(nodes: Sequence[Node], spec: JobSpec,
-              results: list[tuple[Node, Discovery | None, BaseException | None]]) -> Fleet:
+def _assemble(
+    nodes: Sequence[Node], spec: JobSpec, results: list[tuple[Node, Discovery | None, BaseException | None]]
+) -> Fleet:
     placed: list[tuple[Node, RankProcess]] = []
     notes: list[str] = []
     unreachable: list[Unreachable] = []
@@ -220,14 +233,16 @@ def _assemble(nodes: Sequence[Node], spec: JobSpec,
             # no node answered, all for the same reason (wrong token, no TLS cert, down):
             # that reason and its help, not "job not found"
             raise type(first)(f"no agent answered for {spec}: {detail}", help=first.help)
-        raise JobNotFound(f"no node has a rank of {spec}: {detail}",
-                          unreachable=tuple(f"{u.target}: {u.reason}" for u in unreachable))
+        raise JobNotFound(
+            f"no node has a rank of {spec}: {detail}", unreachable=tuple(f"{u.target}: {u.reason}" for u in unreachable)
+        )
     notes += [f"{e} (no rank there)" for e in empty]
     placed.sort(key=lambda np: (np[1].rank is None, np[1].rank if np[1].rank is not None else 0))
     world = max(worlds) if worlds else None
     local = len(nodes) == 1 and isinstance(nodes[0], LocalNode)
-    if note := elsewhere_note(elsewhere, [p.rank for _, p in placed], world,
-                              [n.name for n in nodes], str(spec), agents=not local):
+    if note := elsewhere_note(
+        elsewhere, [p.rank for _, p in placed], world, [n.name for n in nodes], str(spec), agents=not local
+    ):
         notes.append(note)
     return Fleet(tuple(placed), world, tuple(notes), tuple(unreachable))
 
@@ -242,9 +257,7 @@ class Round:
     lost: tuple[Unreachable, ...] = ()
 
 
-def sample_all(
-    fleet: Fleet, t: float, *, native: bool, timeout: float, only: set[int] | None = None
-) -> Round:
+def sample_all(fleet: Fleet, t: float, *, native: bool, timeout: float, only: set[int] | None = None) -> Round:
     """One lock-step round over every node; ``fleet`` is left as it is.
 
     ``only`` restricts the round to those indices (ranks still alive, or ranks to deepen).
@@ -266,5 +279,5 @@ def sample_all(
             ranks = tuple(r for i in idx if (r := fleet.placed[i][1].rank) is not None)
             lost.append(Unreachable(node.name, _reason(exc) if exc is not None else "failed", ranks))
             continue
-        samples.update(zip(idx, taken))
+        samples.update(zip(idx, taken, strict=False))
     return Round(samples, tuple(lost))

@@ -46,16 +46,18 @@ def read_token(path: str) -> str:
     except OSError as exc:
         raise UsageError(f"cannot read token file {path}: {exc.strerror}") from None
     if mode & 0o077:
-        raise UsageError(f"token file {path} is readable by others (mode {stat.S_IMODE(mode):04o}); "
-                         f"run `chmod 600 {path}`")
+        raise UsageError(
+            f"token file {path} is readable by others (mode {stat.S_IMODE(mode):04o}); run `chmod 600 {path}`"
+        )
     try:
         token = raw.decode("utf-8").strip()
     except UnicodeDecodeError:
-        raise UsageError(f"token file {path} is not UTF-8 text; write one with "
-                         "`openssl rand -hex 32`") from None
+        raise UsageError(f"token file {path} is not UTF-8 text; write one with `openssl rand -hex 32`") from None
     if len(token) < MIN_TOKEN_CHARS or not token.isprintable() or any(c.isspace() for c in token):
-        raise UsageError(f"token in {path} must be one word of at least {MIN_TOKEN_CHARS} printable "
-                         "characters; use `openssl rand -hex 32`")
+        raise UsageError(
+            f"token in {path} must be one word of at least {MIN_TOKEN_CHARS} printable "
+            "characters; use `openssl rand -hex 32`"
+        )
     return token
 
 
@@ -73,5 +75,7 @@ def check_tls(cert: str | None, key: str | None, ca: str | None, *, server: bool
     except (ssl.SSLError, ValueError) as exc:
         names = ", ".join(p for p in (cert, key, ca) if p)
         reason = getattr(exc, "reason", None) or str(exc)
-        raise UsageError(f"unusable TLS files ({names}): {reason}; they must be PEM, and the key "
-                         "must be the certificate's, unencrypted") from None
+        raise UsageError(
+            f"unusable TLS files ({names}): {reason}; they must be PEM, and the key "
+            "must be the certificate's, unencrypted"
+        ) from None

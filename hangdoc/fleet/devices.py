@@ -35,18 +35,22 @@ class JobDevices:
         """``snapshot`` (whose ranks are in ``Fleet.placed`` order) with these in it."""
         if not self.gpus and self.ras is None and not self.notes:
             return snapshot
-        ranks = tuple(dataclasses.replace(r, gpus=self.gpus[i]) if i in self.gpus else r
-                      for i, r in enumerate(snapshot.ranks))
-        return dataclasses.replace(snapshot, ranks=ranks, ras=self.ras,
-                                   notes=(*snapshot.notes, *self.notes))
+        ranks = tuple(
+            dataclasses.replace(r, gpus=self.gpus[i]) if i in self.gpus else r for i, r in enumerate(snapshot.ranks)
+        )
+        return dataclasses.replace(snapshot, ranks=ranks, ras=self.ras, notes=(*snapshot.notes, *self.notes))
 
 
 NO_DEVICES = JobDevices({})
 
 
 def gather_devices(
-    fleet: Fleet, live: Collection[int], lost: Collection[str] = (), *,
-    listen: float = XID_LISTEN, timeout: float = DEVICES_TIMEOUT,
+    fleet: Fleet,
+    live: Collection[int],
+    lost: Collection[str] = (),
+    *,
+    listen: float = XID_LISTEN,
+    timeout: float = DEVICES_TIMEOUT,
 ) -> JobDevices:
     """Ask every node holding ``live`` ranks (indices into ``fleet.placed``), except the
     ``lost`` ones (by name), for its ranks' GPUs; the first node also for RAS."""
@@ -73,8 +77,10 @@ def gather_devices(
         if told.node is first:
             ras, ras_reason = answer.ras, answer.ras_reason
     notes = [f"GPU state (NVML) of {len(gpus)} of {len(fleet.placed)} rank(s)"] if gpus else []
-    notes += [f"GPU state on {', '.join(names[:4])}{' and more' if len(names) > 4 else ''}: {why}"
-              for why, names in reasons.items()]
+    notes += [
+        f"GPU state on {', '.join(names[:4])}{' and more' if len(names) > 4 else ''}: {why}"
+        for why, names in reasons.items()
+    ]
     if ras is not None:
         notes.append(f"NCCL RAS report ({ras.source or 'ncclras'}): {len(ras.communicators)} communicator(s)")
     elif ras_reason:
@@ -89,5 +95,7 @@ def _answer(told: NodeAnswer[NodeDevices], ras: bool) -> NodeDevices:
         why = (str(told.error) or type(told.error).__name__)[:300]
         return NodeDevices(gpu_reason=why, ras_reason=why if ras else "")
     if told.value is None:
-        return NodeDevices(gpu_reason=f"no answer: {told.missed}", ras_reason=f"no answer: {told.missed}" if ras else "")
+        return NodeDevices(
+            gpu_reason=f"no answer: {told.missed}", ras_reason=f"no answer: {told.missed}" if ras else ""
+        )
     return told.value

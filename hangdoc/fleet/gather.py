@@ -95,8 +95,11 @@ class Gather:
         many ranks, before their samples are taken."""
         if self.native:
             return ()
-        want = {i for i, samples in enumerate(self.samples)
-                if i not in self.deepened and self.needs_native(samples, self.fleet.placed[i][1], self._code)}
+        want = {
+            i
+            for i, samples in enumerate(self.samples)
+            if i not in self.deepened and self.needs_native(samples, self.fleet.placed[i][1], self._code)
+        }
         if not want:
             return ()
         before(len(want))
@@ -114,25 +117,26 @@ class Gather:
         """What was gathered in ``elapsed`` seconds, with the probes' answers."""
         return JobSnapshot(
             spec=self.spec,
-            ranks=tuple(self._rank(i, proc, samples)
-                        for i, ((_, proc), samples) in enumerate(zip(self.fleet.placed, self.samples, strict=True))),
+            ranks=tuple(
+                self._rank(i, proc, samples)
+                for i, ((_, proc), samples) in enumerate(zip(self.fleet.placed, self.samples, strict=True))
+            ),
             world_size=self.fleet.world_size,
             unreachable=tuple(self.unreachable),
             window_seconds=round(elapsed, 3),
             captured_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             hangdoc_version=__version__,
             notes=(*self.fleet.notes, *self.probes.notes, *self.notes),
-            sources=tuple(
-                SourceFile(f, tuple(sorted(lines.items()))) for f, lines in sorted(self.sources.items())
-            ),
+            sources=tuple(SourceFile(f, tuple(sorted(lines.items()))) for f, lines in sorted(self.sources.items())),
         )
 
     def _rank(self, i: int, proc: RankProcess, samples: list[Sample]) -> RankSnapshot:
         answer = self.probes.answers.get(i)
         if answer is None:
             return RankSnapshot(proc, tuple(samples))
-        return RankSnapshot(proc, tuple(samples), flight=answer.flight, exceptions=answer.exceptions,
-                            heartbeat=answer.heartbeat)
+        return RankSnapshot(
+            proc, tuple(samples), flight=answer.flight, exceptions=answer.exceptions, heartbeat=answer.heartbeat
+        )
 
     def _add(self, taken: Round) -> None:
         known = self.lost()

@@ -130,8 +130,12 @@ class Lanes:
     """The agent's threads, split so that no caller can take another's (module docstring)."""
 
     def __init__(self) -> None:
-        self.operator = Lane(ThreadPoolExecutor(OPERATOR_WORKERS, "hangdoc-op"),
-                             ProbeReads(OPERATOR_PROBE_READS, None, "hangdoc-op-probe"), "operator", None)
+        self.operator = Lane(
+            ThreadPoolExecutor(OPERATOR_WORKERS, "hangdoc-op"),
+            ProbeReads(OPERATOR_PROBE_READS, None, "hangdoc-op-probe"),
+            "operator",
+            None,
+        )
         self._user_pool = ThreadPoolExecutor(USER_WORKERS, "hangdoc-user")
         self._user_probes = ProbeReads(USER_PROBE_READS, PROBE_READS_PER_USER, "hangdoc-user-probe")
         self._user_quota = Quota(REQUESTS_PER_USER)
@@ -151,8 +155,10 @@ class Lanes:
         ends (or, still queued, is cancelled), not when the call does: a caller that
         cancels its calls cannot pile up threads."""
         if lane.quota is not None and not lane.quota.try_take(lane.who):
-            raise OverQuota(f"{REQUESTS_PER_USER} requests of this user are already in flight on this agent, "
-                            "the most one user may have; retry when one has ended")
+            raise OverQuota(
+                f"{REQUESTS_PER_USER} requests of this user are already in flight on this agent, "
+                "the most one user may have; retry when one has ended"
+            )
         try:
             future = lane.pool.submit(self._counted, fn, *args)
         except BaseException:
@@ -189,5 +195,13 @@ class Lanes:
         return self.running
 
 
-__all__ = ["Lane", "Lanes", "OverQuota", "answer_memory_bound", "fd_limit", "max_connections", "raise_fd_limit",
-           "server_options"]
+__all__ = [
+    "Lane",
+    "Lanes",
+    "OverQuota",
+    "answer_memory_bound",
+    "fd_limit",
+    "max_connections",
+    "raise_fd_limit",
+    "server_options",
+]

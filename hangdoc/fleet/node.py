@@ -141,9 +141,7 @@ class Node(Protocol):
         """The job's rank processes on this node. Raises ``JobNotFound`` when there are none."""
         ...
 
-    def sample(
-        self, procs: Sequence[RankProcess], t: float, *, native: bool, timeout: float
-    ) -> list[Sample]:
+    def sample(self, procs: Sequence[RankProcess], t: float, *, native: bool, timeout: float) -> list[Sample]:
         """One sample of each of ``procs`` (all on this node), in order."""
         ...
 
@@ -183,16 +181,15 @@ class LocalNode:
             return discover(spec, host=self._host)
         return discover(spec, host=self._host, readable=readable)
 
-    def sample(
-        self, procs: Sequence[RankProcess], t: float, *, native: bool, timeout: float
-    ) -> list[Sample]:
+    def sample(self, procs: Sequence[RankProcess], t: float, *, native: bool, timeout: float) -> list[Sample]:
         return sample_round(procs, t, native=native, timeout=timeout)
 
     def sources(self, wanted: Mapping[int, Sequence[Frame]]) -> tuple[SourceFile, ...]:
         return merge_sources(collect_sources(SourceReader(pid), frames) for pid, frames in wanted.items())
 
-    def heartbeats(self, pids: Sequence[int], reads: ProbeReads | None = None,
-                   who: Hashable = None) -> dict[int, Heartbeat]:
+    def heartbeats(
+        self, pids: Sequence[int], reads: ProbeReads | None = None, who: Hashable = None
+    ) -> dict[int, Heartbeat]:
         """The records the processes wrote; for those whose record cannot be read here (a
         container's private /dev/shm), what their probes say (read by ``reads`` for ``who``
         when given: an agent's shared, bounded probe threads)."""
@@ -204,8 +201,9 @@ class LocalNode:
                 found[pid] = answer.heartbeat
         return found
 
-    def probe(self, pids: Sequence[int], timeout: float, reads: ProbeReads | None = None,
-              who: Hashable = None) -> ProbeAnswers:
+    def probe(
+        self, pids: Sequence[int], timeout: float, reads: ProbeReads | None = None, who: Hashable = None
+    ) -> ProbeAnswers:
         """``reads``, ``who``: as for ``heartbeats``. The answers keep at most
         ``MAX_ENTRIES_PER_CALL`` flight recorder entries in all; a dump past that is left out
         of its answer, which says so."""
@@ -225,8 +223,7 @@ class ReplayNode:
     (the last one once they run out).
     """
 
-    def __init__(self, snapshot: JobSnapshot, host: str, rank_offset: int = 0,
-                 world_size: int | None = None) -> None:
+    def __init__(self, snapshot: JobSnapshot, host: str, rank_offset: int = 0, world_size: int | None = None) -> None:
         self._host = host
         self.snapshot = snapshot
         self.offset = rank_offset
@@ -240,16 +237,17 @@ class ReplayNode:
 
     def find_ranks(self, spec: JobSpec, readable: Callable[[int], bool] | None = None) -> Discovery:
         procs = tuple(
-            replace(r.process, host=self._host, world_size=self.world,
-                    rank=None if r.process.rank is None else r.process.rank + self.offset)
+            replace(
+                r.process,
+                host=self._host,
+                world_size=self.world,
+                rank=None if r.process.rank is None else r.process.rank + self.offset,
+            )
             for r in self.snapshot.ranks
         )
-        return Discovery(procs, self.world, (f"replaying a snapshot of {self.snapshot.spec}",),
-                         "a saved snapshot")
+        return Discovery(procs, self.world, (f"replaying a snapshot of {self.snapshot.spec}",), "a saved snapshot")
 
-    def sample(
-        self, procs: Sequence[RankProcess], t: float, *, native: bool, timeout: float
-    ) -> list[Sample]:
+    def sample(self, procs: Sequence[RankProcess], t: float, *, native: bool, timeout: float) -> list[Sample]:
         out = []
         for proc in procs:
             recorded = self.by_pid[proc.pid].samples
@@ -262,19 +260,24 @@ class ReplayNode:
         names = {f.filename for frames in wanted.values() for f in frames}
         return tuple(s for s in self.snapshot.sources if s.filename in names)
 
-    def heartbeats(self, pids: Sequence[int], reads: ProbeReads | None = None,
-                   who: Hashable = None) -> dict[int, Heartbeat]:
+    def heartbeats(
+        self, pids: Sequence[int], reads: ProbeReads | None = None, who: Hashable = None
+    ) -> dict[int, Heartbeat]:
         return {}  # a snapshot's heartbeats are as old as it is, not beats of now
 
-    def probe(self, pids: Sequence[int], timeout: float, reads: ProbeReads | None = None,
-              who: Hashable = None) -> ProbeAnswers:
+    def probe(
+        self, pids: Sequence[int], timeout: float, reads: ProbeReads | None = None, who: Hashable = None
+    ) -> ProbeAnswers:
         """What the snapshot holds of each rank's probe."""
         out = {}
         for pid in pids:
             if (r := self.by_pid.get(pid)) is not None:
                 told = r.flight is not None or r.heartbeat is not None or bool(r.exceptions)
-                out[pid] = (ProbeAnswer(ProbeStatus.ANSWERED, "", r.flight, r.heartbeat, r.exceptions) if told
-                            else ProbeAnswer(ProbeStatus.NO_PROBE, "no probe answer in the snapshot"))
+                out[pid] = (
+                    ProbeAnswer(ProbeStatus.ANSWERED, "", r.flight, r.heartbeat, r.exceptions)
+                    if told
+                    else ProbeAnswer(ProbeStatus.NO_PROBE, "no probe answer in the snapshot")
+                )
         return out
 
     def devices(self, pids: Sequence[int], *, listen: float, timeout: float, ras: bool) -> NodeDevices:
@@ -300,13 +303,16 @@ class _EntryBudget:
                 self.used += size
                 return answer
             held = self.used
-        why = (f"flight recorder dump of {size:,} entries left out: this call's answers hold "
-               f"{held:,} of at most {self.limit:,}; ask for fewer ranks at once")
+        why = (
+            f"flight recorder dump of {size:,} entries left out: this call's answers hold "
+            f"{held:,} of at most {self.limit:,}; ask for fewer ranks at once"
+        )
         return replace(answer, flight=None, reason=f"{answer.reason}; {why}" if answer.reason else why)
 
 
-def _ask_all(pids: Sequence[int], ask: Callable[[int], ProbeAnswer], reads: ProbeReads | None = None,
-             who: Hashable = None) -> ProbeAnswers:
+def _ask_all(
+    pids: Sequence[int], ask: Callable[[int], ProbeAnswer], reads: ProbeReads | None = None, who: Hashable = None
+) -> ProbeAnswers:
     """``ask`` of every pid at once (by ``reads`` for ``who`` when given): a probe that does
     not answer (a main thread holding the GIL) costs its timeout, not the sum of every rank's."""
     if not pids:

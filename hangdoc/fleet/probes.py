@@ -37,8 +37,9 @@ def ask_probes(
     answers: dict[int, ProbeAnswer] = {}
     failed: list[str] = []  # a probe that did not answer
     no_dump: list[str] = []  # a probe that answered without a flight recorder dump
-    for told in fan_out_pids(fleet, lambda node, pids: node.probe(pids, timeout), timeout + _SLACK,
-                             only=live, skip=lost):
+    for told in fan_out_pids(
+        fleet, lambda node, pids: node.probe(pids, timeout), timeout + _SLACK, only=live, skip=lost
+    ):
         for pid, answer in _answers(told).items():
             i = told.ranks.get(pid)
             if i is None or answer.status is ProbeStatus.NO_PROBE:

@@ -48,8 +48,7 @@ class RayAgentError(AgentError):
         "HangdocAgent actor's log on that node (docs/ray.md)."
     )
 
-    def __init__(self, message: str, help: str | None = None,
-                 failed: Mapping[str, str] | None = None) -> None:
+    def __init__(self, message: str, help: str | None = None, failed: Mapping[str, str] | None = None) -> None:
         super().__init__(message, help)
         self.failed = dict(failed or {})  # node id -> why no agent runs there
 
@@ -60,8 +59,9 @@ class RayAgents(dict[str, str]):
     ``NAMESPACE``, and ``failed`` ``{node id: reason}`` the nodes that have none (only with
     ``partial=True``)."""
 
-    def __init__(self, started: Mapping[str, Mapping[str, Any]], failed: Mapping[str, str],
-                 names: Mapping[str, str]) -> None:
+    def __init__(
+        self, started: Mapping[str, Mapping[str, Any]], failed: Mapping[str, str], names: Mapping[str, str]
+    ) -> None:
         super().__init__({node_id: info["address"] for node_id, info in started.items()})
         self.info = {node_id: dict(info) for node_id, info in started.items()}
         self.failed = dict(failed)
@@ -110,9 +110,15 @@ class HangdocAgent:
         ``raylet_pid``: the raylet whose workers are this node's, where one machine runs
         several), in which process, which hangdoc; ``error`` says why it does not listen
         (then ``address`` is empty)."""
-        return {"address": self._address, "node_id": self._node_id, "pid": os.getpid(),
-                "raylet_pid": _int(os.environ.get("RAY_RAYLET_PID")), "host": socket.gethostname(),
-                "hangdoc_version": __version__, "error": self._error}
+        return {
+            "address": self._address,
+            "node_id": self._node_id,
+            "pid": os.getpid(),
+            "raylet_pid": _int(os.environ.get("RAY_RAYLET_PID")),
+            "host": socket.gethostname(),
+            "hangdoc_version": __version__,
+            "error": self._error,
+        }
 
     def stop(self) -> None:
         """Stop serving; the actor itself ends with ``ray.kill``."""
@@ -163,7 +169,11 @@ def _actor_class() -> Any:
 
 @contextmanager
 def ray_agents(
-    node_ids: Iterable[str], *, token: str, keep: bool = False, start_timeout: float = 60.0,
+    node_ids: Iterable[str],
+    *,
+    token: str,
+    keep: bool = False,
+    start_timeout: float = 60.0,
     partial: bool = False,
 ) -> Iterator[RayAgents]:
     """One hangdoc agent per Ray node in ``node_ids`` for the block: ``{node id: "IP:PORT"}``.
@@ -263,8 +273,7 @@ def _remove(ray: Any, actors: list[Any], timeout: float = STOP_TIMEOUT) -> None:
     alive = list(actors)
     while alive and time.monotonic() < deadline:
         refs = {actor.info.remote(): actor for actor in alive}
-        ready, pending = ray.wait(list(refs), num_returns=len(refs),
-                                  timeout=max(0.0, deadline - time.monotonic()))
+        ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=max(0.0, deadline - time.monotonic()))
         alive = [refs[ref] for ref in pending] + [refs[ref] for ref in ready if not _is_dead(ray, ref)]
         if alive:
             time.sleep(0.1)
@@ -284,8 +293,11 @@ def _is_dead(ray: Any, ref: Any) -> bool:
 def stop_ray_agents(timeout: float = STOP_TIMEOUT) -> list[str]:
     """Kill every hangdoc agent actor left in the cluster (``keep=True``); their names."""
     ray = _ray()
-    names = sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                   if a["namespace"] == NAMESPACE and a["name"].startswith(NAME_PREFIX))
+    names = sorted(
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == NAMESPACE and a["name"].startswith(NAME_PREFIX)
+    )
     actors = []
     for name in names:
         try:

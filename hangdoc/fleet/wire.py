@@ -156,9 +156,11 @@ def discovery_to_proto(found: Discovery) -> pb.Discovery:
         world_size=found.world_size,
         notes=found.notes,
         searched=found.searched,
-        elsewhere=None if found.elsewhere is None else pb.Elsewhere(
-            host=found.elsewhere.host, why=found.elsewhere.why, nodes=found.elsewhere.nodes,
-            job=found.elsewhere.job),
+        elsewhere=None
+        if found.elsewhere is None
+        else pb.Elsewhere(
+            host=found.elsewhere.host, why=found.elsewhere.why, nodes=found.elsewhere.nodes, job=found.elsewhere.job
+        ),
     )
 
 
@@ -181,13 +183,19 @@ def _elsewhere(msg: pb.Elsewhere) -> Elsewhere:
 
 
 def frame_to_proto(frame: Frame) -> pb.Frame:
-    return pb.Frame(function=frame.function, filename=frame.filename, line=frame.line,
-                    native=frame.native, code=frame.code)
+    return pb.Frame(
+        function=frame.function, filename=frame.filename, line=frame.line, native=frame.native, code=frame.code
+    )
 
 
 def frame_from_proto(msg: pb.Frame) -> Frame:
-    return Frame(function=msg.function, filename=msg.filename, line=_opt_int(msg, "line"),
-                 native=msg.native, code=_opt_str(msg, "code"))
+    return Frame(
+        function=msg.function,
+        filename=msg.filename,
+        line=_opt_int(msg, "line"),
+        native=msg.native,
+        code=_opt_str(msg, "code"),
+    )
 
 
 def source_file_to_proto(src: SourceFile) -> pb.SourceFile:
@@ -196,8 +204,7 @@ def source_file_to_proto(src: SourceFile) -> pb.SourceFile:
 
 
 def source_file_from_proto(msg: pb.SourceFile) -> SourceFile:
-    return SourceFile(filename=msg.filename,
-                      lines=tuple((line.number, line.text) for line in msg.lines))
+    return SourceFile(filename=msg.filename, lines=tuple((line.number, line.text) for line in msg.lines))
 
 
 # ------------------------------------------------------------------ samples
@@ -212,9 +219,16 @@ def _state_to_proto(state: ProcessState) -> pb.ProcessState:
         write_chars=state.write_chars,
         ctx_switches=state.ctx_switches,
         rss_bytes=state.rss_bytes,
-        threads=[pb.ThreadCounters(native_id=c.native_id, cpu_seconds=c.cpu_seconds,
-                                   ctx_switches=c.ctx_switches, read_chars=c.read_chars,
-                                   write_chars=c.write_chars) for c in state.threads],
+        threads=[
+            pb.ThreadCounters(
+                native_id=c.native_id,
+                cpu_seconds=c.cpu_seconds,
+                ctx_switches=c.ctx_switches,
+                read_chars=c.read_chars,
+                write_chars=c.write_chars,
+            )
+            for c in state.threads
+        ],
     )
 
 
@@ -228,17 +242,20 @@ def _state_from_proto(msg: pb.ProcessState) -> ProcessState:
         ctx_switches=_opt_int(msg, "ctx_switches"),
         rss_bytes=_opt_int(msg, "rss_bytes"),
         threads=tuple(
-            ThreadCounters(native_id=c.native_id, cpu_seconds=c.cpu_seconds,
-                           ctx_switches=_opt_int(c, "ctx_switches"),
-                           read_chars=_opt_int(c, "read_chars"),
-                           write_chars=_opt_int(c, "write_chars"))
-            for c in msg.threads),
+            ThreadCounters(
+                native_id=c.native_id,
+                cpu_seconds=c.cpu_seconds,
+                ctx_switches=_opt_int(c, "ctx_switches"),
+                read_chars=_opt_int(c, "read_chars"),
+                write_chars=_opt_int(c, "write_chars"),
+            )
+            for c in msg.threads
+        ),
     )
 
 
 def _locals_to_proto(found: FrameLocals) -> pb.FrameLocals:
-    return pb.FrameLocals(index=found.index, values=[pb.LocalValue(name=k, value=v)
-                                                     for k, v in found.values])
+    return pb.FrameLocals(index=found.index, values=[pb.LocalValue(name=k, value=v) for k, v in found.values])
 
 
 def _locals_from_proto(msg: pb.FrameLocals, depth: int) -> FrameLocals:
@@ -250,9 +267,15 @@ def _locals_from_proto(msg: pb.FrameLocals, depth: int) -> FrameLocals:
 def _sample_to_proto(sample: Sample, out: pb.Sample, table: StackTable) -> None:
     out.t = sample.t
     for th in sample.threads:
-        out.threads.add(thread_id=th.thread_id, name=th.name, stack=table.stack_id(th.frames),
-                        native_id=th.native_id, active=th.active, owns_gil=th.owns_gil,
-                        locals=[_locals_to_proto(found) for found in th.locals])
+        out.threads.add(
+            thread_id=th.thread_id,
+            name=th.name,
+            stack=table.stack_id(th.frames),
+            native_id=th.native_id,
+            active=th.active,
+            owns_gil=th.owns_gil,
+            locals=[_locals_to_proto(found) for found in th.locals],
+        )
     if sample.state is not None:
         out.state.CopyFrom(_state_to_proto(sample.state))
     if sample.error is not None:
@@ -260,8 +283,9 @@ def _sample_to_proto(sample: Sample, out: pb.Sample, table: StackTable) -> None:
         out.error.message = sample.error.message
 
 
-def samples_to_proto(samples: Mapping[int, Sample] | Iterable[tuple[int, Sample]],
-                     discovery: Discovery | None = None) -> pb.SampleResponse:
+def samples_to_proto(
+    samples: Mapping[int, Sample] | Iterable[tuple[int, Sample]], discovery: Discovery | None = None
+) -> pb.SampleResponse:
     """A ``SampleResponse`` with one sample per pid (in the given order), stacks interned.
 
     ``discovery`` is included when the request named a job rather than processes.
@@ -287,9 +311,7 @@ def _stacks_from_proto(msg: pb.SampleResponse) -> list[Stack]:
         try:
             stacks.append(tuple(frames[j] for j in stack.frames))
         except IndexError:
-            raise AgentApiError(
-                f"stack {i} refers to a frame outside the frame table ({len(frames)} frames)"
-            ) from None
+            raise AgentApiError(f"stack {i} refers to a frame outside the frame table ({len(frames)} frames)") from None
     return stacks
 
 
@@ -297,18 +319,18 @@ def _sample_from_proto(msg: pb.Sample, stacks: list[Stack]) -> Sample:
     threads = []
     for th in msg.threads:
         if th.stack >= len(stacks):
-            raise AgentApiError(
-                f"a thread refers to stack {th.stack}, the table has {len(stacks)} stacks"
+            raise AgentApiError(f"a thread refers to stack {th.stack}, the table has {len(stacks)} stacks")
+        threads.append(
+            ThreadStack(
+                thread_id=th.thread_id,
+                name=_opt_str(th, "name"),
+                frames=stacks[th.stack],
+                native_id=_opt_int(th, "native_id"),
+                active=th.active,
+                owns_gil=th.owns_gil,
+                locals=tuple(_locals_from_proto(found, len(stacks[th.stack])) for found in th.locals),
             )
-        threads.append(ThreadStack(
-            thread_id=th.thread_id,
-            name=_opt_str(th, "name"),
-            frames=stacks[th.stack],
-            native_id=_opt_int(th, "native_id"),
-            active=th.active,
-            owns_gil=th.owns_gil,
-            locals=tuple(_locals_from_proto(found, len(stacks[th.stack])) for found in th.locals),
-        ))
+        )
     error = None
     if msg.HasField("error"):
         kind = _lookup(_ERROR_KIND_FROM_PB, msg.error.kind, "CaptureErrorKind")
@@ -339,13 +361,19 @@ def heartbeat_from_proto(msg: pb.Heartbeat) -> Heartbeat:
     return Heartbeat(msg.pid, _opt_int(msg, "step"), msg.beats, msg.in_step, msg.age_seconds)
 
 
-_GPU_OPTIONAL = ("utilization_percent", "memory_used_bytes", "memory_total_bytes",
-                 "process_memory_bytes", "ecc_uncorrected")
+_GPU_OPTIONAL = (
+    "utilization_percent",
+    "memory_used_bytes",
+    "memory_total_bytes",
+    "process_memory_bytes",
+    "ecc_uncorrected",
+)
 
 
 def gpu_state_to_proto(gpu: GpuState) -> pb.GpuState:
-    msg = pb.GpuState(index=gpu.index, uuid=gpu.uuid, name=gpu.name, xids=list(gpu.xids),
-                      lost=gpu.lost, matched_by=gpu.matched_by)
+    msg = pb.GpuState(
+        index=gpu.index, uuid=gpu.uuid, name=gpu.name, xids=list(gpu.xids), lost=gpu.lost, matched_by=gpu.matched_by
+    )
     for name in _GPU_OPTIONAL:
         if (value := getattr(gpu, name)) is not None:
             setattr(msg, name, value)
@@ -358,6 +386,12 @@ def gpu_state_from_proto(msg: pb.GpuState) -> GpuState:
     values = {name: v if v is not None and v >= 0 else None for name, v in values.items()}
     if values["utilization_percent"] is not None and values["utilization_percent"] > 100:
         values["utilization_percent"] = None
-    return GpuState(index=msg.index, uuid=msg.uuid[:200], name=msg.name[:200],
-                    xids=tuple(msg.xids[:64]), lost=msg.lost, matched_by=msg.matched_by[:200],
-                    **values)
+    return GpuState(
+        index=msg.index,
+        uuid=msg.uuid[:200],
+        name=msg.name[:200],
+        xids=tuple(msg.xids[:64]),
+        lost=msg.lost,
+        matched_by=msg.matched_by[:200],
+        **values,
+    )

@@ -22,10 +22,24 @@ class PlainConsole(Console):
     pipe raises ``BrokenPipeError`` for the caller to handle (the CLI's ``main``), where
     rich's own handling would exit with status 1."""
 
-    def __init__(self, file: IO[str] | None = None, *, width: int | None = None, no_color: bool | None = None,
-                 force_terminal: bool | None = None, pipe_errors: bool = False) -> None:
-        super().__init__(file=file, width=width, no_color=no_color, force_terminal=force_terminal,
-                         markup=False, emoji=False, highlight=False)
+    def __init__(
+        self,
+        file: IO[str] | None = None,
+        *,
+        width: int | None = None,
+        no_color: bool | None = None,
+        force_terminal: bool | None = None,
+        pipe_errors: bool = False,
+    ) -> None:
+        super().__init__(
+            file=file,
+            width=width,
+            no_color=no_color,
+            force_terminal=force_terminal,
+            markup=False,
+            emoji=False,
+            highlight=False,
+        )
         self.pipe_errors = pipe_errors
 
     def on_broken_pipe(self) -> None:

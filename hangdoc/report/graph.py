@@ -86,11 +86,17 @@ def tree_graph(diagnosis: Diagnosis) -> TreeGraph:
     for node in tree.nodes:
         for kid in node.children:
             kid_ranks = tree.nodes[kid].ranks
-            graph.edges.append((_name(node.node_id), _name(kid), {
-                "count": len(kid_ranks),
-                "label": f"{_ranks_word(len(kid_ranks))}\n[{short_ranges(kid_ranks, _LABEL_RANGES)}]",
-                "changes": kid_ranks != node.ranks or node.node_id == ROOT,
-            }))
+            graph.edges.append(
+                (
+                    _name(node.node_id),
+                    _name(kid),
+                    {
+                        "count": len(kid_ranks),
+                        "label": f"{_ranks_word(len(kid_ranks))}\n[{short_ranges(kid_ranks, _LABEL_RANGES)}]",
+                        "changes": kid_ranks != node.ranks or node.node_id == ROOT,
+                    },
+                )
+            )
     return graph
 
 
@@ -109,10 +115,7 @@ def _label(frame: Frame | None, count: int) -> str:
 
 
 def _tooltip(frame: Frame | None, count: int, ranks: str) -> str:
-    if frame is None:
-        where = "all ranks"
-    else:
-        where = printable(frame.filename) + (f":{frame.line}" if frame.line else "")
+    where = "all ranks" if frame is None else printable(frame.filename) + (f":{frame.line}" if frame.line else "")
     return f"{where} · {_ranks_word(count)} [{ranks}]"
 
 
@@ -146,13 +149,20 @@ def render_dot(diagnosis: Diagnosis) -> str:
     graph = tree_graph(diagnosis)
     lines = [
         "digraph hangdoc {",
-        f"  graph [{_dot_attrs({'label': _title(diagnosis), 'labelloc': 't', 'rankdir': 'TB', 'fontname': 'Helvetica'})}];",
+        "  graph ["
+        + _dot_attrs({"label": _title(diagnosis), "labelloc": "t", "rankdir": "TB", "fontname": "Helvetica"})
+        + "];",
         '  node [shape="box", style="rounded,filled", fontname="Courier", fontsize="10"];',
         '  edge [fontname="Helvetica", fontsize="9", color="#667085"];',
     ]
     for name, data in graph.nodes.items():
-        attrs = {"label": data["label"], "tooltip": data["tooltip"], "ranks": data["ranks"],
-                 "kind": data["kind"], **_DOT_STYLE[data["kind"]]}
+        attrs = {
+            "label": data["label"],
+            "tooltip": data["tooltip"],
+            "ranks": data["ranks"],
+            "kind": data["kind"],
+            **_DOT_STYLE[data["kind"]],
+        }
         if data["native"]:
             attrs["style"] = "rounded,filled,dashed"
         lines.append(f"  {name} [{_dot_attrs(attrs)}];")
@@ -177,20 +187,22 @@ _GAP_LABELLED, _GAP_PLAIN = 40, 14  # between rows, with and without edge labels
 _MARGIN = 20
 _BOX_CHARS = 64
 _TITLE_H = 56
-_SVG_FILL = {"root": ("#eef1f5", PLAIN_LINE), "frame": (PLAIN_FILL, PLAIN_LINE),
-             "outlier": (OUTLIER_FILL, OUTLIER_LINE), "culprit": (CULPRIT_FILL, CULPRIT_LINE)}
+_SVG_FILL = {
+    "root": ("#eef1f5", PLAIN_LINE),
+    "frame": (PLAIN_FILL, PLAIN_LINE),
+    "outlier": (OUTLIER_FILL, OUTLIER_LINE),
+    "culprit": (CULPRIT_FILL, CULPRIT_LINE),
+}
 
 
 def _svg_label(label: str) -> list[str]:
     """The lines of a node's box, each cut to ``_BOX_CHARS`` (the tooltip has it all)."""
-    return [line if len(line) <= _BOX_CHARS else line[:_BOX_CHARS - 1] + "…"
-            for line in label.split("\n")]
+    return [line if len(line) <= _BOX_CHARS else line[: _BOX_CHARS - 1] + "…" for line in label.split("\n")]
 
 
 def _box(label: str) -> tuple[float, float]:
     lines = _svg_label(label)
-    return (max(len(line) for line in lines) * _CHAR_W + 2 * _PAD_X,
-            len(lines) * _LINE_H + 2 * _PAD_Y)
+    return (max(len(line) for line in lines) * _CHAR_W + 2 * _PAD_X, len(lines) * _LINE_H + 2 * _PAD_Y)
 
 
 def _layout(graph: TreeGraph, root: str) -> dict[str, tuple[float, float, float, float]]:
@@ -236,8 +248,9 @@ def render_svg(diagnosis: Diagnosis) -> str:
     graph = tree_graph(diagnosis)
     title = printable(_title(diagnosis))
     if not len(graph):
-        return _svg_document(520, 90, [_text(_MARGIN, 40, title, "title"),
-                                       _text(_MARGIN, 64, "no stacks were merged", "sub")])
+        return _svg_document(
+            520, 90, [_text(_MARGIN, 40, title, "title"), _text(_MARGIN, 64, "no stacks were merged", "sub")]
+        )
     root = _name(ROOT)
     place = _layout(graph, root)
     width = max(x + w / 2 for x, _, w, _ in place.values()) + _MARGIN
@@ -249,26 +262,34 @@ def render_svg(diagnosis: Diagnosis) -> str:
         kind = graph.nodes[kid]["kind"]
         stroke = _SVG_FILL[kind][1] if kind in ("outlier", "culprit") else "#98a2b3"
         mid = (py + ph + ky) / 2
-        parts.append(f'<path class="edge" d="M{px:.1f},{py + ph:.1f} C{px:.1f},{mid:.1f} '
-                     f'{kx:.1f},{mid:.1f} {kx:.1f},{ky:.1f}" stroke="{stroke}"/>')
+        parts.append(
+            f'<path class="edge" d="M{px:.1f},{py + ph:.1f} C{px:.1f},{mid:.1f} '
+            f'{kx:.1f},{mid:.1f} {kx:.1f},{ky:.1f}" stroke="{stroke}"/>'
+        )
         if data["changes"]:  # beside the child, on the side away from the parent
             first, second = data["label"].split("\n", 1)
             lx, anchor = (kx - 6, "end") if kx < px - 1 else (kx + 6, "start")
-            parts.append(f'<text class="elabel" x="{lx:.1f}" y="{ky - 22:.1f}" text-anchor="{anchor}">'
-                         f'<tspan>{escape(first)}</tspan><tspan x="{lx:.1f}" dy="11">'
-                         f'{escape(second)}</tspan></text>')
+            parts.append(
+                f'<text class="elabel" x="{lx:.1f}" y="{ky - 22:.1f}" text-anchor="{anchor}">'
+                f'<tspan>{escape(first)}</tspan><tspan x="{lx:.1f}" dy="11">'
+                f"{escape(second)}</tspan></text>"
+            )
     for name, data in graph.nodes.items():
         x, y, w, h = place[name]
         fill, line = _SVG_FILL[data["kind"]]
         dashed = ' stroke-dasharray="4 2"' if data["native"] else ""
         thick = "2" if data["kind"] in ("outlier", "culprit") else "1"
-        parts.append(f'<g class="node {data["kind"]}" id="{name}"><title>{escape(data["tooltip"])}</title>'
-                     f'<rect x="{x - w / 2:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" rx="5" '
-                     f'fill="{fill}" stroke="{line}" stroke-width="{thick}"{dashed}/>')
+        parts.append(
+            f'<g class="node {data["kind"]}" id="{name}"><title>{escape(data["tooltip"])}</title>'
+            f'<rect x="{x - w / 2:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" rx="5" '
+            f'fill="{fill}" stroke="{line}" stroke-width="{thick}"{dashed}/>'
+        )
         for i, text in enumerate(_svg_label(data["label"])):
             cls = "fn" if i == 0 else "loc"
-            parts.append(f'<text class="{cls}" x="{x:.1f}" y="{y + _PAD_Y + 11 + i * _LINE_H:.1f}" '
-                         f'text-anchor="middle">{escape(text)}</text>')
+            parts.append(
+                f'<text class="{cls}" x="{x:.1f}" y="{y + _PAD_Y + 11 + i * _LINE_H:.1f}" '
+                f'text-anchor="middle">{escape(text)}</text>'
+            )
         parts.append("</g>")
     return _svg_document(width, height, parts)
 
@@ -279,8 +300,10 @@ def _legend(diagnosis: Diagnosis, y: float) -> str:
         items.append(("culprit ranks only", CULPRIT_FILL, CULPRIT_LINE))
     out, x = [], float(_MARGIN)
     for label, fill, line in items:
-        out.append(f'<rect x="{x:.1f}" y="{y - 10:.1f}" width="14" height="12" rx="3" fill="{fill}" '
-                   f'stroke="{line}" stroke-width="2"/>')
+        out.append(
+            f'<rect x="{x:.1f}" y="{y - 10:.1f}" width="14" height="12" rx="3" fill="{fill}" '
+            f'stroke="{line}" stroke-width="2"/>'
+        )
         out.append(_text(x + 20, y, label, "sub"))
         x += 40 + len(label) * 7
     if diagnosis.verdict is not Verdict.NOT_HUNG and not diagnosis.culprit_ranks:
@@ -293,14 +316,17 @@ def _text(x: float, y: float, text: str, cls: str) -> str:
 
 
 def _svg_document(width: float, height: float, parts: list[str]) -> str:
-    style = (".title{font:600 15px Helvetica,Arial,sans-serif;fill:#1d2330}"
-             ".sub{font:12px Helvetica,Arial,sans-serif;fill:#475467}"
-             ".fn{font:600 11px monospace;fill:#1d2330}.loc{font:11px monospace;fill:#475467}"
-             ".elabel{font:10px Helvetica,Arial,sans-serif;fill:#344054;paint-order:stroke;"
-             "stroke:#fff;stroke-width:3px}.edge{fill:none;stroke-width:1.4}")
-    head = (f'<?xml version="1.0" encoding="UTF-8"?>\n<svg xmlns="http://www.w3.org/2000/svg" '
-            f'width="{width:.0f}" height="{height:.0f}" viewBox="0 0 {width:.0f} {height:.0f}" '
-            f'font-family="monospace">\n<title>{escape(printable("hangdoc merged stack tree"))}</title>\n'
-            f'<style>{style}</style>\n<rect width="100%" height="100%" fill="#fff"/>\n')
+    style = (
+        ".title{font:600 15px Helvetica,Arial,sans-serif;fill:#1d2330}"
+        ".sub{font:12px Helvetica,Arial,sans-serif;fill:#475467}"
+        ".fn{font:600 11px monospace;fill:#1d2330}.loc{font:11px monospace;fill:#475467}"
+        ".elabel{font:10px Helvetica,Arial,sans-serif;fill:#344054;paint-order:stroke;"
+        "stroke:#fff;stroke-width:3px}.edge{fill:none;stroke-width:1.4}"
+    )
+    head = (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<svg xmlns="http://www.w3.org/2000/svg" '
+        f'width="{width:.0f}" height="{height:.0f}" viewBox="0 0 {width:.0f} {height:.0f}" '
+        f'font-family="monospace">\n<title>{escape(printable("hangdoc merged stack tree"))}</title>\n'
+        f'<style>{style}</style>\n<rect width="100%" height="100%" fill="#fff"/>\n'
+    )
     return head + "\n".join(parts) + "\n</svg>\n"
-

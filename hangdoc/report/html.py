@@ -53,8 +53,10 @@ from ..rankranges import ranges_text
 
 DATA_VERSION = 1  # the layout of the embedded object; bumped when the script must change
 
-_CSP = ("default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
-        "img-src data:; base-uri 'none'; form-action 'none'")
+_CSP = (
+    "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
+    "img-src data:; base-uri 'none'; form-action 'none'"
+)
 
 
 def render_html(diagnosis: Diagnosis, snapshot: JobSnapshot) -> str:
@@ -63,17 +65,19 @@ def render_html(diagnosis: Diagnosis, snapshot: JobSnapshot) -> str:
     # "<" never appears raw in the embedded JSON: no "</script>" or "<!--" can end it early
     payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
     title = f"hangdoc: {diagnosis.verdict.value} · {printable(snapshot.spec)}"
-    return "".join([
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n",
-        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_CSP}\">\n",
-        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n",
-        f"<meta name=\"generator\" content=\"hangdoc {html.escape(__version__)}\">\n",
-        f"<title>{html.escape(title)}</title>\n<style>\n{_asset('report.css')}</style>\n",
-        "</head>\n<body>\n",
-        _static(diagnosis, snapshot),
-        f"<script type=\"application/json\" id=\"hangdoc-data\">{payload}</script>\n",
-        f"<script>\n{_asset('report.js')}</script>\n</body></html>\n",
-    ])
+    return "".join(
+        [
+            '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">\n',
+            f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">\n',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">\n',
+            f'<meta name="generator" content="hangdoc {html.escape(__version__)}">\n',
+            f"<title>{html.escape(title)}</title>\n<style>\n{_asset('report.css')}</style>\n",
+            "</head>\n<body>\n",
+            _static(diagnosis, snapshot),
+            f'<script type="application/json" id="hangdoc-data">{payload}</script>\n',
+            f"<script>\n{_asset('report.js')}</script>\n</body></html>\n",
+        ]
+    )
 
 
 def _asset(name: str) -> str:
@@ -97,8 +101,10 @@ def _static(diagnosis: Diagnosis, snapshot: JobSnapshot) -> str:
     """The header and the text sections, as HTML; the script fills the placeholders."""
     culprits = ranges_text(sorted(set(diagnosis.culprit_ranks)))
     if culprits:
-        who = (f"culprit ranks <span class=\"culprits\" id=\"culprits\">{_esc(culprits)}</span>"
-               f" <span class=\"dim\">({len(set(diagnosis.culprit_ranks))})</span>")
+        who = (
+            f'culprit ranks <span class="culprits" id="culprits">{_esc(culprits)}</span>'
+            f' <span class="dim">({len(set(diagnosis.culprit_ranks))})</span>'
+        )
     else:
         who = "no culprit ranks" if diagnosis.verdict is not Verdict.NOT_HUNG else ""
     found = len(snapshot.ranks)
@@ -106,48 +112,59 @@ def _static(diagnosis: Diagnosis, snapshot: JobSnapshot) -> str:
     job = f"job {_esc(snapshot.spec)} · {found}{size} rank processes found"
     if snapshot.captured_at:
         job += f" · captured {_esc(snapshot.captured_at)}"
-    partial = " <span class=\"partial\">partial evidence</span>" if diagnosis.partial else ""
+    partial = ' <span class="partial">partial evidence</span>' if diagnosis.partial else ""
     head = [
         "<header>",
-        "<div class=\"brand\">hangdoc report</div>",
-        (f"<h1><span class=\"verdict {_verdict_class(diagnosis.verdict)}\" id=\"verdict\">"
-        f"{_esc(diagnosis.verdict.value)}</span> <span class=\"who\">{who}</span></h1>"),
-        (f"<p class=\"meta\">confidence <b class=\"conf-{diagnosis.confidence.value}\" id=\"confidence\">"
-        f"{diagnosis.confidence.value}</b>{partial}</p>"),
-        f"<p class=\"summary\" id=\"summary\">{_esc(diagnosis.summary)}</p>",
+        '<div class="brand">hangdoc report</div>',
+        (
+            f'<h1><span class="verdict {_verdict_class(diagnosis.verdict)}" id="verdict">'
+            f'{_esc(diagnosis.verdict.value)}</span> <span class="who">{who}</span></h1>'
+        ),
+        (
+            f'<p class="meta">confidence <b class="conf-{diagnosis.confidence.value}" id="confidence">'
+            f"{diagnosis.confidence.value}</b>{partial}</p>"
+        ),
+        f'<p class="summary" id="summary">{_esc(diagnosis.summary)}</p>',
     ]
     if diagnosis.basis:
-        head.append(f"<p class=\"basis\"><b>basis:</b> {_esc(' · '.join(diagnosis.basis))}</p>")
-    head += [f"<p class=\"job dim\">{job}</p>", "</header>", "<main>"]
+        head.append(f'<p class="basis"><b>basis:</b> {_esc(" · ".join(diagnosis.basis))}</p>')
+    head += [f'<p class="job dim">{job}</p>', "</header>", "<main>"]
     samples = max((len(rs.samples) for rs in snapshot.ranks), default=0)
-    notes = [(f"observed for {diagnosis.observed_seconds:.1f} s over {samples} "
-             f"sample{'s' if samples != 1 else ''}"), *snapshot.notes]
-    unreachable = [f"{u.target}: {u.reason}" + (f" (ranks {ranges_text(sorted(set(u.ranks)))} unknown)"
-                                                 if u.ranks else "")
-                   for u in snapshot.unreachable]
+    notes = [
+        (f"observed for {diagnosis.observed_seconds:.1f} s over {samples} sample{'s' if samples != 1 else ''}"),
+        *snapshot.notes,
+    ]
+    unreachable = [
+        f"{u.target}: {u.reason}" + (f" (ranks {ranges_text(sorted(set(u.ranks)))} unknown)" if u.ranks else "")
+        for u in snapshot.unreachable
+    ]
     body = [
         _list("evidence", "Evidence", diagnosis.evidence, "ul"),
         _list("next-steps", "Next steps", diagnosis.next_steps, "ol"),
-        ("<section id=\"tree-section\"><h2>Merged stacks</h2>"
-        "<div class=\"toolbar\"><input id=\"search\" type=\"search\" placeholder=\"search a "
-        "function or file (press /)\" autocomplete=\"off\" spellcheck=\"false\">"
-        "<button id=\"expand-outliers\" type=\"button\">show outliers</button>"
-        "<button id=\"collapse-all\" type=\"button\">collapse all</button>"
-        "<span id=\"tree-stats\" class=\"dim\"></span></div>"
-        "<div id=\"search-results\"></div>"
-        "<div id=\"tree\" class=\"tree\"><p class=\"dim\">the tree is drawn by the page's "
-        "script</p></div></section>"),
-        "<section id=\"classes-section\"><h2>Classes of ranks</h2><div id=\"classes\"></div></section>",
-        ("<aside id=\"rank-panel\"><h2>Rank</h2><div class=\"toolbar\">"
-        "<input id=\"rank-input\" type=\"text\" inputmode=\"numeric\" placeholder=\"rank number\" "
-        "autocomplete=\"off\"><button id=\"rank-go\" type=\"button\">show</button>"
-        "<button id=\"rank-prev\" type=\"button\" title=\"previous rank\">◀</button>"
-        "<button id=\"rank-next\" type=\"button\" title=\"next rank\">▶</button></div>"
-        "<div id=\"rank-set\"></div><div id=\"rank-view\" class=\"dim\">click a rank (a culprit, "
-        "a rank set on the tree) or type its number</div></aside>"),
+        (
+            '<section id="tree-section"><h2>Merged stacks</h2>'
+            '<div class="toolbar"><input id="search" type="search" placeholder="search a '
+            'function or file (press /)" autocomplete="off" spellcheck="false">'
+            '<button id="expand-outliers" type="button">show outliers</button>'
+            '<button id="collapse-all" type="button">collapse all</button>'
+            '<span id="tree-stats" class="dim"></span></div>'
+            '<div id="search-results"></div>'
+            '<div id="tree" class="tree"><p class="dim">the tree is drawn by the page\'s '
+            "script</p></div></section>"
+        ),
+        '<section id="classes-section"><h2>Classes of ranks</h2><div id="classes"></div></section>',
+        (
+            '<aside id="rank-panel"><h2>Rank</h2><div class="toolbar">'
+            '<input id="rank-input" type="text" inputmode="numeric" placeholder="rank number" '
+            'autocomplete="off"><button id="rank-go" type="button">show</button>'
+            '<button id="rank-prev" type="button" title="previous rank">◀</button>'
+            '<button id="rank-next" type="button" title="next rank">▶</button></div>'
+            '<div id="rank-set"></div><div id="rank-view" class="dim">click a rank (a culprit, '
+            "a rank set on the tree) or type its number</div></aside>"
+        ),
         _list("unreachable", "Unreachable", unreachable, "ul"),
         _list("notes", "Notes", notes, "ul"),
-        f"<footer class=\"dim\">hangdoc {html.escape(__version__)}</footer>",
+        f'<footer class="dim">hangdoc {html.escape(__version__)}</footer>',
         "</main>",
     ]
     return "\n".join(head + [b for b in body if b]) + "\n"
@@ -157,7 +174,7 @@ def _list(ident: str, title: str, items: Sequence[str], tag: str) -> str:
     if not items:
         return ""
     rows = "".join(f"<li>{_esc(item)}</li>" for item in items)
-    return f"<section id=\"{ident}\"><h2>{title}</h2><{tag}>{rows}</{tag}></section>"
+    return f'<section id="{ident}"><h2>{title}</h2><{tag}>{rows}</{tag}></section>'
 
 
 # ------------------------------------------------------------------ the embedded data
@@ -184,9 +201,15 @@ _text = functools.lru_cache(maxsize=1 << 16)(printable)  # thread names, hosts: 
 
 def _frame(frame: Frame) -> list[Any]:
     """``[function, location, file, line, origin, native, code]``."""
-    return [printable(frame.function), printable(frame.location), printable(frame.filename),
-            frame.line, frame.origin.kind.value, int(frame.native),
-            printable(frame.code.strip()) if frame.code else None]
+    return [
+        printable(frame.function),
+        printable(frame.location),
+        printable(frame.filename),
+        frame.line,
+        frame.origin.kind.value,
+        int(frame.native),
+        printable(frame.code.strip()) if frame.code else None,
+    ]
 
 
 def _runs(values: Iterable[int]) -> list[int]:
@@ -245,8 +268,11 @@ def _tree(tree: CallTree, stacks: StackTable, rsets: _Table, culprits: frozenset
         "parent": parent,
         "ranks": [rsets.add(n.ranks) for n in tree.nodes],
         "outliers": sorted(tree.outliers),
-        "culprit": [n.node_id for n in tree.nodes if n.node_id != ROOT and n.ranks
-                    and len(n.ranks) <= len(culprits) and culprits.issuperset(n.ranks)],
+        "culprit": [
+            n.node_id
+            for n in tree.nodes
+            if n.node_id != ROOT and n.ranks and len(n.ranks) <= len(culprits) and culprits.issuperset(n.ranks)
+        ],
         "divergence": list(tree.divergence),
     }
 
@@ -278,14 +304,16 @@ class _RankTables:
     def __init__(self) -> None:
         self.hosts = _Table(_text)
         self.info = _Table()
-        self.samples = _Table(lambda key: key if isinstance(key, dict) else
-                              [[_text(name), stack, flags] for name, stack, flags in key])
+        self.samples = _Table(
+            lambda key: key if isinstance(key, dict) else [[_text(name), stack, flags] for name, stack, flags in key]
+        )
         self.quick: dict[tuple[Any, ...], int] = {}
         self.views = _Table()
 
 
-def _ranks(analyses: Sequence[RankAnalysis], snapshot: JobSnapshot, stacks: StackTable,
-           tables: _RankTables) -> dict[str, Any]:
+def _ranks(
+    analyses: Sequence[RankAnalysis], snapshot: JobSnapshot, stacks: StackTable, tables: _RankTables
+) -> dict[str, Any]:
     """The per-rank columns, in rank order (one entry per rank number)."""
     by_rank: dict[int, RankAnalysis] = {}
     for ra in analyses:
@@ -331,7 +359,8 @@ def _sample(sample: Sample, stacks: StackTable, tables: _RankTables) -> int:
     quick = tuple((th.name, id(th.frames), th.active, th.owns_gil) for th in sample.threads)
     idx = tables.quick.get(quick)
     if idx is None:
-        key = tuple((th.name or "", stacks.stack_id(th.frames), int(th.active) | 2 * int(th.owns_gil))
-                    for th in sample.threads)
+        key = tuple(
+            (th.name or "", stacks.stack_id(th.frames), int(th.active) | 2 * int(th.owns_gil)) for th in sample.threads
+        )
         idx = tables.quick[quick] = tables.samples.add(key)
     return idx

@@ -68,10 +68,7 @@ _LINE = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(", ", 
 
 
 def _text(value: Any, indent: int | None = 2) -> str:
-    if indent is None:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
-    else:
-        text = _layout(value, " " * indent, 0)
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False) if indent is None else _layout(value, " " * indent, 0)
     return text.translate(_JSON_ESCAPES)
 
 
@@ -135,8 +132,10 @@ def _report(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
         "basis": list(diagnosis.basis),
         "evidence": list(diagnosis.evidence),
         "next_steps": list(diagnosis.next_steps),
-        "ranks": [_with_gpus(_rank(ra, processes.of(ra), op_entry), gpus.get((ra.host, ra.pid or 0), ()))
-                  for ra in diagnosis.ranks],
+        "ranks": [
+            _with_gpus(_rank(ra, processes.of(ra), op_entry), gpus.get((ra.host, ra.pid or 0), ()))
+            for ra in diagnosis.ranks
+        ],
         "groups": [_group(g) for g in diagnosis.groups],
         "unreachable": [_unreachable(u) for u in snapshot.unreachable],
         "spec": snapshot.spec,
@@ -154,21 +153,34 @@ def _report(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
 
 def _scope(scope: Scope) -> dict[str, Any]:
     """What was seen of the job, as inclusive ``[first, last]`` rank ranges."""
-    return {"world_size": scope.world_size, "whole": scope.whole,
-            "seen": [list(r) for r in ranges(scope.seen)],
-            "not_seen": [list(r) for r in ranges(scope.not_seen)],
-            "absent": [list(r) for r in ranges(scope.absent)]}
+    return {
+        "world_size": scope.world_size,
+        "whole": scope.whole,
+        "seen": [list(r) for r in ranges(scope.seen)],
+        "not_seen": [list(r) for r in ranges(scope.not_seen)],
+        "absent": [list(r) for r in ranges(scope.absent)],
+    }
 
 
 def _with_gpus(rank: dict[str, Any], gpus: tuple[GpuState, ...]) -> dict[str, Any]:
     """A rank's entry, with its ``gpus`` key only where NVML showed it on a GPU."""
     if gpus:
-        rank["gpus"] = [{"index": g.index, "uuid": g.uuid, "name": g.name,
-                         "utilization_percent": g.utilization_percent,
-                         "memory_used_bytes": g.memory_used_bytes, "memory_total_bytes": g.memory_total_bytes,
-                         "process_memory_bytes": g.process_memory_bytes, "xids": list(g.xids),
-                         "ecc_uncorrected": g.ecc_uncorrected, "lost": g.lost, "matched_by": g.matched_by}
-                        for g in gpus]
+        rank["gpus"] = [
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "name": g.name,
+                "utilization_percent": g.utilization_percent,
+                "memory_used_bytes": g.memory_used_bytes,
+                "memory_total_bytes": g.memory_total_bytes,
+                "process_memory_bytes": g.process_memory_bytes,
+                "xids": list(g.xids),
+                "ecc_uncorrected": g.ecc_uncorrected,
+                "lost": g.lost,
+                "matched_by": g.matched_by,
+            }
+            for g in gpus
+        ]
     return rank
 
 
@@ -178,21 +190,32 @@ def _ras(report: NcclRasReport) -> dict[str, Any]:
         "nccl_version": report.nccl_version,
         "source": report.source,
         "timeouts": report.timeouts,
-        "communicators": [{
-            "hash": c.hash, "size": c.size,
-            "missing_ranks": [{"rank": r.comm_rank, "host": r.host, "pid": r.pid,
-                               "unresponsive": r.unresponsive, "dead": r.dead} for r in c.missing],
-            "launched": {str(r.comm_rank): r.launched for r in c.ranks if not r.missing},
-            "errors": [{"rank": r.comm_rank, "async_error": r.async_error, "init_state": r.init_state,
-                        "abort": r.abort_flag} for r in c.ranks
-                       if r.async_error not in (None, 0, 7) or r.init_state not in (None, 0, 7) or r.abort_flag],
-        } for c in report.communicators],
+        "communicators": [
+            {
+                "hash": c.hash,
+                "size": c.size,
+                "missing_ranks": [
+                    {"rank": r.comm_rank, "host": r.host, "pid": r.pid, "unresponsive": r.unresponsive, "dead": r.dead}
+                    for r in c.missing
+                ],
+                "launched": {str(r.comm_rank): r.launched for r in c.ranks if not r.missing},
+                "errors": [
+                    {
+                        "rank": r.comm_rank,
+                        "async_error": r.async_error,
+                        "init_state": r.init_state,
+                        "abort": r.abort_flag,
+                    }
+                    for r in c.ranks
+                    if r.async_error not in (None, 0, 7) or r.init_state not in (None, 0, 7) or r.abort_flag
+                ],
+            }
+            for c in report.communicators
+        ],
     }
 
 
-def undiagnosed_to_json_dict(
-    spec: str, error: str, help: str, *, noticed: str, captured_at: str
-) -> dict[str, Any]:
+def undiagnosed_to_json_dict(spec: str, error: str, help: str, *, noticed: str, captured_at: str) -> dict[str, Any]:
     """The report of a job that stopped making progress but could not be diagnosed (what
     ``hangdoc watch`` writes when its diagnosis fails), with every key of ``to_json_dict``.
 
@@ -246,8 +269,11 @@ class _Processes:
         return None if ra.rank is None else self._by_rank.get(ra.rank)
 
 
-def _rank(ra: RankAnalysis, process: RankProcess | None,
-          op_entry: Callable[[DistOp | None], dict[str, Any] | None] | None = None) -> dict[str, Any]:
+def _rank(
+    ra: RankAnalysis,
+    process: RankProcess | None,
+    op_entry: Callable[[DistOp | None], dict[str, Any] | None] | None = None,
+) -> dict[str, Any]:
     source = process.rank_source if process else None
     return {
         "rank": ra.rank,

@@ -87,8 +87,9 @@ class _LiveLine:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         frame = self.spinner.render(console.get_time())  # a Text: the spinner has no text of its own
-        line = Text.assemble(frame if isinstance(frame, Text) else "", " ", self.text(),
-                             no_wrap=True, overflow="ellipsis")
+        line = Text.assemble(
+            frame if isinstance(frame, Text) else "", " ", self.text(), no_wrap=True, overflow="ellipsis"
+        )
         line.truncate(options.max_width, overflow="ellipsis")
         yield line
 
@@ -98,8 +99,7 @@ class ProgressDisplay:
     the live line, ``busy`` for a long step. Use it as a context manager around the work: the
     live line starts with it and is erased when it ends, however it ends."""
 
-    def __init__(self, stream: TextIO, *, quiet: bool = False, live: bool = False,
-                 prefix: str = "hangdoc: ") -> None:
+    def __init__(self, stream: TextIO, *, quiet: bool = False, live: bool = False, prefix: str = "hangdoc: ") -> None:
         self.stream = stream
         self.quiet = quiet
         self.prefix = prefix
@@ -128,8 +128,7 @@ class ProgressDisplay:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
         self._stop()
 
     # ------------------------------------------------------------------ what the pipeline calls
@@ -190,9 +189,14 @@ class ProgressDisplay:
     def _start(self) -> bool:  # under the lock; whether it started the live line now
         if self._live is not None or self.console is None:
             return False
-        self._live = Live(_LiveLine(self._text), console=self.console, transient=True,
-                          refresh_per_second=REFRESH_PER_SECOND, redirect_stdout=False,
-                          redirect_stderr=False)
+        self._live = Live(
+            _LiveLine(self._text),
+            console=self.console,
+            transient=True,
+            refresh_per_second=REFRESH_PER_SECOND,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
         self._live.start(refresh=True)
         return True
 

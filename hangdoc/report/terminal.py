@@ -231,8 +231,7 @@ def _call_tree(tree: CallTree, culprits: frozenset[int], max_frames: int) -> Tre
         if rows >= _TREE_ROWS and not spared(start, rows):
             # the tree is long: this branch and its siblings not spared fold into one line
             keep = [k for k in kids if isinstance(k, TreeNode) and spared(k, rows)]
-            folded = [start, *(n for k in kids if k not in keep
-                               for n in (k.nodes if isinstance(k, _Folded) else [k]))]
+            folded = [start, *(n for k in kids if k not in keep for n in (k.nodes if isinstance(k, _Folded) else [k]))]
             kids[:] = keep
             branch_of.add(_Folded(folded).label())
             rows += 1
@@ -243,8 +242,7 @@ def _call_tree(tree: CallTree, culprits: frozenset[int], max_frames: int) -> Tre
             stretch.append(below[0])
             below = tree.children(below[0].node_id)
         frames = [n.frame for n in stretch if n.frame is not None]
-        trunk = parent.get(start.node_id, ROOT) == ROOT and len(start.ranks) == len(tree.ranks) \
-            and bool(below)
+        trunk = parent.get(start.node_id, ROOT) == ROOT and len(start.ranks) == len(tree.ranks) and bool(below)
         label, lines = _stretch_label(
             frames,
             start.ranks if len(start.ranks) != len(tree.ranks) else None,
@@ -270,8 +268,11 @@ class _Folded:
     def label(self) -> Text:
         ranks = sorted(chain.from_iterable(n.ranks for n in self.nodes))
         many = len(self.nodes) != 1
-        return Text(f"… {count_text(len(self.nodes))} more {self.kind}branch{'es' if many else ''}"
-                    f": ranks {_label(ranks, count=True)} (all in --html)", "dim")
+        return Text(
+            f"… {count_text(len(self.nodes))} more {self.kind}branch{'es' if many else ''}"
+            f": ranks {_label(ranks, count=True)} (all in --html)",
+            "dim",
+        )
 
 
 def _group_tree(diagnosis: Diagnosis, culprits: frozenset[int], max_frames: int) -> Tree:
@@ -307,8 +308,9 @@ def _stretch_label(
     marks = [m for m, on in (("outlier", outlier), ("culprit", culprit)) if on]
     body: RenderableType
     if marks:
-        body = _Marked(lines, Text("◀ " + ", ".join(marks), _CULPRIT_STYLE if culprit else ""),
-                       _OUTLIER_STYLE if outlier else "")
+        body = _Marked(
+            lines, Text("◀ " + ", ".join(marks), _CULPRIT_STYLE if culprit else ""), _OUTLIER_STYLE if outlier else ""
+        )
     else:
         body = Text("\n").join(lines)
     if ranks is None:
@@ -333,10 +335,7 @@ class _Marked:
 
     def _text(self, width: int | None) -> Text:
         first = self.lines[0] + Text("  ") + self.mark
-        if width is not None and first.cell_len > width:
-            lines = [self.mark, *self.lines]
-        else:
-            lines = [first, *self.lines[1:]]
+        lines = [self.mark, *self.lines] if width is not None and first.cell_len > width else [first, *self.lines[1:]]
         body = Text("\n").join(lines)
         if self.style:
             body.stylize_before(self.style)
@@ -495,24 +494,33 @@ def _class_table(ranks: Sequence[RankAnalysis], culprits: frozenset[int]) -> Gro
     ordered = sorted(classes.items(), key=lambda kv: (not kv[0][0], -len(kv[1]), _first(kv[1])))
     table = Table(title=None, show_edge=False, header_style="bold", pad_edge=False)
     for name in ("ranks", "count", "hosts", "state", "op", "call site"):
-        table.add_column(name, no_wrap=name in ("ranks", "count", "state"),
-                         justify="right" if name == "count" else "left")
+        table.add_column(
+            name, no_wrap=name in ("ranks", "count", "state"), justify="right" if name == "count" else "left"
+        )
     details = []
     for (is_culprit, state, op, site), members in ordered[:_CLASS_ROWS]:
-        cell = Text(_rank_cell(members) + (" *" if is_culprit else ""),
-                    _CULPRIT_STYLE if is_culprit else "")
-        table.add_row(cell, Text(count_text(len(members))), Text(printable(_hosts(members))),
-                      Text(state.value, _STATE_STYLE.get(state, "")), Text(printable(op)),
-                      Text(printable(site)))
+        cell = Text(_rank_cell(members) + (" *" if is_culprit else ""), _CULPRIT_STYLE if is_culprit else "")
+        table.add_row(
+            cell,
+            Text(count_text(len(members))),
+            Text(printable(_hosts(members))),
+            Text(state.value, _STATE_STYLE.get(state, "")),
+            Text(printable(op)),
+            Text(printable(site)),
+        )
         detail = _common(_details(members))
         if detail:
             details.append(Text.assemble(cell, ": ", (printable(detail), "dim")))
     if len(ordered) > _CLASS_ROWS:
         rest = [ra for _, members in ordered[_CLASS_ROWS:] for ra in members]
-        table.add_row(Text(f"… {count_text(len(ordered) - _CLASS_ROWS)} more classes", "dim"),
-                      Text(count_text(len(rest)), "dim"), Text("(--json lists every rank)", "dim"))
+        table.add_row(
+            Text(f"… {count_text(len(ordered) - _CLASS_ROWS)} more classes", "dim"),
+            Text(count_text(len(rest)), "dim"),
+            Text("(--json lists every rank)", "dim"),
+        )
     table.caption = f"{count_text(len(ranks))} ranks in {count_text(len(ordered))} classes" + (
-        " · * culprit" if any(key[0] for key, _ in ordered) else "")
+        " · * culprit" if any(key[0] for key, _ in ordered) else ""
+    )
     table.caption_justify = "left"
     return Group(table, *details)
 
@@ -558,8 +566,12 @@ def _common(details: Sequence[str]) -> str:
 def _detail(ra: RankAnalysis) -> str:
     """A rank's detail, blank where it only says again what the op and call site columns
     say (``in all_reduce (train.py:30)``): a column of repeats that squeezes the others."""
-    if ra.op is not None and ra.op.call_site is not None and ra.detail == f"in {ra.op.describe()}" \
-            and ra.op.describe() == f"{ra.op.name} ({ra.op.call_site.location})":
+    if (
+        ra.op is not None
+        and ra.op.call_site is not None
+        and ra.detail == f"in {ra.op.describe()}"
+        and ra.op.describe() == f"{ra.op.name} ({ra.op.call_site.location})"
+    ):
         return ""
     return ra.detail
 
@@ -608,6 +620,7 @@ _RANGES_IN_TEXT = 60  # characters of a rank list quoted in a sentence before it
 def _text(text: str) -> str:
     """``printable(text)``, a long list of ranks in it (``0,2,4,…`` of 50,000 ranks, which
     would fill a screen) cut at a comma, with its count."""
+
     def cut(match: re.Match[str]) -> str:
         found = match.group()
         if len(found) <= _RANGES_IN_TEXT:
@@ -638,8 +651,9 @@ def _evidence(items: Sequence[str]) -> list[str]:
             out.append(item)
         elif int(m.group(1)) == ranks[0]:
             others = sorted(set(ranks[1:]))
-            out.append(f"{item} (the same for {count_text(len(others))} more ranks: "
-                       f"{_label(others, 40, count=False)[1:-1]})")
+            out.append(
+                f"{item} (the same for {count_text(len(others))} more ranks: {_label(others, 40, count=False)[1:-1]})"
+            )
     if len(out) > _EVIDENCE:
         more = count_text(len(out) - _EVIDENCE + 1)
         out = [*out[: _EVIDENCE - 1], f"… and {more} more (--json lists them all)"]
@@ -648,6 +662,7 @@ def _evidence(items: Sequence[str]) -> list[str]:
 
 def _unreachable(snapshot: JobSnapshot) -> list[Text]:
     """One line per agent that did not answer; past ``_UNREACHABLE``, one per reason."""
+
     def unknown(ranks: Iterable[int]) -> str:
         ranks = sorted(set(ranks))
         return f" (ranks {_label(ranks, 40)} unknown)" if ranks else ""
@@ -664,8 +679,9 @@ def _unreachable(snapshot: JobSnapshot) -> list[Text]:
         by_reason.setdefault(_NUMBERS.sub("#", u.reason), []).append(u)
     for agents in sorted(by_reason.values(), key=len, reverse=True):
         names = ", ".join(printable(u.target) for u in agents[:2]) + (", …" if len(agents) > 2 else "")
-        line = Text.assemble(("✗ ", "red"), (f"{count_text(len(agents))} agents", "bold"),
-                             f" ({names}): {printable(agents[0].reason)}")
+        line = Text.assemble(
+            ("✗ ", "red"), (f"{count_text(len(agents))} agents", "bold"), f" ({names}): {printable(agents[0].reason)}"
+        )
         line.append(unknown(chain.from_iterable(u.ranks for u in agents)), "dim")
         lines.append(line)
     return lines
@@ -727,11 +743,9 @@ def _node_notes(notes: Sequence[str]) -> list[str]:
         head, _, tail = said[0][1].partition(": ")
         if tail.startswith("pid "):
             processes = sum(_pid_count(rest.partition(": ")[2]) for _, rest in said)
-            out.append(f"{head}: {count_text(processes)} processes on {where}; "
-                       "--json lists every pid")
+            out.append(f"{head}: {count_text(processes)} processes on {where}; --json lists every pid")
         else:
-            out.append(f"{said[0][1]} (and alike on {count_text(len(said) - 1)} more of "
-                       f"{where})")
+            out.append(f"{said[0][1]} (and alike on {count_text(len(said) - 1)} more of {where})")
     return out
 
 

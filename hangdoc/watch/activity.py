@@ -45,8 +45,11 @@ class StepPattern:
         m = self.regex.search(line)
         if not m:
             return False, None
-        text = m.groupdict().get("step") if "step" in self.regex.groupindex else (
-            m.group(1) if self.regex.groups else None)
+        text = (
+            m.groupdict().get("step")
+            if "step" in self.regex.groupindex
+            else (m.group(1) if self.regex.groups else None)
+        )
         try:
             return True, int(text) if text is not None else None
         except ValueError:
@@ -99,8 +102,13 @@ class EventQueue:
         return out
 
 
-def tee(source: IO[bytes], sink: IO[bytes], pattern: StepPattern | None, queue: EventQueue,
-        say: Say = lambda _level, _text: None) -> threading.Thread:
+def tee(
+    source: IO[bytes],
+    sink: IO[bytes],
+    pattern: StepPattern | None,
+    queue: EventQueue,
+    say: Say = lambda _level, _text: None,
+) -> threading.Thread:
     """Copy ``source`` (a child's stdout or stderr pipe) to ``sink`` as it arrives, noting
     activity; returns the daemon thread doing it (it ends at end of file and closes
     ``source``, which nothing else reads). A bug in noting activity is said once and stops
@@ -127,8 +135,11 @@ def tee(source: IO[bytes], sink: IO[bytes], pattern: StepPattern | None, queue: 
                     scanner.feed(chunk, time.monotonic())
             except Exception as exc:  # noqa: BLE001 - a bug here must not stop the copying
                 scanner = None  # the job's output still flows; only its activity goes unseen
-                say(Level.ERROR, f"internal error: reading the job's output for activity stopped "
-                    f"({described(exc)}); its output is still passed through")
+                say(
+                    Level.ERROR,
+                    f"internal error: reading the job's output for activity stopped "
+                    f"({described(exc)}); its output is still passed through",
+                )
             try:
                 sink.write(chunk)
                 sink.flush()
@@ -252,8 +263,9 @@ class StackProbe:
             return []
         # a node that fails a round gives no samples: nothing changed there, and it is
         # asked again next time (the report's capture records lost nodes, not the probe)
-        taken = sample_all(self.fleet, time.monotonic() - self.t0, native=False,
-                           timeout=self.timeout, only=live).samples
+        taken = sample_all(
+            self.fleet, time.monotonic() - self.t0, native=False, timeout=self.timeout, only=live
+        ).samples
         changed = False
         for i, sample in taken.items():
             if sample.error is not None and sample.error.kind is CaptureErrorKind.PROCESS_GONE:

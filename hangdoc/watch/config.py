@@ -61,8 +61,9 @@ class OnHang:
         try:
             words = shlex.split(text)
         except ValueError as err:  # "No closing quotation", "No escaped character"
-            raise UsageError(f"--on-hang {text!r}: cannot split it like a shell command line: "
-                             f"{str(err).lower()}") from None
+            raise UsageError(
+                f"--on-hang {text!r}: cannot split it like a shell command line: {str(err).lower()}"
+            ) from None
         if words in (["report"], ["kill"]):
             return cls(words[0])
         if words == ["exec"]:
@@ -96,15 +97,21 @@ class WatchConfig:
 def check_config(config: WatchConfig) -> None:
     """Raise ``UsageError`` for a watch that cannot be run as asked."""
     if config.nodes is not None and config.on_hang.action == "kill" and not config.command:
-        raise UsageError("--on-hang kill cannot end ranks on other nodes through agents",
-                         help="Use --on-hang 'exec CMD' to call your scheduler (scancel, kubectl delete), "
-                         "or wrap the launcher: hangdoc watch --agents ... -- srun ...")
+        raise UsageError(
+            "--on-hang kill cannot end ranks on other nodes through agents",
+            help="Use --on-hang 'exec CMD' to call your scheduler (scancel, kubectl delete), "
+            "or wrap the launcher: hangdoc watch --agents ... -- srun ...",
+        )
     if config.source is not None and config.command:
-        raise UsageError("a ray: job is watched by attaching to it: hangdoc watch ray:JOB",
-                         help="Submit the job first (`ray job submit`), then watch its id.")
+        raise UsageError(
+            "a ray: job is watched by attaching to it: hangdoc watch ray:JOB",
+            help="Submit the job first (`ray job submit`), then watch its id.",
+        )
     if config.source is not None and config.on_hang.action == "kill":
-        raise UsageError("--on-hang kill cannot end a ray: job's workers from here",
-                         help="Stop it through Ray: --on-hang 'exec ray job stop {job}'.")
+        raise UsageError(
+            "--on-hang kill cannot end a ray: job's workers from here",
+            help="Stop it through Ray: --on-hang 'exec ray job stop {job}'.",
+        )
     if not config.command and not config.job:
         raise UsageError("watch needs a JOB to attach to or a command after `--`")
     if config.command and config.nodes is not None and not config.job:

@@ -41,8 +41,7 @@ class Hooks:
             words = [w.replace("{report}", str(path)) for w in words]
         elif not any("{job}" in w for w in self.command):  # a command about the job takes no path
             words.append(str(path))
-        env = dict(self.env, HANGDOC_HANG_DIR=str(path), HANGDOC_REPORT=str(path / "report.json"),
-                   HANGDOC_JOB=job)
+        env = dict(self.env, HANGDOC_HANG_DIR=str(path), HANGDOC_REPORT=str(path / "report.json"), HANGDOC_JOB=job)
         try:
             self.running.append(subprocess.Popen(words, env=env, stdin=subprocess.DEVNULL))
             self.say(Level.INFO, f"ran --on-hang exec: {shlex.join(words)}")
@@ -56,8 +55,7 @@ class Hooks:
             if hook.poll() is not None:
                 self.running.remove(hook)
                 if hook.returncode:
-                    self.say(Level.WARNING,
-                             f"--on-hang exec command exited with status {exit_status(hook.returncode)}")
+                    self.say(Level.WARNING, f"--on-hang exec command exited with status {exit_status(hook.returncode)}")
 
     def end(self, timeout: float = 30.0) -> None:
         """Give the commands (a pager call) ``timeout`` seconds in all to finish before we exit."""

@@ -57,8 +57,10 @@ def check_out(out: Path) -> None:
         os.close(fd)
         os.unlink(probe)
     except OSError as err:
-        raise UsageError(f"--out {out}: cannot write reports there: {_reason(err)}",
-                         help="Give --out a directory this user can create and write.") from None
+        raise UsageError(
+            f"--out {out}: cannot write reports there: {_reason(err)}",
+            help="Give --out a directory this user can create and write.",
+        ) from None
 
 
 def new_dir(out: Path, when: datetime.datetime, files: Mapping[str, bytes]) -> Path:
@@ -70,8 +72,15 @@ def new_dir(out: Path, when: datetime.datetime, files: Mapping[str, bytes]) -> P
     return write_new_dir(out, stamp, files)
 
 
-def write_incident(out: Path, snapshot: JobSnapshot, diagnosis: Diagnosis, trigger: Trigger, reason: str,
-                   diagnosis_seconds: float | None = None, warn: Say = _stderr) -> Path | None:
+def write_incident(
+    out: Path,
+    snapshot: JobSnapshot,
+    diagnosis: Diagnosis,
+    trigger: Trigger,
+    reason: str,
+    diagnosis_seconds: float | None = None,
+    warn: Say = _stderr,
+) -> Path | None:
     """Write the four files; returns the directory (``OUT``'s or the fallback), or None
     when no directory could take them (the report is then only on stderr). A file that
     fails to be made (a bug in its reporter) is left out, said in one line through
@@ -111,17 +120,21 @@ def human_report(diagnosis: Diagnosis, snapshot: JobSnapshot, trigger: Trigger, 
     return text.getvalue().encode()
 
 
-def write_failed_incident(out: Path, spec: str, trigger: Trigger, error: str, help_text: str,
-                          warn: Say = _stderr) -> Path | None:
+def write_failed_incident(
+    out: Path, spec: str, trigger: Trigger, error: str, help_text: str, warn: Say = _stderr
+) -> Path | None:
     """The job went silent but could not be diagnosed: the reason and the error, as a
     report with verdict ``unknown`` so scripts reading ``report.json`` still work."""
     from ..report.json_report import undiagnosed_to_json_dict
 
-    report = undiagnosed_to_json_dict(spec, error, help_text, noticed=trigger.sentence(),
-                                      captured_at=trigger.detected_at)
+    report = undiagnosed_to_json_dict(
+        spec, error, help_text, noticed=trigger.sentence(), captured_at=trigger.detected_at
+    )
     report["watch"] = trigger_dict(trigger, f"diagnosis failed: {error}")
-    text = (f"hangdoc watch fired at {trigger.detected_at}: {report['watch']['fired_because']}\n"
-            f"{report['summary']}\n" + (f"help: {help_text}\n" if help_text else ""))
+    text = (
+        f"hangdoc watch fired at {trigger.detected_at}: {report['watch']['fired_because']}\n"
+        f"{report['summary']}\n" + (f"help: {help_text}\n" if help_text else "")
+    )
     return _store(out, {HUMAN: text.encode()}, report, warn)
 
 
@@ -166,4 +179,3 @@ def _reason(err: OSError) -> str:
     if isinstance(err, NotADirectoryError) or (isinstance(err, FileExistsError) and err.strerror):
         return "not a directory"  # a file where a directory should be, or on its path
     return err.strerror or str(err)
-

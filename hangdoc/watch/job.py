@@ -27,8 +27,9 @@ EXIT_HANG_KILLED = 124  # --on-hang kill ended the job (like timeout(1))
 class Job:
     """The wrapped command (``supervisor``) or the attached ``ranks``, to name and to end."""
 
-    def __init__(self, spec: str | None, supervisor: Supervisor | None, ranks: Ranks | None, hooks: Hooks,
-                 grace: float, say: Say) -> None:
+    def __init__(
+        self, spec: str | None, supervisor: Supervisor | None, ranks: Ranks | None, hooks: Hooks, grace: float, say: Say
+    ) -> None:
         self._spec = spec  # given; else the wrapped command's pid
         self.supervisor = supervisor
         self.ranks = ranks
@@ -89,8 +90,13 @@ class Job:
         sup = self._started()
         if sup is None:
             return
-        cause = ("interrupted" if isinstance(err, KeyboardInterrupt) else
-                 "stopping on an error" if isinstance(err, HangdocError) else "internal error")
+        cause = (
+            "interrupted"
+            if isinstance(err, KeyboardInterrupt)
+            else "stopping on an error"
+            if isinstance(err, HangdocError)
+            else "internal error"
+        )
         self.say(Level.STOP, f"{cause}: ending the wrapped command (pid {sup.pid}) and all its processes")
         try:
             self.end(self.grace)

@@ -25,8 +25,7 @@ from .stall import Alarm
 class Loop:
     """Checks until the job ends (None) or the watch ends it (an exit code)."""
 
-    def __init__(self, config: WatchConfig, say: Say, board: MetricsBoard, pace: Pace, job: Job,
-                 hooks: Hooks) -> None:
+    def __init__(self, config: WatchConfig, say: Say, board: MetricsBoard, pace: Pace, job: Job, hooks: Hooks) -> None:
         self.say = say
         self.board = board
         self.pace = pace
@@ -66,8 +65,11 @@ class Loop:
         if self.alarm.raised is not None:
             last = self.pace.clocks[primary].last
             if last is not None and last > self.alarm.raised:
-                self.say(Level.INFO, f"activity again ({primary.value}) {last - self.alarm.raised:.1f} s "
-                         "after the report: watching for the next stall")
+                self.say(
+                    Level.INFO,
+                    f"activity again ({primary.value}) {last - self.alarm.raised:.1f} s "
+                    "after the report: watching for the next stall",
+                )
                 self.alarm.raised = None
                 self.board.update(stalled=False)
         self.hooks.reap()

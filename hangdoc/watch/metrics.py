@@ -71,8 +71,11 @@ def identity(job: str | None, env: Mapping[str, str], hostname: str | None = Non
         spec = parse_job_spec(job)
         if spec.kind is JobKind.SLURM and spec.slurm_job is not None:
             slurm_job_id = spec.slurm_job
-    return {"hostname": hostname or socket.gethostname(), "slurm_job_id": slurm_job_id,
-            "slurm_job": env.get("SLURM_JOB_NAME") or UNKNOWN}
+    return {
+        "hostname": hostname or socket.gethostname(),
+        "slurm_job_id": slurm_job_id,
+        "slurm_job": env.get("SLURM_JOB_NAME") or UNKNOWN,
+    }
 
 
 class MetricsBoard:
@@ -101,9 +104,12 @@ class MetricsBoard:
     def publish(self, signal: Signal, clock: StallClock, last_step: int | None, now: float) -> None:
         """The pace of ``signal``, the one in use, at ``now`` (monotonic seconds)."""
         self.update(
-            signal=signal.value, steps_seen=clock.events, last_step=last_step,
+            signal=signal.value,
+            steps_seen=clock.events,
+            last_step=last_step,
             last_step_time=unix_time(clock.last) if clock.last is not None else None,
-            step_rate=clock.rate(now), silence_seconds=clock.silence(now),
+            step_rate=clock.rate(now),
+            silence_seconds=clock.silence(now),
             stall_timeout_seconds=clock.timeout().seconds,
         )
 
@@ -150,28 +156,27 @@ class _Collector:
             family.add_metric(values, value)
             return family
 
-        info = InfoMetricFamily(PREFIX, "The watch: the signal steps are read from, hangdoc's version.",
-                                labels=names)
+        info = InfoMetricFamily(PREFIX, "The watch: the signal steps are read from, hangdoc's version.", labels=names)
         info.add_metric(values, {"signal": m.signal, "version": __version__})
         yield info
         yield from gauge("steps_seen", "Step events seen on the signal in use.", m.steps_seen)
         yield from gauge("last_step", "The last step number the job reported.", m.last_step)
-        yield from gauge("last_step_timestamp_seconds", "Unix time of the last activity on the signal in use.",
-                         m.last_step_time)
+        yield from gauge(
+            "last_step_timestamp_seconds", "Unix time of the last activity on the signal in use.", m.last_step_time
+        )
         yield from gauge("steps_per_second", "Steps per second over the last minute.", m.step_rate)
-        yield from gauge("step_rate", "Deprecated: hangdoc_watch_steps_per_second under its old name.",
-                         m.step_rate)
-        yield from gauge("silence_seconds", "Seconds since the last activity on the signal in use.",
-                         m.silence_seconds)
+        yield from gauge("step_rate", "Deprecated: hangdoc_watch_steps_per_second under its old name.", m.step_rate)
+        yield from gauge("silence_seconds", "Seconds since the last activity on the signal in use.", m.silence_seconds)
         yield from gauge("stall_timeout_seconds", "The current stall timeout.", m.stall_timeout_seconds)
         yield from gauge("stalled", "1 from a hang report until activity resumes.", int(m.stalled))
-        yield counter("suspected", "Silences longer than the timeout, each checked by a diagnosis.",
-                      m.suspected_total)
+        yield counter("suspected", "Silences longer than the timeout, each checked by a diagnosis.", m.suspected_total)
         yield counter("dismissed", "Checked silences that turned out to be progress.", m.dismissed_total)
         yield counter("reports", "Hangs reported (hang directories written).", m.reports_total)
-        diagnoses = CounterMetricFamily(f"{PREFIX}_diagnoses",
-                                        "Diagnoses run on a suspected stall, by verdict (failed: could not run).",
-                                        labels=[*names, "verdict"])
+        diagnoses = CounterMetricFamily(
+            f"{PREFIX}_diagnoses",
+            "Diagnoses run on a suspected stall, by verdict (failed: could not run).",
+            labels=[*names, "verdict"],
+        )
         for verdict, n in sorted(m.diagnoses.items()) or [("none", 0)]:
             diagnoses.add_metric([*values, verdict], n)
         yield diagnoses
@@ -195,8 +200,10 @@ def serve(board: MetricsBoard, host: str, port: int) -> http.server.ThreadingHTT
         server = http.server.ThreadingHTTPServer((host, port), Handler)
     except (OSError, OverflowError, ValueError) as err:  # OverflowError: a port outside 0-65535
         reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-        raise UsageError(f"cannot serve metrics on {host}:{port}: {reason}",
-                         help="Pick a free port with --metrics-port (0 picks one and prints it).") from None
+        raise UsageError(
+            f"cannot serve metrics on {host}:{port}: {reason}",
+            help="Pick a free port with --metrics-port (0 picks one and prints it).",
+        ) from None
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="hangdoc-metrics", daemon=True).start()
     return server
@@ -208,9 +215,11 @@ def textfile_path(given: Path) -> Path:
     if given.is_dir():
         return given / TEXTFILE_NAME.format(pid=os.getpid())
     if given.suffix != ".prom":
-        raise UsageError(f"--metrics-textfile {given}: the name must end in .prom",
-                         help="node_exporter's textfile collector reads only *.prom files; or give its "
-                         "directory and the watch names its own file.")
+        raise UsageError(
+            f"--metrics-textfile {given}: the name must end in .prom",
+            help="node_exporter's textfile collector reads only *.prom files; or give its "
+            "directory and the watch names its own file.",
+        )
     return given
 
 
@@ -232,9 +241,11 @@ class Textfile:
         try:
             write_to_textfile(str(self.path), self.board.registry)
         except OSError as err:
-            raise UsageError(f"--metrics-textfile {self.path}: cannot write it: {err.strerror or err}",
-                             help="Give a .prom path (or a directory) this user can write, on the "
-                             "directory node_exporter's --collector.textfile.directory reads.") from None
+            raise UsageError(
+                f"--metrics-textfile {self.path}: cannot write it: {err.strerror or err}",
+                help="Give a .prom path (or a directory) this user can write, on the "
+                "directory node_exporter's --collector.textfile.directory reads.",
+            ) from None
         self._written = time.monotonic()
         self.board.textfile = self
 
@@ -250,8 +261,11 @@ class Textfile:
                 write_to_textfile(str(self.path), self.board.registry)
             except OSError as err:
                 if not self._failing:
-                    self.say(Level.WARNING, f"cannot write the metrics textfile {self.path}: "
-                             f"{err.strerror or err}; trying again at the next check")
+                    self.say(
+                        Level.WARNING,
+                        f"cannot write the metrics textfile {self.path}: "
+                        f"{err.strerror or err}; trying again at the next check",
+                    )
                 self._failing = True
                 return
             if self._failing:

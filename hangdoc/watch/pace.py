@@ -79,8 +79,12 @@ class Pace:
         clock = self.clocks[sig]
         timeout = clock.timeout()
         return Trigger(
-            signal=sig, silence_seconds=round(clock.silence(now), 3), timeout_seconds=round(timeout.seconds, 3),
-            timeout_basis=timeout.basis, check_interval=self.check_interval(), steps_seen=clock.events,
+            signal=sig,
+            silence_seconds=round(clock.silence(now), 3),
+            timeout_seconds=round(timeout.seconds, 3),
+            timeout_basis=timeout.basis,
+            check_interval=self.check_interval(),
+            steps_seen=clock.events,
             last_step=self.last_step,
             detected_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             details=details,

@@ -43,8 +43,16 @@ class Responder:
     """A stall: diagnose the job, judge, then dismiss, postpone or fire (an exit code when
     ``--on-hang kill`` ended the job)."""
 
-    def __init__(self, config: WatchConfig, say: Say, board: MetricsBoard, pace: Pace, alarm: Alarm, job: Job,
-                 collect: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        config: WatchConfig,
+        say: Say,
+        board: MetricsBoard,
+        pace: Pace,
+        alarm: Alarm,
+        job: Job,
+        collect: Callable[[], None],
+    ) -> None:
         self.c = config
         self.say = say
         self.board = board
@@ -74,8 +82,7 @@ class Responder:
         except Exception as err:
             if os.environ.get("HANGDOC_DEBUG"):
                 raise
-            return self._undiagnosed(trigger, clock, now, err, f"internal error: {described(err)}",
-                                     InternalError.help)
+            return self._undiagnosed(trigger, clock, now, err, f"internal error: {described(err)}", InternalError.help)
         self.ranks_seen = True
         self.board.count_diagnosis(diagnosis.verdict.value)
         if reason := self._moved_on(clock, now, diagnosis):
@@ -88,15 +95,17 @@ class Responder:
             self.say(Level.INFO, f"not yet: {decision.reason}")
             return None
         trigger = replace(trigger, details=heartbeat_details(self.pace, snapshot) or trigger.details)
-        path = write_incident(self.c.out, snapshot, diagnosis, trigger, decision.reason,
-                              time.monotonic() - started, self.say)
+        path = write_incident(
+            self.c.out, snapshot, diagnosis, trigger, decision.reason, time.monotonic() - started, self.say
+        )
         self.board.count("reports_total")
         culprits = diagnosis.culprit_ranks
         head = diagnosis.verdict.value + (f" (culprit ranks {', '.join(map(str, culprits))})" if culprits else "")
         return self._fire(path, head, diagnosis.summary)
 
-    def _undiagnosed(self, trigger: Trigger, clock: StallClock, now: float, err: Exception, error: str,
-                     help_text: str) -> int | None:
+    def _undiagnosed(
+        self, trigger: Trigger, clock: StallClock, now: float, err: Exception, error: str, help_text: str
+    ) -> int | None:
         """The diagnosis failed (``error``; an internal error is a bug in hangdoc): unless the
         job moved on meanwhile, the stall is reported with verdict ``unknown``."""
         self.board.count_diagnosis("failed")
@@ -136,13 +145,12 @@ class Responder:
 
     def _let_it_end(self) -> None:
         """No rank left to diagnose, where an earlier diagnosis found them, while the wrapped
-        command still runs: its ranks have exited and the launcher is on its way out (torchrun reaps its workers and closes
-        its rendezvous, which took up to a few seconds on a loaded 2-core machine). Give it
+        command still runs: its ranks have exited and the launcher is on its way out (torchrun
+        reaps its workers and closes its rendezvous, which took up to a few seconds on a loaded 2-core machine). Give it
         ``LAUNCHER_EXIT_GRACE`` seconds before calling it a hang."""
         deadline = time.monotonic() + LAUNCHER_EXIT_GRACE
         sup = self.job.supervisor
-        while sup is not None and sup.child is not None and not sup.exited() \
-                and time.monotonic() < deadline:
+        while sup is not None and sup.child is not None and not sup.exited() and time.monotonic() < deadline:
             time.sleep(0.2)
 
     def _moved_on(self, clock: StallClock, since: float, diagnosis: Diagnosis | None) -> str | None:
@@ -153,7 +161,8 @@ class Responder:
             taken = f" ({diagnosis.verdict.value} taken meanwhile)" if diagnosis else ""
             return f"steps resumed during the diagnosis{taken}"
         if self.job.exited() or (
-                diagnosis and diagnosis.ranks and all(ra.state is RankState.EXITED for ra in diagnosis.ranks)):
+            diagnosis and diagnosis.ranks and all(ra.state is RankState.EXITED for ra in diagnosis.ranks)
+        ):
             return "the job ended during the diagnosis"
         return None
 

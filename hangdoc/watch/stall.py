@@ -56,8 +56,11 @@ class StallPolicy:
 
     def __post_init__(self) -> None:
         # a NaN compares false with everything: a NaN timeout would never fire
-        positive = {"--stall-after": self.stall_after, "--warmup-timeout": self.warmup_timeout,
-                    "--stall-factor": self.factor}
+        positive = {
+            "--stall-after": self.stall_after,
+            "--warmup-timeout": self.warmup_timeout,
+            "--stall-factor": self.factor,
+        }
         for option, value in positive.items():
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise UsageError(f"{option} {value!r}: need a finite number above 0")
@@ -121,10 +124,14 @@ class StallClock:
             return Timeout(p.stall_after, "--stall-after")
         learned = p.factor * self.longest_gap
         if learned <= p.min_timeout:
-            return Timeout(p.min_timeout, f"learned: {p.factor:g} x longest step gap "
-                           f"{self.longest_gap:.2f} s is below the minimum {p.min_timeout:g} s")
-        return Timeout(learned, f"learned: {p.factor:g} x longest step gap {self.longest_gap:.2f} s "
-                       f"over {self.events} steps")
+            return Timeout(
+                p.min_timeout,
+                f"learned: {p.factor:g} x longest step gap "
+                f"{self.longest_gap:.2f} s is below the minimum {p.min_timeout:g} s",
+            )
+        return Timeout(
+            learned, f"learned: {p.factor:g} x longest step gap {self.longest_gap:.2f} s over {self.events} steps"
+        )
 
     def stalled(self, now: float) -> bool:
         return self.silence(now) > self.timeout().seconds
@@ -153,8 +160,10 @@ class Trigger:
 
     def sentence(self) -> str:
         step = f" (last step {self.last_step})" if self.last_step is not None else ""
-        return (f"no {_SIGNAL_WORDS[self.signal]} for {self.silence_seconds:.1f} s{step}; "
-                f"stall timeout {self.timeout_seconds:.1f} s ({self.timeout_basis})")
+        return (
+            f"no {_SIGNAL_WORDS[self.signal]} for {self.silence_seconds:.1f} s{step}; "
+            f"stall timeout {self.timeout_seconds:.1f} s ({self.timeout_basis})"
+        )
 
 
 _SIGNAL_WORDS = {
@@ -238,9 +247,13 @@ def judge(diagnosis: Diagnosis, postponed: int, max_postpone: int) -> Decision:
         culprits = set(diagnosis.culprit_ranks)
         working = [ra.rank for ra in diagnosis.ranks if ra.rank in culprits and ra.working]
         if culprits and len(working) == len(culprits):
-            return Decision(Action.POSTPONE, (
-                f"rank(s) {', '.join(map(str, sorted(working)))} still working while the others wait "
-                f"(look {postponed + 1} of {max_postpone + 1}): {diagnosis.summary}"))
+            return Decision(
+                Action.POSTPONE,
+                (
+                    f"rank(s) {', '.join(map(str, sorted(working)))} still working while the others wait "
+                    f"(look {postponed + 1} of {max_postpone + 1}): {diagnosis.summary}"
+                ),
+            )
     if diagnosis.verdict is Verdict.STRAGGLER:
         return Decision(Action.FIRE, f"confirmed after {postponed + 1} look(s): {diagnosis.summary}")
     return Decision(Action.FIRE, f"confirmed by diagnosis: {diagnosis.summary}")

@@ -37,8 +37,10 @@ def heartbeat_dir() -> tempfile.TemporaryDirectory[str]:
     try:
         return tempfile.TemporaryDirectory(prefix="hangdoc-hb-")
     except OSError as err:
-        raise UsageError(f"cannot create a heartbeat directory under {tempfile.gettempdir()}: "
-                         f"{err.strerror or err}", help="Set TMPDIR to a writable directory.") from None
+        raise UsageError(
+            f"cannot create a heartbeat directory under {tempfile.gettempdir()}: {err.strerror or err}",
+            help="Set TMPDIR to a writable directory.",
+        ) from None
 
 
 def local_heartbeats(directory: Path) -> dict[tuple[str, int], Heartbeat]:
@@ -65,14 +67,22 @@ class Supervisor:
         self.child: subprocess.Popen[bytes] | None = None
         self.signals = Forwarder(self)
 
+    def close_pipes(self) -> None:
+        """Close the command's output pipes, where no reader took them."""
+        if self.child is not None:
+            for pipe in (self.child.stdout, self.child.stderr):
+                if pipe is not None:
+                    pipe.close()
+
     def start(self, env: Mapping[str, str], heartbeats: str) -> subprocess.Popen[bytes]:
         """Run the command in a session of its own, its output piped to us, with ``heartbeats``."""
         env = dict(env)
         env.setdefault("PYTHONUNBUFFERED", "1")  # a piped Python child would block-buffer
         env["HANGDOC_HEARTBEAT_DIR"] = heartbeats
         try:
-            self.child = subprocess.Popen(list(self.argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          env=env, start_new_session=True)
+            self.child = subprocess.Popen(
+                list(self.argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True
+            )
         except (FileNotFoundError, PermissionError, NotADirectoryError) as err:
             raise CommandNotFound(f"cannot run {self.argv[0]!r}: {err.strerror or err}") from None
         return self.child

@@ -26,6 +26,7 @@ import contextlib
 import os
 import shlex
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -45,8 +46,16 @@ from .pace import Pace
 from .ranks import Ranks
 from .supervisor import Supervisor, become_subreaper, heartbeat_dir, local_heartbeats
 
-__all__ = ["EXIT_HANG_KILLED", "EXIT_JOB_ENDED", "EXIT_WATCH_FAILED", "OnHang", "WatchConfig", "WatchFailed",
-           "Watchdog", "run_watch"]
+__all__ = [
+    "EXIT_HANG_KILLED",
+    "EXIT_JOB_ENDED",
+    "EXIT_WATCH_FAILED",
+    "OnHang",
+    "WatchConfig",
+    "WatchFailed",
+    "Watchdog",
+    "run_watch",
+]
 
 EXIT_JOB_ENDED = 0  # attach mode: the job's ranks are gone
 EXIT_WATCH_FAILED = 70  # an internal error stopped the watch (EX_SOFTWARE)
@@ -130,13 +139,18 @@ class WrappedRun:
         with heartbeat_dir() as hb_dir:
             self.pace.heartbeats = HeartbeatSource(lambda: self._beats(Path(hb_dir)))
             with sup.signals.installed():
+                readers: list[threading.Thread] | None = None
                 try:
                     child = sup.start(self.c.env, hb_dir)
-                    self.say(Level.INFO,
-                             f"watching {shlex.join(self.c.command)} (pid {child.pid}); reports go to {self.c.out}/")
+                    self.say(
+                        Level.INFO,
+                        f"watching {shlex.join(self.c.command)} (pid {child.pid}); reports go to {self.c.out}/",
+                    )
                     assert child.stdout is not None and child.stderr is not None
-                    readers = [tee(child.stdout, sys.stdout.buffer, self.pace.pattern, self.pace.queue, self.say),
-                               tee(child.stderr, sys.stderr.buffer, self.pace.pattern, self.pace.queue, self.say)]
+                    readers = [
+                        tee(child.stdout, sys.stdout.buffer, self.pace.pattern, self.pace.queue, self.say),
+                        tee(child.stderr, sys.stderr.buffer, self.pace.pattern, self.pace.queue, self.say),
+                    ]
                     try:
                         code = self.loop.run(self._ended)
                     except Exception as err:
@@ -149,9 +163,12 @@ class WrappedRun:
                         self.job.end(self.c.kill_grace)
                 except BaseException as err:
                     self.job.abandon(err)
+                    if readers is None:  # once started, the tees own and close the pipes
+                        sup.close_pipes()
                     raise
             if code is not None:
                 return code
+            assert readers is not None
             for reader in readers:
                 reader.join(timeout=2.0)
             status = sup.status()
@@ -164,8 +181,11 @@ class WrappedRun:
         """A bug stopped the watch loop: leave the job alone, its output and signals still
         passed through, until the command exits (None) or a second signal ends it (its code)."""
         sup = self.supervisor
-        self.say(Level.ERROR, f"internal error: {described(err)}; no longer watching for hangs: the job is "
-                 "left running, its output and signals passed through until it exits")
+        self.say(
+            Level.ERROR,
+            f"internal error: {described(err)}; no longer watching for hangs: the job is "
+            "left running, its output and signals passed through until it exits",
+        )
         while not sup.exited():
             if sup.signals.stop_requested:
                 return self.job.stop()
@@ -195,7 +215,9 @@ class AttachedRun:
 
     def run(self) -> int:
         fleet = self.ranks.find()
-        self.say(Level.INFO, f"watching {self.c.job}: {len(fleet.placed)} rank process(es); reports go to {self.c.out}/")
+        self.say(
+            Level.INFO, f"watching {self.c.job}: {len(fleet.placed)} rank process(es); reports go to {self.c.out}/"
+        )
         self.pace.heartbeats = HeartbeatSource(self.ranks.heartbeats)
         self.ranks.start()
         code = self.loop.run(self.ranks.gone)

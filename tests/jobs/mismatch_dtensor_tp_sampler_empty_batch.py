@@ -75,7 +75,7 @@ def collate_trainable(samples):
     kept = [(x, y) for x, y in samples if (y != IGNORE).any()]
     if not kept:
         return torch.empty(0, SEQ, dtype=torch.long), torch.empty(0, SEQ, dtype=torch.long)
-    xs, ys = zip(*kept)
+    xs, ys = zip(*kept, strict=False)
     return torch.stack(xs), torch.stack(ys)
 
 

@@ -44,7 +44,7 @@ def stage0_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, peer: int,
                 group: dist.ProcessGroup) -> None:
     """GPipe order; targets travel with the activations as one extra column."""
     outs = []
-    for xb, yb in zip(x.split(MICRO_BATCH), y.split(MICRO_BATCH)):
+    for xb, yb in zip(x.split(MICRO_BATCH), y.split(MICRO_BATCH), strict=False):
         out = model(xb)
         dist.send(torch.cat([out.detach(), yb[:, None].float()], dim=1), dst=peer)
         outs.append(out)
@@ -72,7 +72,7 @@ def stage1_step(model: nn.Module, peer: int) -> float:
         acts.append(buf[:, :HIDDEN].clone().requires_grad_())
         targets.append(buf[:, HIDDEN].long())
     total = 0.0
-    for act, target in zip(acts, targets):
+    for act, target in zip(acts, targets, strict=False):
         loss = nn.functional.cross_entropy(model(act), target) / NUM_MICROBATCHES
         loss.backward()
         dist.send(act.grad, dst=peer)

@@ -28,7 +28,7 @@ def make_net() -> nn.Module:
 
 @torch.no_grad()
 def update_teacher(teacher: nn.Module, student: nn.Module, decay: float = 0.99) -> None:
-    for t, s in zip(teacher.parameters(), student.parameters()):
+    for t, s in zip(teacher.parameters(), student.parameters(), strict=False):
         t.mul_(decay).add_(s, alpha=1 - decay)
 
 

@@ -45,7 +45,7 @@ class Reviews(Dataset):
 
 def tokenize(items):
     time.sleep(TOKENIZE_LATENCY)  # stands in for the tokenizer
-    xs, ys = zip(*items)
+    xs, ys = zip(*items, strict=False)
     return torch.stack(xs), torch.stack(ys)
 
 

@@ -47,7 +47,7 @@ class FeatureStore(Dataset):
 
 def slow_collate(items):
     time.sleep(FEATURE_STORE_LATENCY)
-    xs, ys = zip(*items)
+    xs, ys = zip(*items, strict=False)
     return torch.stack(xs), torch.stack(ys)
 
 

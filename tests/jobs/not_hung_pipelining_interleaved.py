@@ -61,7 +61,7 @@ def main() -> None:
     indices = [rank + world * loop for loop in range(STAGES_PER_RANK)]  # looped placement
     modules = [stage_module(i, num_stages) for i in indices]
     stages = [PipelineStage(m, stage_index=i, num_stages=num_stages,
-                            device=torch.device("cpu")) for i, m in zip(indices, modules)]
+                            device=torch.device("cpu")) for i, m in zip(indices, modules, strict=False)]
     schedule = ScheduleInterleaved1F1B(stages, n_microbatches=MICRO_BATCHES, loss_fn=lm_loss)
     params = [p for m in modules for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=3e-4)

@@ -50,7 +50,7 @@ def main() -> None:
     )
     model = nn.Linear(12, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for epoch in range(100):
+    for _epoch in range(100):
         for i in range(0, len(data), 16):
             loss = model(data[i:i + 16]).pow(2).mean()
             opt.zero_grad()

@@ -88,7 +88,7 @@ def stage1_step(model: nn.Module, targets: torch.Tensor, peer: int) -> float:
         dist.recv(act, src=peer)
         acts.append(act.requires_grad_())
     total = 0.0
-    for act, target in zip(acts, targets.chunk(MICRO_BATCHES)):
+    for act, target in zip(acts, targets.chunk(MICRO_BATCHES), strict=False):
         loss = nn.functional.cross_entropy(model(act), target)
         loss.backward()
         dist.send(act.grad, dst=peer)

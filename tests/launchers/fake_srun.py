@@ -19,8 +19,16 @@ import sys
 import time
 
 # Variables a torch launcher would have set; a Slurm task never sees them.
-_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                  "ROLE_RANK", "NODE_RANK", "TORCHELASTIC_RUN_ID")
+_LAUNCHER_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "NODE_RANK",
+    "TORCHELASTIC_RUN_ID",
+)
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -69,8 +77,7 @@ def _wait_all(tasks: list[subprocess.Popen]) -> int:
                 continue
             del pending[procid]
             if code != 0:
-                print(f"srun: error: task {procid}: Exited with exit code {code}",
-                      file=sys.stderr, flush=True)
+                print(f"srun: error: task {procid}: Exited with exit code {code}", file=sys.stderr, flush=True)
                 worst = max(worst, code if code > 0 else 128 - code)
         time.sleep(0.2)
     return worst
@@ -80,10 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     job_id = os.environ.get("SLURM_JOB_ID", str(100000 + os.getpid()))
     node = socket.gethostname().split(".")[0]
-    tasks = [
-        subprocess.Popen(args.command, env=_task_env(i, args.ntasks, job_id, node))
-        for i in range(args.ntasks)
-    ]
+    tasks = [subprocess.Popen(args.command, env=_task_env(i, args.ntasks, job_id, node)) for i in range(args.ntasks)]
     _forward(tasks)
     return _wait_all(tasks)
 

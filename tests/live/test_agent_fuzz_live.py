@@ -22,21 +22,50 @@ from hangdoc.fleet.v1 import agent_pb2_grpc as pb_grpc
 
 pytestmark = [pytest.mark.timeout(300)]
 
-ACCEPTED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-            grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.FAILED_PRECONDITION}
-FUZZ = settings(max_examples=60, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+ACCEPTED = {
+    grpc.StatusCode.OK,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+}
+FUZZ = settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 jobs = st.one_of(
     st.text(max_size=300),
     st.text(max_size=3000).map(lambda s: "pid:" + s),
-    st.sampled_from(["pid:999999", "pid:²", "pid:-1", "pid:0", "127.0.0.1:²", "127.0.0.1:99999",
-                     "slurm:1.2", "slurm:", "ray:abc", ":", "", "\x1b[2J", "h" * 5000 + ":1"]),
+    st.sampled_from(
+        [
+            "pid:999999",
+            "pid:²",
+            "pid:-1",
+            "pid:0",
+            "127.0.0.1:²",
+            "127.0.0.1:99999",
+            "slurm:1.2",
+            "slurm:",
+            "ray:abc",
+            ":",
+            "",
+            "\x1b[2J",
+            "h" * 5000 + ":1",
+        ]
+    ),
 )
 floats = st.floats(allow_nan=True, allow_infinity=True)
 pids = st.integers(min_value=-(2**63), max_value=2**63 - 1)
-frames = st.builds(pb.Frame, function=st.text(max_size=50), filename=st.text(max_size=200),
-                   line=st.integers(min_value=-(2**63), max_value=2**63 - 1), native=st.booleans())
+frames = st.builds(
+    pb.Frame,
+    function=st.text(max_size=50),
+    filename=st.text(max_size=200),
+    line=st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    native=st.booleans(),
+)
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +95,7 @@ def test_find_ranks(stub, job: str) -> None:
 
 
 @FUZZ
-@given(job=st.none() | jobs, targets=st.lists(pids, max_size=40), t=floats,
-       timeout=st.none() | floats)
+@given(job=st.none() | jobs, targets=st.lists(pids, max_size=40), t=floats, timeout=st.none() | floats)
 def test_sample(stub, job, targets, t, timeout) -> None:
     request = pb.SampleRequest(t=t)
     if job is not None:
@@ -80,8 +108,10 @@ def test_sample(stub, job, targets, t, timeout) -> None:
 
 
 @FUZZ
-@given(loose=st.lists(frames, max_size=20),
-       queries=st.lists(st.builds(pb.SourceQuery, pid=pids, frames=st.lists(frames, max_size=5)), max_size=5))
+@given(
+    loose=st.lists(frames, max_size=20),
+    queries=st.lists(st.builds(pb.SourceQuery, pid=pids, frames=st.lists(frames, max_size=5)), max_size=5),
+)
 def test_sample_sources(stub, loose, queries) -> None:
     request = pb.SampleSourcesRequest(frames=loose, queries=queries)
     assert _call(stub.SampleSources, request) in ACCEPTED

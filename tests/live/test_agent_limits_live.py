@@ -35,8 +35,10 @@ from hangdoc.fleet.v1 import agent_pb2_grpc as pb_grpc
 
 pytestmark = [
     pytest.mark.timeout(90),
-    pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("setpriv") and shutil.which("prlimit")),
-                       reason="needs root, setpriv and prlimit"),
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not (shutil.which("setpriv") and shutil.which("prlimit")),
+        reason="needs root, setpriv and prlimit",
+    ),
 ]
 
 TOKEN = "0123456789abcdef0123456789abcdef"
@@ -65,8 +67,9 @@ def test_idle_connections_cost_no_more_than_their_cap_and_time_out(tmp_path) -> 
     token = tmp_path / "token"
     token.write_text(TOKEN)
     token.chmod(0o600)
-    agent = start_agent(tmp_path, "--listen", "127.0.0.1:0", "--token-file", str(token),
-                        wrapper=["prlimit", f"--nofile={NOFILE}", "--"])
+    agent = start_agent(
+        tmp_path, "--listen", "127.0.0.1:0", "--token-file", str(token), wrapper=["prlimit", f"--nofile={NOFILE}", "--"]
+    )
     try:
         before = grpc.insecure_channel(agent.address)  # the operator's, opened before the flood
         with before:
@@ -86,8 +89,9 @@ def test_idle_connections_cost_no_more_than_their_cap_and_time_out(tmp_path) -> 
                 fresh = grpc.insecure_channel(agent.address, options=[("grpc.use_local_subchannel_pool", 1)])
                 with fresh:
                     t0 = time.monotonic()
-                    pb_grpc.AgentStub(fresh).GetInfo(pb.GetInfoRequest(), timeout=15, metadata=AUTH,
-                                                     wait_for_ready=True)
+                    pb_grpc.AgentStub(fresh).GetInfo(
+                        pb.GetInfoRequest(), timeout=15, metadata=AUTH, wait_for_ready=True
+                    )
                     assert time.monotonic() - t0 < limits.HANDSHAKE_TIMEOUT_MS / 1000 + 4
                 assert open_count(socks) == 0
                 assert _stop(agent, signal.SIGTERM) < 5

@@ -46,14 +46,28 @@ def hung_job(tmp_path_factory) -> Iterator:
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory, token_file) -> Iterator[Agent]:
-    with start_agent(tmp_path_factory.mktemp("agent"), "--listen", "127.0.0.1:0",
-                     "--token-file", str(token_file), "--node-name", "node-a", "--open-health") as a:
+    with start_agent(
+        tmp_path_factory.mktemp("agent"),
+        "--listen",
+        "127.0.0.1:0",
+        "--token-file",
+        str(token_file),
+        "--node-name",
+        "node-a",
+        "--open-health",
+    ) as a:
         yield a
 
 
 def diagnose(spec: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hangdoc", "diagnose", spec, "--json", "-q", *args],
-                          capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "hangdoc", "diagnose", spec, "--json", "-q", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        check=False,
+    )
 
 
 def test_diagnosis_through_an_agent_matches_local(hung_job, agent, token_file) -> None:
@@ -95,8 +109,14 @@ def test_down_agent_is_named_and_the_rest_diagnosed(hung_job, agent, token_file)
 
 
 def test_non_loopback_without_auth_is_refused(tmp_path) -> None:
-    out = subprocess.run([sys.executable, "-m", "hangdoc", "agent", "--listen", "0.0.0.0:0"],
-                         capture_output=True, text=True, timeout=60, cwd=REPO, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "hangdoc", "agent", "--listen", "0.0.0.0:0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        check=False,
+    )
     assert out.returncode == 2
     assert "refusing to listen" in out.stderr and "Traceback" not in out.stderr
 
@@ -116,8 +136,7 @@ def test_agent_exits_cleanly_on_sigterm_and_health_needs_token_by_default(tmp_pa
 def test_agent_never_returns_secrets(hung_job, agent, token_file, tmp_path) -> None:
     _, job = hung_job
     saved = tmp_path / "snap.json"
-    out = diagnose(job.job_spec(), "--agents", agent.address, "--token-file", str(token_file),
-                   "--save", str(saved))
+    out = diagnose(job.job_spec(), "--agents", agent.address, "--token-file", str(token_file), "--save", str(saved))
     assert out.returncode == 0, out.stderr
     text = saved.read_text()
     assert '"NCCL_IB_PASSWORD"' in text  # the variable was captured ...
@@ -140,7 +159,8 @@ def test_health_answers_without_token_and_sources_only_for_captured_files(agent,
         stub = pb_grpc.AgentStub(channel)
         reply = stub.SampleSources(
             pb.SampleSourcesRequest(frames=[pb.Frame(function="f", filename=str(private), line=1)]),
-            timeout=10, metadata=(("authorization", f"Bearer {TOKEN}"),),
+            timeout=10,
+            metadata=(("authorization", f"Bearer {TOKEN}"),),
         )
         assert list(reply.files) == []
 
@@ -201,8 +221,14 @@ def test_heartbeats_only_of_ranks_the_agent_found(agent, token_file, tmp_path) -
     from hangdoc.fleet.client import AgentAuth, RemoteNode
 
     port = free_port()
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
-               HANGDOC_HEARTBEAT_DIR=str(tmp_path / "hb"))
+    env = dict(
+        os.environ,
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK="0",
+        WORLD_SIZE="1",
+        HANGDOC_HEARTBEAT_DIR=str(tmp_path / "hb"),
+    )
     code = "import hangdoc, time\nfor s in range(3):\n    with hangdoc.step(s): pass\ntime.sleep(60)"
     rank = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO)
     node = RemoteNode(agent.address, AgentAuth(TOKEN))
@@ -228,9 +254,14 @@ def test_an_agents_error_keeps_its_kind_and_help(agent, tmp_path) -> None:
     from support.harness import free_port
 
     sleeper = "import time; time.sleep(120)"
-    script = " ".join(
-        f"MASTER_ADDR=127.0.0.1 MASTER_PORT={port} RANK={rank} WORLD_SIZE=2 {sys.executable} -c '{sleeper}' &"
-        for port in (free_port(), free_port()) for rank in (0, 1)) + " wait"
+    script = (
+        " ".join(
+            f"MASTER_ADDR=127.0.0.1 MASTER_PORT={port} RANK={rank} WORLD_SIZE=2 {sys.executable} -c '{sleeper}' &"
+            for port in (free_port(), free_port())
+            for rank in (0, 1)
+        )
+        + " wait"
+    )
     shell = subprocess.Popen(["bash", "-c", script], start_new_session=True)
     try:
         deadline = time.monotonic() + 30

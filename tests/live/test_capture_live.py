@@ -51,13 +51,11 @@ def test_socket_bytes_of_processes_in_other_network_namespaces() -> None:
     from support.netns import NetnsNodes
 
     with NetnsNodes(2, "hdcs") as nodes:
-        server = nodes.popen(0, [sys.executable, "-c", SERVER], stdout=subprocess.PIPE,
-                             text=True)
+        server = nodes.popen(0, [sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
         client = None
         try:
             assert server.stdout is not None and server.stdout.readline() == "listening\n"
-            client = nodes.popen(1, [sys.executable, "-c", CLIENT, nodes.ip(0)],
-                                 stdout=subprocess.PIPE, text=True)
+            client = nodes.popen(1, [sys.executable, "-c", CLIENT, nodes.ip(0)], stdout=subprocess.PIPE, text=True)
             assert client.stdout is not None and client.stdout.readline() == "sent\n"
             assert server.stdout.readline() == "received 300000\n"
             moved = socket_bytes_many([server.pid, client.pid, os.getpid()])
@@ -91,8 +89,7 @@ def hung_ranks(hung_job: RunningJob) -> tuple[RankProcess, ...]:
 
 
 @pytest.mark.timeout(120)
-def test_capture_of_a_job_hung_in_collectives(
-        hung_job: RunningJob, hung_ranks: tuple[RankProcess, ...]) -> None:
+def test_capture_of_a_job_hung_in_collectives(hung_job: RunningJob, hung_ranks: tuple[RankProcess, ...]) -> None:
     said: list[str] = []
     options = CaptureOptions(window=0.9, interval=0.3, max_window=0.9)
     snapshot, _ = diagnose(f"127.0.0.1:{hung_job.port}", options, said.append)
@@ -132,8 +129,7 @@ def test_native_frames_of_a_hung_rank(hung_ranks: tuple[RankProcess, ...]) -> No
 
 
 @pytest.mark.timeout(120)
-def test_slow_dump_times_out_and_leaves_the_rank_running(
-        hung_ranks: tuple[RankProcess, ...]) -> None:
+def test_slow_dump_times_out_and_leaves_the_rank_running(hung_ranks: tuple[RankProcess, ...]) -> None:
     rank = hung_ranks[0]
     before = {p.pid for p in psutil.Process().children()}
     started = time.monotonic()
@@ -165,8 +161,7 @@ def test_process_state_and_sockets_of_a_rank(hung_ranks: tuple[RankProcess, ...]
 
 def _raw_parallel_dumps(exe: str, pids: list[int]) -> float:
     started = time.perf_counter()
-    procs = [subprocess.Popen([exe, "dump", "--pid", str(p), "--json"],
-                              stdout=subprocess.PIPE) for p in pids]
+    procs = [subprocess.Popen([exe, "dump", "--pid", str(p), "--json"], stdout=subprocess.PIPE) for p in pids]
     for proc in procs:
         proc.communicate()
     return time.perf_counter() - started
@@ -176,7 +171,8 @@ def _raw_parallel_dumps(exe: str, pids: list[int]) -> float:
 @pytest.mark.skipif(not os.environ.get("HANGDOC_BENCH"), reason="set HANGDOC_BENCH=1")
 @pytest.mark.parametrize("nproc", [4, 8])
 def test_sample_round_costs_at_most_1_3x_raw_parallel_pyspy(
-        nproc: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    nproc: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from support.harness import launch
 
     monkeypatch.setenv("GLOO_HANG_CHILDREN", "0")
@@ -194,7 +190,8 @@ def test_sample_round_costs_at_most_1_3x_raw_parallel_pyspy(
             ours.append(time.perf_counter() - started)
             assert all(s.error is None for s in samples)
     ratio = statistics.median(ours) / statistics.median(raw)
-    print(f"\n{nproc} ranks: sample_round {statistics.median(ours) * 1000:.1f} ms, raw "
-          f"{statistics.median(raw) * 1000:.1f} ms, ratio {ratio:.2f}")
+    print(
+        f"\n{nproc} ranks: sample_round {statistics.median(ours) * 1000:.1f} ms, raw "
+        f"{statistics.median(raw) * 1000:.1f} ms, ratio {ratio:.2f}"
+    )
     assert ratio <= 1.3
-

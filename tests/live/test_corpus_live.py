@@ -36,10 +36,10 @@ def _params() -> list:
 
 
 def _diagnose(job: RunningJob, snapshot: Path) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "hangdoc", "diagnose", job.job_spec(), "--json",
-            "--save", str(snapshot)]
-    return subprocess.run(argv, check=False, capture_output=True, text=True, timeout=DIAGNOSE_TIMEOUT,
-                          cwd=REPO, stdin=subprocess.DEVNULL)
+    argv = [sys.executable, "-m", "hangdoc", "diagnose", job.job_spec(), "--json", "--save", str(snapshot)]
+    return subprocess.run(
+        argv, check=False, capture_output=True, text=True, timeout=DIAGNOSE_TIMEOUT, cwd=REPO, stdin=subprocess.DEVNULL
+    )
 
 
 def _record(meta: JobMeta, snapshot: Path) -> None:
@@ -54,20 +54,23 @@ def _report(result: subprocess.CompletedProcess, job_output: str) -> dict:
     try:
         report = json.loads(result.stdout)
     except json.JSONDecodeError:
-        pytest.fail(f"hangdoc diagnose exited {result.returncode} without one JSON object "
-                    f"on stdout\n--- stdout ---\n{result.stdout[:3000]}\n--- stderr ---\n"
-                    f"{result.stderr[-3000:]}\n--- job output ---\n{job_output[-3000:]}")
+        pytest.fail(
+            f"hangdoc diagnose exited {result.returncode} without one JSON object "
+            f"on stdout\n--- stdout ---\n{result.stdout[:3000]}\n--- stderr ---\n"
+            f"{result.stderr[-3000:]}\n--- job output ---\n{job_output[-3000:]}"
+        )
     assert isinstance(report, dict), f"stdout JSON is not an object: {report!r}"
     return report
 
 
 def _explain(meta: JobMeta, report: dict) -> str:
     evidence = "\n".join(f"  - {line}" for line in report.get("evidence", []))
-    ranks = "\n".join(f"  {r.get('rank')}: {r.get('state')} {r.get('op')}"
-                      for r in report.get("ranks", []))
-    return (f"{meta.name}: expected {meta.verdict} culprits={sorted(meta.culprits)}, got "
-            f"{report.get('verdict')} culprits={report.get('culprit_ranks')}\n"
-            f"summary: {report.get('summary')}\nevidence:\n{evidence}\nranks:\n{ranks}")
+    ranks = "\n".join(f"  {r.get('rank')}: {r.get('state')} {r.get('op')}" for r in report.get("ranks", []))
+    return (
+        f"{meta.name}: expected {meta.verdict} culprits={sorted(meta.culprits)}, got "
+        f"{report.get('verdict')} culprits={report.get('culprit_ranks')}\n"
+        f"summary: {report.get('summary')}\nevidence:\n{evidence}\nranks:\n{ranks}"
+    )
 
 
 @pytest.mark.timeout(180)

@@ -23,8 +23,15 @@ BUG = "    start_step = 1 if rank == 3 else 0"
 
 
 def _run(argv: list[str], tmp: Path, timeout: float, **env: str) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp,
-                            env=dict(os.environ, **env), start_new_session=True)
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp,
+        env=dict(os.environ, **env),
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -73,7 +80,20 @@ def test_the_fix_the_demo_shows_makes_the_job_finish(tmp_path: Path) -> None:
     fixed.write_text(source.replace(BUG, "    start_step = 0"))
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     assert torchrun is not None
-    done = _run([torchrun, "--nproc-per-node", "4", "--master-addr", "127.0.0.1", "--master-port",
-                 str(free_port()), str(fixed)], tmp_path, 240, OMP_NUM_THREADS="1")
+    done = _run(
+        [
+            torchrun,
+            "--nproc-per-node",
+            "4",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            str(fixed),
+        ],
+        tmp_path,
+        240,
+        OMP_NUM_THREADS="1",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "step 996 losses" in done.stdout  # the last logged step of the 1000

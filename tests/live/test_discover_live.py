@@ -68,8 +68,9 @@ def test_pid_of_one_rank_takes_in_its_job_on_this_node(torchrun_job: RunningJob)
     pids = ready_pids(torchrun_job)
     found = discover(parse_job_spec(f"pid:{pids[1]}"))
     assert [(r.rank, r.pid) for r in found.ranks] == [(0, pids[0]), (1, pids[1])]
-    assert (f"pid {pids[1]} is rank 1 of the job at 127.0.0.1:{torchrun_job.port}; took in "
-            "its 2 ranks on this node") in found.notes
+    assert (
+        f"pid {pids[1]} is rank 1 of the job at 127.0.0.1:{torchrun_job.port}; took in its 2 ranks on this node"
+    ) in found.notes
 
 
 @pytest.mark.timeout(120)
@@ -85,8 +86,10 @@ def test_direct_job_by_endpoint(tmp_path: Path) -> None:
     with running("direct", tmp_path) as job:
         pids = ready_pids(job)
         found = discover(parse_job_spec(f"localhost:{job.port}"))
-    assert [(r.rank, r.pid, r.rank_source) for r in found.ranks] == \
-        [(0, pids[0], RankSource.ENV), (1, pids[1], RankSource.ENV)]
+    assert [(r.rank, r.pid, r.rank_source) for r in found.ranks] == [
+        (0, pids[0], RankSource.ENV),
+        (1, pids[1], RankSource.ENV),
+    ]
     assert found.world_size == 2
     assert {r.launcher_pid for r in found.ranks} == {None}  # started by this test itself
 
@@ -119,12 +122,12 @@ def test_slurm_job_by_job_id(tmp_path: Path) -> None:
         job_id = psutil.Process(pids[0]).environ()["SLURM_JOB_ID"]
         found = discover(parse_job_spec(f"slurm:{job_id}"))
         step = discover(parse_job_spec(f"slurm:{job_id}.0"))
-        with pytest.raises(JobNotFound, match=f"no process has SLURM_JOB_ID={job_id} "
-                                              "SLURM_STEP_ID=5"):
+        with pytest.raises(JobNotFound, match=f"no process has SLURM_JOB_ID={job_id} SLURM_STEP_ID=5"):
             discover(parse_job_spec(f"slurm:{job_id}.5"))
-    assert [(r.rank, r.pid, r.rank_evidence) for r in found.ranks] == \
-        [(0, pids[0], "SLURM_PROCID=0"), (1, pids[1], "SLURM_PROCID=1")]
+    assert [(r.rank, r.pid, r.rank_evidence) for r in found.ranks] == [
+        (0, pids[0], "SLURM_PROCID=0"),
+        (1, pids[1], "SLURM_PROCID=1"),
+    ]
     assert step.ranks == found.ranks
     assert found.world_size == 2
     assert {r.launcher_pid for r in found.ranks} == {job.launcher.pid}  # fake_srun
-

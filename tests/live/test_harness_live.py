@@ -19,14 +19,16 @@ from support.tinyjob import write_job
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("launch_line,nproc", [
-    ("mode=direct nproc=2", 2),
-    ("mode=torchrun nproc=2", 2),
-    ("mode=spawn nproc=2", 2),
-    ("mode=slurm nproc=3", 3),
-])
-def test_launch_then_kill_leaves_no_tagged_process(tmp_path: Path, launch_line: str,
-                                                   nproc: int) -> None:
+@pytest.mark.parametrize(
+    "launch_line,nproc",
+    [
+        ("mode=direct nproc=2", 2),
+        ("mode=torchrun nproc=2", 2),
+        ("mode=spawn nproc=2", 2),
+        ("mode=slurm nproc=3", 3),
+    ],
+)
+def test_launch_then_kill_leaves_no_tagged_process(tmp_path: Path, launch_line: str, nproc: int) -> None:
     meta = load_meta(write_job(tmp_path, launch_line))
     with launch(meta, tmp_path / "run") as job:
         job.wait_ready(timeout=45)
@@ -37,8 +39,7 @@ def test_launch_then_kill_leaves_no_tagged_process(tmp_path: Path, launch_line: 
         spec = job.job_spec()
     assert _tagged_pids(job.tag) == set()
     assert not any(is_running(pid) for pid in pids)
-    assert spec == (f"127.0.0.1:{job.port}" if meta.mode == "direct"
-                    else f"pid:{job.launcher.pid}")
+    assert spec == (f"127.0.0.1:{job.port}" if meta.mode == "direct" else f"pid:{job.launcher.pid}")
     for rank in range(nproc):
         assert f"rank={rank} " in job.output()
 
@@ -88,18 +89,22 @@ def test_slurm_tasks_see_only_slurm_variables(tmp_path: Path) -> None:
 def test_wait_ready_reports_a_job_that_died(tmp_path: Path) -> None:
     script = write_job(tmp_path, "mode=direct nproc=2")
     script.write_text(script.read_text().replace("mark_ready(rank)", "raise SystemExit(3)"))
-    with launch(load_meta(script), tmp_path / "run") as job, \
-            pytest.raises(AssertionError, match="exited with code 3"):
+    with launch(load_meta(script), tmp_path / "run") as job, pytest.raises(AssertionError, match="exited with code 3"):
         job.wait_ready(timeout=30)
 
 
 def test_wait_ready_reports_a_slurm_task_that_died(tmp_path: Path) -> None:
     script = write_job(tmp_path, "mode=slurm nproc=3")
-    script.write_text(script.read_text().replace(
-        "mark_ready(rank)", "if rank == 1:\n        raise SystemExit(3)\n    mark_ready(rank)"))
+    script.write_text(
+        script.read_text().replace(
+            "mark_ready(rank)", "if rank == 1:\n        raise SystemExit(3)\n    mark_ready(rank)"
+        )
+    )
     started = time.monotonic()
-    with launch(load_meta(script), tmp_path / "run") as job, \
-            pytest.raises(AssertionError, match="task 1: Exited with exit code 3"):
+    with (
+        launch(load_meta(script), tmp_path / "run") as job,
+        pytest.raises(AssertionError, match="task 1: Exited with exit code 3"),
+    ):
         job.wait_ready(timeout=60)
     assert time.monotonic() - started < 30  # noticed at once, not at the timeout
 

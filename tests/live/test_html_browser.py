@@ -25,7 +25,8 @@ from hangdoc.report.html import render_html
 
 pytestmark = pytest.mark.skipif(
     find_chromium() is None,
-    reason="needs Debian's chromium for the headless browser tests (apt-get install chromium; CI installs it)")
+    reason="needs Debian's chromium for the headless browser tests (apt-get install chromium; CI installs it)",
+)
 
 CORPUS = REPO / "tests" / "snapshots" / "mismatch_ddp_uneven_epoch_end.json.gz"
 
@@ -57,9 +58,12 @@ def test_a_recorded_report_in_chromium(browser: Browser, corpus_report: Path, tm
     assert browser.evaluate("document.title").startswith("hangdoc: collective_mismatch")
 
     # expand a branch: collapse everything, then open the first branch by a click
-    before = _js(browser, """
+    before = _js(
+        browser,
+        """
         document.getElementById('collapse-all').click();
-        return document.querySelectorAll('#tree .ln:not([hidden])').length;""")
+        return document.querySelectorAll('#tree .ln:not([hidden])').length;""",
+    )
     visible = "[...document.querySelectorAll('#tree .ln')].filter(e => e.offsetParent !== null).length"
     assert browser.evaluate(visible) == 0, before
     _js(browser, "document.querySelector('#tree .edge').click();")
@@ -77,19 +81,25 @@ def test_a_recorded_report_in_chromium(browser: Browser, corpus_report: Path, tm
     assert "rank 1" in panel and "MainThread" in panel and "barrier" in panel
     assert "save_checkpoint" in panel  # the culprit's whole stack, outermost first
     # another rank, by its number: all its threads
-    _js(browser, """
+    _js(
+        browser,
+        """
         const input = document.getElementById('rank-input');
         input.value = '2';
-        document.getElementById('rank-go').click();""")
+        document.getElementById('rank-go').click();""",
+    )
     panel = browser.evaluate("document.getElementById('rank-view').innerText")
     assert "rank 2" in panel and "all_reduce" in panel
     assert browser.evaluate("document.querySelectorAll('#rank-view details.th').length") >= 2
 
     # search a function: results listed, the first one revealed and highlighted
-    _js(browser, """
+    _js(
+        browser,
+        """
         const box = document.getElementById('search');
         box.value = 'save_checkpoint';
-        box.dispatchEvent(new KeyboardEvent('keydown', {key: 'Enter'}));""")
+        box.dispatchEvent(new KeyboardEvent('keydown', {key: 'Enter'}));""",
+    )
     results = browser.evaluate("document.getElementById('search-results').innerText")
     assert "1 place in the tree" in results and "save_checkpoint" in results
     assert "in the threads of 1 rank" in results  # every thread of every rank is searched too
@@ -110,17 +120,20 @@ def test_a_recorded_report_in_chromium(browser: Browser, corpus_report: Path, tm
 
 
 def test_a_hostile_function_name_stays_text(browser: Browser, tmp_path: Path) -> None:
-    evil = "<img src=x onerror=\"window.pwned=1\">"
+    evil = '<img src=x onerror="window.pwned=1">'
     stack = [Frame("<module>", "/job/train.py", 1), Frame(evil, "/job/x.py", 2)]
     snapshot = make_snapshot({0: stack, 1: stack[:1]})
     diagnosis = make_diagnosis(snapshot, verdict=Verdict.STRAGGLER, culprits=[0], summary=evil)
     path = tmp_path / "evil.html"
     path.write_text(render_html(diagnosis, snapshot))
     browser.open(path.as_uri())
-    _js(browser, """
+    _js(
+        browser,
+        """
         document.querySelector('#search').value = 'onerror';
         document.querySelector('#search').dispatchEvent(new KeyboardEvent('keydown', {key: 'Enter'}));
-        document.getElementById('culprits').click();""")
+        document.getElementById('culprits').click();""",
+    )
     assert browser.evaluate("window.pwned === undefined")
     assert browser.evaluate("document.querySelectorAll('img').length") == 0
     assert evil in browser.evaluate("document.getElementById('rank-view').innerText")
@@ -153,9 +166,12 @@ def test_a_thousand_branches_are_drawn_in_batches(browser: Browser, tmp_path: Pa
     browser.open(path.as_uri())
     assert browser.evaluate("document.querySelectorAll('#tree .blk').length") == 1 + 200
     assert browser.evaluate("document.querySelector('#tree .more').innerText").startswith("⋯ 800 more branches")
-    _js(browser, """
+    _js(
+        browser,
+        """
         const box = document.getElementById('search');
         box.value = 'leaf777';
-        box.dispatchEvent(new KeyboardEvent('keydown', {key: 'Enter'}));""")
+        box.dispatchEvent(new KeyboardEvent('keydown', {key: 'Enter'}));""",
+    )
     assert browser.evaluate("document.querySelector('#tree .ln.flash').innerText").startswith("leaf777")
     assert browser.errors == []

@@ -39,19 +39,25 @@ class Diagnosed:
 
 
 def _shapes() -> dict[str, JobMeta]:
-    return {"direct": job_meta("direct", 3), "torchrun": job_meta("torchrun", 3),
-            "spawn": job_meta("spawn", 3), "launcher_rank0": load_meta(LAUNCHER_RANK0)}
+    return {
+        "direct": job_meta("direct", 3),
+        "torchrun": job_meta("torchrun", 3),
+        "spawn": job_meta("spawn", 3),
+        "launcher_rank0": load_meta(LAUNCHER_RANK0),
+    }
 
 
 def _diagnose(spec: str) -> dict[str, Any]:
     argv = [sys.executable, "-m", "hangdoc", "diagnose", spec, "--json", "--max-window", "4"]
-    result = subprocess.run(argv, check=False, capture_output=True, text=True, cwd=REPO,
-                            timeout=DIAGNOSE_TIMEOUT, stdin=subprocess.DEVNULL)
+    result = subprocess.run(
+        argv, check=False, capture_output=True, text=True, cwd=REPO, timeout=DIAGNOSE_TIMEOUT, stdin=subprocess.DEVNULL
+    )
     try:
         report = json.loads(result.stdout)
     except json.JSONDecodeError:
-        pytest.fail(f"hangdoc diagnose {spec} exited {result.returncode} without JSON\n"
-                    f"--- stderr ---\n{result.stderr[-3000:]}")
+        pytest.fail(
+            f"hangdoc diagnose {spec} exited {result.returncode} without JSON\n--- stderr ---\n{result.stderr[-3000:]}"
+        )
     assert isinstance(report, dict)
     return report
 
@@ -60,8 +66,9 @@ def _diagnose(spec: str) -> dict[str, Any]:
 def diagnosed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Diagnosed]]:
     found: dict[str, Diagnosed] = {}
     with ExitStack() as stack:  # every job killed, with all its processes, on the way out
-        jobs = {name: stack.enter_context(launch(meta, tmp_path_factory.mktemp(name)))
-                for name, meta in _shapes().items()}
+        jobs = {
+            name: stack.enter_context(launch(meta, tmp_path_factory.mktemp(name))) for name, meta in _shapes().items()
+        }
         for job in jobs.values():
             job.wait_ready(150)
         pids = {name: ready_pids(job) for name, job in jobs.items()}
@@ -72,7 +79,7 @@ def diagnosed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Di
             return (_diagnose(f"127.0.0.1:{jobs[name].port}"), _diagnose(f"pid:{pids[name][1]}"))
 
         with ThreadPoolExecutor(2) as pool:
-            reports = dict(zip(jobs, pool.map(both, jobs)))
+            reports = dict(zip(jobs, pool.map(both, jobs), strict=False))
         for name, job in jobs.items():
             found[name] = Diagnosed(job.port, pids[name], job.launcher.pid, *reports[name])
     yield found
@@ -84,16 +91,16 @@ def _ranks(report: dict[str, Any]) -> list[tuple[int, int]]:
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("shape", ["direct", "torchrun", "spawn", "launcher_rank0"])
-def test_the_pid_of_one_rank_gives_the_whole_jobs_verdict(
-        diagnosed: dict[str, Diagnosed], shape: str) -> None:
+def test_the_pid_of_one_rank_gives_the_whole_jobs_verdict(diagnosed: dict[str, Diagnosed], shape: str) -> None:
     job = diagnosed[shape]
     whole, by_pid = job.whole, job.by_pid
     assert _ranks(whole) == _ranks(by_pid) == sorted(job.pids.items())
-    assert (by_pid["verdict"], by_pid["culprit_ranks"]) == \
-        (whole["verdict"], whole["culprit_ranks"]), (whole["summary"], by_pid["summary"])
+    assert (by_pid["verdict"], by_pid["culprit_ranks"]) == (whole["verdict"], whole["culprit_ranks"]), (
+        whole["summary"],
+        by_pid["summary"],
+    )
     assert whole["verdict"] != "rank_missing" and whole["world_size"] == by_pid["world_size"] == 3
-    said = (f"pid {job.pids[1]} is rank 1 of the job at 127.0.0.1:{job.port}; took in its 3 "
-            "ranks on this node")
+    said = f"pid {job.pids[1]} is rank 1 of the job at 127.0.0.1:{job.port}; took in its 3 ranks on this node"
     assert said in by_pid["notes"], by_pid["notes"]
 
 

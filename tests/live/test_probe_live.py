@@ -24,8 +24,17 @@ from hangdoc.bundle import load_snapshot
 pytestmark = [pytest.mark.live, pytest.mark.timeout(120)]
 JOB = TESTS / "jobs" / "probe" / "fr_probe_mismatch.py"
 RANKS = 3
-_SCRUB = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-          "TORCHELASTIC_RUN_ID", "PYTHONPATH")
+_SCRUB = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "PYTHONPATH",
+)
 
 
 def _line(text: str) -> int:
@@ -37,15 +46,34 @@ def test_hangdoc_run_brings_flight_recorder_and_exceptions_into_the_diagnosis(tm
     tag, ready = uuid.uuid4().hex, tmp_path / "ready"
     ready.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in _SCRUB and not k.startswith("HANGDOC_")}
-    env.update(HANGDOC_TEST_TAG=tag, HANGDOC_READY_DIR=str(ready), TORCH_FR_BUFFER_SIZE="2000",
-               PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env.update(
+        HANGDOC_TEST_TAG=tag,
+        HANGDOC_READY_DIR=str(ready),
+        TORCH_FR_BUFFER_SIZE="2000",
+        PYTHONUNBUFFERED="1",
+        OMP_NUM_THREADS="1",
+    )
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    argv = [sys.executable, "-m", "hangdoc", "run", "--", torchrun, "--nproc-per-node", str(RANKS),
-            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(JOB)]
+    argv = [
+        sys.executable,
+        "-m",
+        "hangdoc",
+        "run",
+        "--",
+        torchrun,
+        "--nproc-per-node",
+        str(RANKS),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        str(JOB),
+    ]
     log = tmp_path / "output.log"
     with open(log, "wb") as out:
-        launcher = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    cwd=JOB.parent)
+        launcher = subprocess.Popen(
+            argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=JOB.parent
+        )
     try:
         deadline = time.monotonic() + 90
         while len(list(ready.glob("ready.*"))) < RANKS:
@@ -54,9 +82,15 @@ def test_hangdoc_run_brings_flight_recorder_and_exceptions_into_the_diagnosis(tm
             time.sleep(0.1)
         time.sleep(1.0)
         saved = tmp_path / "snap.json"
-        done = subprocess.run([sys.executable, "-m", "hangdoc", "diagnose", f"pid:{launcher.pid}", "--json",
-                               "--save", str(saved)], check=False, capture_output=True, text=True,
-                              timeout=60, cwd=REPO, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            [sys.executable, "-m", "hangdoc", "diagnose", f"pid:{launcher.pid}", "--json", "--save", str(saved)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+        )
     finally:
         job = tagged_pids(tag) | {launcher.pid}
         kill_tagged(tag)
@@ -70,8 +104,10 @@ def test_hangdoc_run_brings_flight_recorder_and_exceptions_into_the_diagnosis(tm
     assert report["basis"][0] == "flight recorder: collective #8 of default_pg (0) differs between ranks"
     assert "rank 0 recorded broadcast Float[1] as collective #8 of default_pg (0)" in report["evidence"]
     raised, waits = _line('raise LossDiverged("'), _line("dist.broadcast(")
-    assert (f"rank 0's main thread is handling __main__.LossDiverged raised at fr_probe_mismatch.py:{raised} "
-            f"while in broadcast (fr_probe_mismatch.py:{waits}) (its probe)") in report["evidence"]
+    assert (
+        f"rank 0's main thread is handling __main__.LossDiverged raised at fr_probe_mismatch.py:{raised} "
+        f"while in broadcast (fr_probe_mismatch.py:{waits}) (its probe)"
+    ) in report["evidence"]
     snapshot = load_snapshot(saved)
     assert all(r.flight is not None and r.flight.entries for r in snapshot.ranks)
     assert [r.rank for r in snapshot.ranks if r.exceptions] == [0]

@@ -32,8 +32,9 @@ from hangdoc.model import ProbeStatus
 pytestmark = [
     pytest.mark.live,
     pytest.mark.timeout(120),
-    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                       reason="needs root and setpriv to act as other users"),
+    pytest.mark.skipif(
+        os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv to act as other users"
+    ),
 ]
 
 NOBODY, VICTIM = 65534, 65533
@@ -41,14 +42,14 @@ FAKE = TESTS / "support" / "fake_probe.py"
 PROBE = REPO / "hangdoc" / "probe.py"
 NOT_INITIALISED = "its probe says: torch.distributed is not initialised in this process"
 # the victim's job: hangdoc's probe loaded by its path (standard library only), as `hangdoc run` loads it
-VICTIM_JOB = f'''
+VICTIM_JOB = f"""
 import importlib.util, sys, time
 spec = importlib.util.spec_from_file_location("_hangdoc_probe", {str(PROBE)!r})
 probe = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(probe)
 print("ready", probe.start(), flush=True)
 time.sleep(120)
-'''
+"""
 READER = r"""
 import json, resource, sys
 from concurrent.futures import ThreadPoolExecutor
@@ -65,8 +66,15 @@ print(json.dumps({"added": added, "reasons": [a.reason for a in answers]}))
 def _python() -> str:
     """An interpreter other users may run (this venv's may live in root's home)."""
     for python in (sys.executable, "/usr/bin/python3"):
-        if subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, "-c", ""],
-                          capture_output=True, check=False, timeout=30).returncode == 0:
+        if (
+            subprocess.run(
+                ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, "-c", ""],
+                capture_output=True,
+                check=False,
+                timeout=30,
+            ).returncode
+            == 0
+        ):
             return python
     pytest.skip("no Python that uid 65534 may run")
 
@@ -83,9 +91,16 @@ class Users:
     def start(self, uid: int, argv: list[str]) -> tuple[int, str]:
         """Start ``argv`` (after the interpreter) as ``uid``; its pid and what it said
         after ``ready``."""
-        proc = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", self.python, *argv],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                                env={"PATH": "/usr/bin:/bin"}, cwd="/", start_new_session=True)
+        proc = subprocess.Popen(
+            ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", self.python, *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env={"PATH": "/usr/bin:/bin"},
+            cwd="/",
+            start_new_session=True,
+        )
         self.procs.append(proc)
         assert proc.stdout is not None
         line = proc.stdout.readline().split()
@@ -123,9 +138,19 @@ def test_a_squatted_probe_directory_neither_stops_nor_steers_the_victim_s_probe(
     squatted = Path(f"/tmp/hangdoc-probe-{VICTIM}")
     assert not squatted.exists(), f"{squatted} is left from elsewhere"
     users.paths.append(squatted)
-    subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", users.python, "-c",
-                    f"import os; os.mkdir({str(squatted)!r}); os.chmod({str(squatted)!r}, 0o777)"],
-                   check=True, timeout=30)
+    subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={NOBODY}",
+            f"--regid={NOBODY}",
+            "--clear-groups",
+            users.python,
+            "-c",
+            f"import os; os.mkdir({str(squatted)!r}); os.chmod({str(squatted)!r}, 0o777)",
+        ],
+        check=True,
+        timeout=30,
+    )
     pid, path = users.start(VICTIM, ["-c", VICTIM_JOB])
     users.paths.append(Path(path).parent)
     directory = os.lstat(Path(path).parent)
@@ -152,11 +177,18 @@ def test_an_attacker_s_probes_that_drip_are_dropped_within_seconds(users: Users)
 def test_an_attacker_s_answers_of_countless_values_are_refused_in_bounded_memory(users: Users) -> None:
     kinds = ("entries", "exceptions", "astral")
     pids = [users.fake(kind, size=MAX_ANSWER_BYTES - 1000) for kind in kinds]
-    done = subprocess.run([sys.executable, "-c", READER, *map(str, pids)], capture_output=True, text=True,
-                          timeout=60, check=True, cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-c", READER, *map(str, pids)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=REPO,
+    )
     read = json.loads(done.stdout)
-    assert read["reasons"][0].startswith("its probe sent a flight recorder dump hangdoc cannot read: JSON of more "
-                                         "than 524,288 objects")
+    assert read["reasons"][0].startswith(
+        "its probe sent a flight recorder dump hangdoc cannot read: JSON of more than 524,288 objects"
+    )
     assert read["reasons"][1] == "its probe sent an answer hangdoc cannot read: more than 4,096 values"
     assert read["reasons"][2].startswith("its probe sent a flight recorder dump hangdoc cannot read: not a flight")
     # before issue 23, one Flight call over three such ranks added 2-3.6 GB

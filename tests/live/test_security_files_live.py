@@ -29,8 +29,9 @@ from hangdoc.watch.stall import Signal, Trigger
 
 pytestmark = [
     pytest.mark.timeout(60),
-    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                       reason="needs root and setpriv to act as another user"),
+    pytest.mark.skipif(
+        os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv to act as another user"
+    ),
 ]
 
 NOBODY = 65534
@@ -80,8 +81,15 @@ def area() -> Iterator[Area]:
 
 
 def _hangdoc(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hangdoc", *argv], check=False, capture_output=True, text=True,
-                          cwd=REPO, timeout=30, env={**os.environ, "HANGDOC_NO_HELP": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "hangdoc", *argv],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
+        env={**os.environ, "HANGDOC_NO_HELP": "1"},
+    )
 
 
 def _one_line(done: subprocess.CompletedProcess[str], code: int, ending: str) -> None:
@@ -97,8 +105,11 @@ def _one_line(done: subprocess.CompletedProcess[str], code: int, ending: str) ->
 def test_report_files_never_follow_a_planted_link(area: Area) -> None:
     links = [area.plant_link(f"report{option[1:]}") for option in REPORTS]
     for option, link in zip(REPORTS, links, strict=True):
-        _one_line(_hangdoc("analyze", str(BUNDLE), option, str(link)), 2,
-                  "is a symbolic link; hangdoc never writes through one")
+        _one_line(
+            _hangdoc("analyze", str(BUNDLE), option, str(link)),
+            2,
+            "is a symbolic link; hangdoc never writes through one",
+        )
         assert link.is_symlink()
     area.untouched()
 
@@ -106,8 +117,11 @@ def test_report_files_never_follow_a_planted_link(area: Area) -> None:
 def test_diagnose_save_never_follows_a_planted_link(area: Area) -> None:
     link = area.plant_link("snap.json")
     # refused before the job is even looked for
-    _one_line(_hangdoc("diagnose", "127.0.0.1:1", "--save", str(link)), 6,
-              f"cannot write snapshot to {link}: is a symbolic link; hangdoc never writes through one")
+    _one_line(
+        _hangdoc("diagnose", "127.0.0.1:1", "--save", str(link)),
+        6,
+        f"cannot write snapshot to {link}: is a symbolic link; hangdoc never writes through one",
+    )
     with pytest.raises(BundleError, match="is a symbolic link"):  # and by the writer itself
         save_snapshot(load_snapshot(BUNDLE), link)
     assert link.is_symlink()
@@ -120,10 +134,16 @@ def test_diagnose_save_never_follows_a_planted_link(area: Area) -> None:
 def test_another_users_file_is_never_replaced(area: Area) -> None:
     theirs = {option: area.plant_file(f"theirs{option[1:]}") for option in (*REPORTS, "--save")}
     for option in REPORTS:
-        _one_line(_hangdoc("analyze", str(BUNDLE), option, str(theirs[option])), 2,
-                  f"belongs to user nobody (uid {NOBODY}), not to this user; hangdoc replaces only its own files")
-    _one_line(_hangdoc("diagnose", "127.0.0.1:1", "--save", str(theirs["--save"])), 6,
-              "not to this user; hangdoc replaces only its own files")
+        _one_line(
+            _hangdoc("analyze", str(BUNDLE), option, str(theirs[option])),
+            2,
+            f"belongs to user nobody (uid {NOBODY}), not to this user; hangdoc replaces only its own files",
+        )
+    _one_line(
+        _hangdoc("diagnose", "127.0.0.1:1", "--save", str(theirs["--save"])),
+        6,
+        "not to this user; hangdoc replaces only its own files",
+    )
     with pytest.raises(BundleError, match="not to this user"):
         save_snapshot(load_snapshot(BUNDLE), theirs["--save"])
     for path in theirs.values():
@@ -153,14 +173,18 @@ def test_watch_hang_directory_is_private_and_never_a_planted_link(area: Area) ->
     victim = area.shared / "nobodys"
     subprocess.run([*AS_NOBODY, "mkdir", str(victim)], check=True, timeout=10)
     stamps = [f"hang-{now + datetime.timedelta(seconds=s):%Y%m%dT%H%M%SZ}" for s in range(-1, 30)]
-    subprocess.run([*AS_NOBODY, "sh", "-c", 'cd "$1"; shift; for s; do ln -s "$0" "$s"; done',
-                    str(victim), str(out), *stamps], check=True, timeout=10)
+    subprocess.run(
+        [*AS_NOBODY, "sh", "-c", 'cd "$1"; shift; for s; do ln -s "$0" "$s"; done', str(victim), str(out), *stamps],
+        check=True,
+        timeout=10,
+    )
     snap = load_snapshot(BUNDLE)
     trigger = Trigger(Signal.OUTPUT, 2.0, 1.0, "--stall-after", 1.0, 3, None, now.isoformat())
     old = os.umask(0o022)
     try:
-        where = write_incident(out, snap, analyse(snap), trigger, "confirmed by diagnosis",
-                               warn=lambda _level, text: pytest.fail(text))
+        where = write_incident(
+            out, snap, analyse(snap), trigger, "confirmed by diagnosis", warn=lambda _level, text: pytest.fail(text)
+        )
     finally:
         os.umask(old)
     assert where is not None and where.parent == out and where.name.endswith("-2")

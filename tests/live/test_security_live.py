@@ -25,23 +25,24 @@ from support.harness import free_port
 
 pytestmark = [
     pytest.mark.timeout(240),
-    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                       reason="needs root and setpriv to act as another user"),
+    pytest.mark.skipif(
+        os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv to act as another user"
+    ),
 ]
 
 NOBODY = 65534
 MARKER = "HANGDOC-ROOT-ONLY-MARKER"
 AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
 
-VICTIM = '''\
+VICTIM = """\
 import os, sys, time
 claimed, ready = sys.argv[1], sys.argv[2]
 code = compile("import time\\n\\ndef hold():\\n    time.sleep(3600)\\n\\nhold()\\n", claimed, "exec")
 open(ready, "w").close()
 exec(code, {})
-'''
+"""
 
-TRAIN = '''\
+TRAIN = """\
 import sys, time
 
 
@@ -51,7 +52,7 @@ def hold():
 
 
 hold()
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -78,11 +79,23 @@ class Victims:
         self.procs: list[subprocess.Popen] = []
 
     def start(self, argv: list[str], ready: Path, port: int, user: bool = True) -> subprocess.Popen:
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-        proc = subprocess.Popen((AS_NOBODY if user else []) + argv, env=env, cwd="/",
-                                start_new_session=True, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_RANK": "0",
+        }
+        proc = subprocess.Popen(
+            (AS_NOBODY if user else []) + argv,
+            env=env,
+            cwd="/",
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self.procs.append(proc)
         deadline = time.monotonic() + 30
         while not ready.exists():
@@ -143,9 +156,26 @@ def test_root_diagnose_save_never_copies_a_file_named_by_a_frame(area, victims, 
     claimed = str(area / "secret") if claimed == "secret" else claimed
     _, port = _victim(area, victims, claimed, "victim_save")
     saved = area / "snap.json"
-    out = subprocess.run([sys.executable, "-m", "hangdoc", "diagnose", f"127.0.0.1:{port}", "--json",
-                          "-q", "--window", "0.5", "--save", str(saved)],
-                         check=False, capture_output=True, text=True, cwd=REPO, timeout=90)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hangdoc",
+            "diagnose",
+            f"127.0.0.1:{port}",
+            "--json",
+            "-q",
+            "--window",
+            "0.5",
+            "--save",
+            str(saved),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=90,
+    )
     assert out.returncode == 0, out.stderr
     text = saved.read_text()
     assert claimed in text  # the frame naming the file was captured ...
@@ -155,7 +185,7 @@ def test_root_diagnose_save_never_copies_a_file_named_by_a_frame(area, victims, 
 
 # ------------------------------------------------------------------ through the agent, as nobody
 
-CLIENT = '''\
+CLIENT = """\
 import json, sys
 import grpc
 from hangdoc.fleet.v1 import agent_pb2 as pb, agent_pb2_grpc as pb_grpc
@@ -186,18 +216,18 @@ c, src = code(lambda: stub.SampleSources(pb.SampleSourcesRequest(
 out["sources"] = c
 out["source_text"] = [l.text for f in src.files for l in f.lines]
 print(json.dumps(out))
-'''
+"""
 
 
 # Runs a script in a user namespace of its own, as `unshare -U` would (where it holds every
 # capability, valid only inside), from an interpreter the user could already start.
-IN_USERNS = '''\
+IN_USERNS = """\
 import ctypes, os, runpy, sys
 if ctypes.CDLL(None, use_errno=True).unshare(0x10000000) != 0:  # CLONE_NEWUSER
     sys.exit("unshare: " + os.strerror(ctypes.get_errno()))
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
-'''
+"""
 
 
 def _in_userns(area: Path) -> list[str]:
@@ -230,9 +260,16 @@ def _as_nobody_through_agent(area: Path, victims: Victims, agent: Agent, *, user
     operator.close()
     client = area / "work" / "client.py"
     client.write_text(CLIENT)
-    out = subprocess.run(AS_NOBODY + inside + [str(client), agent.address, f"127.0.0.1:{own_port}",
-                                               f"127.0.0.1:{root_port}", str(root_pid), claimed],
-                         check=False, capture_output=True, text=True, cwd=REPO, timeout=90)
+    out = subprocess.run(
+        AS_NOBODY
+        + inside
+        + [str(client), agent.address, f"127.0.0.1:{own_port}", f"127.0.0.1:{root_port}", str(root_pid), claimed],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=90,
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["own_find"] == "OK"
@@ -277,13 +314,18 @@ def test_seen_script_swapped_for_a_symlink_serves_nothing(area, victims, agent) 
         (proc,) = node.find_ranks(parse_job_spec(f"127.0.0.1:{port}")).ranks
         (sample,) = node.sample([proc], 0.0, native=False, timeout=10)
         frame = [f for th in sample.threads for f in th.frames if f.filename == str(script)][-1]
-        assert frame.code == 'time.sleep(3600)  # line 6: the frame the agent sees'
+        assert frame.code == "time.sleep(3600)  # line 6: the frame the agent sees"
         before = node.sources({proc.pid: [frame]})
         assert any("def hold" in text for src in before for _, text in src.lines)
         script.unlink()
         script.symlink_to(area / "secret")  # the same name now points at a root-only file
-        request = pb.SampleSourcesRequest(queries=[pb.SourceQuery(pid=proc.pid, frames=[
-            pb.Frame(function="hold", filename=str(script), line=n) for n in range(1, 12)])])
+        request = pb.SampleSourcesRequest(
+            queries=[
+                pb.SourceQuery(
+                    pid=proc.pid, frames=[pb.Frame(function="hold", filename=str(script), line=n) for n in range(1, 12)]
+                )
+            ]
+        )
         reply = node._stub.SampleSources(request, timeout=10)
         assert MARKER not in str(reply) and list(reply.files) == []
         (again,) = node.sample([proc], 1.0, native=False, timeout=10)
@@ -304,10 +346,8 @@ def test_rank_in_another_mount_namespace_gets_its_own_file(area, victims, agent)
     inner.write_text(TRAIN.replace("line 6: the frame the agent sees", "CONTAINER COPY"))
     ready = area / "ns.ready"
     port = free_port()
-    shell = (f"mount -t tmpfs none {app} && cp {inner} {host_copy} && "
-             f"exec {sys.executable} {host_copy} {ready}")
-    victims.start(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell],
-                  ready, port, user=False)
+    shell = f"mount -t tmpfs none {app} && cp {inner} {host_copy} && exec {sys.executable} {host_copy} {ready}"
+    victims.start(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell], ready, port, user=False)
     node = RemoteNode(agent.address)
     try:
         (proc,) = node.find_ranks(parse_job_spec(f"127.0.0.1:{port}")).ranks
@@ -343,8 +383,10 @@ def test_sample_requests_are_bounded_and_leave_nothing_running(area, victims, ag
         assert len(reply.samples) == 1  # one dump for one pid, however often it is named
         for bad in (float("inf"), float("nan"), -5.0, 0.0, 1e9):
             with pytest.raises(grpc.RpcError) as err:
-                stub.Sample(pb.SampleRequest(processes=pb.RankProcessList(processes=[proc]),
-                                             t=0, timeout_seconds=bad), timeout=30)
+                stub.Sample(
+                    pb.SampleRequest(processes=pb.RankProcessList(processes=[proc]), t=0, timeout_seconds=bad),
+                    timeout=30,
+                )
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, bad
         huge = pb.RankProcessList(processes=[pb.RankProcess(pid=p) for p in range(1, 3000)])
         with pytest.raises(grpc.RpcError) as err:
@@ -401,8 +443,15 @@ def _agent_log(tmp: Path) -> str:
 
 
 def _bad_start(tmp_path: Path, *args: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "hangdoc", "agent", *args], check=False,
-                         capture_output=True, text=True, cwd=REPO, timeout=30, stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        [sys.executable, "-m", "hangdoc", "agent", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr
     assert out.stderr.startswith("hangdoc: error:")
@@ -432,30 +481,45 @@ def test_agent_start_up_refuses_bad_input_in_one_line(tmp_path) -> None:
 
 # ------------------------------------------------------------------ another user's "rank"
 
-STORE = '''\
+STORE = """\
 import os, socket, sys, time
 store = socket.socket()
 store.bind(("127.0.0.1", int(os.environ["MASTER_PORT"])))
 store.listen()
 open(sys.argv[1], "w").close()
 time.sleep(3600)
-'''
+"""
 
 
 def _orphan_as_nobody(victims: Victims, argv: list[str], ready: Path, port: int) -> psutil.Process:
     """nobody's process, below no process of root's (its shell exits: it is reparented), as
     an attacker's own would be; killed with its session by ``victims``."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-    orphan = ("import os, runpy, sys\n"
-              "child = os.fork()\n"
-              "if child:\n"
-              "    open(sys.argv[2] + '.pid', 'w').write(str(child))\n"
-              "    os._exit(0)\n"
-              "sys.argv = sys.argv[1:]\n"
-              "runpy.run_path(sys.argv[0], run_name='__main__')\n")
-    victims.procs.append(subprocess.Popen(AS_NOBODY + [argv[0], "-c", orphan, *argv[1:], str(ready)], env=env,
-                                          cwd="/", start_new_session=True, stdin=subprocess.DEVNULL))
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+    }
+    orphan = (
+        "import os, runpy, sys\n"
+        "child = os.fork()\n"
+        "if child:\n"
+        "    open(sys.argv[2] + '.pid', 'w').write(str(child))\n"
+        "    os._exit(0)\n"
+        "sys.argv = sys.argv[1:]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+    victims.procs.append(
+        subprocess.Popen(
+            AS_NOBODY + [argv[0], "-c", orphan, *argv[1:], str(ready)],
+            env=env,
+            cwd="/",
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+        )
+    )
     deadline = time.monotonic() + 30
     while not ready.exists():
         assert time.monotonic() < deadline, "the orphan never got ready"
@@ -479,8 +543,12 @@ def test_another_users_process_in_the_rendezvous_is_kept_apart(area, victims, ag
     for listens in (True, False):
         port = free_port()
         tag = "listen" if listens else "quiet"
-        own = victims.start([sys.executable, str(store if listens else squatter), str(area / f"{tag}.root")],
-                            area / f"{tag}.root", port, user=False)
+        own = victims.start(
+            [sys.executable, str(store if listens else squatter), str(area / f"{tag}.root")],
+            area / f"{tag}.root",
+            port,
+            user=False,
+        )
         foreign = _orphan_as_nobody(victims, [sys.executable, str(squatter)], area / "work" / f"{tag}.nobody", port)
         with grpc.insecure_channel(agent.address) as channel:
             stub = pb_grpc.AgentStub(channel)

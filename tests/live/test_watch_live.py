@@ -37,9 +37,23 @@ class WatchRun:
         self.stdout = tmp / "stdout.txt"
         self.stderr = tmp / "stderr.txt"
         env = dict(os.environ, HANGDOC_TEST_TAG=self.tag, OMP_NUM_THREADS="1")
-        argv = [sys.executable, "-m", "hangdoc", "watch", "--out", str(self.out), *watch_args, "--",
-                TORCHRUN, "--nproc-per-node", str(nproc), "--master-port", str(free_port()),
-                str(TRAIN), *job_args]
+        argv = [
+            sys.executable,
+            "-m",
+            "hangdoc",
+            "watch",
+            "--out",
+            str(self.out),
+            *watch_args,
+            "--",
+            TORCHRUN,
+            "--nproc-per-node",
+            str(nproc),
+            "--master-port",
+            str(free_port()),
+            str(TRAIN),
+            *job_args,
+        ]
         with open(self.stdout, "wb") as out, open(self.stderr, "wb") as err:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env)
 
@@ -89,8 +103,9 @@ def _within_bar(watch: dict) -> None:
 
 
 def test_mismatch_hang_fires_and_kill_leaves_nothing(watch_run) -> None:
-    run = watch_run(["--stall-after", "3", "--on-hang", "kill", "--kill-grace", "3"], 3,
-                    ["--hang", "mismatch", "--at", "8"])
+    run = watch_run(
+        ["--stall-after", "3", "--on-hang", "kill", "--kill-grace", "3"], 3, ["--hang", "mismatch", "--at", "8"]
+    )
     code = run.wait(150)
     assert code == 124, run.err()[-3000:]
     report = run.report()
@@ -110,15 +125,18 @@ def test_mismatch_hang_fires_and_kill_leaves_nothing(watch_run) -> None:
 def test_lock_hang_with_heartbeats_learned_timeout_and_exec(watch_run, tmp_path: Path) -> None:
     marker = tmp_path / "paged.txt"
     hook = f"exec {sys.executable} -c 'import sys; open(sys.argv[1], \"w\").write(sys.argv[2])' {marker} {{report}}"
-    run = watch_run(["--warmup-steps", "3", "--min-stall", "2", "--warmup-timeout", "60",
-                     "--max-window", "4", "--on-hang", hook], 2,
-                    ["--hang", "lock", "--at", "40", "--steps", "100", "--heartbeat"])
+    run = watch_run(
+        ["--warmup-steps", "3", "--min-stall", "2", "--warmup-timeout", "60", "--max-window", "4", "--on-hang", hook],
+        2,
+        ["--hang", "lock", "--at", "40", "--steps", "100", "--heartbeat"],
+    )
     deadline = time.monotonic() + 150
     # the hook creates the file before it writes it: wait for its text, not its name
     while not (marker.exists() and marker.read_text()) and time.monotonic() < deadline and run.proc.poll() is None:
         time.sleep(0.2)
-    assert marker.exists() and marker.read_text(), \
+    assert marker.exists() and marker.read_text(), (
         f"the --on-hang exec command did not run; stderr:\n{run.err()[-4000:]}"
+    )
     hang_dir = Path(marker.read_text())
     assert hang_dir.parent == run.out
     report = json.loads((hang_dir / "report.json").read_text())
@@ -144,8 +162,11 @@ def test_healthy_jittery_run_never_fires(watch_run) -> None:
     port = free_port()
     # --min-stall 5, not less: after the last step torchrun takes over 2 s to exit when both
     # cores are busy, and a silence then (no rank left to diagnose) is reported as unknown
-    run = watch_run(["--step-regex", r"step (\d+) loss", "--warmup-steps", "5", "--min-stall", "5",
-                     "--metrics-port", str(port)], 2, ["--jitter", "--steps", "300"])
+    run = watch_run(
+        ["--step-regex", r"step (\d+) loss", "--warmup-steps", "5", "--min-stall", "5", "--metrics-port", str(port)],
+        2,
+        ["--jitter", "--steps", "300"],
+    )
     scraped = ""
     deadline = time.monotonic() + 120
     while run.proc.poll() is None and time.monotonic() < deadline:
@@ -175,8 +196,11 @@ def test_long_but_progressing_pause_is_not_a_hang(watch_run) -> None:
     # The pause comes after warm-up (step 6 of 5 warm-up steps); the warm-up timeout is long
     # so that torchrun starting its workers on a loaded machine (seconds without output, no
     # rank yet: a stall that cannot be diagnosed) is not what this test measures.
-    run = watch_run(["--stall-after", "2", "--warmup-timeout", "60", "--max-window", "3", "--max-postpone", "6"], 2,
-                    ["--pause", "7", "--at", "6", "--steps", "14"])
+    run = watch_run(
+        ["--stall-after", "2", "--warmup-timeout", "60", "--max-window", "3", "--max-postpone", "6"],
+        2,
+        ["--pause", "7", "--at", "6", "--steps", "14"],
+    )
     code = run.wait(150)
     assert code == 0, run.err()[-3000:]
     assert run.reports() == [], run.err()[-3000:]
@@ -197,9 +221,27 @@ def test_attach_samples_stacks_fires_and_kills(tmp_path: Path) -> None:
         job.wait_ready()
         pids = job.pids()
         result = subprocess.run(
-            [sys.executable, "-m", "hangdoc", "watch", job.job_spec(), "--stall-after", "2", "--check-interval", "1",
-             "--on-hang", "kill", "--kill-grace", "3", "--out", str(out)],
-            check=False, capture_output=True, text=True, timeout=150,
+            [
+                sys.executable,
+                "-m",
+                "hangdoc",
+                "watch",
+                job.job_spec(),
+                "--stall-after",
+                "2",
+                "--check-interval",
+                "1",
+                "--on-hang",
+                "kill",
+                "--kill-grace",
+                "3",
+                "--out",
+                str(out),
+            ],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=150,
         )
         assert result.returncode == 124, result.stderr[-3000:]
         assert all(not is_running(pid) for pid in pids), "--on-hang kill left job processes"

@@ -18,11 +18,15 @@ THREAD = "reader[/dev/sda]"
 
 
 def test_markup_names_are_reported_as_they_are_and_the_job_left_running(watch_run) -> None:  # noqa: F811
-    run: WatchRun = watch_run(["--stall-after", "3", "--max-window", "3", "--on-hang", "report"], 3,
-                              ["--hang", "leave", "--at", "6", "--steps", "100", "--markup-names"])
+    run: WatchRun = watch_run(
+        ["--stall-after", "3", "--max-window", "3", "--on-hang", "report"],
+        3,
+        ["--hang", "leave", "--at", "6", "--steps", "100", "--markup-names"],
+    )
     deadline = time.monotonic() + 90
-    while "keeping watch (--on-hang report)" not in run.err() and time.monotonic() < deadline \
-            and run.proc.poll() is None:
+    while (
+        "keeping watch (--on-hang report)" not in run.err() and time.monotonic() < deadline and run.proc.poll() is None
+    ):
         time.sleep(0.2)
     err = run.err()
     assert "keeping watch (--on-hang report)" in err, err[-4000:]
@@ -42,5 +46,3 @@ def test_markup_names_are_reported_as_they_are_and_the_job_left_running(watch_ru
     time.sleep(1.0)
     assert run.proc.poll() is None
     assert len(tagged_pids(run.tag)) >= 5, "watch, torchrun, 3 ranks"
-
-

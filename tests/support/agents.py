@@ -56,8 +56,9 @@ class Agent:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 
@@ -78,8 +79,13 @@ def start_agent(tmp: Path, *args: str, wrapper: Sequence[str] = ()) -> Agent:
     """``wrapper``: a command the agent runs under (``prlimit --nofile=256 --``)."""
     log = (tmp / f"agent-{time.monotonic_ns()}.log").open("w+")
     try:
-        proc = subprocess.Popen([*wrapper, sys.executable, "-m", "hangdoc", "agent", *args], stderr=log,
-                                stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, cwd=REPO)
+        proc = subprocess.Popen(
+            [*wrapper, sys.executable, "-m", "hangdoc", "agent", *args],
+            stderr=log,
+            stdout=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            cwd=REPO,
+        )
     except BaseException:
         log.close()
         raise

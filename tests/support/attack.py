@@ -28,7 +28,7 @@ AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-group
 
 # A rank whose probe answers one byte a second: hangdoc.probe loaded by its path (as
 # `hangdoc run` loads it), its accept loop replaced by one that drips to every connection.
-DRIP_RANK = '''\
+DRIP_RANK = """\
 import importlib.util, signal, sys, threading, time
 path, ready = sys.argv[1], sys.argv[2]
 spec = importlib.util.spec_from_file_location("hangdoc.probe", path)
@@ -60,9 +60,9 @@ signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the probe removes its s
 assert probe.start() is not None, "the probe did not start"
 open(ready, "w").close()
 time.sleep(3600)
-'''
+"""
 
-FLIGHT_CLIENT = '''\
+FLIGHT_CLIENT = """\
 import json, sys, threading, time
 import grpc
 from hangdoc.fleet.v1 import agent_pb2 as pb, agent_pb2_grpc as pb_grpc
@@ -86,7 +86,7 @@ for t in threads:
     time.sleep(0.05)
 for t in threads:
     t.join()
-'''
+"""
 
 
 class DripRanks:
@@ -102,13 +102,25 @@ class DripRanks:
         script.chmod(0o644)
         for rank in range(count):
             ready = work / f"rank{rank}.ready"
-            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "MASTER_ADDR": "127.0.0.1",
-                   "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(count),
-                   "LOCAL_RANK": str(rank)}
-            self.procs.append(subprocess.Popen(
-                AS_NOBODY + [sys.executable, "-I", str(script), str(REPO / "hangdoc" / "probe.py"), str(ready)],
-                env=env, cwd="/", start_new_session=True, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            env = {
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": str(rank),
+                "WORLD_SIZE": str(count),
+                "LOCAL_RANK": str(rank),
+            }
+            self.procs.append(
+                subprocess.Popen(
+                    AS_NOBODY + [sys.executable, "-I", str(script), str(REPO / "hangdoc" / "probe.py"), str(ready)],
+                    env=env,
+                    cwd="/",
+                    start_new_session=True,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         deadline = time.monotonic() + 30
         for rank, proc in enumerate(self.procs):
             while not (work / f"rank{rank}.ready").exists():
@@ -148,9 +160,15 @@ def flight_attack(work: Path, address: str, job: str, calls: int, timeout: float
     script = work / "flight_client.py"
     script.write_text(FLIGHT_CLIENT)
     script.chmod(0o644)
-    return subprocess.Popen(AS_NOBODY + [sys.executable, str(script), address, job, str(calls), str(timeout)],
-                            cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        AS_NOBODY + [sys.executable, str(script), address, job, str(calls), str(timeout)],
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 @contextmanager

@@ -47,8 +47,9 @@ class BrowserError(RuntimeError):
 class Browser:
     """One headless Chromium with one page; a context manager that kills it on exit."""
 
-    def __init__(self, executable: str | None = None, width: int = 1280, height: int = 900,
-                 timeout: float = 30.0) -> None:
+    def __init__(
+        self, executable: str | None = None, width: int = 1280, height: int = 900, timeout: float = 30.0
+    ) -> None:
         executable = executable or find_chromium()
         if executable is None:
             raise BrowserError("no chromium on PATH (Debian: apt-get install chromium)")
@@ -59,25 +60,42 @@ class Browser:
         cmd_r, self._cmd_w = os.pipe()
         self._evt_r, evt_w = os.pipe()
         args = [
-            executable, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
-            f"--user-data-dir={self._profile}", "--no-first-run", "--no-default-browser-check",
-            "--disable-extensions", "--disable-background-networking", "--disable-sync",
-            "--disable-component-update", "--disable-default-apps", "--mute-audio",
-            "--disable-dev-shm-usage", "--hide-scrollbars", f"--window-size={width},{height}",
+            executable,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--remote-debugging-pipe",
+            f"--user-data-dir={self._profile}",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--disable-extensions",
+            "--disable-background-networking",
+            "--disable-sync",
+            "--disable-component-update",
+            "--disable-default-apps",
+            "--mute-audio",
+            "--disable-dev-shm-usage",
+            "--hide-scrollbars",
+            f"--window-size={width},{height}",
             "about:blank",
         ]
         # the shell puts the pipes on fds 3 and 4, where --remote-debugging-pipe expects them
         self._proc = subprocess.Popen(
             ["sh", "-c", 'exec "$@" 3<&0 4>&1 0</dev/null 1>/dev/null', "sh", *args],
-            stdin=cmd_r, stdout=evt_w, stderr=subprocess.DEVNULL, start_new_session=True)
+            stdin=cmd_r,
+            stdout=evt_w,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         os.close(cmd_r)
         os.close(evt_w)
         self._buf = bytearray()
         self._next_id = 0
         try:
             target = self.call("Target.createTarget", {"url": "about:blank"}, session=False)
-            attached = self.call("Target.attachToTarget",
-                                 {"targetId": target["targetId"], "flatten": True}, session=False)
+            attached = self.call(
+                "Target.attachToTarget", {"targetId": target["targetId"], "flatten": True}, session=False
+            )
             self.session = attached["sessionId"]
             for domain in ("Page", "Runtime", "Log"):
                 self.call(f"{domain}.enable")
@@ -87,8 +105,9 @@ class Browser:
 
     # ------------------------------------------------------------------ protocol
 
-    def call(self, method: str, params: dict[str, Any] | None = None, *, session: bool = True,
-             timeout: float | None = None) -> dict[str, Any]:
+    def call(
+        self, method: str, params: dict[str, Any] | None = None, *, session: bool = True, timeout: float | None = None
+    ) -> dict[str, Any]:
         """Send one command and wait for its answer; events that arrive meanwhile are kept."""
         self._next_id += 1
         message: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
@@ -129,18 +148,20 @@ class Browser:
                 raise BrowserError(f"chromium exited (status {self._proc.poll()})")
             self._buf += chunk
         raw = bytes(self._buf[:end])
-        del self._buf[:end + 1]
+        del self._buf[: end + 1]
         return json.loads(raw)  # type: ignore[no-any-return]
 
     def _event(self, event: dict[str, Any]) -> None:
         method, params = event.get("method"), event.get("params", {})
         if method == "Runtime.exceptionThrown":
             details = params.get("exceptionDetails", {})
-            self.errors.append("exception: " + str(details.get("exception", {}).get("description")
-                                                   or details.get("text")))
+            self.errors.append(
+                "exception: " + str(details.get("exception", {}).get("description") or details.get("text"))
+            )
         elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
-            self.errors.append("console: " + " ".join(str(a.get("value", a.get("description")))
-                                                      for a in params.get("args", [])))
+            self.errors.append(
+                "console: " + " ".join(str(a.get("value", a.get("description"))) for a in params.get("args", []))
+            )
         elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":
             self.errors.append("log: " + str(params["entry"].get("text")))
         if method is not None:
@@ -149,8 +170,9 @@ class Browser:
 
     # ------------------------------------------------------------------ page
 
-    def open(self, url: str, ready: str | None = "document.body && document.body.dataset.ready",
-             timeout: float | None = None) -> float:
+    def open(
+        self, url: str, ready: str | None = "document.body && document.body.dataset.ready", timeout: float | None = None
+    ) -> float:
         """Navigate to ``url`` and wait for its load event, then until the JavaScript
         ``ready`` is truthy; returns the seconds from the navigation to that moment."""
         self.events.clear()
@@ -169,12 +191,12 @@ class Browser:
 
     def evaluate(self, expression: str) -> Any:
         """The value of a JavaScript expression in the page (awaited if a promise)."""
-        result = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True,
-                                                "awaitPromise": True})
+        result = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True, "awaitPromise": True})
         if "exceptionDetails" in result:
             details = result["exceptionDetails"]
-            raise BrowserError(f"{expression!r} threw: "
-                               f"{details.get('exception', {}).get('description') or details.get('text')}")
+            raise BrowserError(
+                f"{expression!r} threw: {details.get('exception', {}).get('description') or details.get('text')}"
+            )
         return result.get("result", {}).get("value")
 
     def screenshot(self, scale: float = 1.0) -> bytes:
@@ -215,8 +237,8 @@ def png_pixels(png: bytes) -> tuple[int, int, list[tuple[int, ...]]]:
         raise ValueError("not a PNG")
     pos, idat, header = 8, bytearray(), b""
     while pos < len(png):
-        length, kind = struct.unpack(">I4s", png[pos:pos + 8])
-        data = png[pos + 8:pos + 8 + length]
+        length, kind = struct.unpack(">I4s", png[pos : pos + 8])
+        data = png[pos + 8 : pos + 8 + length]
         if kind == b"IHDR":
             header = data
         elif kind == b"IDAT":
@@ -232,7 +254,7 @@ def png_pixels(png: bytes) -> tuple[int, int, list[tuple[int, ...]]]:
     prev = bytearray(stride)
     for y in range(height):
         kind = raw[y * (stride + 1)]
-        line = bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        line = bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
         for i in range(stride):
             a = line[i - bpp] if i >= bpp else 0
             b = prev[i]
@@ -250,5 +272,5 @@ def png_pixels(png: bytes) -> tuple[int, int, list[tuple[int, ...]]]:
                 line[i] = (line[i] + pred) & 0xFF
         rows.append(line)
         prev = line
-    pixels = [tuple(row[x * bpp:x * bpp + 3]) for row in rows for x in range(width)]
+    pixels = [tuple(row[x * bpp : x * bpp + 3]) for row in rows for x in range(width)]
     return width, height, pixels

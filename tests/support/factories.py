@@ -198,23 +198,34 @@ def make_rank(
             taken.append(Sample(t=t, error=err))
             continue
         main_i = per_sample[i] if per_sample is not None else main
-        kept = tuple(FrameLocals(index % len(main_i), tuple(values.items()))
-                     for index, values in arguments)
+        kept = tuple(FrameLocals(index % len(main_i), tuple(values.items())) for index, values in arguments)
         thread_list = [ThreadStack(pid, thread_name, main_i, pid, active, active, kept)]
         thread_list += [
-            ThreadStack(pid + 100 * (j + 1), name, s, pid + 100 * (j + 1),
-                        active=(thread_active or {}).get(name, False),
-                        locals=tuple(FrameLocals(index % len(s), tuple(values.items()))
-                                     for index, values in (thread_arguments or {}).get(name, ())))
+            ThreadStack(
+                pid + 100 * (j + 1),
+                name,
+                s,
+                pid + 100 * (j + 1),
+                active=(thread_active or {}).get(name, False),
+                locals=tuple(
+                    FrameLocals(index % len(s), tuple(values.items()))
+                    for index, values in (thread_arguments or {}).get(name, ())
+                ),
+            )
             for j, (name, s) in enumerate(extra.items())
         ]
         counters: tuple[ThreadCounters, ...] = ()
         if thread_cpu is not None:
             counters = tuple(
-                ThreadCounters(th.native_id or 0, round(1.0 + i * thread_cpu.get(th.name or "", 0.0), 6),
-                               ctx_switches=200 + i * ctx_per_sample if th.name == thread_name else 50,
-                               read_chars=0, write_chars=0)
-                for th in thread_list)
+                ThreadCounters(
+                    th.native_id or 0,
+                    round(1.0 + i * thread_cpu.get(th.name or "", 0.0), 6),
+                    ctx_switches=200 + i * ctx_per_sample if th.name == thread_name else 50,
+                    read_chars=0,
+                    write_chars=0,
+                )
+                for th in thread_list
+            )
         state = ProcessState(
             status=status,
             threads=counters,
@@ -330,16 +341,11 @@ def make_diagnosis(
     call_tree = build_tree(stacks) if tree is True else (tree or None)
     if groups is None:
         classes = (call_tree or build_tree(stacks)).classes
-        groups = [
-            StackGroup(i, members, stack, ops.get(members[0]))
-            for i, (members, stack) in enumerate(classes)
-        ]
+        groups = [StackGroup(i, members, stack, ops.get(members[0])) for i, (members, stack) in enumerate(classes)]
     groups = tuple(groups)
     if ranks is None:
         group_of = {r: g.group_id for g in groups for r in g.ranks}
-        ranks = [
-            _rank_analysis(rs, ops, states or {}, details or {}, group_of) for rs in snapshot.ranks
-        ]
+        ranks = [_rank_analysis(rs, ops, states or {}, details or {}, group_of) for rs in snapshot.ranks]
     if observed_seconds is None:
         observed_seconds = snapshot.window_seconds
     if partial is None:

@@ -42,9 +42,16 @@ def answer(kind: str, size: int, items: int = 0) -> bytes:
     """The answer's JSON text, about ``size`` bytes; ``items``: for a dump, that many items,
     and the rest of ``size`` a name of padding."""
     if kind == "quiet":
-        return json.dumps({"ok": True, "pid": os.getpid(), "heartbeat": None, "exceptions": [],
-                           "exceptions_left_out": 0,
-                           "flight": {"error": "torch.distributed is not initialised in this process"}}).encode()
+        return json.dumps(
+            {
+                "ok": True,
+                "pid": os.getpid(),
+                "heartbeat": None,
+                "exceptions": [],
+                "exceptions_left_out": 0,
+                "flight": {"error": "torch.distributed is not initialised in this process"},
+            }
+        ).encode()
     head = b'{"ok": true, "pid": 1, "heartbeat": null, "exceptions": [], "flight": {"dump": "{\\"'
     if kind == "astral":  # one long name, and one character past U+FFFF in it
         return head + b'version\\": \\"' + b"a" * size + b'\\ud83d\\ude00\\"}"}}'
@@ -74,7 +81,7 @@ def serve(directory: str, data: bytes, drip: float, name: str = "") -> None:
                     conn.sendall(message)
                     continue
                 for i in range(len(message)):
-                    conn.sendall(message[i:i + 1])
+                    conn.sendall(message[i : i + 1])
                     time.sleep(drip)
             except OSError:
                 continue

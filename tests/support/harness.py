@@ -36,17 +36,37 @@ JOBS_DIR = TESTS_DIR / "jobs"
 FAKE_SRUN = TESTS_DIR / "launchers" / "fake_srun.py"
 
 MODES = ("direct", "torchrun", "spawn", "slurm", "netns")
-VERDICTS = ("not_hung", "cleanup_deadlock", "collective_mismatch", "nccl_timeout",
-            "straggler", "rank_missing", "init_deadlock")
+VERDICTS = (
+    "not_hung",
+    "cleanup_deadlock",
+    "collective_mismatch",
+    "nccl_timeout",
+    "straggler",
+    "rank_missing",
+    "init_deadlock",
+)
 _EXPECT = "# hangdoc-expect:"
 _LAUNCH = "# hangdoc-launch:"
 _HEADER_LINES = 5  # the header must be within the first lines of the script
 _TAG_VAR = "HANGDOC_TEST_TAG"
 _SRUN_TASK_EXIT = re.compile(r"srun: error: task (\d+): Exited with exit code -?\d+")
 # Variables of an enclosing launcher that must not leak into a job's ranks.
-_SCRUB = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-          "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", _TAG_VAR,
-          "HANGDOC_READY_DIR", "HANGDOC_TEST_NPROC", "GLOO_SOCKET_IFNAME")
+_SCRUB = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    _TAG_VAR,
+    "HANGDOC_READY_DIR",
+    "HANGDOC_TEST_NPROC",
+    "GLOO_SOCKET_IFNAME",
+)
 
 
 @dataclass(frozen=True)
@@ -69,7 +89,7 @@ class JobMeta:
 
 def _pairs(line: str, prefix: str, path: Path) -> dict[str, str]:
     pairs = {}
-    for item in line[len(prefix):].split():
+    for item in line[len(prefix) :].split():
         key, sep, value = item.partition("=")
         if not sep or not value:
             raise ValueError(f"{path}: malformed header item {item!r}")
@@ -197,8 +217,16 @@ def _descendants(pid: int) -> set[int]:
 class RunningJob:
     """A launched corpus job: its launcher process(es), output, readiness and teardown."""
 
-    def __init__(self, meta: JobMeta, workdir: Path, port: int, master_addr: str,
-                 procs: list[subprocess.Popen], tag: str, nodes: Any = None) -> None:
+    def __init__(
+        self,
+        meta: JobMeta,
+        workdir: Path,
+        port: int,
+        master_addr: str,
+        procs: list[subprocess.Popen],
+        tag: str,
+        nodes: Any = None,
+    ) -> None:
         self.meta = meta
         self.workdir = workdir
         self.port = port
@@ -246,11 +274,15 @@ class RunningJob:
         deadline = time.monotonic() + timeout
         while missing := self.missing_ready():
             if died := self._died_early():
-                raise AssertionError(f"{self.meta.name}: {died} before ready ranks {missing} "
-                                     f"were ready\n--- output tail ---\n{self._tail()}")
+                raise AssertionError(
+                    f"{self.meta.name}: {died} before ready ranks {missing} "
+                    f"were ready\n--- output tail ---\n{self._tail()}"
+                )
             if time.monotonic() > deadline:
-                raise AssertionError(f"{self.meta.name}: ranks {missing} not ready after "
-                                     f"{timeout:.0f}s\n--- output tail ---\n{self._tail()}")
+                raise AssertionError(
+                    f"{self.meta.name}: ranks {missing} not ready after "
+                    f"{timeout:.0f}s\n--- output tail ---\n{self._tail()}"
+                )
             time.sleep(0.1)
         if self.meta.cut:
             self.nodes.cut()
@@ -258,9 +290,8 @@ class RunningJob:
 
     def _died_early(self) -> str | None:
         if self.meta.mode in ("direct", "netns"):
-            for rank, proc in zip(self.meta.ranks, self.procs):
-                if rank in self.meta.ready and proc.poll() is not None and \
-                        rank in self.missing_ready():
+            for rank, proc in zip(self.meta.ranks, self.procs, strict=False):
+                if rank in self.meta.ready and proc.poll() is not None and rank in self.missing_ready():
                     return f"rank {rank} exited with code {proc.returncode}"
             return None
         if self.procs and self.launcher.poll() is not None:
@@ -293,8 +324,7 @@ class RunningJob:
                     except subprocess.TimeoutExpired:
                         pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.meta.name}: processes {sorted(victims)} survive "
-                                   "SIGKILL")
+                raise RuntimeError(f"{self.meta.name}: processes {sorted(victims)} survive SIGKILL")
             time.sleep(0.05)
         for proc in self.procs:
             proc.wait()
@@ -302,29 +332,38 @@ class RunningJob:
 
 def _base_env(meta: JobMeta, tag: str, ready_dir: Path, addr: str, port: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
-    env.update({
-        _TAG_VAR: tag,
-        "HANGDOC_READY_DIR": str(ready_dir),
-        "MASTER_ADDR": addr,
-        "MASTER_PORT": str(port),
-        "PYTHONUNBUFFERED": "1",
-        "OMP_NUM_THREADS": "1",  # the corpus must run on 2 shared cores
-    })
+    env.update(
+        {
+            _TAG_VAR: tag,
+            "HANGDOC_READY_DIR": str(ready_dir),
+            "MASTER_ADDR": addr,
+            "MASTER_PORT": str(port),
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",  # the corpus must run on 2 shared cores
+        }
+    )
     return env
 
 
 def _rank_env(base: dict[str, str], meta: JobMeta, index: int, rank: int) -> dict[str, str]:
     env = dict(base)
-    env.update(RANK=str(rank), WORLD_SIZE=str(meta.world), LOCAL_RANK=str(rank),
-               LOCAL_WORLD_SIZE=str(meta.world))
+    env.update(RANK=str(rank), WORLD_SIZE=str(meta.world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(meta.world))
     return env
 
 
 def _launcher_argv(meta: JobMeta, port: int) -> list[str]:
     script = str(meta.path)
     if meta.mode == "torchrun":
-        return [_venv_bin("torchrun"), "--nproc-per-node", str(meta.nproc),
-                "--master-addr", "127.0.0.1", "--master-port", str(port), script]
+        return [
+            _venv_bin("torchrun"),
+            "--nproc-per-node",
+            str(meta.nproc),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+            script,
+        ]
     if meta.mode == "spawn":
         return [sys.executable, script]
     if meta.mode == "slurm":
@@ -334,8 +373,9 @@ def _launcher_argv(meta: JobMeta, port: int) -> list[str]:
 
 def _netns_ifname(ns_prefix: list[str], ip: str) -> str | None:
     """The interface that holds ``ip`` inside a namespace, for GLOO_SOCKET_IFNAME."""
-    out = subprocess.run([*ns_prefix, "ip", "-o", "-4", "addr", "show"], capture_output=True,
-                         text=True, check=False).stdout
+    out = subprocess.run(
+        [*ns_prefix, "ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=False
+    ).stdout
     for line in out.splitlines():
         fields = line.split()
         if len(fields) > 3 and fields[3].split("/")[0] == ip:
@@ -344,8 +384,9 @@ def _netns_ifname(ns_prefix: list[str], ip: str) -> str | None:
 
 
 def _start(argv: list[str], env: dict[str, str], log: Any) -> subprocess.Popen:
-    return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, cwd=str(JOBS_DIR))
+    return subprocess.Popen(
+        argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(JOBS_DIR)
+    )
 
 
 @contextmanager

@@ -26,16 +26,26 @@ def hostile() -> tuple[Diagnosis, JobSnapshot]:
     hung = ["train.py:main:10", HUNG, "threading.py:acquire:100"]
     reader = ["threading.py:_bootstrap:1000", READER, "threading.py:wait:300"]
     snap = make_snapshot(
-        [make_rank(0, AR, host=f"node{STYLE}"), make_rank(1, hung, threads={THREAD: reader}),
-         make_rank(2, AR, cmdline=("python", f"{LINK}.py"))],
-        world_size=4, spec=f"pid:1{EMOJI}",
+        [
+            make_rank(0, AR, host=f"node{STYLE}"),
+            make_rank(1, hung, threads={THREAD: reader}),
+            make_rank(2, AR, cmdline=("python", f"{LINK}.py")),
+        ],
+        world_size=4,
+        spec=f"pid:1{EMOJI}",
         unreachable=[Unreachable(f"{STYLE}:7420", f"refused {FUNCTION}", (3,))],
         notes=[f"node{STYLE}: not counted as ranks ({THREAD}): pid 77"],
     )
     said = f"rank 1 is blocked in {FUNCTION} ({THREAD}.py:5) on thread {THREAD} {STYLE} {LINK} {EMOJI}"
     diagnosis = make_diagnosis(
-        snap, verdict=Verdict.STRAGGLER, culprits=[1], summary=said, evidence=[said], next_steps=[said],
+        snap,
+        verdict=Verdict.STRAGGLER,
+        culprits=[1],
+        summary=said,
+        evidence=[said],
+        next_steps=[said],
         ops={0: make_op("all_reduce", AR[1]), 2: make_op("all_reduce", AR[1])},
-        states={1: RankState.BLOCKED}, details={1: f"thread {THREAD!r} in {FUNCTION}"},
+        states={1: RankState.BLOCKED},
+        details={1: f"thread {THREAD!r} in {FUNCTION}"},
     )
     return diagnosis, snap

@@ -20,8 +20,9 @@ JOB = TESTS / "data" / "gloo_hang.py"
 
 
 def job_meta(mode: str, nproc: int = 2):  # type: ignore[no-untyped-def]
-    return dataclasses.replace(load_meta(JOB), mode=mode, nproc=nproc, world=nproc,
-                               ranks=tuple(range(nproc)), ready=tuple(range(nproc)))
+    return dataclasses.replace(
+        load_meta(JOB), mode=mode, nproc=nproc, world=nproc, ranks=tuple(range(nproc)), ready=tuple(range(nproc))
+    )
 
 
 def ready_pids(job: RunningJob) -> dict[int, int]:

@@ -39,8 +39,18 @@ TLS_AGENT_PORT = 7421
 TOKEN = "multinode-test-token-0123456789abcdef"
 TAG_VAR = "HANGDOC_TEST_TAG"
 # Variables of an enclosing launcher that must not leak into a node's processes.
-_SCRUB = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-          "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GLOO_SOCKET_IFNAME", TAG_VAR)
+_SCRUB = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "GLOO_SOCKET_IFNAME",
+    TAG_VAR,
+)
 
 
 @dataclass(frozen=True)
@@ -72,8 +82,7 @@ class TlsFiles:
 
 
 def _openssl(*args: str, cwd: Path) -> None:
-    proc = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=60, check=False)
+    proc = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"openssl {' '.join(args)} failed: {proc.stderr.strip()}")
 
@@ -82,20 +91,53 @@ def make_tls(directory: Path, ips: Sequence[str]) -> TlsFiles:
     """A throwaway CA, a server certificate for ``ips`` and a client certificate."""
     directory.mkdir(parents=True, exist_ok=True)
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
-             "-subj", "/CN=hangdoc-test-ca", cwd=directory)
+    _openssl(
+        "req",
+        "-x509",
+        *ec,
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=hangdoc-test-ca",
+        cwd=directory,
+    )
     (directory / "server.ext").write_text(
-        "subjectAltName=" + ",".join(f"IP:{ip}" for ip in ips) + "\n"
-        "extendedKeyUsage=serverAuth\n")
+        "subjectAltName=" + ",".join(f"IP:{ip}" for ip in ips) + "\nextendedKeyUsage=serverAuth\n"
+    )
     (directory / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
     for who in ("server", "client"):
-        _openssl("req", *ec, "-keyout", f"{who}.key", "-out", f"{who}.csr",
-                 "-subj", f"/CN=hangdoc-{who}", cwd=directory)
-        _openssl("x509", "-req", "-in", f"{who}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-                 "-CAcreateserial", "-out", f"{who}.pem", "-days", "1",
-                 "-extfile", f"{who}.ext", cwd=directory)
-    return TlsFiles(directory / "ca.pem", directory / "server.pem", directory / "server.key",
-                    directory / "client.pem", directory / "client.key")
+        _openssl(
+            "req", *ec, "-keyout", f"{who}.key", "-out", f"{who}.csr", "-subj", f"/CN=hangdoc-{who}", cwd=directory
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{who}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{who}.pem",
+            "-days",
+            "1",
+            "-extfile",
+            f"{who}.ext",
+            cwd=directory,
+        )
+    return TlsFiles(
+        directory / "ca.pem",
+        directory / "server.pem",
+        directory / "server.key",
+        directory / "client.pem",
+        directory / "client.key",
+    )
 
 
 def tagged_processes(tag: str) -> dict[int, list[str]]:
@@ -121,8 +163,7 @@ def tagged_processes(tag: str) -> dict[int, list[str]]:
 class Cluster:
     """A running job on 3 nodes with an agent per node; see the module docstring."""
 
-    def __init__(self, job: ClusterJob, nodes: NetnsNodes, workdir: Path,
-                 tls: TlsFiles | None) -> None:
+    def __init__(self, job: ClusterJob, nodes: NetnsNodes, workdir: Path, tls: TlsFiles | None) -> None:
         self.job = job
         self.nodes = nodes
         self.workdir = workdir
@@ -157,37 +198,70 @@ class Cluster:
         env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
         env.update({TAG_VAR: self.tag, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
         for i in range(self.nodes.n):
-            argv = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
-                    "sh", "-c", self._supervisor_script(i)]
+            argv = [
+                "unshare",
+                "--pid",
+                "--fork",
+                "--mount-proc",
+                "--kill-child",
+                "sh",
+                "-c",
+                self._supervisor_script(i),
+            ]
             with open(self.workdir / f"supervisor{i}.log", "ab") as log:
-                self.supervisors.append(self.nodes.popen(
-                    i, argv, env=env, cwd=str(REPO), stdin=subprocess.DEVNULL, stdout=log,
-                    stderr=subprocess.STDOUT, start_new_session=True))
+                self.supervisors.append(
+                    self.nodes.popen(
+                        i,
+                        argv,
+                        env=env,
+                        cwd=str(REPO),
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
 
     def _supervisor_script(self, i: int) -> str:
         """PID 1 of node i: its agent(s) and ranks in the background, then wait for all."""
         lines = ["set -e"]
         agent = [sys.executable, "-m", "hangdoc", "agent", "--node-name", f"node{i}"]
-        lines.append(shlex.join([*agent, "--listen", self.agent_address(i),
-                                 "--token-file", str(self.token_file)])
-                     + f" 2>>{shlex.quote(str(self.agent_log(i)))} &")
+        lines.append(
+            shlex.join([*agent, "--listen", self.agent_address(i), "--token-file", str(self.token_file)])
+            + f" 2>>{shlex.quote(str(self.agent_log(i)))} &"
+        )
         if self.tls is not None:
-            lines.append(shlex.join([*agent, "--listen", self.agent_address(i, TLS_AGENT_PORT),
-                                     "--tls-cert", str(self.tls.server_cert),
-                                     "--tls-key", str(self.tls.server_key),
-                                     "--tls-ca", str(self.tls.ca)])
-                         + f" 2>>{shlex.quote(str(self.agent_log(i, tls=True)))} &")
+            lines.append(
+                shlex.join(
+                    [
+                        *agent,
+                        "--listen",
+                        self.agent_address(i, TLS_AGENT_PORT),
+                        "--tls-cert",
+                        str(self.tls.server_cert),
+                        "--tls-key",
+                        str(self.tls.server_key),
+                        "--tls-ca",
+                        str(self.tls.ca),
+                    ]
+                )
+                + f" 2>>{shlex.quote(str(self.agent_log(i, tls=True)))} &"
+            )
         local = self.job.placement[i]
         for local_rank, rank in enumerate(local):
             rank_env = {
-                "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.port),
-                "RANK": str(rank), "WORLD_SIZE": str(self.job.world),
-                "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(len(local)),
-                "GROUP_RANK": str(i), "GLOO_SOCKET_IFNAME": "eth0",
-                "HANGDOC_READY_DIR": str(self.ready_dir), "PYTHONPATH": str(JOBS_DIR),
+                "MASTER_ADDR": self.master_addr,
+                "MASTER_PORT": str(self.port),
+                "RANK": str(rank),
+                "WORLD_SIZE": str(self.job.world),
+                "LOCAL_RANK": str(local_rank),
+                "LOCAL_WORLD_SIZE": str(len(local)),
+                "GROUP_RANK": str(i),
+                "GLOO_SOCKET_IFNAME": "eth0",
+                "HANGDOC_READY_DIR": str(self.ready_dir),
+                "PYTHONPATH": str(JOBS_DIR),
             }
-            argv = ["env", *(f"{k}={v}" for k, v in rank_env.items()), sys.executable,
-                    str(self.job.script)]
+            argv = ["env", *(f"{k}={v}" for k, v in rank_env.items()), sys.executable, str(self.job.script)]
             log = self.workdir / f"rank{rank}.log"
             lines.append(f"{shlex.join(argv)} >>{shlex.quote(str(log))} 2>&1 &")
         lines.append("wait")
@@ -202,19 +276,19 @@ class Cluster:
         while missing := self._not_ready():
             for i, sup in enumerate(self.supervisors):
                 if sup.poll() is not None:
-                    raise AssertionError(f"node{i}'s supervisor exited with {sup.returncode} "
-                                         f"while waiting for {missing}\n{self.output()}")
+                    raise AssertionError(
+                        f"node{i}'s supervisor exited with {sup.returncode} "
+                        f"while waiting for {missing}\n{self.output()}"
+                    )
             if time.monotonic() > deadline:
-                raise AssertionError(f"not ready after {timeout:.0f}s: {missing}\n"
-                                     f"{self.output()}")
+                raise AssertionError(f"not ready after {timeout:.0f}s: {missing}\n{self.output()}")
             time.sleep(0.2)
         if self.job.cut:
             self.isolate_nodes()
         time.sleep(self.job.settle)
 
     def _not_ready(self) -> list[str]:
-        missing = [f"rank {r}" for r in range(self.job.world)
-                   if not (self.ready_dir / f"ready.{r}").exists()]
+        missing = [f"rank {r}" for r in range(self.job.world) if not (self.ready_dir / f"ready.{r}").exists()]
         for i in range(self.nodes.n):
             for tls in (False, True) if self.tls else (False,):
                 log = self.agent_log(i, tls)
@@ -229,8 +303,12 @@ class Cluster:
         isolated bridge ports only stop forwarding between each other.
         """
         for i in range(self.nodes.n):
-            subprocess.run(["bridge", "link", "set", "dev", self.nodes.veth(i), "isolated", "on"],
-                           check=True, capture_output=True, timeout=30)
+            subprocess.run(
+                ["bridge", "link", "set", "dev", self.nodes.veth(i), "isolated", "on"],
+                check=True,
+                capture_output=True,
+                timeout=30,
+            )
 
     def output(self, chars: int = 3000) -> str:
         parts = []
@@ -244,17 +322,21 @@ class Cluster:
         """Root-namespace pid of node i's agent."""
         port = TLS_AGENT_PORT if tls else AGENT_PORT
         for pid, cmdline in tagged_processes(self.tag).items():
-            if "agent" in cmdline and f"node{i}" in cmdline and \
-                    self.agent_address(i, port) in cmdline:
+            if "agent" in cmdline and f"node{i}" in cmdline and self.agent_address(i, port) in cmdline:
                 return pid
         raise AssertionError(f"no agent process for node{i} (port {port})")
 
     def diagnose(self, *args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
         """``hangdoc diagnose`` from the root namespace; returns the result and seconds taken."""
         t0 = time.monotonic()
-        out = subprocess.run([sys.executable, "-m", "hangdoc", "diagnose", self.job_spec(),
-                              "--json", "-q", *args], capture_output=True, text=True,
-                             timeout=timeout, cwd=REPO, check=False)
+        out = subprocess.run(
+            [sys.executable, "-m", "hangdoc", "diagnose", self.job_spec(), "--json", "-q", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=REPO,
+            check=False,
+        )
         return out, time.monotonic() - t0
 
     def kill(self, timeout: float = 30) -> None:
@@ -293,8 +375,7 @@ def _kill_tree(pid: int) -> None:
 
 
 @contextmanager
-def cluster(job: ClusterJob, workdir: Path, *, tls: bool = False,
-            prefix: str | None = None) -> Iterator[Cluster]:
+def cluster(job: ClusterJob, workdir: Path, *, tls: bool = False, prefix: str | None = None) -> Iterator[Cluster]:
     """Start ``job`` on 3 fresh nodes; kill everything and delete the nodes on exit."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -312,6 +393,5 @@ def cluster(job: ClusterJob, workdir: Path, *, tls: bool = False,
 def assert_clean(tag: str, prefix: str) -> None:
     """Nothing tagged still runs and no namespace of ``prefix`` is left."""
     assert tagged_processes(tag) == {}
-    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
-                           check=False).stdout
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
     assert not re.search(rf"^{prefix}n\d", names, re.MULTILINE), names

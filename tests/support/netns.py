@@ -48,16 +48,20 @@ _NAME_RE = re.compile(r"^(?P<inst>.+?)(?P<kind>br|n|v)(?P<index>\d*)$")
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(["ip", *args], check=False, capture_output=True, text=True,
-                          timeout=30)
+    proc = subprocess.run(["ip", *args], check=False, capture_output=True, text=True, timeout=30)
     if check and proc.returncode != 0:
         raise RuntimeError(f"ip {' '.join(args)} failed: {proc.stderr.strip()}")
     return proc
 
 
 def _bridge_port_state(link: str, state: str) -> None:
-    proc = subprocess.run(["bridge", "link", "set", "dev", link, "state", _PORT_STATES[state]],
-                          check=False, capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        ["bridge", "link", "set", "dev", link, "state", _PORT_STATES[state]],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"cannot set bridge port {link} {state}: {proc.stderr.strip()}")
 
@@ -204,16 +208,14 @@ class NetnsNodes:
 
     # -- running things -----------------------------------------------------------------
 
-    def popen(self, i: int, argv: Sequence[str], env: Mapping[str, str] | None = None,
-              **kwargs) -> subprocess.Popen:
+    def popen(self, i: int, argv: Sequence[str], env: Mapping[str, str] | None = None, **kwargs) -> subprocess.Popen:
         """Start ``argv`` inside node i (kwargs go to ``subprocess.Popen``); killed, reaped and
         its pipes closed on exit if the caller has not done so."""
         proc = subprocess.Popen([*self.exec_prefix(i), *argv], env=env, **kwargs)
         self._procs.append(proc)
         return proc
 
-    def run(self, i: int, argv: Sequence[str], check: bool = False,
-            **kwargs) -> subprocess.CompletedProcess:
+    def run(self, i: int, argv: Sequence[str], check: bool = False, **kwargs) -> subprocess.CompletedProcess:
         """Run ``argv`` inside node i to completion (kwargs go to ``subprocess.run``)."""
         return subprocess.run([*self.exec_prefix(i), *argv], check=check, **kwargs)
 
@@ -243,8 +245,9 @@ class NetnsNodes:
             raise
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     def close(self) -> None:
@@ -252,8 +255,7 @@ class NetnsNodes:
         if self.octet is None:
             return
         try:
-            _delete([self.ns(i) for i in range(self.n)],
-                    [self.veth(i) for i in range(self.n)] + [self.bridge])
+            _delete([self.ns(i) for i in range(self.n)], [self.veth(i) for i in range(self.n)] + [self.bridge])
         finally:
             _reap(self._procs)
             self._procs.clear()
@@ -267,8 +269,7 @@ class NetnsNodes:
                 raise RuntimeError(f"NetnsNodes prefix {self.prefix!r} is in use by a live run")
             taken = {r["octet"] for r in records.values() if _owner_alive(r) and "octet" in r}
             self.octet = _pick_octet(self.prefix, taken)
-            record = {"pid": os.getpid(), "start": _start_time(os.getpid()),
-                      "octet": self.octet, "n": self.n}
+            record = {"pid": os.getpid(), "start": _start_time(os.getpid()), "octet": self.octet, "n": self.n}
             (STATE_DIR / f"{self.prefix}.json").write_text(json.dumps(record))
 
     def _create(self) -> None:
@@ -313,8 +314,12 @@ def _our_names(prefix: str) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     for names, found, kinds in ((ns_names, namespaces, {"n"}), (link_names, links, {"v", "br"})):
         for name in names:
             match = _NAME_RE.match(name)
-            if (match and match["inst"].startswith(prefix) and match["kind"] in kinds
-                    and (match["kind"] == "br") != bool(match["index"])):
+            if (
+                match
+                and match["inst"].startswith(prefix)
+                and match["kind"] in kinds
+                and (match["kind"] == "br") != bool(match["index"])
+            ):
                 found.setdefault(match["inst"], set()).add(name)
     return namespaces, links
 

@@ -93,8 +93,11 @@ class Recording:
 def recordings() -> list[Recording]:
     """Every recording: the corpus snapshots, then stack dumps, then flight recorder dumps."""
     out = [Recording(p.name.removesuffix(".json.gz"), p, False) for p in sorted(SNAPSHOTS.glob("*.json.gz"))]
-    dumps = sorted(p for p in DUMPS.rglob("*") if p.is_file() and p.suffix in (".txt", ".json")
-                   and str(p.relative_to(DUMPS)) not in UNREADABLE)
+    dumps = sorted(
+        p
+        for p in DUMPS.rglob("*")
+        if p.is_file() and p.suffix in (".txt", ".json") and str(p.relative_to(DUMPS)) not in UNREADABLE
+    )
     out += [Recording(f"dumps/{p.relative_to(DUMPS)}", p, True) for p in dumps]
     out += [Recording(f"flight/{p.name}", p, True) for p in sorted(FLIGHT.iterdir()) if p.is_dir()]
     return out
@@ -108,8 +111,9 @@ def corpus_expectation(recording: Recording) -> tuple[str, tuple[int, ...]] | No
     return meta.verdict, tuple(sorted(meta.culprits))
 
 
-def subsets(recorded: tuple[int, ...], culprits: tuple[int, ...],
-            world: int | None) -> list[tuple[str, tuple[int, ...]]]:
+def subsets(
+    recorded: tuple[int, ...], culprits: tuple[int, ...], world: int | None
+) -> list[tuple[str, tuple[int, ...]]]:
     """(label, ranks kept) for the views of one recording, each set of ranks once.
 
     ``recorded``: the ranks in the recording, sorted; ``culprits``: the whole job's;
@@ -145,8 +149,9 @@ def view(snapshot: JobSnapshot, kept: tuple[int, ...], hiding: Hiding) -> JobSna
     part = dataclasses.replace(snapshot, ranks=ranks)
     if hiding is Hiding.DUMPS:
         return dataclasses.replace(part, nodes_searched=False)
-    lost = Unreachable("node-b:7420", "deadline exceeded: the agent did not answer",
-                       hidden if hiding is Hiding.NODE_LOST else ())
+    lost = Unreachable(
+        "node-b:7420", "deadline exceeded: the agent did not answer", hidden if hiding is Hiding.NODE_LOST else ()
+    )
     return dataclasses.replace(part, unreachable=(*snapshot.unreachable, lost))
 
 
@@ -186,8 +191,9 @@ class Trial:
     @property
     def contradiction(self) -> bool:
         """Confident, and the whole job says another verdict or does not name a culprit."""
-        return self.part.confident and (self.part.verdict != self.whole.verdict
-                                        or not set(self.part.culprits) <= set(self.whole.culprits))
+        return self.part.confident and (
+            self.part.verdict != self.whole.verdict or not set(self.part.culprits) <= set(self.whole.culprits)
+        )
 
     @property
     def claims_hidden(self) -> bool:
@@ -204,13 +210,21 @@ class Trial:
 
     @property
     def faults(self) -> list[str]:
-        return [name for name, bad in (("contradiction", self.contradiction),
-                                       ("claim about a hidden rank", self.claims_hidden),
-                                       ("rank called missing", bool(self.missing_unproven))) if bad]
+        return [
+            name
+            for name, bad in (
+                ("contradiction", self.contradiction),
+                ("claim about a hidden rank", self.claims_hidden),
+                ("rank called missing", bool(self.missing_unproven)),
+            )
+            if bad
+        ]
 
     def __str__(self) -> str:
-        return (f"{self.recording}: {self.subset} (kept {list(self.kept)}, {self.hiding.value}): "
-                f"{self.part}; whole job: {self.whole}")
+        return (
+            f"{self.recording}: {self.subset} (kept {list(self.kept)}, {self.hiding.value}): "
+            f"{self.part}; whole job: {self.whole}"
+        )
 
 
 def trials(recording: Recording) -> Iterator[Trial]:

@@ -9,8 +9,9 @@ NODE_A, NODE_B = "a" * 56, "b" * 56
 JOB = "02000000"
 
 
-def actor(actor_id: str, cls: str = "RayTrainWorker", name: str = "", pid: int = 100,
-          node: str = NODE_A, ip: str = "10.0.0.1") -> ActorInfo:
+def actor(
+    actor_id: str, cls: str = "RayTrainWorker", name: str = "", pid: int = 100, node: str = NODE_A, ip: str = "10.0.0.1"
+) -> ActorInfo:
     return ActorInfo(actor_id, cls, name, pid, node, ip)
 
 
@@ -22,8 +23,16 @@ AGENT = actor("agent", "HangdocAgent", name="hangdoc-agent-x", pid=92)
 
 def v2_worker(actor_id: str, rank: int, pid: int) -> dict:
     """One worker of a Train V2 run's attempt, as the dashboard's run state lists it."""
-    return {"actor_id": actor_id, "world_rank": rank, "local_rank": rank % 2, "node_rank": 0,
-            "node_id": NODE_A, "node_ip": "10.0.0.1", "pid": pid, "gpu_ids": []}
+    return {
+        "actor_id": actor_id,
+        "world_rank": rank,
+        "local_rank": rank % 2,
+        "node_rank": 0,
+        "node_id": NODE_A,
+        "node_ip": "10.0.0.1",
+        "pid": pid,
+        "gpu_ids": [],
+    }
 
 
 CONTROLLER_LOG = """\

@@ -104,23 +104,26 @@ def _kill(procs: list[psutil.Process]) -> None:
     psutil.wait_procs(procs, timeout=10)
 
 
-def start_cluster(temp_dir: str, workers: int = WORKER_NODES, cpus: int = CPUS_PER_NODE,
-                  head_args: dict[str, Any] | None = None) -> Any:
+def start_cluster(
+    temp_dir: str, workers: int = WORKER_NODES, cpus: int = CPUS_PER_NODE, head_args: dict[str, Any] | None = None
+) -> Any:
     """A ``ray.cluster_utils.Cluster``: a head with the dashboard and ``workers`` nodes;
     ``head_args`` adds to the head's ``ray.init``-like arguments (``ray_client_server_port``)."""
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=False, connect=False)
     try:
-        cluster.add_node(**{
-            "num_cpus": cpus,
-            "temp_dir": temp_dir,  # worker nodes take the head's
-            "include_dashboard": True,
-            "dashboard_host": "127.0.0.1",
-            "dashboard_port": None,  # the first free port from 8265 on
-            "dashboard_agent_listen_port": None,  # a free one, not 52365
-            **(head_args or {}),
-        })
+        cluster.add_node(
+            **{
+                "num_cpus": cpus,
+                "temp_dir": temp_dir,  # worker nodes take the head's
+                "include_dashboard": True,
+                "dashboard_host": "127.0.0.1",
+                "dashboard_port": None,  # the first free port from 8265 on
+                "dashboard_agent_listen_port": None,  # a free one, not 52365
+                **(head_args or {}),
+            }
+        )
         for _ in range(workers):
             cluster.add_node(num_cpus=cpus)
         cluster.wait_for_nodes(timeout=START_TIMEOUT_S)
@@ -168,8 +171,9 @@ def describe(cluster: Any, temp_dir: str) -> RayCluster:
 
 
 @contextlib.contextmanager
-def running_cluster(workers: int = WORKER_NODES, cpus: int = CPUS_PER_NODE,
-                    head_args: dict[str, Any] | None = None) -> Iterator[RayCluster]:
+def running_cluster(
+    workers: int = WORKER_NODES, cpus: int = CPUS_PER_NODE, head_args: dict[str, Any] | None = None
+) -> Iterator[RayCluster]:
     """A cluster for the block; every process of it ended at its end."""
     # short: Ray's unix socket paths live under it (at most 107 characters)
     temp_dir = tempfile.mkdtemp(prefix="hdray-", dir="/tmp")

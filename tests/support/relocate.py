@@ -10,6 +10,7 @@ from hangdoc.model import Frame, JobSnapshot, Origin, RankSnapshot, SourceFile, 
 
 def moved_under(snapshot: JobSnapshot, root: str) -> JobSnapshot:
     """``snapshot`` with the job's own files (frames and source lines) under ``root``."""
+
     def move(name: str) -> str:
         return f"{root}/{Path(name).name}" if frame_origin(name).kind is Origin.USER else name
 
@@ -17,9 +18,15 @@ def moved_under(snapshot: JobSnapshot, root: str) -> JobSnapshot:
         return tuple(f if f.native else dataclasses.replace(f, filename=move(f.filename)) for f in stack)
 
     ranks = tuple(
-        RankSnapshot(r.process, tuple(
-            dataclasses.replace(s, threads=tuple(dataclasses.replace(t, frames=frames(t.frames)) for t in s.threads))
-            for s in r.samples))
+        RankSnapshot(
+            r.process,
+            tuple(
+                dataclasses.replace(
+                    s, threads=tuple(dataclasses.replace(t, frames=frames(t.frames)) for t in s.threads)
+                )
+                for s in r.samples
+            ),
+        )
         for r in snapshot.ranks
     )
     sources = tuple(SourceFile(move(s.filename), s.lines) for s in snapshot.sources)

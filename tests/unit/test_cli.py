@@ -21,7 +21,9 @@ C10D = "torch/distributed/distributed_c10d.py"
 
 
 def mismatch_snapshot():
-    site = lambda op, where: ["train.py:<module>:9", where, f"{C10D}:{op}:2800"]
+    def site(op: str, where: str) -> list[str]:
+        return ["train.py:<module>:9", where, f"{C10D}:{op}:2800"]
+
     return make_snapshot(
         [make_rank(r, site("all_gather", "metrics.py:log:12")) for r in (0, 1, 2)]
         + [make_rank(3, site("all_reduce", "model.py:sync:88"))]
@@ -84,8 +86,9 @@ def test_non_python_process_is_reported_not_crashed(capsys) -> None:
 
 
 def test_module_entry_point_runs() -> None:
-    out = subprocess.run([sys.executable, "-m", "hangdoc", "--version"], capture_output=True,
-                         text=True, timeout=60, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "hangdoc", "--version"], capture_output=True, text=True, timeout=60, check=False
+    )
     assert out.returncode == 0 and out.stdout.startswith("hangdoc ")
 
 
@@ -106,46 +109,67 @@ def _one_error(capsys, code: int, argv: list[str], needle: str = "") -> str:
     return lines[0]
 
 
-NUMERIC = [
-    (["diagnose", "pid:1", "--timeout", value], "--timeout") for value in ("inf", "nan", "-5", "0")
-] + [
-    (["diagnose", "pid:1", "--interval", value], "--interval") for value in ("inf", "nan", "0")
-] + [
-    (["diagnose", "pid:1", "--window", "nan"], "--window"),
-    (["diagnose", "pid:1", "--window", "-1"], "--window"),
-    (["diagnose", "pid:1", "--max-window", "inf"], "--max-window"),
-    (["diagnose", "pid:1", "--timeout", "1e999"], "--timeout"),  # reads as inf
-    (["diagnose", "pid:1", "--timeout", "٣"], "--timeout"),  # float() takes Arabic-Indic digits
-    (["diagnose", "pid:1", "--timeout", "1_0"], "--timeout"),
-    (["diagnose", "pid:1", "--timeout", "9" * 5000], "--timeout"),
-    (["diagnose", "pid:1", "--agents", "node1:²"], "--agents"),
-    (["diagnose", "pid:1", "--agents", "node1:0"], "--agents"),
-] + [
-    (["diagnose", "pid:1", "--width", value], "--width") for value in ("0", "-3", "100000", "nan", "²")
-] + [
-    (["analyze", "x.json", "--width", "0"], "--width"),
-] + [
-    (["watch", "pid:1", "--stall-after", value], "--stall-after") for value in ("nan", "inf", "-1", "0")
-] + [
-    (["watch", "pid:1", option, value], option)
-    for option, value in [
-        ("--warmup-timeout", "nan"), ("--warmup-timeout", "0"), ("--check-interval", "inf"),
-        ("--check-interval", "0"), ("--stall-factor", "nan"), ("--stall-factor", "0"),
-        ("--stall-factor", "-2"), ("--min-stall", "-1"), ("--min-stall", "inf"),
-        ("--kill-grace", "nan"), ("--kill-grace", "-1"), ("--max-postpone", "-1"),
-        ("--max-postpone", "1.5"), ("--warmup-steps", "-1"), ("--warmup-steps", "٣"),
-        ("--metrics-port", "70000"), ("--metrics-port", "-1"), ("--metrics-port", "²"),
-        ("--window", "inf"), ("--interval", "0"), ("--max-window", "nan"), ("--timeout", "0"),
+NUMERIC = (
+    [(["diagnose", "pid:1", "--timeout", value], "--timeout") for value in ("inf", "nan", "-5", "0")]
+    + [(["diagnose", "pid:1", "--interval", value], "--interval") for value in ("inf", "nan", "0")]
+    + [
+        (["diagnose", "pid:1", "--window", "nan"], "--window"),
+        (["diagnose", "pid:1", "--window", "-1"], "--window"),
+        (["diagnose", "pid:1", "--max-window", "inf"], "--max-window"),
+        (["diagnose", "pid:1", "--timeout", "1e999"], "--timeout"),  # reads as inf
+        (["diagnose", "pid:1", "--timeout", "٣"], "--timeout"),  # float() takes Arabic-Indic digits
+        (["diagnose", "pid:1", "--timeout", "1_0"], "--timeout"),
+        (["diagnose", "pid:1", "--timeout", "9" * 5000], "--timeout"),
+        (["diagnose", "pid:1", "--agents", "node1:²"], "--agents"),
+        (["diagnose", "pid:1", "--agents", "node1:0"], "--agents"),
     ]
-] + [
-    (["agent", option, value], option)
-    for option, value in [
-        ("--listen", "127.0.0.1:70000"), ("--listen", "127.0.0.1:²"), ("--listen", "no-port"),
-        ("--listen", "\x1b[2J:7420"), ("--node-name", "evil\x1b]0;x\x07"), ("--node-name", ""),
-        ("--replay-world-size", "0"), ("--replay-world-size", "2000000000"),
-        ("--replay-rank-offset", "-1"),
+    + [(["diagnose", "pid:1", "--width", value], "--width") for value in ("0", "-3", "100000", "nan", "²")]
+    + [
+        (["analyze", "x.json", "--width", "0"], "--width"),
     ]
-]
+    + [(["watch", "pid:1", "--stall-after", value], "--stall-after") for value in ("nan", "inf", "-1", "0")]
+    + [
+        (["watch", "pid:1", option, value], option)
+        for option, value in [
+            ("--warmup-timeout", "nan"),
+            ("--warmup-timeout", "0"),
+            ("--check-interval", "inf"),
+            ("--check-interval", "0"),
+            ("--stall-factor", "nan"),
+            ("--stall-factor", "0"),
+            ("--stall-factor", "-2"),
+            ("--min-stall", "-1"),
+            ("--min-stall", "inf"),
+            ("--kill-grace", "nan"),
+            ("--kill-grace", "-1"),
+            ("--max-postpone", "-1"),
+            ("--max-postpone", "1.5"),
+            ("--warmup-steps", "-1"),
+            ("--warmup-steps", "٣"),
+            ("--metrics-port", "70000"),
+            ("--metrics-port", "-1"),
+            ("--metrics-port", "²"),
+            ("--window", "inf"),
+            ("--interval", "0"),
+            ("--max-window", "nan"),
+            ("--timeout", "0"),
+        ]
+    ]
+    + [
+        (["agent", option, value], option)
+        for option, value in [
+            ("--listen", "127.0.0.1:70000"),
+            ("--listen", "127.0.0.1:²"),
+            ("--listen", "no-port"),
+            ("--listen", "\x1b[2J:7420"),
+            ("--node-name", "evil\x1b]0;x\x07"),
+            ("--node-name", ""),
+            ("--replay-world-size", "0"),
+            ("--replay-world-size", "2000000000"),
+            ("--replay-rank-offset", "-1"),
+        ]
+    ]
+)
 
 
 @pytest.mark.parametrize(("argv", "option"), NUMERIC, ids=[" ".join(a)[:60] for a, _ in NUMERIC])
@@ -156,8 +180,7 @@ def test_bad_option_values_are_one_line_errors(argv, option, capsys) -> None:
 
 def test_option_ranges_name_their_bounds(capsys) -> None:
     line = _one_error(capsys, 2, ["diagnose", "pid:1", "--timeout", "inf"])
-    assert line == ("hangdoc: error: argument --timeout: 'inf' is not a number from 0.1 to 600 "
-                    "(seconds)")
+    assert line == ("hangdoc: error: argument --timeout: 'inf' is not a number from 0.1 to 600 (seconds)")
     line = _one_error(capsys, 2, ["watch", "pid:1", "--metrics-port", "70000"])
     assert "from 0 to 65535 (0: any free port)" in line
 
@@ -178,10 +201,19 @@ def test_watch_checks_its_job_spec_before_starting(capsys) -> None:
     _one_error(capsys, 2, ["watch", "--job", "HOST:99999", "--", "true"], "port '99999'")
 
 
-SPECS = [("pid:²", "pid '²'"), ("pid:٣", "pid '٣'"), ("pid:-1", "pid '-1'"), ("pid:0", "pid '0'"),
-         ("pid:4194305", "from 1 to 4194304"), ("HOST:²", "port '²'"),
-         ("HOST:99999", "port '99999'"), (":29500", "did you mean 127.0.0.1:29500?"), ("", "empty"),
-         ("x" * 2**20, "longer than 1024 characters"), ("a\x1b[2J:1", "control characters")]
+SPECS = [
+    ("pid:²", "pid '²'"),
+    ("pid:٣", "pid '٣'"),
+    ("pid:-1", "pid '-1'"),
+    ("pid:0", "pid '0'"),
+    ("pid:4194305", "from 1 to 4194304"),
+    ("HOST:²", "port '²'"),
+    ("HOST:99999", "port '99999'"),
+    (":29500", "did you mean 127.0.0.1:29500?"),
+    ("", "empty"),
+    ("x" * 2**20, "longer than 1024 characters"),
+    ("a\x1b[2J:1", "control characters"),
+]
 
 
 @pytest.mark.parametrize(("spec", "needle"), SPECS, ids=[s[:20] or "<empty>" for s, _ in SPECS])
@@ -191,11 +223,14 @@ def test_bad_job_specs(spec, needle, capsys) -> None:
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize(("command", "spec", "suggestion", "help_part"), [
-    ("diagnose", "pdi:2282", "pid:2282", "A host really named pdi? Write it with a trailing dot: pdi.:2282"),
-    ("diagnose", "2282", "pid:2282", "HOST:2282 (127.0.0.1:2282 for a job on this node)"),
-    ("watch", "slrum:1234.0", "slurm:1234.0", "slrum.:1234.0"),
-])
+@pytest.mark.parametrize(
+    ("command", "spec", "suggestion", "help_part"),
+    [
+        ("diagnose", "pdi:2282", "pid:2282", "A host really named pdi? Write it with a trailing dot: pdi.:2282"),
+        ("diagnose", "2282", "pid:2282", "HOST:2282 (127.0.0.1:2282 for a job on this node)"),
+        ("watch", "slrum:1234.0", "slurm:1234.0", "slrum.:1234.0"),
+    ],
+)
 def test_job_spec_errors_suggest_the_closest_form(command, spec, suggestion, help_part, capsys) -> None:
     assert main([command, spec]) == 2
     err = capsys.readouterr().err.splitlines()
@@ -257,8 +292,7 @@ def test_analyze_a_json_report_says_what_to_pass(tmp_path, capsys) -> None:
     assert main(["analyze", str(snap), "--json"]) == 0
     report = tmp_path / "report.json"
     report.write_text(capsys.readouterr().out)
-    _analyze_error(capsys, report, "this is a hangdoc report, not a snapshot; pass the file "
-                   "written by --save")
+    _analyze_error(capsys, report, "this is a hangdoc report, not a snapshot; pass the file written by --save")
 
 
 @pytest.mark.parametrize(
@@ -266,8 +300,7 @@ def test_analyze_a_json_report_says_what_to_pass(tmp_path, capsys) -> None:
     [
         (b'{"kind": "hangdoc-snapshot", "schema_version": 1, "frames": [\xff\xfe]}', "binary data"),
         (b"[" * 200_000, "nested too deeply"),
-        (b'{"kind": "hangdoc-snapshot", "schema_version": 1, "frames": [' + b"1" * 5000 + b"]}",
-         "not valid JSON"),
+        (b'{"kind": "hangdoc-snapshot", "schema_version": 1, "frames": [' + b"1" * 5000 + b"]}", "not valid JSON"),
     ],
 )
 def test_analyze_undecodable_files(tmp_path, capsys, content, needle) -> None:
@@ -278,10 +311,12 @@ def test_analyze_undecodable_files(tmp_path, capsys, content, needle) -> None:
 
 @pytest.mark.parametrize(
     ("world_size", "needle"),
-    [(2_000_000_000, "2000000000 is out of range (0 to 262144)"),
-     (1e300, "expected int, got the number 1e+300"),
-     (-1, "-1 is out of range"),
-     (True, "expected int, got a boolean")],
+    [
+        (2_000_000_000, "2000000000 is out of range (0 to 262144)"),
+        (1e300, "expected int, got the number 1e+300"),
+        (-1, "-1 is out of range"),
+        (True, "expected int, got a boolean"),
+    ],
 )
 def test_analyze_an_absurd_world_size(tmp_path, capsys, world_size, needle) -> None:
     data = snapshot_to_dict(mismatch_snapshot())
@@ -307,7 +342,8 @@ def test_analyze_never_sends_escape_sequences_to_the_terminal(tmp_path, capsys) 
     frame = Frame(f"evil{ESCAPES}", f"/job/{ESCAPES}.py", 3, code=f"x = 1  # {ESCAPES}")
     snap = make_snapshot(
         [make_rank(r, ["train.py:main:1", frame], host=f"node{ESCAPES}") for r in (0, 1)],
-        notes=[f"note {ESCAPES}"], spec=f"pid:{ESCAPES}",
+        notes=[f"note {ESCAPES}"],
+        spec=f"pid:{ESCAPES}",
     )
     path = tmp_path / "evil.json"
     save_snapshot(snap, path)
@@ -399,8 +435,12 @@ def test_interrupt_with_json(tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.setattr(dumpfile, "load_evidence", interrupted)
     assert main(["analyze", "x.json", "--json"]) == 130
     out = capsys.readouterr()
-    assert json.loads(out.out)["error"] == {"kind": "Interrupted", "message": "interrupted",
-                                            "help": "", "exit_code": 130}
+    assert json.loads(out.out)["error"] == {
+        "kind": "Interrupted",
+        "message": "interrupted",
+        "help": "",
+        "exit_code": 130,
+    }
     assert out.err == "hangdoc: interrupted\n"
 
 
@@ -415,9 +455,14 @@ def test_closed_stdout_is_quiet(tmp_path, json_flag) -> None:
     reader, writer = os.pipe()
     os.close(reader)  # the reader is gone before hangdoc writes a byte
     try:
-        done = subprocess.run([sys.executable, "-m", "hangdoc", "analyze", str(path), *json_flag],
-                              stdout=writer, stderr=subprocess.PIPE, text=True, timeout=60,
-                              check=False)
+        done = subprocess.run(
+            [sys.executable, "-m", "hangdoc", "analyze", str(path), *json_flag],
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     finally:
         os.close(writer)
     assert done.returncode == 0, done.stderr
@@ -428,9 +473,14 @@ def test_closed_stdout_on_an_error_with_json(tmp_path) -> None:
     reader, writer = os.pipe()
     os.close(reader)
     try:
-        done = subprocess.run([sys.executable, "-m", "hangdoc", "diagnose", "pid:0", "--json"],
-                              stdout=writer, stderr=subprocess.PIPE, text=True, timeout=60,
-                              check=False)
+        done = subprocess.run(
+            [sys.executable, "-m", "hangdoc", "diagnose", "pid:0", "--json"],
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     finally:
         os.close(writer)
     assert done.returncode == 2

@@ -9,8 +9,13 @@ ROOT = REPO
 
 
 def test_generated_docs_are_current() -> None:
-    out = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_docs.py"), "--check"],
-                         capture_output=True, text=True, timeout=60, check=False)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "gen_docs.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
 
 

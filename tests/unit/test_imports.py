@@ -18,14 +18,22 @@ from support.paths import REPO
 PACKAGE = REPO / "hangdoc"
 # the snapshot file format's files (hangdoc/bundle/), lowest first: each imports only those
 # before it, and none the package itself (its __init__ re-exports them)
-BUNDLE = ["files", "limits", "invalid", "stacks", "layout", "columns", "tables", "codec", "writer",
-          "reader"]
+BUNDLE = ["files", "limits", "invalid", "stacks", "layout", "columns", "tables", "codec", "writer", "reader"]
 # the ground floor's own homes for what every floor uses: each imports only the standard
 # library (no hangdoc module, no third-party package)
 HOMES = {"hangdoc.model", "hangdoc.rankranges", "hangdoc.memo", "hangdoc.digits", "hangdoc.addresses"}
-GROUND = {"hangdoc", "hangdoc.errors", "hangdoc.bundle", "hangdoc.outfiles", "hangdoc.heartbeat",
-          "hangdoc.probe", "hangdoc.probe_hook", "hangdoc.probe_hook.sitecustomize", *HOMES,
-          *(f"hangdoc.bundle.{name}" for name in BUNDLE)}
+GROUND = {
+    "hangdoc",
+    "hangdoc.errors",
+    "hangdoc.bundle",
+    "hangdoc.outfiles",
+    "hangdoc.heartbeat",
+    "hangdoc.probe",
+    "hangdoc.probe_hook",
+    "hangdoc.probe_hook.sitecustomize",
+    *HOMES,
+    *(f"hangdoc.bundle.{name}" for name in BUNDLE),
+}
 
 # what each floor may import besides the standard library, third-party packages and itself
 MAY_IMPORT = {
@@ -40,8 +48,13 @@ MAY_IMPORT = {
     "cli": {"ground", "capture", "fleet", "analysis", "report", "diagnose", "watch", "ray"},
 }
 # third-party modules only one floor may use
-ONLY_IN = {"networkx": {"analysis"}, "grpc": {"fleet"}, "google.protobuf": {"fleet"},
-           "ray": {"capture", "fleet", "ray"}, "prometheus_client": {"watch"}}
+ONLY_IN = {
+    "networkx": {"analysis"},
+    "grpc": {"fleet"},
+    "google.protobuf": {"fleet"},
+    "ray": {"capture", "fleet", "ray"},
+    "prometheus_client": {"watch"},
+}
 # and the modules of that floor that may: the glue that talks to Ray (capture.find.ray_workers,
 # what Ray's answers mean, stays free of it)
 RAY_USERS = {"hangdoc.capture.find.ray_job", "hangdoc.fleet.ray_agents", "hangdoc.ray"}
@@ -121,7 +134,8 @@ def test_imports_run_down_the_pipeline(module: str) -> None:
     mine = floor(module)
     allowed = MAY_IMPORT[mine] | {mine}
     wrong = sorted(
-        name for name in internal(GRAPH[module])
+        name
+        for name in internal(GRAPH[module])
         if not name.startswith("hangdoc.fleet.v1") and floor(name) not in allowed
     )
     assert wrong == [], f"{module} ({mine}) may import only {sorted(allowed)}"
@@ -135,8 +149,9 @@ def test_the_package_root_imports_only_the_heartbeat() -> None:
 
 @pytest.mark.parametrize("module", sorted(HOMES))
 def test_the_ground_floor_homes_import_only_the_standard_library(module: str) -> None:
-    outside = sorted(name for name in GRAPH[module]
-                     if name != "__future__" and name.split(".")[0] not in sys.stdlib_module_names)
+    outside = sorted(
+        name for name in GRAPH[module] if name != "__future__" and name.split(".")[0] not in sys.stdlib_module_names
+    )
     assert outside == [], f"{module} imports {outside}"
 
 
@@ -152,10 +167,7 @@ def test_generated_stubs_only_behind_the_wire() -> None:
 
 @pytest.mark.parametrize("third_party", sorted(ONLY_IN))
 def test_third_party_stays_on_its_floor(third_party: str) -> None:
-    users = {
-        m for m, names in GRAPH.items()
-        if any(n == third_party or n.startswith(third_party + ".") for n in names)
-    }
+    users = {m for m, names in GRAPH.items() if any(n == third_party or n.startswith(third_party + ".") for n in names)}
     assert {floor(m) for m in users} <= ONLY_IN[third_party], sorted(users)
 
 
@@ -170,8 +182,7 @@ def test_bundle_files_import_only_those_below() -> None:
 
 
 def test_every_capture_module_is_in_a_room() -> None:
-    loose = sorted(m for m in GRAPH
-                   if floor(m) == "capture" and m != "hangdoc.capture" and room(m) not in ROOMS)
+    loose = sorted(m for m in GRAPH if floor(m) == "capture" and m != "hangdoc.capture" and room(m) not in ROOMS)
     assert loose == [], "place each module of hangdoc/capture/ in find/, read/ or dumps/ (ROOMS)"
 
 
@@ -179,15 +190,17 @@ def test_every_capture_module_is_in_a_room() -> None:
 def test_capture_rooms_import_one_way(module: str) -> None:
     mine = room(module)
     allowed = {mine} | ROOMS[mine] if mine is not None else set()
-    wrong = sorted(name for name in internal(GRAPH[module])
-                   if floor(name) == "capture" and room(name) not in allowed)
+    wrong = sorted(name for name in internal(GRAPH[module]) if floor(name) == "capture" and room(name) not in allowed)
     assert wrong == [], f"{module} may import of capture/ only {sorted(allowed)}"
 
 
 @pytest.mark.parametrize("name", sorted(ROOM_USERS))
 def test_a_room_is_imported_only_by_its_floors(name: str) -> None:
-    users = {m for m, names in GRAPH.items() if floor(m) != "capture"
-             and any(floor(n) == "capture" and room(n) == name for n in internal(names))}
+    users = {
+        m
+        for m, names in GRAPH.items()
+        if floor(m) != "capture" and any(floor(n) == "capture" and room(n) == name for n in internal(names))
+    }
     assert {floor(m) for m in users} <= ROOM_USERS[name], sorted(users)
 
 
@@ -196,8 +209,7 @@ def test_no_import_circles() -> None:
     for module, names in GRAPH.items():
         graph.add_node(module)
         # a package imports its own submodules to re-export them; that is no circle
-        graph.add_edges_from((module, n) for n in internal(names) if n in GRAPH
-                             and not n.startswith(module + "."))
+        graph.add_edges_from((module, n) for n in internal(names) if n in GRAPH and not n.startswith(module + "."))
     cycles = list(nx.simple_cycles(graph))
     assert cycles == []
 
@@ -232,7 +244,8 @@ def test_every_module_imports_without_ray() -> None:
         "from hangdoc.cli import main\n"
         "sys.exit(main(['diagnose', 'ray:raysubmit_x']))\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          check=False, cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False, cwd=REPO
+    )
     assert done.returncode == 4, done.stderr
     assert "hangdoc[ray]" in done.stderr and "Traceback" not in done.stderr

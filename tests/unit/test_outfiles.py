@@ -67,8 +67,7 @@ def test_a_link_is_refused_and_its_target_untouched(tmp_path: Path, dangling: bo
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out.json"] + ([] if dangling else ["victim"]))
 
 
-def test_a_link_planted_while_writing_is_replaced_not_followed(tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_link_planted_while_writing_is_replaced_not_followed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     victim = tmp_path / "victim"
     victim.write_bytes(b"precious")
     path = tmp_path / "out.json"
@@ -142,8 +141,9 @@ def test_a_new_directory_is_private_and_never_a_link(tmp_path: Path, umask_open:
 
 
 @pytest.mark.parametrize("option", ["--html", "--dot", "--svg"])
-def test_the_cli_refuses_a_link_in_one_line_before_the_work(tmp_path: Path, option: str,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_refuses_a_link_in_one_line_before_the_work(
+    tmp_path: Path, option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     victim = tmp_path / "victim"
     victim.write_text("precious")
     (tmp_path / "out").symlink_to(victim)
@@ -152,7 +152,8 @@ def test_the_cli_refuses_a_link_in_one_line_before_the_work(tmp_path: Path, opti
     assert captured.out == "" and victim.read_text() == "precious"
     first, help_line = captured.err.splitlines()
     assert first.startswith(f"hangdoc: error: {option} ") and first.endswith(
-        "out': is a symbolic link; hangdoc never writes through one")
+        "out': is a symbolic link; hangdoc never writes through one"
+    )
     assert help_line.startswith("  help: Name the file itself")
 
 
@@ -165,8 +166,9 @@ def test_the_cli_writes_private_report_files(tmp_path: Path, capsys: pytest.Capt
     assert "an old report" not in outs["html"].read_text()
 
 
-def test_diagnose_save_refuses_a_link_before_the_capture(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_diagnose_save_refuses_a_link_before_the_capture(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     def no_capture(*args, **kwargs):
         raise AssertionError("captured although --save was refused")
 
@@ -174,13 +176,16 @@ def test_diagnose_save_refuses_a_link_before_the_capture(tmp_path: Path, capsys:
     (tmp_path / "snap.json").symlink_to(tmp_path / "victim")
     assert main(["diagnose", "pid:1", "--save", str(tmp_path / "snap.json")]) == 6
     first = capsys.readouterr().err.splitlines()[0]
-    assert first == f"hangdoc: error: cannot write snapshot to {tmp_path}/snap.json: is a symbolic link; " \
-                    "hangdoc never writes through one"
+    assert (
+        first == f"hangdoc: error: cannot write snapshot to {tmp_path}/snap.json: is a symbolic link; "
+        "hangdoc never writes through one"
+    )
     assert not (tmp_path / "victim").exists()
 
 
-def test_diagnose_save_writes_a_private_bundle(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_diagnose_save_writes_a_private_bundle(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from hangdoc.analysis.analyse import analyse
 
     snap = load_snapshot(BUNDLE)

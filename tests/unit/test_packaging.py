@@ -56,8 +56,14 @@ def built(tmp_path_factory) -> Built:
     out = tmp_path_factory.mktemp("dist")
     # byte-compiling off (PYTHONDONTWRITEBYTECODE) makes setuptools say so: not the project's
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    done = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(src)],
-                          capture_output=True, text=True, timeout=300, env=env, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-4000:]
     return Built(out, log)
@@ -141,6 +147,9 @@ def test_the_floors_are_what_the_generated_code_checks() -> None:
 
 def test_ci_tests_at_the_floors() -> None:
     """.ci/lowest.txt pins what pyproject.toml accepts at the least: CI runs the fast tests there."""
-    pins = dict(line.split("==") for line in (REPO / ".ci" / "lowest.txt").read_text().splitlines()
-                if line and not line.startswith("#"))
+    pins = dict(
+        line.split("==")
+        for line in (REPO / ".ci" / "lowest.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
     assert pins == _floors()

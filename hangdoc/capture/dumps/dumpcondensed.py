@@ -47,10 +47,14 @@ _PYSPY = re.compile(r"(\S.*?) \(([^\s()]+?)(?::(\d{1,10}))?\)")
 _NATIVE_FILE = re.compile(r"(?:\.so(?:\.\d+)*|\.dylib|\.dll|python[\d.]*|\?)$")
 _SUMMARY = re.compile(r"(.{1,120}?)\s*(?::|->|→|=>|—|–)\s+(\S.*)")  # "rank 3: frame"
 _TB_FILE = re.compile(r'File "([^"]+)", line (\d{1,10})(,?) in (\S.*)')
-_TB_LAST = re.compile(r"Traceback \(most recent call last\):|Traceback for thread (\d+).*"
-                      r"\(most recent call last\):")
-_TB_FIRST = re.compile(r"(Current thread|Thread|Stack)(?: (0x[0-9a-fA-F]{1,16}))?(?: \[[^]]*\])?"
-                       r" \(most recent call first\):")
+_TB_LAST = re.compile(
+    r"Traceback \(most recent call last\):|Traceback for thread (\d+).*"
+    r"\(most recent call last\):"
+)
+_TB_FIRST = re.compile(
+    r"(Current thread|Thread|Stack)(?: (0x[0-9a-fA-F]{1,16}))?(?: \[[^]]*\])?"
+    r" \(most recent call first\):"
+)
 _VARS = re.compile(r"(?:Arguments|Locals)::?")
 # a C++ function named without its library, as people trim py-spy's ``--native`` frames
 # (``at::native::nonzero_cuda``): read only inside a stack, never to start one
@@ -74,7 +78,7 @@ def _strip(raw: str) -> tuple[str, int | None]:
     m = _PREFIX.match(stripped)
     if m is None:
         return line, None
-    return stripped[m.end():], int(m.group(1))
+    return stripped[m.end() :], int(m.group(1))
 
 
 def _frame_of(text: str) -> tuple[str, str, int | None] | None:
@@ -93,8 +97,7 @@ def _frame_of(text: str) -> tuple[str, str, int | None] | None:
 def is_stack_line(raw: str) -> bool:
     """Whether ``raw`` is a frame of one of the forms read here."""
     text = _strip(raw)[0].strip()
-    return bool(_frame_of(text) or _TB_FILE.fullmatch(text) or _TB_FIRST.fullmatch(text)
-                or _TB_LAST.fullmatch(text))
+    return bool(_frame_of(text) or _TB_FILE.fullmatch(text) or _TB_FIRST.fullmatch(text) or _TB_LAST.fullmatch(text))
 
 
 def looks_condensed(lines: list[str]) -> bool:
@@ -171,8 +174,7 @@ class _Parser:
             self.group.blocks.append(self.block)
         self.block = None
 
-    def _start_block(self, lineno: int, innermost_first: bool, thread_id: int = 0,
-                     continues: bool = False) -> _Block:
+    def _start_block(self, lineno: int, innermost_first: bool, thread_id: int = 0, continues: bool = False) -> _Block:
         """A new thread's stack: in the group of a label waiting for one, else in the open
         group when ``continues`` (faulthandler's next thread) or it has a label, else in a
         group of its own."""
@@ -192,9 +194,10 @@ class _Parser:
         before it are skipped."""
         if not self.texts:
             return None
-        chosen = next((t for t in reversed(self.texts)
-                       if label_ranks(t[0]) is not None or label_count(t[0]) is not None),
-                      self.texts[-1])
+        chosen = next(
+            (t for t in reversed(self.texts) if label_ranks(t[0]) is not None or label_count(t[0]) is not None),
+            self.texts[-1],
+        )
         for _, at in self.texts:
             if at != chosen[1]:
                 self.skip(at, _PROSE)
@@ -236,12 +239,10 @@ class _Parser:
             self._start_block(lineno, False, int(m.group(1) or 0))
             return True
         if (m := _TB_FIRST.fullmatch(text)) is not None:
-            self._start_block(lineno, True, int(m.group(2) or "0", 16),
-                              continues=self._after_thread())
+            self._start_block(lineno, True, int(m.group(2) or "0", 16), continues=self._after_thread())
             return True
         if (m := _TB_FILE.fullmatch(text)) is not None:
-            if block is None or block.indent is not None and block.frames and \
-                    block.frames[-1][4]:
+            if block is None or block.indent is not None and block.frames and block.frames[-1][4]:
                 # no header: traceback.print_stack (outermost first), or faulthandler's
                 # "line N in f" without a comma when its header was cut
                 block = self._start_block(lineno, not m.group(3))
@@ -259,8 +260,7 @@ class _Parser:
         if block is not None and block.frames and _ELISION.fullmatch(text):
             self.skip(lineno, _ELIDED)  # the stack goes on below the cut
             return True
-        if block is not None and block.frames and block.frames[-1][4] and \
-                _NATIVE_SYMBOL.fullmatch(text):
+        if block is not None and block.frames and block.frames[-1][4] and _NATIVE_SYMBOL.fullmatch(text):
             self._add(block, (text, "?", None, None, True))  # native, its library not shown
             return True
         if block is None or not block.frames or block.indent is None or indent <= block.indent:
@@ -280,21 +280,28 @@ class _Parser:
     def _after_thread(self) -> bool:
         """Whether the stack just read is a faulthandler thread's (the next one is another
         thread of the same process)."""
-        last = self.block if self.block is not None and self.block.frames else (
-            self.group.blocks[-1] if self.group is not None and self.group.blocks else None)
+        last = (
+            self.block
+            if self.block is not None and self.block.frames
+            else (self.group.blocks[-1] if self.group is not None and self.group.blocks else None)
+        )
         return last is not None and last.innermost_first and not last.frames[-1][4]
 
     def _add(self, block: _Block, frame: tuple[str, str, int | None, str | None, bool]) -> None:
         block.frames.append(frame)
         if len(block.frames) > MAX_STACK_DEPTH:
-            raise DumpFileError(f"{self.where}: a stack of more than {MAX_STACK_DEPTH:,} "
-                                "frames; hangdoc reads at most that many")
+            raise DumpFileError(
+                f"{self.where}: a stack of more than {MAX_STACK_DEPTH:,} frames; hangdoc reads at most that many"
+            )
 
     def _summary(self, lineno: int, text: str) -> bool:
         """``LABEL: function (file:line)``: a label and its one frame on one line."""
         m = _SUMMARY.fullmatch(text)
-        if m is None or (frame := _frame_of(m.group(2))) is None or \
-                (label_ranks(m.group(1)) is None and label_count(m.group(1)) is None):
+        if (
+            m is None
+            or (frame := _frame_of(m.group(2))) is None
+            or (label_ranks(m.group(1)) is None and label_count(m.group(1)) is None)
+        ):
             return False
         for _, at in self.texts:
             self.skip(at, _PROSE)
@@ -317,19 +324,22 @@ def _thread(block: _Block, main: bool) -> ThreadStack:
     for function, filename, line, code, shortened in ordered:
         # py-spy shortens paths (``dumped.python_filename`` restores them); a traceback's
         # are as Python knew them
-        frame = text_frame(function, filename, line) if shortened else \
-            Frame(function=function, filename=filename, line=line, code=code)
+        frame = (
+            text_frame(function, filename, line)
+            if shortened
+            else Frame(function=function, filename=filename, line=line, code=code)
+        )
         frames.append(frame)
-    return ThreadStack(thread_id=block.thread_id, name="MainThread" if main else None,
-                       frames=tuple(frames))
+    return ThreadStack(thread_id=block.thread_id, name="MainThread" if main else None, frames=tuple(frames))
 
 
 def _threads(group: _Group) -> tuple[ThreadStack, ...]:
     """The group's threads; the main thread is the one whose outermost frame is
     ``<module>``, else the first."""
     blocks = group.blocks
-    main = next((i for i, b in enumerate(blocks)
-                 if (b.frames[-1] if b.innermost_first else b.frames[0])[0] == "<module>"), 0)
+    main = next(
+        (i for i, b in enumerate(blocks) if (b.frames[-1] if b.innermost_first else b.frames[0])[0] == "<module>"), 0
+    )
     return tuple(_thread(b, i == main) for i, b in enumerate(blocks))
 
 
@@ -337,8 +347,7 @@ def parse_condensed(lines: list[str], where: str) -> CondensedRead:
     """The dumps in pasted ``lines`` (of the file named ``where`` in messages)."""
     by_prefix: dict[int | None, list[tuple[int, str]]] = {}
     for lineno, raw in enumerate(lines, 1):
-        by_prefix.setdefault(_strip(raw)[1] if len(raw) <= MAX_LINE_CHARS else None,
-                             []).append((lineno, raw))
+        by_prefix.setdefault(_strip(raw)[1] if len(raw) <= MAX_LINE_CHARS else None, []).append((lineno, raw))
     dumps: list[ProcessDump] = []
     readings: list[LabelReading] = []
     skipped: dict[str, list[int]] = {}
@@ -353,32 +362,35 @@ def parse_condensed(lines: list[str], where: str) -> CondensedRead:
         text.extend(parser.text)
         groups = [g for g in parser.groups if g.blocks]
         if prefix is not None and len(groups) > 1:  # all the lines of one rank: one process
-            groups = [_Group(groups[0].line, groups[0].label, groups[0].label_line,
-                             [b for g in groups for b in g.blocks])]
+            groups = [
+                _Group(groups[0].line, groups[0].label, groups[0].label_line, [b for g in groups for b in g.blocks])
+            ]
         for group in groups:
             if group.blocks:
                 reading = _reading(group, prefix)
                 readings.append(reading)
                 dumps.extend(_dumps(group, reading))
     if len(dumps) > MAX_WORLD_SIZE:
-        raise DumpFileError(f"{where}: stacks of {len(dumps):,} processes, more than the "
-                            f"{MAX_WORLD_SIZE:,} ranks hangdoc analyses")
+        raise DumpFileError(
+            f"{where}: stacks of {len(dumps):,} processes, more than the {MAX_WORLD_SIZE:,} ranks hangdoc analyses"
+        )
     dumps.sort(key=lambda d: d.line)
     world = world_size_in(text)
     if world is not None:
         dumps = [replace(d, world_size=world[0]) for d in dumps]
-    return CondensedRead(tuple(dumps), tuple(readings), world,
-                         tuple((why, tuple(sorted(at))) for why, at in skipped.items()))
+    return CondensedRead(
+        tuple(dumps), tuple(readings), world, tuple((why, tuple(sorted(at))) for why, at in skipped.items())
+    )
 
 
 def _reading(group: _Group, prefix: int | None) -> LabelReading:
     if prefix is not None:  # every line says its rank
-        return LabelReading(group.label or f"[rank{prefix}]:", group.label_line or group.line,
-                            (prefix,), LabelIndex.RANK)
+        return LabelReading(
+            group.label or f"[rank{prefix}]:", group.label_line or group.line, (prefix,), LabelIndex.RANK
+        )
     named = label_ranks(group.label) if group.label else None
     if named is not None:
-        return LabelReading(group.label, group.label_line or group.line, named.ranks, named.kind,
-                            len(named.ranks))
+        return LabelReading(group.label, group.label_line or group.line, named.ranks, named.kind, len(named.ranks))
     count = label_count(group.label) if group.label else None
     return LabelReading(group.label, group.label_line or group.line, (), None, count or 1)
 
@@ -390,8 +402,9 @@ def _dumps(group: _Group, reading: LabelReading) -> list[ProcessDump]:
     words = f"the label {reading.label!r} (line {reading.line})"
     if reading.kind is not LabelIndex.RANK and reading.kind is not None:
         words += f", a {reading.kind.value}"
-    return [ProcessDump(group.line, None, "", group.label, threads, rank=rank, rank_words=words)
-            for rank in reading.ranks]
+    return [
+        ProcessDump(group.line, None, "", group.label, threads, rank=rank, rank_words=words) for rank in reading.ranks
+    ]
 
 
 def describe(read: CondensedRead, name: str) -> list[str]:
@@ -399,30 +412,32 @@ def describe(read: CondensedRead, name: str) -> list[str]:
     notes: list[str] = []
     said = [r for r in read.labels if r.ranks]
     if said:
-        parts = [f"{r.label!r} -> rank{'s' if len(r.ranks) > 1 else ''} {_ranges(r.ranks)}"
-                 + ("" if r.kind is LabelIndex.RANK or r.kind is None else f" ({r.kind.value})")
-                 for r in said]
+        parts = [
+            f"{r.label!r} -> rank{'s' if len(r.ranks) > 1 else ''} {_ranges(r.ranks)}"
+            + ("" if r.kind is LabelIndex.RANK or r.kind is None else f" ({r.kind.value})")
+            for r in said
+        ]
         notes.append("ranks read from labels: " + "; ".join(parts))
     unnamed = [r for r in read.labels if not r.ranks]
     if said and unnamed:
-        notes.append(f"{len(unnamed)} stack{'s' if len(unnamed) != 1 else ''} under labels "
-                     "that name no rank ("
-                     + ", ".join(repr(r.label) if r.label else f"no label, line {r.line}"
-                                 for r in unnamed[:4])
-                     + "): rank numbers follow the file's order")
+        notes.append(
+            f"{len(unnamed)} stack{'s' if len(unnamed) != 1 else ''} under labels "
+            "that name no rank ("
+            + ", ".join(repr(r.label) if r.label else f"no label, line {r.line}" for r in unnamed[:4])
+            + "): rank numbers follow the file's order"
+        )
     counted = [r for r in read.labels if r.count > 1 and not r.ranks]
     for r in counted:
-        notes.append(f"{r.count} processes with one stack read from the label {r.label!r}: "
-                     "the post names none of them")
+        notes.append(f"{r.count} processes with one stack read from the label {r.label!r}: the post names none of them")
     seen = sorted({d.rank for d in read.dumps if d.rank is not None})
     if seen and len(seen) == len(read.dumps):
         notes.append(f"ranks seen: {_ranges(tuple(seen))}; no other rank is in this text")
     if read.world_size is not None:
-        notes.append(f"world size {read.world_size[0]}, as the text says: "
-                     f"{read.world_size[1][:100]!r}")
+        notes.append(f"world size {read.world_size[0]}, as the text says: {read.world_size[1][:100]!r}")
     if read.skipped:
-        notes.append(f"lines of {name} skipped: " + "; ".join(
-            f"{_ranges(at, 'line')} ({why})" for why, at in read.skipped))
+        notes.append(
+            f"lines of {name} skipped: " + "; ".join(f"{_ranges(at, 'line')} ({why})" for why, at in read.skipped)
+        )
     return notes
 
 

@@ -32,20 +32,66 @@ ELIDED = "…"  # the part of a path py-spy's text left out
 # names by their package path: their frames are a library's, not the job's. A package
 # not listed here reads as the job's code (the safe side: a library frame taken for the
 # job's only names a deeper call site).
-KNOWN_LIBRARIES = frozenset({
-    "accelerate", "aiohttp", "anyio", "apex", "bitsandbytes", "click", "composer", "datasets",
-    "deepspeed", "fairscale", "fastapi", "filelock", "flash_attn", "fsspec", "grpc", "httpx",
-    "huggingface_hub", "hydra", "lightning", "lightning_fabric", "mlflow", "numpy", "omegaconf",
-    "pandas", "peft", "psutil", "pyarrow", "pytorch_lightning", "ray", "requests", "safetensors",
-    "setproctitle", "sglang", "starlette", "streaming", "tensorboard", "tokenizers",
-    "torchaudio", "torchdata", "torchvision", "tqdm", "transformers", "triton", "trl",
-    "urllib3", "uvicorn", "uvloop", "vllm", "wandb", "xformers", "zmq",
-})
+KNOWN_LIBRARIES = frozenset(
+    {
+        "accelerate",
+        "aiohttp",
+        "anyio",
+        "apex",
+        "bitsandbytes",
+        "click",
+        "composer",
+        "datasets",
+        "deepspeed",
+        "fairscale",
+        "fastapi",
+        "filelock",
+        "flash_attn",
+        "fsspec",
+        "grpc",
+        "httpx",
+        "huggingface_hub",
+        "hydra",
+        "lightning",
+        "lightning_fabric",
+        "mlflow",
+        "numpy",
+        "omegaconf",
+        "pandas",
+        "peft",
+        "psutil",
+        "pyarrow",
+        "pytorch_lightning",
+        "ray",
+        "requests",
+        "safetensors",
+        "setproctitle",
+        "sglang",
+        "starlette",
+        "streaming",
+        "tensorboard",
+        "tokenizers",
+        "torchaudio",
+        "torchdata",
+        "torchvision",
+        "tqdm",
+        "transformers",
+        "triton",
+        "trl",
+        "urllib3",
+        "uvicorn",
+        "uvloop",
+        "vllm",
+        "wandb",
+        "xformers",
+        "zmq",
+    }
+)
 # What native code's file names end with (``--native`` frames: a library, or a source file
 # where symbols have line information).
 _NATIVE_FILE = re.compile(
-    r"\.(so(\.\d+)*|dylib|dll|c|cc|cpp|cxx|c\+\+|h|hh|hpp|hxx|inl|cu|cuh|s|rs|pyx|pxd|pxi|f90)$",
-    re.IGNORECASE)
+    r"\.(so(\.\d+)*|dylib|dll|c|cc|cpp|cxx|c\+\+|h|hh|hpp|hxx|inl|cu|cuh|s|rs|pyx|pxd|pxi|f90)$", re.IGNORECASE
+)
 _PYTHON_FILE = re.compile(r"\.pyw?$")
 
 # py-spy's words for a process that was gone (a refused ptrace and a process without
@@ -93,8 +139,11 @@ def python_filename(shown: str, python: str = "") -> str:
     if top == "torch" or top in KNOWN_LIBRARIES:
         return f"{ELIDED}/site-packages/{shown}"
     if top in sys.stdlib_module_names:
-        version = ".".join(python.split(".")[:2]) if re.match(r"3\.\d+", python) else \
-            f"{sys.version_info.major}.{sys.version_info.minor}"
+        version = (
+            ".".join(python.split(".")[:2])
+            if re.match(r"3\.\d+", python)
+            else f"{sys.version_info.major}.{sys.version_info.minor}"
+        )
         return f"{ELIDED}/lib/python{version}/{shown}"
     return shown
 

@@ -94,12 +94,16 @@ def read_stdin(stream: BinaryIO) -> bytes:
     except OSError as err:
         raise DumpFileError(f"standard input could not be read: {err.strerror or err}") from None
     if raw is None:
-        raise DumpFileError(f"more than {MAX_DUMP_BYTES // 2**20} MiB on standard input, more "
-                            "than hangdoc reads as dumps: save it to a file and pass that")
+        raise DumpFileError(
+            f"more than {MAX_DUMP_BYTES // 2**20} MiB on standard input, more "
+            "than hangdoc reads as dumps: save it to a file and pass that"
+        )
     if raw.startswith(b"\x1f\x8b"):
-        raise DumpFileError("gzip data on standard input: pass the file itself "
-                            "(`hangdoc analyze FILE.gz`) or inflate it (`zcat FILE.gz | "
-                            "hangdoc analyze -`)")
+        raise DumpFileError(
+            "gzip data on standard input: pass the file itself "
+            "(`hangdoc analyze FILE.gz`) or inflate it (`zcat FILE.gz | "
+            "hangdoc analyze -`)"
+        )
     return raw
 
 
@@ -121,15 +125,19 @@ def load_evidence(path: str | Path, stdin: BinaryIO | None = None) -> JobSnapsho
     if fmt is DumpFormat.SNAPSHOT:
         return snapshot_from_bytes(raw, path)
     if fmt is None:
-        raise DumpFileError(f"{path}: neither a hangdoc snapshot nor a stack dump: no "
-                            "'Process N:' or 'Thread N (idle)' line of py-spy's text, no "
-                            "'Stack dump for' line of ray stack, no JSON, no frame line "
-                            "('function (file.py:LINE)') and no traceback "
-                            "('File \"file.py\", line N, in function')")
+        raise DumpFileError(
+            f"{path}: neither a hangdoc snapshot nor a stack dump: no "
+            "'Process N:' or 'Thread N (idle)' line of py-spy's text, no "
+            "'Stack dump for' line of ray stack, no JSON, no frame line "
+            "('function (file.py:LINE)') and no traceback "
+            "('File \"file.py\", line N, in function')"
+        )
     if len(raw) > MAX_DUMP_BYTES:
-        raise DumpFileError(f"{path}: {len(raw):,} bytes of {fmt.value}, more than the "
-                            f"{MAX_DUMP_BYTES // 2**20} MiB hangdoc reads as dumps: split it "
-                            "by node and analyse each part")
+        raise DumpFileError(
+            f"{path}: {len(raw):,} bytes of {fmt.value}, more than the "
+            f"{MAX_DUMP_BYTES // 2**20} MiB hangdoc reads as dumps: split it "
+            "by node and analyse each part"
+        )
     del raw
     skipped = 0
     read_notes: list[str] = []
@@ -142,13 +150,13 @@ def load_evidence(path: str | Path, stdin: BinaryIO | None = None) -> JobSnapsho
     else:
         dumps, skipped = parse_text(text.splitlines(), str(path))
     if not dumps:
-        raise DumpFileError(f"{path}: {fmt.value} without a single dump in it"
-                            + "".join(f"; {n}" for n in read_notes))
+        raise DumpFileError(f"{path}: {fmt.value} without a single dump in it" + "".join(f"; {n}" for n in read_notes))
     return snapshot_of(dumps, fmt, path, skipped, read_notes)
 
 
-def snapshot_of(dumps: Sequence[ProcessDump], fmt: DumpFormat, path: Path,
-                skipped: int = 0, read_notes: Sequence[str] = ()) -> JobSnapshot:
+def snapshot_of(
+    dumps: Sequence[ProcessDump], fmt: DumpFormat, path: Path, skipped: int = 0, read_notes: Sequence[str] = ()
+) -> JobSnapshot:
     """The snapshot of the dumps a file holds (see the module docstring); ``read_notes``
     say what its reader took from the text and what it skipped."""
     notes: list[str] = []
@@ -168,12 +176,13 @@ def snapshot_of(dumps: Sequence[ProcessDump], fmt: DumpFormat, path: Path,
         else:
             kept.append(group)
     if len(kept) > MAX_WORLD_SIZE:
-        raise DumpFileError(f"{path}: dumps of {len(kept):,} processes, more than the "
-                            f"{MAX_WORLD_SIZE:,} ranks hangdoc analyses")
+        raise DumpFileError(
+            f"{path}: dumps of {len(kept):,} processes, more than the {MAX_WORLD_SIZE:,} ranks hangdoc analyses"
+        )
     hints = [dump_hint(group[0]) for group in kept]
     numbering = number(hints)
     ranks = []
-    for group, h, (rank, source, evidence) in zip(kept, hints, numbering.ranks):
+    for group, h, (rank, source, evidence) in zip(kept, hints, numbering.ranks, strict=False):
         process = RankProcess(
             pid=group[0].pid or 0,
             host="",
@@ -188,41 +197,45 @@ def snapshot_of(dumps: Sequence[ProcessDump], fmt: DumpFormat, path: Path,
         ranks.append(RankSnapshot(process, tuple(_sample(d) for d in group)))
 
     count = sum(len(g) for g in processes)
-    notes.append(f"read from {fmt.value} in {path.name}: {count} dump"
-                 f"{'s' if count != 1 else ''} of {len(processes)} process"
-                 f"{'es' if len(processes) != 1 else ''}")
+    notes.append(
+        f"read from {fmt.value} in {path.name}: {count} dump"
+        f"{'s' if count != 1 else ''} of {len(processes)} process"
+        f"{'es' if len(processes) != 1 else ''}"
+    )
     notes.append(numbering.note)
     notes.extend(read_notes)
     for why, who in left_out.items():
         notes.append(f"left out as not a rank ({why}): {_listed(who)}")
     if inferred_pids:
-        notes.append(f"no 'Process' line for {_listed(inferred_pids)}: the pid is the id of "
-                     "its main thread")
+        notes.append(f"no 'Process' line for {_listed(inferred_pids)}: the pid is the id of its main thread")
     if any(not g[0].pid for g in kept):
         notes.append("some dumps show no pid (pid 0 in this report)")
     if numbering.world_size is None:
-        notes.append("no world size shown: a rank with no dump in the file is not seen, "
-                     "and not reported missing")
+        notes.append("no world size shown: a rank with no dump in the file is not seen, and not reported missing")
     dumped_again = sum(1 for g in kept if len(g) > 1)
     if dumped_again:
-        notes.append(f"{dumped_again} of {len(kept)} processes dumped more than once: their "
-                     "dumps are samples in the file's order; the time between them is unknown")
+        notes.append(
+            f"{dumped_again} of {len(kept)} processes dumped more than once: their "
+            "dumps are samples in the file's order; the time between them is unknown"
+        )
     else:
-        notes.append("one dump per process: whether the job moves is unknown (dump every "
-                     "process again into the same file, or run `hangdoc diagnose` on the job)")
-    notes.append("a dump has no CPU, I/O or timing counters and no source lines: states are "
-                 "read from stacks alone, and a `finally:` around a wait is not seen")
+        notes.append(
+            "one dump per process: whether the job moves is unknown (dump every "
+            "process again into the same file, or run `hangdoc diagnose` on the job)"
+        )
+    notes.append(
+        "a dump has no CPU, I/O or timing counters and no source lines: states are "
+        "read from stacks alone, and a `finally:` around a wait is not seen"
+    )
     if skipped:
-        notes.append(f"{skipped} line{'s' if skipped != 1 else ''} longer than py-spy "
-                     "prints skipped")
+        notes.append(f"{skipped} line{'s' if skipped != 1 else ''} longer than py-spy prints skipped")
     return JobSnapshot(
         spec=f"{path.name} ({fmt.value})",
         ranks=tuple(ranks),
         world_size=numbering.world_size,
         hangdoc_version=__version__,
         notes=tuple(notes),
-        stacks_may_be_cut=fmt in (DumpFormat.PYSPY_TEXT, DumpFormat.RAY_STACK,
-                                  DumpFormat.CONDENSED),
+        stacks_may_be_cut=fmt in (DumpFormat.PYSPY_TEXT, DumpFormat.RAY_STACK, DumpFormat.CONDENSED),
         nodes_searched=False,  # the processes someone dumped, not every process of a node
     )
 
@@ -253,8 +266,7 @@ def _processes(dumps: Sequence[ProcessDump]) -> tuple[list[list[ProcessDump]], l
 def _sample(dump: ProcessDump) -> Sample:
     error = dump.error
     if error is None and not dump.threads:
-        error = CaptureError(CaptureErrorKind.PYSPY_FAILED,
-                             f"the dump at line {dump.line} shows no thread")
+        error = CaptureError(CaptureErrorKind.PYSPY_FAILED, f"the dump at line {dump.line} shows no thread")
     return Sample(t=0.0, threads=dump.threads if error is None else (), error=error)
 
 

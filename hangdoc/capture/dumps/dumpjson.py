@@ -49,8 +49,9 @@ def parse_json(text: str, where: str) -> list[ProcessDump]:
             stop = end if stop < 0 else stop
             line = text[i:stop].strip()
             if line.startswith("Error: "):  # py-spy failed on a process (stderr in the file)
-                dumps.append(ProcessDump(lineno, None, "", "\n".join(labels),
-                                         error=capture_error(line.removeprefix("Error: "))))
+                dumps.append(
+                    ProcessDump(lineno, None, "", "\n".join(labels), error=capture_error(line.removeprefix("Error: ")))
+                )
                 labels = []
             else:
                 labels.append(line[:_LABEL_CHARS])
@@ -61,8 +62,9 @@ def parse_json(text: str, where: str) -> list[ProcessDump]:
             value, i = decoder.raw_decode(text, i)
         except json.JSONDecodeError as err:
             truncated = " (truncated?)" if err.pos >= len(text.rstrip()) else ""
-            raise DumpFileError(f"{where}: not valid JSON{truncated}: {err.msg} at line "
-                                f"{err.lineno} column {err.colno}") from None
+            raise DumpFileError(
+                f"{where}: not valid JSON{truncated}: {err.msg} at line {err.lineno} column {err.colno}"
+            ) from None
         except RecursionError:
             raise DumpFileError(f"{where}: not a py-spy dump (JSON nested too deeply)") from None
         except ValueError as err:  # an integer of more than 4300 digits
@@ -85,12 +87,19 @@ def _dumps_in(value: object, where: str, lineno: int) -> list[list[Any]]:
             return [item for item in value if item]
         if all(isinstance(item, dict) for item in value):
             return [value] if value else []
-    raise DumpFileError(f"{where}: the JSON at line {lineno} is {_kind(value)}, not a py-spy dump "
-                        "(a list of threads) or a list of dumps")
+    raise DumpFileError(
+        f"{where}: the JSON at line {lineno} is {_kind(value)}, not a py-spy dump "
+        "(a list of threads) or a list of dumps"
+    )
 
 
-_NAMES = {dict: ("an object", "objects"), list: ("a list", "lists"), str: ("a string", "strings"),
-          bool: ("a boolean", "booleans"), type(None): ("null", "nulls")}
+_NAMES = {
+    dict: ("an object", "objects"),
+    list: ("a list", "lists"),
+    str: ("a string", "strings"),
+    bool: ("a boolean", "booleans"),
+    type(None): ("null", "nulls"),
+}
 
 
 def _kind(value: object) -> str:
@@ -107,11 +116,11 @@ def _dump(threads: list[Any], lineno: int, label: str, at: str) -> ProcessDump:
     if len(pids) > 1:
         raise _Bad(f"threads of several processes in one dump (pids {sorted(pids)})")
     pid = pids.pop() if pids else None
-    info = next((t["process_info"] for t in threads if isinstance(t.get("process_info"), dict)),
-                None)
+    info = next((t["process_info"] for t in threads if isinstance(t.get("process_info"), dict)), None)
     cmdline = info.get("command_line") if info else None
-    return ProcessDump(lineno, pid, cmdline if isinstance(cmdline, str) else "", label,
-                       threads_from_json(clean, pid), None)
+    return ProcessDump(
+        lineno, pid, cmdline if isinstance(cmdline, str) else "", label, threads_from_json(clean, pid), None
+    )
 
 
 def _thread(raw: object, j: int) -> dict[str, Any]:
@@ -159,8 +168,7 @@ def _frame(raw: object, k: int) -> dict[str, Any]:
 def _local(raw: object, n: int) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise _Bad(f"local {n} is {_kind(raw)}, not an object")
-    return {"name": _str(raw, "name"), "repr": _str(raw, "repr", optional=True),
-            "arg": _bool(raw, "arg")}
+    return {"name": _str(raw, "name"), "repr": _str(raw, "repr", optional=True), "arg": _bool(raw, "arg")}
 
 
 def _int(raw: dict[str, Any], key: str, maximum: int, optional: bool = False) -> int | None:

@@ -26,8 +26,10 @@ from ...model import MAX_WORLD_SIZE
 
 _NUM = r"\d{1,7}"
 # a list of numbers and ranges after a keyword: "1-3", "0, 2, 3", "[0, 2]", "1 and 2"
-_LIST = rf"\[?\s*{_NUM}(?:\s*(?:-|–|\.\.|to)\s*(?:TP)?{_NUM})?" \
+_LIST = (
+    rf"\[?\s*{_NUM}(?:\s*(?:-|–|\.\.|to)\s*(?:TP)?{_NUM})?"
     rf"(?:\s*(?:,|and|&)\s*{_NUM}(?:\s*(?:-|–|\.\.)\s*{_NUM})?)*\s*\]?"
+)
 _EDGE = r"(?<![A-Za-z0-9_])"
 _LOCAL = re.compile(rf"{_EDGE}local[\s_-]?ranks?[\s:=#_-]*({_LIST})(?!\d)", re.IGNORECASE)
 _RANK = re.compile(rf"{_EDGE}ranks?[\s:=#_-]*({_LIST})(?!\d)", re.IGNORECASE)
@@ -35,8 +37,11 @@ _TP = re.compile(rf"{_EDGE}(?:TP|tp_rank|tp-rank)[\s:=#_-]?({_LIST})(?!\d)")
 _GPU = re.compile(rf"{_EDGE}(?:GPUs?|cuda:)[\s:=#_-]*({_LIST})(?!\d)", re.IGNORECASE)
 _WORKER = re.compile(rf"{_EDGE}workers?[\s:=#_-]*({_LIST})(?!\d)", re.IGNORECASE)
 # indices that leave a TP, GPU or worker index short of a global rank
-_OTHER_INDEX = re.compile(rf"{_EDGE}(?:(?:PP|DP|EP|CP|SP)[\s_-]?{_NUM}|"
-                          rf"(?:node|host|machine)[\s:=#_-]*{_NUM})(?!\d)", re.IGNORECASE)
+_OTHER_INDEX = re.compile(
+    rf"{_EDGE}(?:(?:PP|DP|EP|CP|SP)[\s_-]?{_NUM}|"
+    rf"(?:node|host|machine)[\s:=#_-]*{_NUM})(?!\d)",
+    re.IGNORECASE,
+)
 _COUNT = re.compile(rf"{_EDGE}({_NUM})\s+(?:processes|procs|ranks|workers|GPUs)\b", re.IGNORECASE)
 _WORLD = (
     re.compile(rf"{_EDGE}world[\s_-]?size[\s:=]*({_NUM})(?!\d)", re.IGNORECASE),
@@ -92,20 +97,21 @@ def label_ranks(text: str) -> LabelRanks | None:
     """The ranks the label ``text`` names (see the module docstring); None when it names none
     or does not say which global ranks it means."""
     local = _named(_LOCAL, text)
-    if local is not None:
-        text_wo_local = _LOCAL.sub(" ", text)
-    else:
-        text_wo_local = text
+    text_wo_local = _LOCAL.sub(" ", text) if local is not None else text
     ranks = _named(_RANK, text_wo_local)
     if ranks is not None:
         return LabelRanks(ranks, LabelIndex.RANK)
     if _OTHER_INDEX.search(text):
         return None
-    found = [(kind, named) for kind, named in (
-        (LabelIndex.TP, _named(_TP, text)),
-        (LabelIndex.LOCAL, local if local is not None else _named(_GPU, text)),
-        (LabelIndex.WORKER, _named(_WORKER, text)),
-    ) if named is not None]
+    found = [
+        (kind, named)
+        for kind, named in (
+            (LabelIndex.TP, _named(_TP, text)),
+            (LabelIndex.LOCAL, local if local is not None else _named(_GPU, text)),
+            (LabelIndex.WORKER, _named(_WORKER, text)),
+        )
+        if named is not None
+    ]
     if len(found) != 1:
         return None
     kind, named = found[0]

@@ -43,8 +43,7 @@ _LABEL_RANK = re.compile(r"(?<![A-Za-z0-9_-])rank[\s:=#_-]*(\d{1,7})(?!\d)", re.
 _LABEL_PID = re.compile(r"(?<![A-Za-z0-9_-])pid[\s:=#_-]*(\d{1,10})(?!\d)", re.IGNORECASE)
 _RAY_ACTOR = re.compile(r"ray::([A-Za-z_][\w]*)")
 _TORCH_DIST = "torch/distributed/"
-_LAUNCHERS = ("torch/distributed/elastic/agent/", "torch/distributed/run.py",
-              "torch/distributed/launch.py")
+_LAUNCHERS = ("torch/distributed/elastic/agent/", "torch/distributed/run.py", "torch/distributed/launch.py")
 _SPAWN = "torch/multiprocessing/spawn.py"
 _WORKER = "torch/utils/data/_utils/worker.py"
 
@@ -121,8 +120,16 @@ def hint(cmdline: str, label: str) -> Hint:
             rank, rank_words = _other_label_rank(label)
     pids = {int(m.group(1)) for m in _LABEL_PID.finditer(label)}
     pid = pids.pop() if len(pids) == 1 else None
-    return Hint(rank, rank_words, rank_is_env, local, local_words, world,
-                pid if pid is not None and 0 < pid <= PID_MAX else None, tuple(env))
+    return Hint(
+        rank,
+        rank_words,
+        rank_is_env,
+        local,
+        local_words,
+        world,
+        pid if pid is not None and 0 < pid <= PID_MAX else None,
+        tuple(env),
+    )
 
 
 def _other_label_rank(label: str) -> tuple[int | None, str]:
@@ -130,8 +137,9 @@ def _other_label_rank(label: str) -> tuple[int | None, str]:
     for PID 4711:``), the nearest line first; (None, "") when none names one."""
     for line in reversed(label.splitlines()):
         found = label_ranks(line)
-        if found is not None and found.kind in (LabelIndex.TP, LabelIndex.WORKER) \
-                and len(found.ranks) == 1:  # a local rank or GPU alone is not the rank
+        if (
+            found is not None and found.kind in (LabelIndex.TP, LabelIndex.WORKER) and len(found.ranks) == 1
+        ):  # a local rank or GPU alone is not the rank
             return found.ranks[0], f"the line {line[:80]!r} before its dump ({found.kind.value})"
     return None, ""
 
@@ -139,11 +147,18 @@ def _other_label_rank(label: str) -> tuple[int | None, str]:
 def dump_hint(dump: ProcessDump) -> Hint:
     """What ``dump`` shows of its rank: its command line and label (``hint``), or the rank
     and world size a pasted stack's label and text gave it."""
-    found = hint(dump.cmdline, dump.label) if dump.rank is None else \
-        Hint(dump.rank, dump.rank_words)
+    found = hint(dump.cmdline, dump.label) if dump.rank is None else Hint(dump.rank, dump.rank_words)
     if found.world_size is None and dump.world_size is not None:
-        found = Hint(found.rank, found.rank_words, found.rank_is_env, found.local_rank,
-                     found.local_words, dump.world_size, found.pid, found.env)
+        found = Hint(
+            found.rank,
+            found.rank_words,
+            found.rank_is_env,
+            found.local_rank,
+            found.local_words,
+            dump.world_size,
+            found.pid,
+            found.env,
+        )
     return found
 
 
@@ -154,27 +169,35 @@ def number(hints: Sequence[Hint]) -> Numbering:
     world = worlds.pop() if len(worlds) == 1 else None
     shown = [h.rank for h in hints]
     if n and all(r is not None for r in shown) and len(set(shown)) == n:
-        ranks = tuple((h.rank or 0, RankSource.ENV if h.rank_is_env else RankSource.INFERRED,
-                       h.rank_words) for h in hints)
+        ranks = tuple(
+            (h.rank or 0, RankSource.ENV if h.rank_is_env else RankSource.INFERRED, h.rank_words) for h in hints
+        )
         on_line = {"command line" in h.rank_words for h in hints}
-        where = ("each process's command line" if on_line == {True} else
-                 "the line before each dump" if on_line == {False} else
-                 "command lines and the lines before the dumps")
+        where = (
+            "each process's command line"
+            if on_line == {True}
+            else "the line before each dump"
+            if on_line == {False}
+            else "command lines and the lines before the dumps"
+        )
         return Numbering(ranks, world, f"ranks read from {where}")
     local = [h.local_rank for h in hints]
-    if n and all(r is None for r in shown) and all(r is not None for r in local) \
-            and len(set(local)) == n:
-        ranks = tuple((h.local_rank or 0, RankSource.INFERRED,
-                       f"{h.local_words} (one node assumed)") for h in hints)
-        return Numbering(ranks, world,
-                         "ranks read from the local ranks on the command lines: one node assumed")
-    why = ("no process shows its rank" if all(r is None for r in shown) else
-           "ranks shown on only some processes" if None in shown else
-           "processes show the same rank")
+    if n and all(r is None for r in shown) and all(r is not None for r in local) and len(set(local)) == n:
+        ranks = tuple((h.local_rank or 0, RankSource.INFERRED, f"{h.local_words} (one node assumed)") for h in hints)
+        return Numbering(ranks, world, "ranks read from the local ranks on the command lines: one node assumed")
+    why = (
+        "no process shows its rank"
+        if all(r is None for r in shown)
+        else "ranks shown on only some processes"
+        if None in shown
+        else "processes show the same rank"
+    )
     return Numbering(
         tuple((i, RankSource.INFERRED, f"dump {i + 1} of {n} in the file") for i in range(n)),
-        world, f"ranks taken from the order of the dumps in the file ({why}): rank numbers, "
-        "and so the culprits' numbers, may not be the job's")
+        world,
+        f"ranks taken from the order of the dumps in the file ({why}): rank numbers, "
+        "and so the culprits' numbers, may not be the job's",
+    )
 
 
 def not_a_rank(threads: Sequence[ThreadStack], cmdline: str) -> str | None:
@@ -207,5 +230,4 @@ def ray_actor(cmdline: str) -> str | None:
 
 def ray_training_classes(dumps: Sequence[ProcessDump]) -> set[str]:
     """The actor classes of the Ray workers that are in torch.distributed."""
-    return {actor for d in dumps
-            if (actor := ray_actor(d.cmdline)) and uses_torch_distributed(d.threads)}
+    return {actor for d in dumps if (actor := ray_actor(d.cmdline)) and uses_torch_distributed(d.threads)}

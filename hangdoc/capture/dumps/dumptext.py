@@ -126,8 +126,7 @@ class _Parser:
         p = self.process
         if p is not None and (p.threads or p.error or p.headed or p.cmdline):
             error = capture_error("\n".join(p.error)) if p.error and not p.threads else None
-            self.dumps.append(ProcessDump(p.line, p.pid, p.cmdline, p.label,
-                                          tuple(p.threads), error, p.python))
+            self.dumps.append(ProcessDump(p.line, p.pid, p.cmdline, p.label, tuple(p.threads), error, p.python))
         self.process = None
 
     def _start(self, lineno: int, pid: int | None, cmdline: str = "") -> _Process:
@@ -165,7 +164,8 @@ class _Parser:
                 th.in_vars = m.group(1) == "Arguments"
             elif (v := _VAR.fullmatch(text)) is not None and th.frames:
                 th.variables.setdefault(len(th.frames) - 1, []).append(
-                    {"name": v.group(1), "repr": v.group(2), "arg": th.in_vars})
+                    {"name": v.group(1), "repr": v.group(2), "arg": th.in_vars}
+                )
             return True
         if (m := _VARS.fullmatch(text)) is not None and th.frames and deeper:
             th.in_vars = m.group(1) == "Arguments"
@@ -184,8 +184,9 @@ class _Parser:
             number = None  # no source file has that many lines
         th.frames.append((frame.group(1), filename, number or None))
         if len(th.frames) > MAX_STACK_DEPTH:
-            raise DumpFileError(f"{self.where}: a thread of more than {MAX_STACK_DEPTH:,} "
-                                "frames; hangdoc reads at most that many")
+            raise DumpFileError(
+                f"{self.where}: a thread of more than {MAX_STACK_DEPTH:,} frames; hangdoc reads at most that many"
+            )
         return True
 
     def _header_line(self, lineno: int, text: str, indent: int) -> None:
@@ -197,8 +198,7 @@ class _Parser:
         if (m := _PROCESS.fullmatch(text)) is not None:
             pid = _pid(m.group(1))
             p = self.process
-            if p is not None and not p.headed and not p.threads and not p.error \
-                    and p.pid in (pid, None):
+            if p is not None and not p.headed and not p.threads and not p.error and p.pid in (pid, None):
                 p.pid, p.headed = pid, True  # ray stack's line, then py-spy's header
                 p.cmdline = p.cmdline or m.group(2)
             else:
@@ -206,12 +206,10 @@ class _Parser:
         elif (m := _RAY.fullmatch(text)) is not None:
             fields = m.group(1).split(None, 10)
             listed = len(fields) > 1 and re.fullmatch(r"\d{1,10}", fields[1])
-            self._start(lineno, _pid(fields[1]) if listed else None,
-                        fields[10] if len(fields) == 11 else m.group(1))
+            self._start(lineno, _pid(fields[1]) if listed else None, fields[10] if len(fields) == 11 else m.group(1))
         elif (m := thread) is not None:
             p = self.process
-            if p is None or (not p.headed and m.group(3) == "MainThread"
-                             and any(t.is_main for t in p.threads)):
+            if p is None or (not p.headed and m.group(3) == "MainThread" and any(t.is_main for t in p.threads)):
                 # a main thread right above this one, with no frames: grouped (module doc)
                 above = tuple(p.threads) if p is not None and bare and not p.error else ()
                 self._start(lineno, None)
@@ -220,8 +218,7 @@ class _Parser:
                 else:
                     self.grouped = []
             self.thread = _Thread(m)
-        elif (m := _PYTHON.fullmatch(text)) is not None and self.process is not None \
-                and not self.process.threads:
+        elif (m := _PYTHON.fullmatch(text)) is not None and self.process is not None and not self.process.threads:
             self.process.python = m.group(1)
         elif _PARENT.fullmatch(text) and self.process is not None:
             pass  # --subprocesses: the parent of the process above
@@ -230,9 +227,16 @@ class _Parser:
             if p is None or p.threads or p.error:  # py-spy failed before printing a header
                 p = self._start(lineno, None)
             p.error.append(m.group(1))
-        elif (p := self.process) is not None and p.error and not p.threads and (
-                text in ("Caused by:", "Stack backtrace:") or (p.caused_by and indent > 0)
-                or text.startswith("Reason: ")):
+        elif (
+            (p := self.process) is not None
+            and p.error
+            and not p.threads
+            and (
+                text in ("Caused by:", "Stack backtrace:")
+                or (p.caused_by and indent > 0)
+                or text.startswith("Reason: ")
+            )
+        ):
             # anyhow's "Caused by:" and the reasons indented below it; with RUST_BACKTRACE
             # set, py-spy's own backtrace (``clean_message`` leaves it out); py-spy's main
             # prints each cause of its error as a "Reason: " line of its own
@@ -266,8 +270,9 @@ def _thread_stack(th: _Thread, python: str, where: str) -> ThreadStack:
         frames.append(frame)
         variables = th.variables.get(count - 1 - position)
         if variables and not frame.native:
-            found = frame_locals(position, {"name": function, "filename": frame.filename,
-                                            "module": None, "locals": variables})
+            found = frame_locals(
+                position, {"name": function, "filename": frame.filename, "module": None, "locals": variables}
+            )
             if found is not None:
                 kept.append(found)
     return ThreadStack(
@@ -286,8 +291,9 @@ def _name_main_threads(dump: ProcessDump) -> ProcessDump:
     one whose OS thread id is the pid (as ``pyspy.threads_from_json`` reads it)."""
     if dump.pid is None or any(t.is_main for t in dump.threads):
         return dump
-    threads = tuple(replace(t, name="MainThread") if t.name is None and t.native_id == dump.pid
-                    else t for t in dump.threads)
+    threads = tuple(
+        replace(t, name="MainThread") if t.name is None and t.native_id == dump.pid else t for t in dump.threads
+    )
     return replace(dump, threads=threads)
 
 

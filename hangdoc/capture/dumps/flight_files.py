@@ -41,15 +41,16 @@ MAX_DIR_ENTRIES = 500_000  # a kept entry costs about 500 bytes: 250 MB
 _MAX_NAMES = 1_000_000  # names looked at in the directory, dumps or not
 _LISTED = 8  # files named in a note
 _RANK_AT_END = re.compile(r"(\d+)(?:\.json|\.pkl|\.pickle)?$")
-_OPEN_FLAGS = (os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
-               | getattr(os, "O_CLOEXEC", 0))
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 class FlightDirError(BundleError):
     """A directory given to ``hangdoc analyze`` holds no flight recorder dump it can read."""
 
-    help = ("Pass the directory torch wrote its flight recorder dumps to (TORCH_FR_DUMP_TEMP_FILE's "
-            "directory): one file per rank, the rank at the end of the name.")
+    help = (
+        "Pass the directory torch wrote its flight recorder dumps to (TORCH_FR_DUMP_TEMP_FILE's "
+        "directory): one file per rank, the rank at the end of the name."
+    )
 
 
 class _Refused(Exception):
@@ -61,8 +62,7 @@ def read_flight_dir(path: Path) -> JobSnapshot:
     try:
         dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
     except OSError as err:
-        raise FlightDirError(f"cannot read directory {path}: {err.strerror or err}",
-                             help=FlightDirError.help) from None
+        raise FlightDirError(f"cannot read directory {path}: {err.strerror or err}", help=FlightDirError.help) from None
     try:
         return _read_all(path, dir_fd)
     finally:
@@ -87,35 +87,53 @@ def _read_all(path: Path, dir_fd: int) -> JobSnapshot:
             skipped.append(f"{_shown(name)} ({err})")
             continue
         if rank in ranks:
-            raise FlightDirError(f"{path}: two dumps for rank {rank} ({_shown(name)} and another)",
-                                 help=FlightDirError.help)
-        process = RankProcess(pid=0, host="", rank=rank, rank_source=RankSource.INFERRED,
-                              rank_evidence=f"from the dump's file name {_shown(name)}",
-                              world_size=_world_size(record, rank))
+            raise FlightDirError(
+                f"{path}: two dumps for rank {rank} ({_shown(name)} and another)", help=FlightDirError.help
+            )
+        process = RankProcess(
+            pid=0,
+            host="",
+            rank=rank,
+            rank_source=RankSource.INFERRED,
+            rank_evidence=f"from the dump's file name {_shown(name)}",
+            world_size=_world_size(record, rank),
+        )
         ranks[rank] = RankSnapshot(process=process, samples=(), flight=record)
     skipped.sort()
     if not ranks:
-        raise FlightDirError(f"{path}: no flight recorder dump in it" +
-                             (f" (not read: {', '.join(skipped[:5])})" if skipped else ""),
-                             help=FlightDirError.help)
-    notes = [(f"flight recorder dumps of {len(ranks)} rank(s) from {path}; no stacks: "
-             "the verdict rests on the dumps alone")]
+        raise FlightDirError(
+            f"{path}: no flight recorder dump in it" + (f" (not read: {', '.join(skipped[:5])})" if skipped else ""),
+            help=FlightDirError.help,
+        )
+    notes = [
+        (f"flight recorder dumps of {len(ranks)} rank(s) from {path}; no stacks: the verdict rests on the dumps alone")
+    ]
     if keep < MAX_ENTRIES:
         notes.append(f"{len(names):,} dumps: the newest {keep:,} entries of each were kept")
     if skipped:
-        notes.append(f"not read as dumps: {', '.join(skipped[:_LISTED])}" +
-                     (f" and {len(skipped) - _LISTED:,} more" if len(skipped) > _LISTED else ""))
+        notes.append(
+            f"not read as dumps: {', '.join(skipped[:_LISTED])}"
+            + (f" and {len(skipped) - _LISTED:,} more" if len(skipped) > _LISTED else "")
+        )
     notes.extend(more)
     # the files hold the ranks someone dumped: a rank without one is not seen, never missing
-    return JobSnapshot(spec=f"flight recorder dumps in {path.name}", ranks=tuple(ranks[r] for r in sorted(ranks)),
-                       hangdoc_version=__version__, notes=tuple(notes), nodes_searched=False)
+    return JobSnapshot(
+        spec=f"flight recorder dumps in {path.name}",
+        ranks=tuple(ranks[r] for r in sorted(ranks)),
+        hangdoc_version=__version__,
+        notes=tuple(notes),
+        nodes_searched=False,
+    )
 
 
 def _world_size(record: FlightRecord, rank: int) -> int | None:
     """The job's size by the dump's config of WORLD (``default_pg``; gloo names it ``''``):
     its ranks, where they are 0..n-1 and hold the rank that wrote it."""
-    sizes = [len(g.ranks) for g in record.groups
-             if (g.desc == "default_pg" or not g.name) and g.ranks == tuple(range(len(g.ranks))) and rank in g.ranks]
+    sizes = [
+        len(g.ranks)
+        for g in record.groups
+        if (g.desc == "default_pg" or not g.name) and g.ranks == tuple(range(len(g.ranks))) and rank in g.ranks
+    ]
     return max(sizes) if sizes else None
 
 
@@ -146,8 +164,7 @@ def _list(path: Path, dir_fd: int) -> tuple[list[tuple[str, int]], list[str], li
                 else:
                     names.append((item.name, int(match.group(1))))
     except OSError as err:
-        raise FlightDirError(f"cannot list directory {path}: {err.strerror or err}",
-                             help=FlightDirError.help) from None
+        raise FlightDirError(f"cannot list directory {path}: {err.strerror or err}", help=FlightDirError.help) from None
     if others > _LISTED:
         more.append(f"{others - _LISTED:,} more file(s) without a rank at the end of the name not read")
     return sorted(names), skipped, more
@@ -159,8 +176,9 @@ def _read(dir_fd: int, name: str, seen: dict[tuple[int, int], str]) -> bytes:
     try:
         fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
     except OSError as err:
-        raise _Refused("a symbolic link, not followed" if err.errno == errno.ELOOP
-                       else err.strerror or str(err)) from None
+        raise _Refused(
+            "a symbolic link, not followed" if err.errno == errno.ELOOP else err.strerror or str(err)
+        ) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -189,8 +207,13 @@ def _kind_of(item: os.DirEntry[str]) -> str:
 
 
 def _file_kind(mode: int) -> str:
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
     return next((name for test, name in kinds if test(mode)), "a special file")
 
 

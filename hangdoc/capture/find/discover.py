@@ -95,8 +95,7 @@ def _pid_scope(spec: JobSpec, table: ProcessTable, host: str) -> tuple[list[int]
 # ------------------------------------------------------------------ discovery
 
 
-def _check_one_job(spec: JobSpec, selection: Selection,
-                   launchers: Mapping[int, int | None]) -> None:
+def _check_one_job(spec: JobSpec, selection: Selection, launchers: Mapping[int, int | None]) -> None:
     members = [Member(r.proc.pid, r.proc.env, launchers[r.proc.pid]) for r in selection.ranks]
     check_one_job(str(spec), members)
 
@@ -111,8 +110,7 @@ def _one_rank_note(spec: JobSpec, selection: Selection) -> list[str]:
     return [f"pid {spec.pid} is one rank; to see the whole job name it by {endpoint}"]
 
 
-def _widen(spec: JobSpec, table: ProcessTable, scope: Scope,
-           selection: Selection) -> tuple[Selection, str, str] | None:
+def _widen(spec: JobSpec, table: ProcessTable, scope: Scope, selection: Selection) -> tuple[Selection, str, str] | None:
     """A ``pid:``'s ranks widened to their job on this node (``wholejob.job_here``): the new
     selection, the note that says so and what was searched; None when the job has no other
     rank here, or the wider view would not keep the ranks the pid found."""
@@ -141,57 +139,70 @@ def _widen(spec: JobSpec, table: ProcessTable, scope: Scope,
         who = f"pid {spec.pid} is a rank (number unknown) of"
     else:
         who = f"pid {spec.pid} is rank {mine.rank} of"
-    note = (f"{who} {job.name}; took in its {plural(len(chosen.ranks), 'rank', 'ranks')} "
-            "on this node")
+    note = f"{who} {job.name}; took in its {plural(len(chosen.ranks), 'rank', 'ranks')} on this node"
     if job.others:
         shown = ", ".join(f"pid {pid} (uid {table.procs[pid].uid})" for pid in job.others[:8])
         more = f" and {len(job.others) - 8} more" if len(job.others) > 8 else ""
-        note += (f", not {plural(len(job.others), 'process', 'processes')} of other users "
-                 f"that name its rendezvous ({shown}{more})")
+        note += (
+            f", not {plural(len(job.others), 'process', 'processes')} of other users "
+            f"that name its rendezvous ({shown}{more})"
+        )
     return chosen, note, f"{scope.what}, widened to {job.name}"
 
 
-def _keep_the_owners(spec: JobSpec, what: str, table: ProcessTable, selection: Selection,
-                     launchers: Mapping[int, int | None]) -> list[str]:
+def _keep_the_owners(
+    spec: JobSpec, what: str, table: ProcessTable, selection: Selection, launchers: Mapping[int, int | None]
+) -> list[str]:
     """Leave out of ``selection`` the ranks of any user but the job's (``owners``); the note
     that names them, or a refusal when the job's user cannot be told."""
     groups = by_owner(table, (r.proc.pid for r in selection.ranks))
     if len(groups) < 2:
         return []
-    owner = job_owner(table, (r.proc.pid for r in selection.ranks),
-                      launchers.values(),
-                      named_pid=spec.pid if spec.kind is JobKind.PID else None,
-                      port=spec.port if spec.kind is JobKind.ENDPOINT else None)
+    owner = job_owner(
+        table,
+        (r.proc.pid for r in selection.ranks),
+        launchers.values(),
+        named_pid=spec.pid if spec.kind is JobKind.PID else None,
+        port=spec.port if spec.kind is JobKind.ENDPOINT else None,
+    )
     if owner is None:
-        who = "; ".join(f"uid {uid}: pid {', '.join(map(str, pids[:4]))}{' ...' if len(pids) > 4 else ''}"
-                        for uid, pids in sorted(groups.items(), key=lambda g: (g[0] is None, g[0] or 0)))
+        who = "; ".join(
+            f"uid {uid}: pid {', '.join(map(str, pids[:4]))}{' ...' if len(pids) > 4 else ''}"
+            for uid, pids in sorted(groups.items(), key=lambda g: (g[0] is None, g[0] or 0))
+        )
         raise MultipleJobs(
             f"{what} takes in ranks of {len(groups)} users ({who}), and nothing here says whose "
             "job it is (no process of this node listens on its MASTER_PORT)",
             help="Name the job by pid:PID of its launcher or of one of its ranks, or diagnose it "
-            "from the node whose process listens on MASTER_PORT.")
+            "from the node whose process listens on MASTER_PORT.",
+        )
     others = [pid for uid, pids in groups.items() if uid != owner.uid for pid in pids]
     selection.ranks = [r for r in selection.ranks if table.procs[r.proc.pid].uid == owner.uid]
     shown = ", ".join(f"pid {pid} (uid {table.procs[pid].uid})" for pid in others[:8])
     more = f" and {len(others) - 8} more" if len(others) > 8 else ""
     many = len(others) > 1
-    note = (f"left out {len(others)} process{'es' if many else ''} of another user that "
-            f"name{'' if many else 's'} this job ({shown}{more}): the job belongs to uid "
-            f"{owner.uid}, {owner.how}; they were not read as ranks")
+    note = (
+        f"left out {len(others)} process{'es' if many else ''} of another user that "
+        f"name{'' if many else 's'} this job ({shown}{more}): the job belongs to uid "
+        f"{owner.uid}, {owner.how}; they were not read as ranks"
+    )
     return [note]
 
 
 def _not_ranks_message(what: str, selection: Selection, table: ProcessTable) -> str:
-    parts = [f"{describe(table.procs[pid])}: {why}"
-             for pid, why in list(selection.rejected.items())[:4]]
+    parts = [f"{describe(table.procs[pid])}: {why}" for pid, why in list(selection.rejected.items())[:4]]
     more = len(selection.rejected) - len(parts)
     tail = f"; {more} more" if more > 0 else ""
-    return f"{what} matched {len(selection.rejected)} processes but none is a rank: " \
-           f"{'; '.join(parts)}{tail}"
+    return f"{what} matched {len(selection.rejected)} processes but none is a rank: {'; '.join(parts)}{tail}"
 
 
-def discover(spec: JobSpec, host: str | None = None, table: ProcessTable | None = None, *,
-             readable: Callable[[int], bool] | None = None) -> Discovery:
+def discover(
+    spec: JobSpec,
+    host: str | None = None,
+    table: ProcessTable | None = None,
+    *,
+    readable: Callable[[int], bool] | None = None,
+) -> Discovery:
     """Find the ranks ``spec`` names on this node.
 
     Raises ``JobNotFound`` when there are none, ``PermissionDenied`` when there are none
@@ -218,8 +229,7 @@ def discover(spec: JobSpec, host: str | None = None, table: ProcessTable | None 
     searched = f"{scope.what} on {host} ({counted})"
     if not scope.pids:
         if hidden := unreadable(table.procs.values(), table):
-            raise permission_denied(hidden, table, f"{scope.nothing} among the others; "
-                                    f"searched {counted} on {host}")
+            raise permission_denied(hidden, table, f"{scope.nothing} among the others; searched {counted} on {host}")
         raise JobNotFound(f"{scope.nothing}; searched {counted} on {host}{scope.hint}")
 
     selection = select_ranks(table, scope.pids)
@@ -227,8 +237,7 @@ def discover(spec: JobSpec, host: str | None = None, table: ProcessTable | None 
         if hidden := unreadable((table.procs[p] for p in scope.pids), table):
             raise permission_denied(hidden, table, f"searched {searched}")
         raise JobNotFound(_not_ranks_message(scope.what, selection, table))
-    launchers = {r.proc.pid: launcher_of(table, r.proc.pid, selection.launchers)
-                 for r in selection.ranks}
+    launchers = {r.proc.pid: launcher_of(table, r.proc.pid, selection.launchers) for r in selection.ranks}
     owner_notes = _keep_the_owners(spec, scope.what, table, selection, launchers)
     if spec.kind is not JobKind.ENDPOINT:  # an endpoint names one rendezvous already
         _check_one_job(spec, selection, launchers)
@@ -237,11 +246,15 @@ def discover(spec: JobSpec, host: str | None = None, table: ProcessTable | None 
         selection, widened_note, what = widened
         scope_notes = [widened_note]
         searched = f"{what} on {host} ({counted})"
-        launchers = {r.proc.pid: launcher_of(table, r.proc.pid, selection.launchers)
-                     for r in selection.ranks}
-    notes = selection.notes + owner_notes + scope_notes + \
-        duplicate_notes(selection.ranks) + env_int_notes(r.proc for r in selection.ranks) + \
-        unreadable_notes(selection)
+        launchers = {r.proc.pid: launcher_of(table, r.proc.pid, selection.launchers) for r in selection.ranks}
+    notes = (
+        selection.notes
+        + owner_notes
+        + scope_notes
+        + duplicate_notes(selection.ranks)
+        + env_int_notes(r.proc for r in selection.ranks)
+        + unreadable_notes(selection)
+    )
     size = world_size(selection.ranks, notes)
     ranks = tuple(rank_process(r, host, launchers[r.proc.pid]) for r in selection.ranks)
     return Discovery(ranks, size, tuple(notes), searched, elsewhere(selection.ranks, size, host))

@@ -31,8 +31,7 @@ def _addresses(name: str) -> frozenset[str]:
 @functools.lru_cache(maxsize=1)
 def _local_names() -> frozenset[str]:
     hostname = socket.gethostname().lower()
-    names = {"localhost", "localhost.localdomain", "0.0.0.0", "::", hostname,
-             hostname.split(".")[0]}
+    names = {"localhost", "localhost.localdomain", "0.0.0.0", "::", hostname, hostname.split(".")[0]}
     for addrs in psutil.net_if_addrs().values():
         for addr in addrs:
             if addr.family in (socket.AF_INET, socket.AF_INET6):

@@ -33,8 +33,7 @@ _LABEL = r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)"
 _HOSTNAME = re.compile(rf"{_LABEL}(\.{_LABEL})*\.?")
 _IPV4_LIKE = re.compile(r"[0-9.]+")
 # Slurm job ids: 1234, array tasks 1234_7, heterogeneous components 1234+1.
-_SLURM = re.compile(r"(?P<job>\d+(?:_\d+|\+\d+)?)(?:\.(?P<step>\d+|batch|extern|interactive))?",
-                    re.ASCII)
+_SLURM = re.compile(r"(?P<job>\d+(?:_\d+|\+\d+)?)(?:\.(?P<step>\d+|batch|extern|interactive))?", re.ASCII)
 # Ray job ids are hex ("02000000"), submission ids look like "raysubmit_AbC123".
 _RAY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -97,8 +96,9 @@ def _malformed(text: str, reason: str) -> UsageError:
 
 
 def _with_suggestion(text: str, reason: str, suggestion: str, help_text: str | None = None) -> UsageError:
-    return UsageError(f"bad job spec {shown(text)}: {reason}; did you mean {suggestion}? "
-                      f"Expected {ACCEPTED_FORMS}", help=help_text)
+    return UsageError(
+        f"bad job spec {shown(text)}: {reason}; did you mean {suggestion}? Expected {ACCEPTED_FORMS}", help=help_text
+    )
 
 
 def _parse_port(text: str, port: str) -> int:
@@ -131,8 +131,7 @@ def _parse_endpoint(text: str) -> JobSpec:
             raise _malformed(text, f"{shown(host)} is not an IPv4 address") from None
     elif not _HOSTNAME.fullmatch(host):
         raise _malformed(text, f"{shown(host)} is not a host name")
-    return JobSpec(JobKind.ENDPOINT, text, host=host.rstrip(".").lower(),
-                   port=_parse_port(text, port))
+    return JobSpec(JobKind.ENDPOINT, text, host=host.rstrip(".").lower(), port=_parse_port(text, port))
 
 
 def _parse_pid(text: str, value: str) -> JobSpec:
@@ -167,9 +166,12 @@ def parse_job_spec(text: str) -> JobSpec:
     typo = _misspelt_scheme(stripped)
     if typo is not None:
         prefix = stripped.partition(":")[0]
-        raise _with_suggestion(stripped, f"{shown(prefix)} is not a scheme", typo,
-                               f"A host really named {prefix}? Write it with a trailing dot: "
-                               f"{prefix}.:{stripped.partition(':')[2]}")
+        raise _with_suggestion(
+            stripped,
+            f"{shown(prefix)} is not a scheme",
+            typo,
+            f"A host really named {prefix}? Write it with a trailing dot: {prefix}.:{stripped.partition(':')[2]}",
+        )
     try:
         return _parse(stripped)
     except UsageError as err:
@@ -177,7 +179,8 @@ def parse_job_spec(text: str) -> JobSpec:
         if near is None:
             raise
         reason = near.reason or str(err).removeprefix(f"bad job spec {shown(stripped)}: ").removesuffix(
-            f"; expected {ACCEPTED_FORMS}")
+            f"; expected {ACCEPTED_FORMS}"
+        )
         raise _with_suggestion(stripped, reason, near.spec, near.help) from None
 
 
@@ -198,12 +201,20 @@ def _parse(stripped: str) -> JobSpec:
 
 SCHEMES = ("pid", "slurm", "ray")
 # words people write for a scheme: tools and field names, not typos of it
-_ALIASES = {"process": "pid", "proc": "pid", "ppid": "pid", "srun": "slurm", "sbatch": "slurm",
-            "salloc": "slurm", "jobid": "slurm", "slurm_job_id": "slurm", "raysubmit": "ray"}
+_ALIASES = {
+    "process": "pid",
+    "proc": "pid",
+    "ppid": "pid",
+    "srun": "slurm",
+    "sbatch": "slurm",
+    "salloc": "slurm",
+    "jobid": "slurm",
+    "slurm_job_id": "slurm",
+    "raysubmit": "ray",
+}
 _GLUED = re.compile(r"(?P<word>[A-Za-z_]+)\s*[\s=/#,;._-]\s*(?P<value>\S+)|(?P<word2>[A-Za-z]+)(?P<num>\d+)")
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://(?P<rest>[^/]+)/*")
-_BARE_SLURM = re.compile(r"\d+(?:_\d+|\+\d+)?\.(?:\d+|batch|extern|interactive)|\d+_\d+|\d+\+\d+",
-                         re.ASCII)
+_BARE_SLURM = re.compile(r"\d+(?:_\d+|\+\d+)?\.(?:\d+|batch|extern|interactive)|\d+_\d+|\d+\+\d+", re.ASCII)
 _RAY_ID = re.compile(r"[0-9a-f]{8,}|raysubmit_\w+", re.ASCII)  # what a real Ray job id looks like
 _JUNK = " '\"<>#"  # around a value: quotes, spaces, a '#'
 DEFAULT_MASTER_PORT = 29500  # torchrun's
@@ -237,10 +248,11 @@ def _candidates(text: str) -> list[Suggestion]:
     if text.lower().startswith("raysubmit_") or re.fullmatch(r"0[0-9a-f]{7}", text):
         out.append(Suggestion(f"ray:{text}", "a bare Ray job id"))  # 02000000: no pid starts with 0
     if text.isascii() and text.isdigit():  # 2282: a pid, most likely
-        port = (f"If {text} is the ranks' MASTER_PORT, name their host too: HOST:{text} "
-                f"(127.0.0.1:{text} for a job on this node).")
-        out.append(Suggestion(f"pid:{int(text)}", "a bare number",
-                              port if PORT_MIN <= int(text) <= PORT_MAX else None))
+        port = (
+            f"If {text} is the ranks' MASTER_PORT, name their host too: HOST:{text} "
+            f"(127.0.0.1:{text} for a job on this node)."
+        )
+        out.append(Suggestion(f"pid:{int(text)}", "a bare number", port if PORT_MIN <= int(text) <= PORT_MAX else None))
     if _BARE_SLURM.fullmatch(text):  # 1234.0, 1234_7
         out.append(Suggestion(f"slurm:{text}", "a bare Slurm job id"))
     url = _URL.fullmatch(text)
@@ -259,12 +271,22 @@ def _candidates(text: str) -> list[Suggestion]:
         host, _, port = text.rpartition(":")
         out.append(Suggestion(f"[{host}]:{port}"))
     if not sep and not text.isdigit() and _HOSTNAME.fullmatch(text):  # node01 -> node01:29500
-        out.append(Suggestion(f"{text}:{DEFAULT_MASTER_PORT}", "a host without its port",
-                              f"HOST:PORT names the ranks' MASTER_ADDR and MASTER_PORT; "
-                              f"{DEFAULT_MASTER_PORT} is torchrun's default, use the job's own port."))
+        out.append(
+            Suggestion(
+                f"{text}:{DEFAULT_MASTER_PORT}",
+                "a host without its port",
+                f"HOST:PORT names the ranks' MASTER_ADDR and MASTER_PORT; "
+                f"{DEFAULT_MASTER_PORT} is torchrun's default, use the job's own port.",
+            )
+        )
     if sep and not prefix and value:  # :29500
-        out.append(Suggestion(f"127.0.0.1:{value}", "a port without its host",
-                              "HOST is the ranks' MASTER_ADDR (127.0.0.1 for a job on this node)."))
+        out.append(
+            Suggestion(
+                f"127.0.0.1:{value}",
+                "a port without its host",
+                "HOST is the ranks' MASTER_ADDR (127.0.0.1 for a job on this node).",
+            )
+        )
     return out
 
 

@@ -37,9 +37,11 @@ class MultipleJobs(UsageError):
     """A ``pid:`` or ``slurm:`` spec takes in the ranks of more than one job."""
 
     exit_code = 2  # like any spec that does not name one job
-    help = ("Diagnose each job on its own, by the spec listed for it: pid:PID takes in every "
-            "process below PID and slurm:JOBID every step of the job, so they can hold several "
-            "jobs.")
+    help = (
+        "Diagnose each job on its own, by the spec listed for it: pid:PID takes in every "
+        "process below PID and slurm:JOBID every step of the job, so they can hold several "
+        "jobs."
+    )
 
     def __init__(self, message: str, jobs: tuple[str, ...] = (), help: str | None = None) -> None:
         # jobs defaults: the coordinator re-raises a class with a message alone
@@ -78,8 +80,7 @@ class RendezvousKey:
             return None
 
     def __str__(self) -> str:
-        return " ".join(f"{name}={_shown(value)}" for name, value in zip(self.variables,
-                                                                          self.values))
+        return " ".join(f"{name}={_shown(value)}" for name, value in zip(self.variables, self.values, strict=False))
 
 
 def _shown(value: str) -> str:
@@ -140,12 +141,13 @@ def check_one_job(spec: str, members: Sequence[Member]) -> None:
     listed = ", ".join(f"{names[i]} ({_shape(job)})" for i, job in enumerate(jobs))
     tail = ""
     if keyless:
-        tail = (f"; and {plural(len(keyless), 'rank process', 'rank processes')} with no "
-                f"rendezvous variables ({pid_list(m.pid for m in keyless)})")
+        tail = (
+            f"; and {plural(len(keyless), 'rank process', 'rank processes')} with no "
+            f"rendezvous variables ({pid_list(m.pid for m in keyless)})"
+        )
     example = next((n for n in names if _is_spec(n)), None)
     advice = f"{MultipleJobs.help} E.g. `hangdoc diagnose {example}`." if example else None
-    raise MultipleJobs(f"{spec} holds the ranks of {len(jobs)} jobs: {listed}{tail}",
-                       tuple(names), advice)
+    raise MultipleJobs(f"{spec} holds the ranks of {len(jobs)} jobs: {listed}{tail}", tuple(names), advice)
 
 
 def job_names(jobs: Sequence[Job]) -> list[str]:
@@ -155,7 +157,7 @@ def job_names(jobs: Sequence[Job]) -> list[str]:
     names = []
     for index, job in enumerate(jobs):
         spec = specs[index]
-        if spec is not None and not _overlaps(spec, specs[:index] + specs[index + 1:]):
+        if spec is not None and not _overlaps(spec, specs[:index] + specs[index + 1 :]):
             names.append(spec)
         elif (launcher := _own_launcher(job, jobs)) is not None:
             names.append(f"pid:{launcher}")

@@ -55,8 +55,13 @@ def _port(envs: Iterable[Mapping[str, str] | None]) -> int | None:
     return int(text) if text and text.isascii() and text.isdigit() and int(text) < 65536 else None
 
 
-def job_owner(table: ProcessTable, ranks: Iterable[int], launchers: Iterable[int | None],
-              named_pid: int | None = None, port: int | None = None) -> Owner | None:
+def job_owner(
+    table: ProcessTable,
+    ranks: Iterable[int],
+    launchers: Iterable[int | None],
+    named_pid: int | None = None,
+    port: int | None = None,
+) -> Owner | None:
     """The job's user by the rules above; None when they name no single user."""
     ranks = list(ranks)
     uids = {table.procs[pid].uid for pid in ranks}

@@ -26,12 +26,30 @@ import psutil
 
 _PYTHON_NAME = re.compile(r"^(python|pypy)(\d+(\.\d+)*)?[dmu]*$")
 # Programs and python modules that start ranks without being one.
-_LAUNCHER_PROGRAMS = frozenset((
-    "torchrun", "deepspeed", "accelerate", "srun", "mpirun", "mpiexec", "orterun", "prterun",
-    "prted", "orted", "hydra_pmi_proxy", "pmi_proxy", "slurmstepd",
-))
-_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch",
-                     "torch.distributed.elastic", "deepspeed.launcher", "accelerate.commands")
+_LAUNCHER_PROGRAMS = frozenset(
+    (
+        "torchrun",
+        "deepspeed",
+        "accelerate",
+        "srun",
+        "mpirun",
+        "mpiexec",
+        "orterun",
+        "prterun",
+        "prted",
+        "orted",
+        "hydra_pmi_proxy",
+        "pmi_proxy",
+        "slurmstepd",
+    )
+)
+_LAUNCHER_MODULES = (
+    "torch.distributed.run",
+    "torch.distributed.launch",
+    "torch.distributed.elastic",
+    "deepspeed.launcher",
+    "accelerate.commands",
+)
 _TRACKERS = ("multiprocessing.resource_tracker", "multiprocessing.semaphore_tracker")
 _FORKSERVER = "multiprocessing.forkserver"
 _SPAWN_MARKERS = ("multiprocessing.spawn", "spawn_main", "--multiprocessing-fork")
@@ -110,7 +128,7 @@ def stat_flags(pid: int) -> int | None:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             line = stat.read()
         # comm (field 2) is in parentheses and may hold spaces and ")": split after the last
-        return int(line[line.rindex(b")") + 2:].split()[6])
+        return int(line[line.rindex(b")") + 2 :].split()[6])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -124,8 +142,7 @@ def _is_kernel_thread(pid: int, cmdline: Iterable[str] | None) -> bool:
     return flags is not None and bool(flags & PF_KTHREAD)
 
 
-def read_process_table(exclude: Iterable[int] = (), *,
-                       readable: Callable[[int], bool] | None = None) -> ProcessTable:
+def read_process_table(exclude: Iterable[int] = (), *, readable: Callable[[int], bool] | None = None) -> ProcessTable:
     """Read every process once; environments that cannot be read are counted, not fatal.
 
     ``readable`` is a caller's access policy: a process for which ``readable(pid)`` is False
@@ -174,8 +191,7 @@ def withhold(table: ProcessTable, readable: Callable[[int], bool]) -> ProcessTab
     if not hidden:
         return table
     newly = sum(1 for pid in hidden if table.procs[pid].env is not None)
-    procs = {pid: dataclasses.replace(p, env=None) if pid in hidden else p
-             for pid, p in table.procs.items()}
+    procs = {pid: dataclasses.replace(p, env=None) if pid in hidden else p for pid, p in table.procs.items()}
     return ProcessTable(procs, table.unreadable + newly, table.withheld | hidden)
 
 
@@ -196,8 +212,9 @@ def python_target(cmdline: tuple[str, ...]) -> str | None:
     for arg in args:
         if arg == "-m":
             return f"-m {next(args, '')}"
-        if arg == "-c" or (arg.startswith("-") and not arg.startswith("--") and arg.endswith("c")
-                           and arg[1:].isalpha()):
+        if arg == "-c" or (
+            arg.startswith("-") and not arg.startswith("--") and arg.endswith("c") and arg[1:].isalpha()
+        ):
             return "-c"
         if arg in _PYTHON_VALUE_OPTIONS:
             next(args, None)

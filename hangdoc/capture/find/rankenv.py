@@ -19,33 +19,73 @@ from .processes import ProcInfo
 from .redact import redact_env
 
 RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
-WORLD_SIZE_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "SLURM_NPROCS", "OMPI_COMM_WORLD_SIZE",
-                   "PMI_SIZE")
+WORLD_SIZE_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "SLURM_NPROCS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
 LOCAL_WORLD_SIZE_VARS = ("LOCAL_WORLD_SIZE",)
 NODE_RANK_VARS = ("GROUP_RANK", "NODE_RANK")
 
 # Integer variables read here or downstream (analysis reads LOCAL_WORLD_SIZE, GROUP_RANK,
 # ...): a value that is not one is ignored and left out of the rank's environment.
-_RANK_INT_VARS = frozenset((*RANK_VARS, *LOCAL_RANK_VARS, "GROUP_RANK", "NODE_RANK",
-                            "ROLE_RANK", "SLURM_NODEID"))
-_SIZE_INT_VARS = frozenset((*WORLD_SIZE_VARS, "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE",
-                            "ROLE_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"))
+_RANK_INT_VARS = frozenset((*RANK_VARS, *LOCAL_RANK_VARS, "GROUP_RANK", "NODE_RANK", "ROLE_RANK", "SLURM_NODEID"))
+_SIZE_INT_VARS = frozenset(
+    (*WORLD_SIZE_VARS, "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "SLURM_NTASKS_PER_NODE")
+)
 _SHOWN_VALUE = 20  # characters of a bad value quoted in a note
 
 # The environment variables a RankProcess keeps (then redacted): what distributed debugging
 # needs, not the user's whole shell.
-_ENV_NAMES = frozenset((
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "NODE_RANK", "NNODES", "OMP_NUM_THREADS",
-    "LD_PRELOAD", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV",
-    "TP_SOCKET_IFNAME", "HOSTNAME",
-))
+_ENV_NAMES = frozenset(
+    (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_NAME",
+        "ROLE_WORLD_SIZE",
+        "NODE_RANK",
+        "NNODES",
+        "OMP_NUM_THREADS",
+        "LD_PRELOAD",
+        "LD_LIBRARY_PATH",
+        "VIRTUAL_ENV",
+        "CONDA_PREFIX",
+        "CONDA_DEFAULT_ENV",
+        "TP_SOCKET_IFNAME",
+        "HOSTNAME",
+    )
+)
 _ENV_PREFIXES = (
-    "MASTER_", "TORCHELASTIC_", "SLURM_", "SLURMD_", "OMPI_", "PMI_", "PMIX_", "NCCL_",
-    "TORCH_", "TORCHINDUCTOR_", "PYTORCH_", "GLOO_", "CUDA_", "NVIDIA_", "PYTHON", "OMP_",
-    "MKL_", "KMP_", "UCX_", "FI_", "HSA_", "HIP_", "ROCR_", "RCCL_", "NVTE_", "ACCELERATE_",
-    "DEEPSPEED_", "RAY_",
+    "MASTER_",
+    "TORCHELASTIC_",
+    "SLURM_",
+    "SLURMD_",
+    "OMPI_",
+    "PMI_",
+    "PMIX_",
+    "NCCL_",
+    "TORCH_",
+    "TORCHINDUCTOR_",
+    "PYTORCH_",
+    "GLOO_",
+    "CUDA_",
+    "NVIDIA_",
+    "PYTHON",
+    "OMP_",
+    "MKL_",
+    "KMP_",
+    "UCX_",
+    "FI_",
+    "HSA_",
+    "HIP_",
+    "ROCR_",
+    "RCCL_",
+    "NVTE_",
+    "ACCELERATE_",
+    "DEEPSPEED_",
+    "RAY_",
 )
 
 
@@ -91,8 +131,9 @@ def select_env(env: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
     and size variables that hold no valid number are left out (``env_int_notes`` says so)."""
     if not env:
         return ()
-    chosen = sorted((k, v) for k, v in env.items()
-                    if (k in _ENV_NAMES or k.startswith(_ENV_PREFIXES)) and not _is_bad_int(k, v))
+    chosen = sorted(
+        (k, v) for k, v in env.items() if (k in _ENV_NAMES or k.startswith(_ENV_PREFIXES)) and not _is_bad_int(k, v)
+    )
     return redact_env(chosen)
 
 
@@ -106,6 +147,8 @@ def env_int_notes(procs: Iterable[ProcInfo]) -> list[str]:
     notes = []
     for (name, value), pids in bad.items():
         shown = repr(value[:_SHOWN_VALUE]) + ("..." if len(value) > _SHOWN_VALUE else "")
-        notes.append(f"{name}={shown} ignored and left out of the rank's environment "
-                     f"({parse_env_int(name, value)[1]}): {pid_list(pids)}")
+        notes.append(
+            f"{name}={shown} ignored and left out of the rank's environment "
+            f"({parse_env_int(name, value)[1]}): {pid_list(pids)}"
+        )
     return notes

@@ -55,8 +55,10 @@ from .redact import redact_argv
 UNREADABLE_DENIED = "environment unreadable (permission denied)"
 UNREADABLE_WITHHELD = "environment withheld from this caller"
 # PermissionDenied's help when only the caller's access policy (``readable``) stood in the way.
-WITHHELD_HELP = ("hangdoc shows this caller only the processes it may read: ask as the job's "
-                 "user, or have the operator of hangdoc grant this caller access to the job.")
+WITHHELD_HELP = (
+    "hangdoc shows this caller only the processes it may read: ask as the job's "
+    "user, or have the operator of hangdoc grant this caller access to the job."
+)
 
 
 @dataclass(frozen=True)
@@ -135,9 +137,8 @@ def infer_spawn_ranks(table: ProcessTable, unranked: Iterable[int]) -> dict[int,
             members = workers
         members.sort(key=lambda p: (p.create_time, p.pid))
         for index, proc in enumerate(members):
-            evidence = (f"inferred: spawn child #{index} of pid {ppid}, ordered by start time")
-            found[proc.pid] = FoundRank(proc, index, RankSource.INFERRED, evidence, len(members),
-                                        index)
+            evidence = f"inferred: spawn child #{index} of pid {ppid}, ordered by start time"
+            found[proc.pid] = FoundRank(proc, index, RankSource.INFERRED, evidence, len(members), index)
     return found
 
 
@@ -185,8 +186,7 @@ def infer_local_ranks(table: ProcessTable, unranked: Iterable[int]) -> dict[int,
     found: dict[int, FoundRank] = {}
 
     def inherited(proc: ProcInfo, local: int) -> bool:
-        return any(a.pid in found and found[a.pid].local_rank == local
-                   for a in table.ancestors(proc.pid))
+        return any(a.pid in found and found[a.pid].local_rank == local for a in table.ancestors(proc.pid))
 
     depth = {ppid: sum(1 for _ in table.ancestors(ppid)) for ppid in groups}
     for ppid in sorted(groups, key=lambda p: (depth[p], p)):
@@ -197,10 +197,16 @@ def infer_local_ranks(table: ProcessTable, unranked: Iterable[int]) -> dict[int,
         parent = table.procs.get(ppid)
         keys = {rendezvous_key(p.env) for p, _ in members}
         world = _world_of(p for p, _ in members)
-        rank0 = (parent is not None and ppid in candidates and ppid not in found
-                 and _local_rank(parent) in (None, 0) and len(keys) == 1
-                 and None not in keys and rendezvous_key(parent.env) in keys
-                 and numbers == list(range(1, len(numbers) + 1)))
+        rank0 = (
+            parent is not None
+            and ppid in candidates
+            and ppid not in found
+            and _local_rank(parent) in (None, 0)
+            and len(keys) == 1
+            and None not in keys
+            and rendezvous_key(parent.env) in keys
+            and numbers == list(range(1, len(numbers) + 1))
+        )
         if len(members) < 2 and not rank0:
             continue
         for proc, local in members:
@@ -209,8 +215,7 @@ def infer_local_ranks(table: ProcessTable, unranked: Iterable[int]) -> dict[int,
         if rank0:
             assert parent is not None
             shown = ", ".join(map(str, numbers))
-            evidence = (f"inferred: local rank 0: it started local ranks {shown} and shares "
-                        "their rendezvous")
+            evidence = f"inferred: local rank 0: it started local ranks {shown} and shares their rendezvous"
             found[ppid] = _from_local_rank(parent, 0, _world_of([parent]) or world, evidence)
     return found
 
@@ -220,8 +225,9 @@ def _env_rank_of(proc: ProcInfo) -> FoundRank:
     assert key is not None
     world = env_int(proc.env, WORLD_SIZE_VARS)
     local = env_int(proc.env, LOCAL_RANK_VARS)
-    return FoundRank(proc, key[1], RankSource.ENV, f"{key[0]}={key[1]}",
-                     world[1] if world else None, local[1] if local else None)
+    return FoundRank(
+        proc, key[1], RankSource.ENV, f"{key[0]}={key[1]}", world[1] if world else None, local[1] if local else None
+    )
 
 
 def select_ranks(table: ProcessTable, scope: Iterable[int]) -> Selection:
@@ -251,18 +257,25 @@ def select_ranks(table: ProcessTable, scope: Iterable[int]) -> Selection:
                 children[proc.pid] = anc
             else:
                 launchers.add(anc.pid)
-    env_ranked = {p.pid: _env_rank_of(p) for p in candidates
-                  if env_rank(p) is not None and p.pid not in launchers
-                  and p.pid not in children}
+    env_ranked = {
+        p.pid: _env_rank_of(p)
+        for p in candidates
+        if env_rank(p) is not None and p.pid not in launchers and p.pid not in children
+    }
 
     def below_rank(pid: int, ranked: Mapping[int, FoundRank]) -> ProcInfo | None:
         return next((a for a in table.ancestors(pid) if a.pid in ranked), None)
 
-    unranked = [p.pid for p in candidates if p.pid not in env_ranked and p.pid not in launchers
-                and p.pid not in children and below_rank(p.pid, env_ranked) is None]
+    unranked = [
+        p.pid
+        for p in candidates
+        if p.pid not in env_ranked
+        and p.pid not in launchers
+        and p.pid not in children
+        and below_rank(p.pid, env_ranked) is None
+    ]
     local_ranked = infer_local_ranks(table, unranked)
-    unranked = [pid for pid in unranked
-                if pid not in local_ranked and below_rank(pid, local_ranked) is None]
+    unranked = [pid for pid in unranked if pid not in local_ranked and below_rank(pid, local_ranked) is None]
     inferred = infer_spawn_ranks(table, unranked)
     # Inferred groups nested under other inferred ranks are those ranks' workers.
     inferred = {pid: r for pid, r in inferred.items() if below_rank(pid, inferred) is None}
@@ -276,27 +289,25 @@ def select_ranks(table: ProcessTable, scope: Iterable[int]) -> Selection:
         parent_rank = children.get(proc.pid) or below_rank(proc.pid, ranked)
         if parent_rank is not None:
             identity = env_rank(parent_rank)
-            rank = ranked[parent_rank.pid].rank if parent_rank.pid in ranked else \
-                (identity[1] if identity else None)
+            rank = ranked[parent_rank.pid].rank if parent_rank.pid in ranked else (identity[1] if identity else None)
             rejected[proc.pid] = f"child of rank {rank} (pid {parent_rank.pid})"
         elif any(r.pid in ranked for r in table.descendants(proc.pid)):
             launchers.add(proc.pid)
         else:
-            ranked[proc.pid] = FoundRank(proc, None, None, "no rank in its start-up environment",
-                                         None, None)
-            notes.append(f"pid {proc.pid} has no rank in its start-up environment; "
-                         "its rank is unknown")
+            ranked[proc.pid] = FoundRank(proc, None, None, "no rank in its start-up environment", None, None)
+            notes.append(f"pid {proc.pid} has no rank in its start-up environment; its rank is unknown")
     for pid in launchers:
         if pid in table.procs and pid in scope:
             rejected.setdefault(pid, "launcher (starts ranks, has no rank itself)")
     kids = [f"{pid} ({why})" for pid, why in rejected.items() if why.startswith("child of")]
     if kids:
-        notes.append(f"not counted as ranks (DataLoader/compile/multiprocessing workers): "
-                     f"pid {', '.join(kids)}")
+        notes.append(f"not counted as ranks (DataLoader/compile/multiprocessing workers): pid {', '.join(kids)}")
     if inferred:
-        notes.append(f"ranks of {len(inferred)} spawn children were inferred from their start "
-                     "order (they have no RANK in their start-up environment); on several "
-                     "nodes these are local indices")
+        notes.append(
+            f"ranks of {len(inferred)} spawn children were inferred from their start "
+            "order (they have no RANK in their start-up environment); on several "
+            "nodes these are local indices"
+        )
     if local_ranked:
         notes.append(_local_ranks_note(local_ranked))
     return Selection(sorted(ranked.values(), key=_rank_order), launchers, notes, rejected)
@@ -307,10 +318,12 @@ def _local_ranks_note(found: Mapping[int, FoundRank]) -> str:
     shown = ", ".join(f"{pid} (rank {found[pid].rank})" for pid in pids[:8])
     more = f" and {len(pids) - 8} more" if len(pids) > 8 else ""
     rank0 = [pid for pid in pids if any(r.proc.ppid == pid for r in found.values())]
-    launcher = (f"; pid {rank0[0]} started the others and shares their rendezvous: it is local "
-                "rank 0, not a launcher") if rank0 else ""
-    return (f"ranks inferred from their local rank (no RANK in their start-up environment): "
-            f"pid {shown}{more}{launcher}")
+    launcher = (
+        (f"; pid {rank0[0]} started the others and shares their rendezvous: it is local rank 0, not a launcher")
+        if rank0
+        else ""
+    )
+    return f"ranks inferred from their local rank (no RANK in their start-up environment): pid {shown}{more}{launcher}"
 
 
 def _rank_order(rank: FoundRank) -> tuple[bool, int, int]:
@@ -358,9 +371,12 @@ def duplicate_notes(ranks: list[FoundRank]) -> list[str]:
     for r in ranks:
         if r.rank is not None:
             by_rank.setdefault(r.rank, []).append(r.proc.pid)
-    return [f"rank {rank} is claimed by {len(pids)} processes (pids "
-            f"{', '.join(map(str, pids))}): does the spec match more than one job?"
-            for rank, pids in sorted(by_rank.items()) if len(pids) > 1]
+    return [
+        f"rank {rank} is claimed by {len(pids)} processes (pids "
+        f"{', '.join(map(str, pids))}): does the spec match more than one job?"
+        for rank, pids in sorted(by_rank.items())
+        if len(pids) > 1
+    ]
 
 
 # ------------------------------------------------------------------ unreadable processes
@@ -368,12 +384,10 @@ def duplicate_notes(ranks: list[FoundRank]) -> list[str]:
 
 def unreadable(procs: Iterable[ProcInfo], table: ProcessTable) -> list[ProcInfo]:
     """The processes that could be ranks but whose environment is unknown."""
-    return [p for p in procs if _not_a_candidate(p, table) in (UNREADABLE_DENIED,
-                                                                UNREADABLE_WITHHELD)]
+    return [p for p in procs if _not_a_candidate(p, table) in (UNREADABLE_DENIED, UNREADABLE_WITHHELD)]
 
 
-def permission_denied(procs: list[ProcInfo], table: ProcessTable,
-                      rest: str) -> PermissionDenied:
+def permission_denied(procs: list[ProcInfo], table: ProcessTable, rest: str) -> PermissionDenied:
     """The job may be among ``procs``, the ``unreadable`` ones: say that first, then ``rest``
     (what was searched). Withheld processes are counted, not named: the caller may not see
     them."""
@@ -381,8 +395,9 @@ def permission_denied(procs: list[ProcInfo], table: ProcessTable,
     withheld = len(procs) - len(denied)
     parts = []
     if denied:
-        parts.append(f"permission denied reading the environment of "
-                     f"{_python_processes(len(denied))} ({pid_list(denied)})")
+        parts.append(
+            f"permission denied reading the environment of {_python_processes(len(denied))} ({pid_list(denied)})"
+        )
     if withheld:
         parts.append(f"this caller may not read {_python_processes(withheld)}")
     message = f"{' and '.join(parts)}: the job's ranks may be among them; {rest}"
@@ -397,15 +412,14 @@ def _python_processes(count: int) -> str:
 
 def unreadable_notes(selection: Selection) -> list[str]:
     """Processes in scope that may be ranks of the job but could not be read."""
-    unknown = {pid: why for pid, why in selection.rejected.items()
-               if pid not in selection.launchers}
+    unknown = {pid: why for pid, why in selection.rejected.items() if pid not in selection.launchers}
     denied = [pid for pid, why in unknown.items() if why == UNREADABLE_DENIED]
     withheld = sum(1 for why in unknown.values() if why == UNREADABLE_WITHHELD)
     notes = []
     if denied:
-        notes.append(f"not counted as ranks, their environment could not be read (permission "
-                     f"denied): {pid_list(denied)}")
+        notes.append(
+            f"not counted as ranks, their environment could not be read (permission denied): {pid_list(denied)}"
+        )
     if withheld:
-        notes.append(f"not counted as ranks: {_python_processes(withheld)} this caller may "
-                     "not read")
+        notes.append(f"not counted as ranks: {_python_processes(withheld)} this caller may not read")
     return notes

@@ -61,8 +61,10 @@ def _import_state_api() -> Any:
         from ray.dashboard.modules.dashboard_sdk import SubmissionClient  # noqa: F401
         from ray.util import state
     except ImportError as exc:
-        raise RayNotInstalled(f"ray:JOB_ID needs Ray with its dashboard client, which this "
-                              f"Python cannot import: {one_line(str(exc), 200)}") from None
+        raise RayNotInstalled(
+            f"ray:JOB_ID needs Ray with its dashboard client, which this "
+            f"Python cannot import: {one_line(str(exc), 200)}"
+        ) from None
     return state
 
 
@@ -85,8 +87,9 @@ def _tcp_check(address: str, host: str, port: int) -> None:
         with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
             pass
     except OSError as exc:
-        raise RayUnreachable(f"cannot connect to the Ray cluster at {shown(address)}: "
-                             f"{one_line(str(exc) or type(exc).__name__, 200)}") from None
+        raise RayUnreachable(
+            f"cannot connect to the Ray cluster at {shown(address)}: {one_line(str(exc) or type(exc).__name__, 200)}"
+        ) from None
 
 
 def _with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
@@ -118,8 +121,9 @@ def _dashboard_from_gcs(gcs: str) -> str:
 
     def read() -> bytes | None:
         client = GcsClient(address=gcs)
-        got: bytes | None = client.internal_kv_get(ray_constants.DASHBOARD_ADDRESS.encode(),
-                                                   ray_constants.KV_NAMESPACE_DASHBOARD, timeout=GCS_TIMEOUT_S)
+        got: bytes | None = client.internal_kv_get(
+            ray_constants.DASHBOARD_ADDRESS.encode(), ray_constants.KV_NAMESPACE_DASHBOARD, timeout=GCS_TIMEOUT_S
+        )
         return got
 
     try:
@@ -127,11 +131,9 @@ def _dashboard_from_gcs(gcs: str) -> str:
     except RayUnreachable:
         raise
     except Exception as exc:  # noqa: BLE001 - Ray's RpcError and friends, as one line
-        raise RayUnreachable(f"the Ray GCS at {gcs} did not answer: "
-                             f"{one_line(str(exc), 200)}") from None
+        raise RayUnreachable(f"the Ray GCS at {gcs} did not answer: {one_line(str(exc), 200)}") from None
     if not url:
-        raise RayUnreachable(f"the Ray cluster at {gcs} runs no dashboard: hangdoc reads "
-                             "Ray's state API through it")
+        raise RayUnreachable(f"the Ray cluster at {gcs} runs no dashboard: hangdoc reads Ray's state API through it")
     text = url.decode()
     return text if "://" in text else f"http://{text}"
 
@@ -143,8 +145,7 @@ def _auto_gcs() -> str:
     try:
         return str(services.canonicalize_bootstrap_address_or_die("auto"))
     except Exception as exc:  # noqa: BLE001 - ConnectionError, ValueError: none found
-        raise RayUnreachable(f"no Ray cluster found on this node (address auto): "
-                             f"{one_line(str(exc), 200)}") from None
+        raise RayUnreachable(f"no Ray cluster found on this node (address auto): {one_line(str(exc), 200)}") from None
 
 
 def _is_dashboard(url: str) -> bool:
@@ -167,8 +168,9 @@ def dashboard_url(address: str) -> str:
     gcs = _auto_gcs() if address == DEFAULT_ADDRESS else address
     where = _host_port(gcs)
     if where is None:
-        raise RayUnreachable(f"{shown(address)} is not a Ray address: give http://HOST:PORT, "
-                             "HOST:PORT, ray://HOST:PORT or auto")
+        raise RayUnreachable(
+            f"{shown(address)} is not a Ray address: give http://HOST:PORT, HOST:PORT, ray://HOST:PORT or auto"
+        )
     _tcp_check(address, *where)
     if _is_dashboard(f"http://{gcs}"):  # a dashboard's HOST:PORT, typed without http://
         return f"http://{gcs}"
@@ -184,8 +186,9 @@ def _dashboard_from_ray_client(address: str) -> str:
     try:
         return str(ray_client_address_to_api_server_url(address))
     except Exception as exc:  # noqa: BLE001 - whatever ray.init(ray://) raises
-        raise RayUnreachable(f"the Ray Client server at {shown(address)} did not answer: "
-                             f"{one_line(str(exc), 200)}") from None
+        raise RayUnreachable(
+            f"the Ray Client server at {shown(address)} did not answer: {one_line(str(exc), 200)}"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -209,8 +212,7 @@ def _text(value: Any) -> str:
 
 
 def _ray_failure(exc: Exception, url: str, what: str) -> RayUnreachable:
-    return RayUnreachable(f"the Ray dashboard at {url} failed {what}: "
-                          f"{one_line(str(exc) or type(exc).__name__, 300)}")
+    return RayUnreachable(f"the Ray dashboard at {url} failed {what}: {one_line(str(exc) or type(exc).__name__, 300)}")
 
 
 class StateApi:
@@ -228,43 +230,51 @@ class StateApi:
         if status != 200:
             raise RayUnreachable(f"no Ray dashboard answers at {url} (HTTP {status})")
 
-    def _list(self, resource: str, filters: list[tuple[str, str, str | bool | int | float]],
-              what: str) -> list[Any]:
+    def _list(self, resource: str, filters: list[tuple[str, str, str | bool | int | float]], what: str) -> list[Any]:
         from ray.util.state.common import ListApiOptions, StateResource
 
-        options = ListApiOptions(limit=MAX_ACTORS, timeout=STATE_TIMEOUT_S, filters=filters,
-                                 detail=False)
+        options = ListApiOptions(limit=MAX_ACTORS, timeout=STATE_TIMEOUT_S, filters=filters, detail=False)
         try:
-            return list(self.client.list(StateResource(resource), options=options,
-                                         raise_on_missing_output=False))
+            return list(self.client.list(StateResource(resource), options=options, raise_on_missing_output=False))
         except Exception as exc:  # noqa: BLE001 - requests', Ray's state API errors
             raise _ray_failure(exc, self.url, what) from None
 
     def jobs(self) -> list[JobInfo]:
-        return [JobInfo(job_id=getattr(j, "job_id", None),
-                        submission_id=getattr(j, "submission_id", None),
-                        status=_text(getattr(j, "status", "")),
-                        entrypoint=str(getattr(j, "entrypoint", "") or ""))
-                for j in self._list("jobs", [], "to list jobs")]
+        return [
+            JobInfo(
+                job_id=getattr(j, "job_id", None),
+                submission_id=getattr(j, "submission_id", None),
+                status=_text(getattr(j, "status", "")),
+                entrypoint=str(getattr(j, "entrypoint", "") or ""),
+            )
+            for j in self._list("jobs", [], "to list jobs")
+        ]
 
     def node_ips(self) -> dict[str, str]:
         return {n.node_id: n.node_ip for n in self._list("nodes", [], "to list nodes")}
 
     def actors(self, job_id: str) -> list[ActorInfo]:
-        found = self._list("actors", [("job_id", "=", job_id), ("state", "=", "ALIVE")],
-                           f"to list the actors of job {job_id}")
+        found = self._list(
+            "actors", [("job_id", "=", job_id), ("state", "=", "ALIVE")], f"to list the actors of job {job_id}"
+        )
         ips = self.node_ips() if found else {}
-        return [ActorInfo(actor_id=a.actor_id, class_name=a.class_name or "",
-                          name=a.name or "", pid=int(a.pid or 0), node_id=a.node_id or "",
-                          node_ip=ips.get(a.node_id or "", ""))
-                for a in found if a.pid]
+        return [
+            ActorInfo(
+                actor_id=a.actor_id,
+                class_name=a.class_name or "",
+                name=a.name or "",
+                pid=int(a.pid or 0),
+                node_id=a.node_id or "",
+                node_ip=ips.get(a.node_id or "", ""),
+            )
+            for a in found
+            if a.pid
+        ]
 
-    def get(self, endpoint: str, timeout: float,
-            params: Mapping[str, Any] | None = None) -> tuple[int, str]:
+    def get(self, endpoint: str, timeout: float, params: Mapping[str, Any] | None = None) -> tuple[int, str]:
         """A GET on another dashboard route (status, body), with the client's headers."""
         try:
-            reply = self.client._do_request("GET", endpoint, params=dict(params or {}),
-                                            timeout=timeout)
+            reply = self.client._do_request("GET", endpoint, params=dict(params or {}), timeout=timeout)
         except Exception as exc:  # noqa: BLE001 - requests', Ray's authentication errors
             raise _ray_failure(exc, self.url, f"on {endpoint}") from None
         return reply.status_code, reply.text
@@ -291,10 +301,12 @@ def train_ranks(api: StateApi, job_id: str, actors: Sequence[ActorInfo]) -> Trai
     except RayUnreachable:
         logged = {}
     if logged:
-        return TrainRanks(logged, "world ranks read from the Ray Train controller's log; its "
-                          f"run state was not found ({_NO_STATE})")
-    return TrainRanks({}, f"Ray Train's run state was not found ({_NO_STATE}), nor the "
-                      "controller's list of workers in its log")
+        return TrainRanks(
+            logged, f"world ranks read from the Ray Train controller's log; its run state was not found ({_NO_STATE})"
+        )
+    return TrainRanks(
+        {}, f"Ray Train's run state was not found ({_NO_STATE}), nor the controller's list of workers in its log"
+    )
 
 
 def _train_route(api: StateApi, route: str, job_id: str, alive: Sequence[str]) -> TrainRanks:
@@ -315,8 +327,13 @@ def _train_route(api: StateApi, route: str, job_id: str, alive: Sequence[str]) -
 def _ranks_from_controller(api: StateApi, actors: Sequence[ActorInfo]) -> dict[str, TrainRank]:
     for controller in (a for a in actors if a.class_name == TRAIN_CONTROLLER_CLASS):
         for suffix in ("err", "out"):
-            query = {"actor_id": controller.actor_id, "suffix": suffix, "media_type": "file",
-                     "lines": CONTROLLER_LOG_LINES, "timeout": STATE_TIMEOUT_S}
+            query = {
+                "actor_id": controller.actor_id,
+                "suffix": suffix,
+                "media_type": "file",
+                "lines": CONTROLLER_LOG_LINES,
+                "timeout": STATE_TIMEOUT_S,
+            }
             status, text = api.get("/api/v0/logs/file", STATE_TIMEOUT_S, query)
             ranks = ranks_from_controller_log(text, actors) if status == 200 else {}
             if ranks:
@@ -327,8 +344,7 @@ def _ranks_from_controller(api: StateApi, actors: Sequence[ActorInfo]) -> dict[s
 # ------------------------------------------------------------------ the entry point
 
 
-def find_ray_job(job: str, *, address: str | None = None,
-                 patterns: Sequence[str] = ()) -> RayJob:
+def find_ray_job(job: str, *, address: str | None = None, patterns: Sequence[str] = ()) -> RayJob:
     """The training workers of Ray job ``job`` (hex job id or submission id) on the cluster
     at ``address`` (default: ``RAY_ADDRESS``, else ``auto``), with their world ranks.
 
@@ -347,10 +363,10 @@ def _started_job(job: str, address: str | None) -> tuple[StateApi, JobInfo]:
     api = StateApi(dashboard_url(ray_address(address)))
     info = resolve_job(api.jobs(), job.strip())
     if info.job_id is None:
-        raise RayJobNotFound(f"Ray job {shown(job)} has not started its driver yet "
-                             f"(status {info.status})", help=RayJobNotFound.help)
+        raise RayJobNotFound(
+            f"Ray job {shown(job)} has not started its driver yet (status {info.status})", help=RayJobNotFound.help
+        )
     return api, info
-
 
 
 # ------------------------------------------------------------------ on one node (agents)
@@ -374,7 +390,8 @@ def job_processes_here(job: str, host: str) -> tuple[RankProcess, ...]:
         raise UsageError(
             f"ray:{job}: Ray jobs are found by the agents hangdoc places as Ray actors",
             help="Run `hangdoc diagnose ray:JOB --ray-address ADDRESS` from a machine that can "
-                 "reach the cluster; it starts one agent actor per node and removes it after.")
+            "reach the cluster; it starts one agent actor per node and removes it after.",
+        )
     api, info = _started_job(job, address)
     assert info.job_id is not None
     return actor_processes(api.actors(info.job_id), info.job_id, node_id, host, os.getpid())

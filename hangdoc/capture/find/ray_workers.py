@@ -41,21 +41,23 @@ from ...model import RankProcess, RankSource
 
 # Actors that Ray (Train, Tune, jobs, Data) runs for itself, and hangdoc's agent: never
 # training workers unless --workers names them.
-RAY_INTERNAL_ACTORS = frozenset({
-    # Ray Train V2 (2.60 starts all of these with a TorchTrainer)
-    "TrainController",  # drives the worker group
-    "TrainStateActor",  # the run state (Train V1 too)
-    "SynchronizationActor",  # barriers between workers
-    "DatasetManager",
-    "PlacementGroupCleaner",
-    "PreemptionWatcher",
-    "_AutoscalingCoordinatorActor",  # Ray Data / Train resource requests
-    # Ray jobs and Ray Data
-    "JobSupervisor",  # runs a submitted job's entrypoint
-    "_StatsActor",
-    # hangdoc's own agent, placed as a Ray actor (hangdoc/fleet/ray_agents.py)
-    "HangdocAgent",
-})
+RAY_INTERNAL_ACTORS = frozenset(
+    {
+        # Ray Train V2 (2.60 starts all of these with a TorchTrainer)
+        "TrainController",  # drives the worker group
+        "TrainStateActor",  # the run state (Train V1 too)
+        "SynchronizationActor",  # barriers between workers
+        "DatasetManager",
+        "PlacementGroupCleaner",
+        "PreemptionWatcher",
+        "_AutoscalingCoordinatorActor",  # Ray Data / Train resource requests
+        # Ray jobs and Ray Data
+        "JobSupervisor",  # runs a submitted job's entrypoint
+        "_StatsActor",
+        # hangdoc's own agent, placed as a Ray actor (hangdoc/fleet/ray_agents.py)
+        "HangdocAgent",
+    }
+)
 TRAIN_WORKER_CLASS = "RayTrainWorker"  # Ray Train V1 and V2 worker actors
 TRAIN_CONTROLLER_CLASS = "TrainController"
 
@@ -177,8 +179,9 @@ def is_internal(actor: ActorInfo) -> bool:
     return actor.class_name in RAY_INTERNAL_ACTORS
 
 
-def select_actors(actors: Sequence[ActorInfo], patterns: Sequence[str],
-                  train_actor_ids: Iterable[str] = ()) -> tuple[ActorInfo, ...]:
+def select_actors(
+    actors: Sequence[ActorInfo], patterns: Sequence[str], train_actor_ids: Iterable[str] = ()
+) -> tuple[ActorInfo, ...]:
     """The training workers among a job's live actors (see the module's docstring)."""
     if patterns:
         return tuple(a for a in actors if matches(a, patterns))
@@ -203,28 +206,37 @@ def _natural(text: str) -> tuple[tuple[int, int | str], ...]:
 
 def actor_order(actors: Iterable[ActorInfo]) -> list[ActorInfo]:
     """Named actors by name (naturally: w2 before w10), then the others by class and id."""
-    return sorted(actors, key=lambda a: (a.name == "", _natural(a.name), a.class_name,
-                                         a.actor_id))
+    return sorted(actors, key=lambda a: (a.name == "", _natural(a.name), a.class_name, a.actor_id))
 
 
 # ------------------------------------------------------------------ numbering
 
 
-def _worker(actor: ActorInfo, rank: int | None, size: int | None, local: int | None,
-            evidence: str, source: RankSource | None) -> RayWorker:
-    return RayWorker(pid=actor.pid, node_id=actor.node_id, node_ip=actor.node_ip,
-                     actor_id=actor.actor_id, actor_class=actor.class_name,
-                     actor_name=actor.name, world_rank=rank, world_size=size,
-                     local_rank=local, rank_evidence=evidence, rank_source=source)
+def _worker(
+    actor: ActorInfo, rank: int | None, size: int | None, local: int | None, evidence: str, source: RankSource | None
+) -> RayWorker:
+    return RayWorker(
+        pid=actor.pid,
+        node_id=actor.node_id,
+        node_ip=actor.node_ip,
+        actor_id=actor.actor_id,
+        actor_class=actor.class_name,
+        actor_name=actor.name,
+        world_rank=rank,
+        world_size=size,
+        local_rank=local,
+        rank_evidence=evidence,
+        rank_source=source,
+    )
 
 
 def _by_rank(workers: Iterable[RayWorker]) -> tuple[RayWorker, ...]:
-    return tuple(sorted(workers, key=lambda w: (w.world_rank is None, w.world_rank or 0,
-                                                w.actor_id)))
+    return tuple(sorted(workers, key=lambda w: (w.world_rank is None, w.world_rank or 0, w.actor_id)))
 
 
-def number_workers(selected: Sequence[ActorInfo], train: TrainRanks,
-                   train_job: bool) -> tuple[tuple[RayWorker, ...], tuple[str, ...]]:
+def number_workers(
+    selected: Sequence[ActorInfo], train: TrainRanks, train_job: bool
+) -> tuple[tuple[RayWorker, ...], tuple[str, ...]]:
     """The workers with their ranks, and the notes that say where the ranks came from."""
     known = {a.actor_id: train.ranks[a.actor_id] for a in selected if a.actor_id in train.ranks}
     if known:
@@ -232,39 +244,54 @@ def number_workers(selected: Sequence[ActorInfo], train: TrainRanks,
     if not train_job:
         return _ranked_by_order(selected, "not a Ray Train job", "not a Ray Train job")
     if train.ranks:
-        return _ranked_by_order(selected, "not a worker of the Ray Train run",
-                                "the selected actors are not workers of the Ray Train run")
+        return _ranked_by_order(
+            selected, "not a worker of the Ray Train run", "the selected actors are not workers of the Ray Train run"
+        )
     return _ranked_by_order(selected, "Ray Train run state not available", train.note)
 
 
-def _ranked_by_train(selected: Sequence[ActorInfo], known: Mapping[str, TrainRank],
-                     note: str) -> tuple[tuple[RayWorker, ...], tuple[str, ...]]:
+def _ranked_by_train(
+    selected: Sequence[ActorInfo], known: Mapping[str, TrainRank], note: str
+) -> tuple[tuple[RayWorker, ...], tuple[str, ...]]:
     workers = []
     for actor in selected:
         tr = known.get(actor.actor_id)
         if tr is None:
-            workers.append(_worker(actor, None, None, None, "not a worker of the Ray Train run",
-                                   None))
+            workers.append(_worker(actor, None, None, None, "not a worker of the Ray Train run", None))
         else:
-            workers.append(_worker(actor, tr.world_rank, tr.world_size, tr.local_rank,
-                                   f"Ray Train world rank {tr.world_rank} ({tr.source})",
-                                   RankSource.RAY))
+            workers.append(
+                _worker(
+                    actor,
+                    tr.world_rank,
+                    tr.world_size,
+                    tr.local_rank,
+                    f"Ray Train world rank {tr.world_rank} ({tr.source})",
+                    RankSource.RAY,
+                )
+            )
     notes = [note]
     outside = [a.label for a in selected if a.actor_id not in known]
     if outside:
-        notes.append(one_line(f"no rank for {len(outside)} selected actors outside the Ray "
-                              f"Train run: {', '.join(sorted(set(outside)))}", 1000))
+        notes.append(
+            one_line(
+                f"no rank for {len(outside)} selected actors outside the Ray "
+                f"Train run: {', '.join(sorted(set(outside)))}",
+                1000,
+            )
+        )
     return _by_rank(workers), tuple(notes)
 
 
-def _ranked_by_order(selected: Sequence[ActorInfo], reason: str,
-                     why: str) -> tuple[tuple[RayWorker, ...], tuple[str, ...]]:
+def _ranked_by_order(
+    selected: Sequence[ActorInfo], reason: str, why: str
+) -> tuple[tuple[RayWorker, ...], tuple[str, ...]]:
     """Numbered in actor order: ``reason`` for each worker's evidence, ``why`` for the note."""
     ordered = actor_order(selected)
-    workers = tuple(_worker(a, i, len(ordered), None, f"actor order {i}: {reason}",
-                            RankSource.INFERRED) for i, a in enumerate(ordered))
-    note = ("rank numbers follow actor order (actor name, then class name and actor id), "
-            f"not the job's own ranks: {why}")
+    workers = tuple(
+        _worker(a, i, len(ordered), None, f"actor order {i}: {reason}", RankSource.INFERRED)
+        for i, a in enumerate(ordered)
+    )
+    note = f"rank numbers follow actor order (actor name, then class name and actor id), not the job's own ranks: {why}"
     return _by_rank(workers), (note,)
 
 
@@ -273,8 +300,10 @@ def _ranked_by_order(selected: Sequence[ActorInfo], reason: str,
 
 def _latest(items: Iterable[Mapping[str, Any]], *keys: str) -> Mapping[str, Any] | None:
     """The item with the largest of the first present time field among ``keys``."""
+
     def when(item: Mapping[str, Any]) -> int:
         return next((int(item[k]) for k in keys if isinstance(item.get(k), int)), 0)
+
     return max(items, key=when, default=None)
 
 
@@ -286,17 +315,20 @@ def _run_workers(run: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return list(run.get("workers") or [])
 
 
-def ranks_from_train_runs(payload: Mapping[str, Any], job_id: str, alive: Iterable[str],
-                          route: str = "run state") -> TrainRanks:
+def ranks_from_train_runs(
+    payload: Mapping[str, Any], job_id: str, alive: Iterable[str], route: str = "run state"
+) -> TrainRanks:
     """Ranks by actor id from a ``/api/train/...runs`` answer, for the job's live actors.
 
     Of the job's runs, the latest one that has a live worker: a job may run several trainers,
     one after another (their old workers are gone) or at once (Tune: the note says so)."""
     alive_ids = set(alive)
-    runs = [r for r in payload.get("train_runs") or []
-            if isinstance(r, Mapping) and str(r.get("job_id", "")).lower() == job_id.lower()]
-    live_runs = [r for r in runs
-                 if any(w.get("actor_id") in alive_ids for w in _run_workers(r))]
+    runs = [
+        r
+        for r in payload.get("train_runs") or []
+        if isinstance(r, Mapping) and str(r.get("job_id", "")).lower() == job_id.lower()
+    ]
+    live_runs = [r for r in runs if any(w.get("actor_id") in alive_ids for w in _run_workers(r))]
     run = _latest(live_runs, "start_time_ns", "start_time_ms")
     if run is None:
         return TrainRanks({}, f"no live Ray Train run of job {job_id} in {route}")
@@ -305,19 +337,21 @@ def ranks_from_train_runs(payload: Mapping[str, Any], job_id: str, alive: Iterab
     for w in workers:
         rank, local = w.get("world_rank"), w.get("local_rank")
         if isinstance(w.get("actor_id"), str) and isinstance(rank, int):
-            ranks[w["actor_id"]] = TrainRank(rank, local if isinstance(local, int) else None,
-                                             len(workers), "run state")
+            ranks[w["actor_id"]] = TrainRank(rank, local if isinstance(local, int) else None, len(workers), "run state")
     note = f"world ranks read from Ray Train's run state ({route}, run {run.get('name', '?')!s})"
     if len(live_runs) > 1:
         note += f"; the job has {len(live_runs)} live Ray Train runs: the latest is diagnosed"
     return TrainRanks(ranks, one_line(note, 300))
 
 
-_GROUP_STARTED = re.compile(r"Started (?:training worker group of size|distributed worker "
-                            r"processes)\b")
+_GROUP_STARTED = re.compile(
+    r"Started (?:training worker group of size|distributed worker "
+    r"processes)\b"
+)
 _WORKER_LINE = re.compile(
     r"- \((?:node_id=[0-9a-fA-F]+, )?ip=(?P<ip>[^,()\s]+), pid=(?P<pid>\d+)\) "
-    r"world_rank=(?P<rank>\d+), local_rank=(?P<local>\d+)")
+    r"world_rank=(?P<rank>\d+), local_rank=(?P<local>\d+)"
+)
 
 
 def ranks_from_controller_log(text: str, actors: Sequence[ActorInfo]) -> dict[str, TrainRank]:
@@ -328,7 +362,7 @@ def ranks_from_controller_log(text: str, actors: Sequence[ActorInfo]) -> dict[st
     if not starts:
         return {}
     listing = []
-    for line in lines[starts[-1] + 1:]:
+    for line in lines[starts[-1] + 1 :]:
         m = _WORKER_LINE.search(line)
         if m is None:
             break
@@ -338,8 +372,7 @@ def ranks_from_controller_log(text: str, actors: Sequence[ActorInfo]) -> dict[st
     for m in listing:
         actor = by_place.get((m["ip"], int(m["pid"])))
         if actor is not None:
-            ranks[actor.actor_id] = TrainRank(int(m["rank"]), int(m["local"]), len(listing),
-                                              "controller log")
+            ranks[actor.actor_id] = TrainRank(int(m["rank"]), int(m["local"]), len(listing), "controller log")
     return ranks
 
 
@@ -354,8 +387,7 @@ def resolve_job(jobs: Sequence[JobInfo], job: str) -> JobInfo:
     for info in jobs:
         if info.job_id is not None and info.job_id.lower() == job.lower():
             return info
-    raise RayJobNotFound(f"no Ray job {shown(job)} on the cluster "
-                         f"({len(jobs)} jobs known)", help=_jobs_help(jobs))
+    raise RayJobNotFound(f"no Ray job {shown(job)} on the cluster ({len(jobs)} jobs known)", help=_jobs_help(jobs))
 
 
 def _jobs_help(jobs: Sequence[JobInfo]) -> str:
@@ -363,8 +395,8 @@ def _jobs_help(jobs: Sequence[JobInfo]) -> str:
         return "The cluster has no job. " + RayJobNotFound.help
     shown_jobs = list(jobs)[-MAX_JOBS_LISTED:]  # the state API lists them oldest first
     listed = "; ".join(
-        one_line(f"{j.job_id or '-'} {j.submission_id or ''} {j.status}".replace("  ", " "), 80)
-        for j in shown_jobs)
+        one_line(f"{j.job_id or '-'} {j.submission_id or ''} {j.status}".replace("  ", " "), 80) for j in shown_jobs
+    )
     more = f" (the last {len(shown_jobs)} of {len(jobs)})" if len(jobs) > len(shown_jobs) else ""
     return f"Jobs on the cluster{more}: {listed}. " + RayJobNotFound.help
 
@@ -372,8 +404,7 @@ def _jobs_help(jobs: Sequence[JobInfo]) -> str:
 # ------------------------------------------------------------------ the job's workers
 
 
-def ray_job_of(info: JobInfo, actors: Sequence[ActorInfo], patterns: Sequence[str],
-               train: TrainRanks) -> RayJob:
+def ray_job_of(info: JobInfo, actors: Sequence[ActorInfo], patterns: Sequence[str], train: TrainRanks) -> RayJob:
     """The training workers of the started job ``info`` among its live ``actors`` and their
     ranks, from what Ray Train said (``train``); ``RayWorkersNotFound`` when none is."""
     assert info.job_id is not None
@@ -387,29 +418,35 @@ def ray_job_of(info: JobInfo, actors: Sequence[ActorInfo], patterns: Sequence[st
     return RayJob(info.job_id, info.submission_id, workers, notes)
 
 
-def no_workers(info: JobInfo, actors: Sequence[ActorInfo],
-               patterns: Sequence[str]) -> RayWorkersNotFound:
+def no_workers(info: JobInfo, actors: Sequence[ActorInfo], patterns: Sequence[str]) -> RayWorkersNotFound:
     """Why the job has no training worker to diagnose, and whether it still runs."""
     classes = sorted({a.class_name for a in actors})
     where = f"Ray job {info.job_id} (status {info.status})"
     running = info.status.upper() not in ENDED_STATUSES
     if not actors:
-        return RayWorkersNotFound(f"{where} has no live actor",
-                                  help="A job that has finished or not yet started its "
-                                  "workers has nothing to diagnose. " + RayWorkersNotFound.help,
-                                  running=running)
-    what = (f"no live actor matches --workers {','.join(patterns)}" if patterns
-            else "no live actor is a training worker")
+        return RayWorkersNotFound(
+            f"{where} has no live actor",
+            help="A job that has finished or not yet started its "
+            "workers has nothing to diagnose. " + RayWorkersNotFound.help,
+            running=running,
+        )
+    what = f"no live actor matches --workers {','.join(patterns)}" if patterns else "no live actor is a training worker"
     return RayWorkersNotFound(
         one_line(f"{where}: {what}; its actor classes: {', '.join(classes)}"),
-        help=RayWorkersNotFound.help, running=running)
+        help=RayWorkersNotFound.help,
+        running=running,
+    )
 
 
-def actor_processes(actors: Iterable[ActorInfo], job_id: str, node_id: str, host: str,
-                    own_pid: int) -> tuple[RankProcess, ...]:
+def actor_processes(
+    actors: Iterable[ActorInfo], job_id: str, node_id: str, host: str, own_pid: int
+) -> tuple[RankProcess, ...]:
     """The live actor processes of job ``job_id`` on Ray node ``node_id`` (but the asking
     process ``own_pid``), unnumbered: what an agent on that node may sample."""
     return tuple(
-        RankProcess(pid=a.pid, host=host, rank=None,
-                    rank_evidence=f"actor {a.label} of Ray job {job_id} on node {node_id[:12]}")
-        for a in actors if a.node_id == node_id and a.pid != own_pid)
+        RankProcess(
+            pid=a.pid, host=host, rank=None, rank_evidence=f"actor {a.label} of Ray job {job_id} on node {node_id[:12]}"
+        )
+        for a in actors
+        if a.node_id == node_id and a.pid != own_pid
+    )

@@ -33,17 +33,52 @@ REDACTED = "<redacted>"
 # A name is secret when one of its words (split at "_", "-", ".") is one of these, or ends
 # with one of them (APIKEY, HFTOKEN). Whole words keep TOKENIZERS_PARALLELISM and PWD innocent.
 _SECRET_WORDS = (
-    "TOKEN", "TOKENS", "KEY", "KEYS", "SECRET", "SECRETS", "PASSWORD", "PASSWORDS", "PASSWD",
-    "PASS", "PW", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS", "CREDS", "AUTH", "AUTHORIZATION",
-    "COOKIE", "COOKIES", "SESSION", "PRIVATE", "SIGNATURE", "DSN", "JWT", "BEARER", "SALT",
-    "HMAC", "APIKEY", "CONNSTR",
+    "TOKEN",
+    "TOKENS",
+    "KEY",
+    "KEYS",
+    "SECRET",
+    "SECRETS",
+    "PASSWORD",
+    "PASSWORDS",
+    "PASSWD",
+    "PASS",
+    "PW",
+    "PASSPHRASE",
+    "CREDENTIAL",
+    "CREDENTIALS",
+    "CREDS",
+    "AUTH",
+    "AUTHORIZATION",
+    "COOKIE",
+    "COOKIES",
+    "SESSION",
+    "PRIVATE",
+    "SIGNATURE",
+    "DSN",
+    "JWT",
+    "BEARER",
+    "SALT",
+    "HMAC",
+    "APIKEY",
+    "CONNSTR",
 )
 _SECRET_SUFFIXES = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIALS", "COOKIE")
 _WORD_SPLIT = re.compile(r"[_.\-]+")
 # Secret names whose abbreviations (4+ letters, as argparse accepts) are secret options too.
 _SECRET_OPTIONS = (
-    "APIKEY", "APITOKEN", "AUTHTOKEN", "ACCESSTOKEN", "SECRETKEY", "PRIVATEKEY", "TOKEN",
-    "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIALS",
+    "APIKEY",
+    "APITOKEN",
+    "AUTHTOKEN",
+    "ACCESSTOKEN",
+    "SECRETKEY",
+    "PRIVATEKEY",
+    "TOKEN",
+    "SECRET",
+    "PASSWORD",
+    "PASSWD",
+    "PASSPHRASE",
+    "CREDENTIALS",
 )
 # Passwords for mysql, sshpass, ... but ports and working directories elsewhere.
 _AMBIGUOUS_OPTIONS = ("p", "pwd")
@@ -54,22 +89,70 @@ _FILE_WORDS = ("FILE", "FILES", "FILENAME", "PATH", "DIR")
 _PATH = re.compile(r"(?:~|\.{1,2})?/[^\s:@=]*")
 
 # Variables whose values diagnosis reads and that hold no credentials: shown as they are.
-_DIAGNOSTIC_VARS = frozenset((
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "NODE_RANK", "NNODES", "MASTER_ADDR",
-    "MASTER_PORT", "HOSTNAME", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
-    "CUDA_DEVICE_MAX_CONNECTIONS", "PYTORCH_CUDA_ALLOC_CONF", "TORCH_DISTRIBUTED_DEBUG",
-    "TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES", "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TP_SOCKET_IFNAME",
-    "GLOO_SOCKET_IFNAME", "LD_PRELOAD", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "CONDA_PREFIX",
-    "CONDA_DEFAULT_ENV", "PYTHONPATH", "SLURM_JOB_ID", "SLURM_JOBID", "SLURM_STEP_ID",
-    "SLURM_STEPID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS",
-    "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NNODES",
-    "SLURM_JOB_NUM_NODES", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_STEP_NODELIST",
-    "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_CPUS_PER_TASK", "SLURMD_NODENAME",
-    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-    "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE", "PMIX_RANK",
-))
+_DIAGNOSTIC_VARS = frozenset(
+    (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_NAME",
+        "ROLE_WORLD_SIZE",
+        "NODE_RANK",
+        "NNODES",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "HOSTNAME",
+        "OMP_NUM_THREADS",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_LAUNCH_BLOCKING",
+        "CUDA_DEVICE_MAX_CONNECTIONS",
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "TORCH_DISTRIBUTED_DEBUG",
+        "TORCH_CPP_LOG_LEVEL",
+        "TORCH_SHOW_CPP_STACKTRACES",
+        "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_RESTART_COUNT",
+        "TORCHELASTIC_MAX_RESTARTS",
+        "TP_SOCKET_IFNAME",
+        "GLOO_SOCKET_IFNAME",
+        "LD_PRELOAD",
+        "LD_LIBRARY_PATH",
+        "VIRTUAL_ENV",
+        "CONDA_PREFIX",
+        "CONDA_DEFAULT_ENV",
+        "PYTHONPATH",
+        "SLURM_JOB_ID",
+        "SLURM_JOBID",
+        "SLURM_STEP_ID",
+        "SLURM_STEPID",
+        "SLURM_PROCID",
+        "SLURM_LOCALID",
+        "SLURM_NODEID",
+        "SLURM_NTASKS",
+        "SLURM_NPROCS",
+        "SLURM_NTASKS_PER_NODE",
+        "SLURM_TASKS_PER_NODE",
+        "SLURM_NNODES",
+        "SLURM_JOB_NUM_NODES",
+        "SLURM_JOB_NODELIST",
+        "SLURM_NODELIST",
+        "SLURM_STEP_NODELIST",
+        "SLURM_ARRAY_JOB_ID",
+        "SLURM_ARRAY_TASK_ID",
+        "SLURM_CPUS_PER_TASK",
+        "SLURMD_NODENAME",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "PMI_RANK",
+        "PMI_SIZE",
+        "PMIX_RANK",
+    )
+)
 _DIAGNOSTIC_PREFIXES = ("NCCL_", "TORCH_NCCL_")  # NCCL's tuning knobs
 
 _PLAIN_CHARS = r"[A-Za-z0-9_.,+~\-]"
@@ -116,14 +199,10 @@ _TOKEN_FORMATS = (
 _TOKENS = re.compile(r"(?<![A-Za-z0-9])(?:" + "|".join(_TOKEN_FORMATS) + ")")
 _AWS_KEY_ID = re.compile(r"(?<![A-Za-z0-9])" + _AWS_KEY_ID_FORMAT)
 _AWS_SECRET = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
-_AUTH_SCHEME = re.compile(
-    r"(?P<head>\b(?:Bearer|Basic)\s+)[A-Za-z0-9+/=._~\-]{8,}", re.IGNORECASE
-)
+_AUTH_SCHEME = re.compile(r"(?P<head>\b(?:Bearer|Basic)\s+)[A-Za-z0-9+/=._~\-]{8,}", re.IGNORECASE)
 
 # key=value, key: value, "key": ..., 'key': ..., env['KEY'] = ...; the value is read apart.
-_PAIR = re.compile(
-    r"""(?<![A-Za-z0-9_.\-])(?P<q>["']?)(?P<key>[A-Za-z0-9_.\-]+)(?P=q)\]?\s*[=:]\s*"""
-)
+_PAIR = re.compile(r"""(?<![A-Za-z0-9_.\-])(?P<q>["']?)(?P<key>[A-Za-z0-9_.\-]+)(?P=q)\]?\s*[=:]\s*""")
 # An unquoted value ends at whitespace, a quote, or a , ; & that starts the next pair.
 _BARE = re.compile(r"""(?:(?![,;&]\s*["']?[A-Za-z0-9_.\-]+["']?\s*[=:])[^\s"'])+""")
 _HEADER_LINE = re.compile(r"[^\r\n\"']*")
@@ -181,7 +260,7 @@ def _redact_text(value: str, aws: bool) -> str:
 def _redact_url(m: re.Match[str]) -> str:
     rest = m["rest"]
     at = rest.rfind("@")
-    user, colon, _ = rest[:max(at, 0)].partition(":")
+    user, colon, _ = rest[: max(at, 0)].partition(":")
     if at < 0 or any(c in user for c in "/?#"):
         return m[0]  # no userinfo; an "@" in the path or query
     if _LOGIN_NAME.fullmatch(user):
@@ -237,8 +316,11 @@ def _redact_env_value(name: str, value: str) -> str:
         return value
     if is_secret_name(name) and not _shows(name, value):
         return REDACTED
-    if (name in _DIAGNOSTIC_VARS or name.startswith(_DIAGNOSTIC_PREFIXES)
-            or (_PLAIN_VALUE.fullmatch(value) and not _OPAQUE.search(value))):
+    if (
+        name in _DIAGNOSTIC_VARS
+        or name.startswith(_DIAGNOSTIC_PREFIXES)
+        or (_PLAIN_VALUE.fullmatch(value) and not _OPAQUE.search(value))
+    ):
         return redact_value(value)
     return REDACTED
 

@@ -22,12 +22,14 @@ def _scontrol_pids(job: str) -> list[int] | None:
     if shutil.which("scontrol") is None:
         return None
     try:
-        out = subprocess.run(["scontrol", "listpids", job], capture_output=True, text=True,
-                             timeout=5, check=False).stdout
+        out = subprocess.run(
+            ["scontrol", "listpids", job], capture_output=True, text=True, timeout=5, check=False
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return [int(line.split()[0]) for line in out.splitlines()
-            if line.strip() and ASCII_DIGITS.fullmatch(line.split()[0])]
+    return [
+        int(line.split()[0]) for line in out.splitlines() if line.strip() and ASCII_DIGITS.fullmatch(line.split()[0])
+    ]
 
 
 def _slurm_env_matches(env: Mapping[str, str], job: str, step: str | None) -> bool:
@@ -44,12 +46,13 @@ def slurm_scope(spec: JobSpec, table: ProcessTable) -> tuple[list[int], str, str
     """The pids of ``spec``'s Slurm job (or step) on this node, what to say when there are
     none, and a hint (none)."""
     assert spec.slurm_job is not None
-    name = str(spec)[len("slurm:"):]
+    name = str(spec)[len("slurm:") :]
     listed = _scontrol_pids(name)
     if listed is not None:
         scope = [p for p in listed if p in table.procs]
         return scope, f"no process in `scontrol listpids {name}`", ""
-    scope = [p.pid for p in table.procs.values()
-             if p.env and _slurm_env_matches(p.env, spec.slurm_job, spec.slurm_step)]
+    scope = [
+        p.pid for p in table.procs.values() if p.env and _slurm_env_matches(p.env, spec.slurm_job, spec.slurm_step)
+    ]
     step = f" SLURM_STEP_ID={spec.slurm_step}" if spec.slurm_step is not None else ""
     return scope, f"no process has SLURM_JOB_ID={spec.slurm_job}{step}", ""

@@ -71,13 +71,16 @@ def job_here(table: ProcessTable, ranks: Sequence[FoundRank]) -> JobHere | None:
         assert key is not None
         inside = [p for p in table.procs.values() if _in_rendezvous(p.env, key)]
         others = tuple(p.pid for p in inside if p.uid != uid and is_python(p))
-        port = dict(zip(key.variables, key.values)).get("MASTER_PORT", "")
+        port = dict(zip(key.variables, key.values, strict=False)).get("MASTER_PORT", "")
         if others and port.isdigit() and (held := listening_uids(int(port))) and uid not in held:
             return None  # the job is the listener's (owners, rule 1), not the named ranks'
         spec = key.spec()
-        return JobHere(tuple(p.pid for p in inside if p.uid == uid),
-                       f"the job at {spec}" if spec and not spec.startswith("slurm:")
-                       else f"the job {spec or key}", spec, others)
+        return JobHere(
+            tuple(p.pid for p in inside if p.uid == uid),
+            f"the job at {spec}" if spec and not spec.startswith("slurm:") else f"the job {spec or key}",
+            spec,
+            others,
+        )
     parents = {r.proc.ppid for r in ranks}
     if len(parents) != 1 or any(r.source is not RankSource.INFERRED for r in ranks):
         return None
@@ -94,11 +97,13 @@ def _in_rendezvous(env: Mapping[str, str] | None, key: RendezvousKey) -> bool:
     step or the torchelastic run (whatever other key ``env`` would be filed under)."""
     if not env:
         return False
-    names = dict(zip(key.variables, key.values))
+    names = dict(zip(key.variables, key.values, strict=False))
     if "MASTER_PORT" in names:
-        return (env.get("MASTER_PORT", "").strip() == names["MASTER_PORT"]
-                and bool(env.get("MASTER_ADDR", "").strip())
-                and same_host(env["MASTER_ADDR"], names["MASTER_ADDR"]))
+        return (
+            env.get("MASTER_PORT", "").strip() == names["MASTER_PORT"]
+            and bool(env.get("MASTER_ADDR", "").strip())
+            and same_host(env["MASTER_ADDR"], names["MASTER_ADDR"])
+        )
     if "SLURM_JOB_ID" in names:
         job = env.get("SLURM_JOB_ID", env.get("SLURM_JOBID", "")).strip()
         step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID", "")).strip()
@@ -213,8 +218,15 @@ def elsewhere(ranks: Sequence[FoundRank], world: int | None, host: str) -> Elsew
     return Elsewhere(host, why, tuple(_other_nodes(envs, host)), job)
 
 
-def elsewhere_note(found: Sequence[Elsewhere], ranks: Sequence[int | None], world: int | None,
-                   asked: Sequence[str], spec: str, *, agents: bool) -> str | None:
+def elsewhere_note(
+    found: Sequence[Elsewhere],
+    ranks: Sequence[int | None],
+    world: int | None,
+    asked: Sequence[str],
+    spec: str,
+    *,
+    agents: bool,
+) -> str | None:
     """One note for the whole job when the nodes asked hold fewer ranks than its world and
     their ranks say the job runs on other nodes, with the command lines that take those in;
     None when the ranks asked are the whole world. ``asked`` are the nodes that answered
@@ -231,20 +243,23 @@ def elsewhere_note(found: Sequence[Elsewhere], ranks: Sequence[int | None], worl
     if job.startswith("pid:"):
         job = "HOST:PORT"  # a pid names a process of this node only
     hosts = [e.host for e in found] + [_host_of(a) for a in asked]
-    nodes = [n for n in dict.fromkeys(n for e in found for n in e.nodes)
-             if not any(same_host(n, h) for h in hosts)]
+    nodes = [n for n in dict.fromkeys(n for e in found for n in e.nodes) if not any(same_host(n, h) for h in hosts)]
     named = f" ({', '.join(nodes[:_NODES_SHOWN])})" if nodes else ""
     more = [f"{n}:{AGENT_PORT}" for n in nodes] or [f"NODE:{AGENT_PORT}", "..."]
     start = f"`hangdoc agent --listen 0.0.0.0:{AGENT_PORT} --token-file FILE`"
     if agents:
-        shown = ",".join([*asked, *more][:_NODES_SHOWN + 1])
-        return (f"{here} of {world} are on the nodes asked ({', '.join(asked)}) and {why}: "
-                f"the others run on other nodes{named}, not asked. To take them in, run {start} "
-                f"on those nodes, then add them: `hangdoc diagnose {job} --agents {shown} "
-                "--token-file FILE` (or --hostfile FILE, one agent a line)")
+        shown = ",".join([*asked, *more][: _NODES_SHOWN + 1])
+        return (
+            f"{here} of {world} are on the nodes asked ({', '.join(asked)}) and {why}: "
+            f"the others run on other nodes{named}, not asked. To take them in, run {start} "
+            f"on those nodes, then add them: `hangdoc diagnose {job} --agents {shown} "
+            "--token-file FILE` (or --hostfile FILE, one agent a line)"
+        )
     host = found[0].host
-    shown = ",".join([f"{host}:{AGENT_PORT}", *more][:_NODES_SHOWN + 1])
-    return (f"{here} of {world} are on this node ({host}) and {why}: the others run on other "
-            f"nodes{named}, not searched here. To take them in, run {start} on every node of "
-            f"the job, this one too, then `hangdoc diagnose {job} --agents {shown} "
-            "--token-file FILE` (or --hostfile FILE, one agent a line)")
+    shown = ",".join([f"{host}:{AGENT_PORT}", *more][: _NODES_SHOWN + 1])
+    return (
+        f"{here} of {world} are on this node ({host}) and {why}: the others run on other "
+        f"nodes{named}, not searched here. To take them in, run {start} on every node of "
+        f"the job, this one too, then `hangdoc diagnose {job} --agents {shown} "
+        "--token-file FILE` (or --hostfile FILE, one agent a line)"
+    )

@@ -34,8 +34,14 @@ _scanstring: Callable[[str, int, bool], tuple[str, int]] = decoder.scanstring  #
 
 _WS = re.compile(r"[ \t\n\r]*")
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
-_LITERALS = (("null", None), ("true", True), ("false", False), ("NaN", math.nan), ("Infinity", math.inf),
-             ("-Infinity", -math.inf))  # json.dumps writes the last three for non-finite floats
+_LITERALS = (
+    ("null", None),
+    ("true", True),
+    ("false", False),
+    ("NaN", math.nan),
+    ("Infinity", math.inf),
+    ("-Infinity", -math.inf),
+)  # json.dumps writes the last three for non-finite floats
 MAX_NUMBER_CHARS = 64  # a float's repr is 24 at most; an int of 2^64 is 20 digits
 _ESCAPE = "hangdoc-json-escape"
 
@@ -70,7 +76,7 @@ class _Small:
     def value(self, pos: int, depth: int) -> tuple[object, int]:
         self.count()
         text = self.text
-        char = text[pos:pos + 1]
+        char = text[pos : pos + 1]
         if char == '"':
             return _string(text, pos)
         if char in ("{", "["):
@@ -88,19 +94,19 @@ class _Small:
     def dict(self, pos: int, depth: int) -> tuple[dict[str, object], int]:
         text, out = self.text, dict[str, object]()
         pos = _skip(text, pos)
-        if text[pos:pos + 1] == "}":
+        if text[pos : pos + 1] == "}":
             return out, pos + 1
         while True:
-            if text[pos:pos + 1] != '"':
+            if text[pos : pos + 1] != '"':
                 raise ValueError(f"not valid JSON: no key at character {pos}")
             self.count()
             key, pos = _string(text, pos)
             pos = _skip(text, pos)
-            if text[pos:pos + 1] != ":":
+            if text[pos : pos + 1] != ":":
                 raise ValueError(f"not valid JSON: no ':' at character {pos}")
             out[key], pos = self.value(_skip(text, pos + 1), depth)
             pos = _skip(text, pos)
-            char = text[pos:pos + 1]
+            char = text[pos : pos + 1]
             if char == "}":
                 return out, pos + 1
             if char != ",":
@@ -110,13 +116,13 @@ class _Small:
     def list(self, pos: int, depth: int) -> tuple[list[object], int]:
         text, out = self.text, list[object]()
         pos = _skip(text, pos)
-        if text[pos:pos + 1] == "]":
+        if text[pos : pos + 1] == "]":
             return out, pos + 1
         while True:
             item, pos = self.value(pos, depth)
             out.append(item)
             pos = _skip(text, pos)
-            char = text[pos:pos + 1]
+            char = text[pos : pos + 1]
             if char == "]":
                 return out, pos + 1
             if char != ",":
@@ -177,7 +183,7 @@ def ascii_json(text: str) -> bytes:
 def _escape(err: UnicodeError) -> tuple[str, int]:
     if not isinstance(err, UnicodeEncodeError):
         raise err
-    return json.dumps(err.object[err.start:err.end])[1:-1], err.end
+    return json.dumps(err.object[err.start : err.end])[1:-1], err.end
 
 
 codecs.register_error(_ESCAPE, _escape)

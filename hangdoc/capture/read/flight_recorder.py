@@ -69,12 +69,12 @@ def read_dump(raw: bytes, source: str, keep: int) -> FlightRecord:
     """``read_flight_record`` keeping only the newest ``keep`` entries (``MAX_ENTRIES`` at most)."""
     data = _decode(raw)
     del raw
-    if not isinstance(data, dict) or ("entries" not in data and not _EMPTY_DUMP <= data.keys()):
+    if not isinstance(data, dict) or ("entries" not in data and not data.keys() >= _EMPTY_DUMP):
         raise FlightRecordInvalid("not a flight recorder dump: no 'entries'")
     entries = data.get("entries", [])  # torch leaves the key out when it recorded nothing
     if not isinstance(entries, list):
         raise FlightRecordInvalid("'entries' is not a list")
-    kept = entries[-max(1, min(keep, MAX_ENTRIES)):]
+    kept = entries[-max(1, min(keep, MAX_ENTRIES)) :]
     first = kept[0] if kept else None
     try:
         version = _text(data.get("version"), "'version'")[:32]
@@ -97,8 +97,9 @@ def _decode(raw: bytes) -> Any:
         # parsing: 16 MiB of "{}," would build 5.6 million dicts (420 MB)
         built = raw.count(b"{") + raw.count(b"[") + raw.count(b'"') // 2
         if built > MAX_OBJECTS:
-            raise FlightRecordInvalid(f"JSON of {built:,} objects: more than {MAX_OBJECTS:,}, "
-                                      "more than any flight recorder dump")
+            raise FlightRecordInvalid(
+                f"JSON of {built:,} objects: more than {MAX_OBJECTS:,}, more than any flight recorder dump"
+            )
         try:
             return json.loads(raw)
         except RecursionError:
@@ -198,8 +199,7 @@ def _sizes(value: object) -> tuple[tuple[int, ...], ...]:
         return ()
     if not isinstance(value, list):
         raise TypeError("sizes are not a list")
-    return tuple(tuple(_int(d) for d in shape[:16]) for shape in value[:MAX_TENSORS]
-                 if isinstance(shape, list))
+    return tuple(tuple(_int(d) for d in shape[:16]) for shape in value[:MAX_TENSORS] if isinstance(shape, list))
 
 
 def _dtypes(value: object) -> tuple[str, ...]:
@@ -219,8 +219,9 @@ def _groups(config: object) -> tuple[FlightGroup, ...]:
         if not isinstance(value, dict):
             continue
         name = _text(value.get("name", key), "a group's 'name'")
-        out.append(FlightGroup(name=name, desc=_text(value.get("desc"), "a group's 'desc'"),
-                               ranks=_ranks(value.get("ranks"))))
+        out.append(
+            FlightGroup(name=name, desc=_text(value.get("desc"), "a group's 'desc'"), ranks=_ranks(value.get("ranks")))
+        )
     return tuple(out)
 
 
@@ -242,13 +243,22 @@ def flight_record_to_json(record: FlightRecord) -> str:
     """``record`` as a dump in torch's own JSON shape, which ``read_flight_record`` reads
     back to the same value (what an agent sends for a rank's dump)."""
     first = 0 if record.from_start else 1
-    entries = [{
-        "process_group": [e.group, e.group_desc], "is_p2p": e.p2p, "record_id": first + i,
-        "p2p_seq_id" if e.p2p else "collective_seq_id": e.seq, "profiling_name": _profiling_name(e),
-        "input_sizes": [list(s) for s in e.input_sizes], "input_dtypes": list(e.input_dtypes),
-        "output_sizes": [list(s) for s in e.output_sizes], "output_dtypes": list(e.output_dtypes),
-        "state": e.state, "retired": e.retired,
-    } for i, e in enumerate(record.entries)]
+    entries = [
+        {
+            "process_group": [e.group, e.group_desc],
+            "is_p2p": e.p2p,
+            "record_id": first + i,
+            "p2p_seq_id" if e.p2p else "collective_seq_id": e.seq,
+            "profiling_name": _profiling_name(e),
+            "input_sizes": [list(s) for s in e.input_sizes],
+            "input_dtypes": list(e.input_dtypes),
+            "output_sizes": [list(s) for s in e.output_sizes],
+            "output_dtypes": list(e.output_dtypes),
+            "state": e.state,
+            "retired": e.retired,
+        }
+        for i, e in enumerate(record.entries)
+    ]
     groups = {g.name: {"name": g.name, "desc": g.desc, "ranks": list(g.ranks)} for g in record.groups}
     return json.dumps({"version": record.version, "entries": entries, "pg_config": groups})
 

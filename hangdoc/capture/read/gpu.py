@@ -95,8 +95,7 @@ def read_gpus(pids: Sequence[int], listen: float = 0.5, timeout: float = NVML_TI
     seen = in_worker(lambda: read_nvml(pynvml, listen), timeout + listen)
     if isinstance(seen, str):
         return GpuReading({}, _if_cuda(pids, seen))
-    return attribute(seen, {pid: pid_aliases(pid) for pid in pids},
-                     {pid: visible_uuids(pid) for pid in pids})
+    return attribute(seen, {pid: pid_aliases(pid) for pid in pids}, {pid: visible_uuids(pid) for pid in pids})
 
 
 def _if_cuda(pids: Sequence[int], reason: str) -> str:
@@ -167,7 +166,8 @@ def read_nvml(nvml: ModuleType, listen: float) -> tuple[NvmlGpu, ...]:
         xids = _listen_xids(nvml, handles, listen) if busy else {}
         return tuple(
             replace(gpu, state=replace(gpu.state, xids=tuple(xids.get(index, ()))))
-            for index, gpu in sorted(gpus.items()))
+            for index, gpu in sorted(gpus.items())
+        )
     except nvml.NVMLError as err:
         raise NvmlUnavailable(f"NVML failed: {err}") from None
     finally:
@@ -212,21 +212,24 @@ def _read_gpu(nvml: ModuleType, index: int, handle: Any) -> NvmlGpu:
         name = _text(ask(nvml.nvmlDeviceGetName))
         rates = ask(nvml.nvmlDeviceGetUtilizationRates)
         memory = ask(nvml.nvmlDeviceGetMemoryInfo)
-        ecc = ask(nvml.nvmlDeviceGetTotalEccErrors, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                  nvml.NVML_VOLATILE_ECC)
+        ecc = ask(nvml.nvmlDeviceGetTotalEccErrors, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC)
         processes = _processes(nvml, handle)
     except _Lost:
         return NvmlGpu(GpuState(index=index, uuid="", lost=True))
     state = GpuState(
-        index=index, uuid=uuid, name=name,
+        index=index,
+        uuid=uuid,
+        name=name,
         utilization_percent=_number(getattr(rates, "gpu", None), 100),
         memory_used_bytes=_number(getattr(memory, "used", None)),
         memory_total_bytes=_number(getattr(memory, "total", None)),
         ecc_uncorrected=_number(ecc),
     )
-    listed = tuple((pid, _number(getattr(p, "usedGpuMemory", None)))
-                   for p in list(processes)[:MAX_PROCESSES]
-                   if (pid := _number(getattr(p, "pid", None))) is not None)
+    listed = tuple(
+        (pid, _number(getattr(p, "usedGpuMemory", None)))
+        for p in list(processes)[:MAX_PROCESSES]
+        if (pid := _number(getattr(p, "pid", None))) is not None
+    )
     return NvmlGpu(state, listed)
 
 
@@ -318,23 +321,23 @@ def attribute(
             pid = owner.get(nvml_pid)
             if pid is not None:
                 how = "pid" if nvml_pid == pid else f"pid {nvml_pid} in its namespace"
-                found.setdefault(pid, []).append(
-                    replace(gpu.state, process_memory_bytes=memory, matched_by=how))
-    reasons = [f"GPU {g.state.index} is lost (NVML: fallen off the bus or inaccessible)"
-               for g in gpus if g.state.lost]
+                found.setdefault(pid, []).append(replace(gpu.state, process_memory_bytes=memory, matched_by=how))
+    reasons = [f"GPU {g.state.index} is lost (NVML: fallen off the bus or inaccessible)" for g in gpus if g.state.lost]
     unmatched = [pid for pid in aliases if pid not in found]
     foreign = sorted(p for p in listed if p not in owner and not exists(p))
     if unmatched and foreign and not (listed & owner.keys()):
         for pid in unmatched:
-            chosen = [g.state for g in gpus if g.state.uuid and any(
-                g.state.uuid.startswith(u) for u in visible.get(pid, ()))]
+            chosen = [
+                g.state for g in gpus if g.state.uuid and any(g.state.uuid.startswith(u) for u in visible.get(pid, ()))
+            ]
             if chosen:
                 found[pid] = [replace(s, matched_by="CUDA_VISIBLE_DEVICES") for s in chosen]
         reasons.append(
             f"NVML lists GPU processes by pids this agent cannot see ({', '.join(map(str, foreign[:4]))}"
             f"{', ...' if len(foreign) > 4 else ''}): it runs in another pid namespace than the "
             "driver reports; GPUs were tied to ranks only where CUDA_VISIBLE_DEVICES names them "
-            "by UUID (run the agent in the host's pid namespace: --pid=host, hostPID: true)")
+            "by UUID (run the agent in the host's pid namespace: --pid=host, hostPID: true)"
+        )
     return GpuReading({pid: tuple(states) for pid, states in found.items()}, "; ".join(reasons))
 
 
@@ -359,4 +362,3 @@ def visible_uuids(pid: int) -> tuple[str, ...]:
     except (psutil.Error, OSError):
         return ()
     return tuple(v.strip() for v in value.split(",") if v.strip().startswith("GPU-") and len(v.strip()) > 8)
-

@@ -31,8 +31,13 @@ def _parse(data: bytes, now_ns: int, pid: int | None = None) -> Heartbeat | None
         return None
     if magic != MAGIC or version != VERSION or beats <= 0:
         return None
-    return Heartbeat(own_pid if pid is None else pid, None if number == NO_STEP else number, beats,
-                     bool(in_step), max(now_ns - last, 0) / 1e9)
+    return Heartbeat(
+        own_pid if pid is None else pid,
+        None if number == NO_STEP else number,
+        beats,
+        bool(in_step),
+        max(now_ns - last, 0) / 1e9,
+    )
 
 
 def read_dir(directory: Path | None = None) -> dict[int, Heartbeat]:
@@ -61,7 +66,7 @@ def _environ(pid: int, name: str) -> str | None:
     key = name.encode() + b"="
     for entry in env.split(b"\0"):
         if entry.startswith(key):
-            return entry[len(key):].decode(errors="replace") or None
+            return entry[len(key) :].decode(errors="replace") or None
     return None
 
 

@@ -18,10 +18,10 @@ other defect is an error.
 ``query_ras`` runs the client only when the job's processes on the node have loaded
 ``libnccl`` (read from ``/proc/PID/maps``; torch's CUDA wheels load it with torch, so a
 gloo job may have it too: RAS then has no communicator to report), there is a client
-(``ncclras`` on ``PATH``) and no process disabled RAS (``NCCL_RAS_ENABLE=0``); inside the ranks' network namespace when it is not
-the caller's (``nsenter -n``: the RAS port is on the ranks' loopback); with a deadline.
-Otherwise it says why not. The query is NCCL's own: the RAS threads exchange their state
-over their own sockets; the job's communicators, streams and GPUs are not touched.
+(``ncclras`` on ``PATH``) and no process disabled RAS (``NCCL_RAS_ENABLE=0``); inside the
+ranks' network namespace when it is not the caller's (``nsenter -n``: the RAS port is on the
+ranks' loopback); with a deadline. Otherwise it says why not. The query is NCCL's own: the
+RAS threads exchange their state over their own sockets; the job's communicators, streams and GPUs are not touched.
 """
 
 from __future__ import annotations
@@ -85,8 +85,9 @@ def read_ras_report(raw: bytes | str, source: str = "") -> NcclRasReport:
         try:
             data = json.loads(fixed)
         except (json.JSONDecodeError, RecursionError, ValueError) as err:
-            raise RasReportInvalid(f"not JSON, even with NCCL 2.28's missing commas put back: "
-                                   f"{_json_error(err)}") from None
+            raise RasReportInvalid(
+                f"not JSON, even with NCCL 2.28's missing commas put back: {_json_error(err)}"
+            ) from None
         repaired = True
     if not isinstance(data, dict) or not isinstance(data.get("communicators"), list):
         raise RasReportInvalid("not a RAS report: no 'communicators' list")
@@ -108,16 +109,23 @@ def read_ras_report(raw: bytes | str, source: str = "") -> NcclRasReport:
 def ras_report_to_json(report: NcclRasReport) -> str:
     """``report`` as JSON of the RAS client's shape (what ``read_ras_report`` reads back
     as the same report), with its ``source`` under ``hangdoc_source``: how an agent sends it."""
+
     def rank(r: RasRank) -> dict[str, Any]:
-        out: dict[str, Any] = {"rank": r.comm_rank, "host": r.host or "unknown",
-                               "pid": -1 if r.pid is None else r.pid,
-                               "cuda_dev": -1 if r.cuda_dev is None else r.cuda_dev,
-                               "nvml_dev": -1 if r.nvml_dev is None else r.nvml_dev}
+        out: dict[str, Any] = {
+            "rank": r.comm_rank,
+            "host": r.host or "unknown",
+            "pid": -1 if r.pid is None else r.pid,
+            "cuda_dev": -1 if r.cuda_dev is None else r.cuda_dev,
+            "nvml_dev": -1 if r.nvml_dev is None else r.nvml_dev,
+        }
         if r.missing:
             out["status"] = {"unresponsive": r.unresponsive, "considered_dead": r.dead}
             return out
-        status: dict[str, Any] = {"finalize_called": r.finalize_called, "destroy_flag": r.destroy_flag,
-                                  "abort_flag": r.abort_flag}
+        status: dict[str, Any] = {
+            "finalize_called": r.finalize_called,
+            "destroy_flag": r.destroy_flag,
+            "abort_flag": r.abort_flag,
+        }
         if r.init_state is not None:
             status["init_state"] = r.init_state
         if r.async_error is not None:
@@ -126,15 +134,22 @@ def ras_report_to_json(report: NcclRasReport) -> str:
         out["collective_counts"] = dict(r.collectives)
         return out
 
-    return json.dumps({
-        "nccl_version": report.nccl_version,
-        "communicators": [{"hash": c.hash, "size": c.size,
-                           "ranks": [rank(r) for r in c.ranks if not r.missing],
-                           "missing_ranks": [rank(r) for r in c.ranks if r.missing]}
-                          for c in report.communicators],
-        "ras": {"collection_time_sec": report.collection_seconds, "timeouts_count": report.timeouts},
-        _SOURCE_KEY: report.source,
-    })
+    return json.dumps(
+        {
+            "nccl_version": report.nccl_version,
+            "communicators": [
+                {
+                    "hash": c.hash,
+                    "size": c.size,
+                    "ranks": [rank(r) for r in c.ranks if not r.missing],
+                    "missing_ranks": [rank(r) for r in c.ranks if r.missing],
+                }
+                for c in report.communicators
+            ],
+            "ras": {"collection_time_sec": report.collection_seconds, "timeouts_count": report.timeouts},
+            _SOURCE_KEY: report.source,
+        }
+    )
 
 
 def _json_error(err: Exception) -> str:
@@ -153,8 +168,11 @@ def _communicator(raw: object, index: int) -> RasCommunicator:
     missing = _list(raw.get("missing_ranks"), f"{where}.missing_ranks")
     ranks = [_rank(r, f"{where}.ranks[{i}]", missing=False) for i, r in enumerate(present)]
     ranks += [_rank(r, f"{where}.missing_ranks[{i}]", missing=True) for i, r in enumerate(missing)]
-    return RasCommunicator(hash=digest if isinstance(digest, str) else "", size=size or 0,
-                           ranks=tuple(sorted(ranks, key=lambda r: r.comm_rank)))
+    return RasCommunicator(
+        hash=digest if isinstance(digest, str) else "",
+        size=size or 0,
+        ranks=tuple(sorted(ranks, key=lambda r: r.comm_rank)),
+    )
 
 
 def _rank(raw: object, where: str, missing: bool) -> RasRank:
@@ -175,14 +193,16 @@ def _rank(raw: object, where: str, missing: bool) -> RasRank:
         missing=missing,
         unresponsive=status.get("unresponsive") is True,
         dead=status.get("considered_dead") is True,
-        init_state=_int(status.get("init_state"), f"{where}.status.init_state", -2**31, 2**31),
-        async_error=_int(status.get("async_error"), f"{where}.status.async_error", -2**31, 2**31),
+        init_state=_int(status.get("init_state"), f"{where}.status.init_state", -(2**31), 2**31),
+        async_error=_int(status.get("async_error"), f"{where}.status.async_error", -(2**31), 2**31),
         finalize_called=status.get("finalize_called") is True,
         destroy_flag=status.get("destroy_flag") is True,
         abort_flag=status.get("abort_flag") is True,
         collectives=tuple(
-            (name, count) for name, value in counts.items()
-            if (count := _int(value, f"{where}.collective_counts.{name}", 0, 2**63)) is not None),
+            (name, count)
+            for name, value in counts.items()
+            if (count := _int(value, f"{where}.collective_counts.{name}", 0, 2**63)) is not None
+        ),
     )
 
 
@@ -231,8 +251,7 @@ def query_ras(pids: Sequence[int], timeout: float = DEFAULT_RAS_TIMEOUT, host: s
         return RasQuery(None, "the job's processes on this node have not loaded libnccl", quiet=True)
     binary = find_ncclras()
     if binary is None:
-        return RasQuery(None, f"no {RAS_BINARY} client on PATH (NCCL 2.28.7 or later builds it)",
-                        quiet=True)
+        return RasQuery(None, f"no {RAS_BINARY} client on PATH (NCCL 2.28.7 or later builds it)", quiet=True)
     envs = {pid: _ras_env(pid) for pid in nccl}
     enabled = [pid for pid in nccl if envs[pid].get("NCCL_RAS_ENABLE", "1").strip() != "0"]
     if not enabled:
@@ -247,8 +266,11 @@ def query_ras(pids: Sequence[int], timeout: float = DEFAULT_RAS_TIMEOUT, host: s
         ras_host = ras_host.strip("[]") or "localhost"
         if not is_node_address(ras_host, pid):
             # the variable is the job's word: hangdoc connects only to the node itself
-            return RasQuery(None, f"NCCL_RAS_ADDR names {ras_host[:80]!r}, not an address of this node; "
-                            "hangdoc asks RAS only on the node's own addresses")
+            return RasQuery(
+                None,
+                f"NCCL_RAS_ADDR names {ras_host[:80]!r}, not an address of this node; "
+                "hangdoc asks RAS only on the node's own addresses",
+            )
         argv += ["-h", ras_host, "-p", port]
     if _netns(pid) != _netns(os.getpid()):
         nsenter = shutil.which("nsenter")
@@ -260,8 +282,7 @@ def query_ras(pids: Sequence[int], timeout: float = DEFAULT_RAS_TIMEOUT, host: s
 
 def _run(argv: list[str], deadline: float, source: str) -> RasQuery:
     try:
-        done = subprocess.run(argv, capture_output=True, timeout=deadline, check=False,
-                              stdin=subprocess.DEVNULL)
+        done = subprocess.run(argv, capture_output=True, timeout=deadline, check=False, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return RasQuery(None, f"{RAS_BINARY} did not answer within {deadline:.0f} s")
     except OSError as err:

@@ -44,7 +44,7 @@ def load_plain(raw: bytes, max_objects: int) -> Any:
         raise NotPlainData(f"a broken pickle ({type(err).__name__})") from None
 
 
-def _run(raw: bytes, max_objects: int) -> Any:  # one loop, one branch per opcode
+def _run(raw: bytes, max_objects: int) -> Any:  # noqa: C901 - one loop, one branch per opcode
     stack: list[Any] = []
     marks: list[int] = []
     memo: dict[int, Any] = {}
@@ -106,7 +106,7 @@ def _run(raw: bytes, max_objects: int) -> Any:  # one loop, one branch per opcod
                 raise NotPlainData(f"an integer of {size:,} bytes: a dump holds 64-bit numbers")
             if pos + size > end:
                 raise IndexError
-            stack.append(int.from_bytes(raw[pos:pos + size], "little", signed=True))
+            stack.append(int.from_bytes(raw[pos : pos + size], "little", signed=True))
             pos += size
         elif op in (0x8C, 0x58, 0x8D):  # SHORT_BINUNICODE, BINUNICODE, BINUNICODE8
             width = {0x8C: 1, 0x58: 4, 0x8D: 8}[op]
@@ -114,7 +114,7 @@ def _run(raw: bytes, max_objects: int) -> Any:  # one loop, one branch per opcod
             pos += width
             if pos + size > end:
                 raise IndexError
-            stack.append(raw[pos:pos + size].decode("utf-8", "surrogatepass"))
+            stack.append(raw[pos : pos + size].decode("utf-8", "surrogatepass"))
             pos += size
         elif op == 0x4E:  # NONE
             stack.append(None)

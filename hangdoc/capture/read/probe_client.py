@@ -108,8 +108,11 @@ def _ask_probe(pid: int, request: str, timeout: float) -> ProbeAnswer:
     except _Refused as err:
         return _failed(str(err))
     if fd is None:
-        return ProbeAnswer(ProbeStatus.NO_PROBE, f"no probe socket found for pid {pid} (no hangdoc probe started: "
-                           "`hangdoc run`, HANGDOC_PROBE=1 or hangdoc.probe.start())")
+        return ProbeAnswer(
+            ProbeStatus.NO_PROBE,
+            f"no probe socket found for pid {pid} (no hangdoc probe started: "
+            "`hangdoc run`, HANGDOC_PROBE=1 or hangdoc.probe.start())",
+        )
     try:
         answer = _ask(f"/proc/self/fd/{fd}", f"{request}\n".encode(), timeout, listener=(pid, uid))
     except (_Refused, _TooSlow) as err:
@@ -160,8 +163,10 @@ def _flight_record(flight: dict[str, object], pid: int) -> tuple[FlightRecord | 
     except JsonTooDeep as err:
         return None, f"its probe sent a flight recorder dump hangdoc cannot read: {err}"
     except JsonTooBig as err:
-        return None, (f"its probe sent a flight recorder dump hangdoc cannot read: {err} (a ring of more than "
-                      f"~{MAX_DUMP_OBJECTS // _OBJECTS_PER_ENTRY:,} entries: a smaller TORCH_FR_BUFFER_SIZE fits)")
+        return None, (
+            f"its probe sent a flight recorder dump hangdoc cannot read: {err} (a ring of more than "
+            f"~{MAX_DUMP_OBJECTS // _OBJECTS_PER_ENTRY:,} entries: a smaller TORCH_FR_BUFFER_SIZE fits)"
+        )
     except ValueError as err:  # FlightRecordInvalid, not JSON
         return None, f"its probe sent a flight recorder dump hangdoc cannot read: {err}"
 
@@ -244,8 +249,9 @@ def _open_checked(pid: int, path: str, uid: int) -> int:
             os.close(fd)
             fd = step
         if not private_dir(os.fstat(fd), uid):
-            raise _Refused(f"probe directory {os.path.dirname(path)} is not private to the process's user "
-                           f"(uid {uid}): not read")
+            raise _Refused(
+                f"probe directory {os.path.dirname(path)} is not private to the process's user (uid {uid}): not read"
+            )
         sock = os.open(parts[-1], os.O_PATH | os.O_NOFOLLOW, dir_fd=fd)
     finally:
         os.close(fd)
@@ -288,11 +294,14 @@ def _exception(raw: object, i: int) -> ThreadException:
     if thread_name is not None and not _text(thread_name, MAX_NAME_CHARS):
         raise _Malformed(f"exceptions[{i}].thread_name is not a name")
     type_name, function, filename = raw.get("type"), raw.get("function"), raw.get("file")
-    if not (_text(type_name, MAX_NAME_CHARS) and type_name and _text(function, MAX_NAME_CHARS)
-            and _text(filename, MAX_PATH_CHARS)):
+    if not (
+        _text(type_name, MAX_NAME_CHARS)
+        and type_name
+        and _text(function, MAX_NAME_CHARS)
+        and _text(filename, MAX_PATH_CHARS)
+    ):
         raise _Malformed(f"exceptions[{i}] has no type, function and file names")
-    return ThreadException(ident, thread_name, type_name,
-                           Frame(function, filename, line or None))  # type: ignore[arg-type]
+    return ThreadException(ident, thread_name, type_name, Frame(function, filename, line or None))  # type: ignore[arg-type]
 
 
 def _text(value: object, limit: int) -> bool:
@@ -341,8 +350,9 @@ def _check_listener(conn: socket.socket, pid: int, uid: int) -> None:
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     peer_pid, peer_uid, _gid = struct.unpack("3i", creds)
     if (peer_pid, peer_uid) != (pid, uid):
-        raise _Refused(f"its probe socket is listened on by pid {peer_pid} of uid {peer_uid}, not by the process: "
-                       "not read")
+        raise _Refused(
+            f"its probe socket is listened on by pid {peer_pid} of uid {peer_uid}, not by the process: not read"
+        )
 
 
 def _receive(conn: socket.socket, deadline: float) -> bytearray:
@@ -359,8 +369,9 @@ def _receive(conn: socket.socket, deadline: float) -> bytearray:
     return body
 
 
-def _fill(conn: socket.socket, buf: bytearray, deadline: float, started: float | None, before: int,
-          total: int) -> float:
+def _fill(
+    conn: socket.socket, buf: bytearray, deadline: float, started: float | None, before: int, total: int
+) -> float:
     """Read ``buf`` full; when its answer began (``started``: None until its first byte).
     ``before``: the answer's bytes read already; ``total``: its length (0: not known yet)."""
     got = 0
@@ -390,5 +401,7 @@ def _fill(conn: socket.socket, buf: bytearray, deadline: float, started: float |
 
 def _slow(got: int, total: int, seconds: float) -> str:
     of = f"{got:,} of {total:,}" if total else f"{got:,}"
-    return (f"its probe sent {of} bytes of its answer in {seconds:.1f} s, slower than hangdoc reads (a gap "
-            f"of {READ_GAP_S:g} s at most, {MIN_RATE // 2**20} MiB/s at least): dropped")
+    return (
+        f"its probe sent {of} bytes of its answer in {seconds:.1f} s, slower than hangdoc reads (a gap "
+        f"of {READ_GAP_S:g} s at most, {MIN_RATE // 2**20} MiB/s at least): dropped"
+    )

@@ -34,8 +34,9 @@ def read_state(pid: int) -> ProcessState | CaptureError:
         with proc.oneshot():
             status = proc.status()
             if status == psutil.STATUS_ZOMBIE:
-                return CaptureError(CaptureErrorKind.PROCESS_GONE,
-                                    f"pid {pid} exited (a zombie its parent has not reaped)")
+                return CaptureError(
+                    CaptureErrorKind.PROCESS_GONE, f"pid {pid} exited (a zombie its parent has not reaped)"
+                )
             cpu = proc.cpu_times()
             ctx = proc.num_ctx_switches()
             state = ProcessState(
@@ -59,9 +60,13 @@ def _with_io(proc: psutil.Process, state: ProcessState) -> ProcessState:
     except (psutil.AccessDenied, psutil.NoSuchProcess, AttributeError):
         return replace(state, threads=thread_counters(proc.pid))
     return ProcessState(
-        status=state.status, cpu_seconds=state.cpu_seconds, num_threads=state.num_threads,
-        read_chars=io.read_chars, write_chars=io.write_chars,
-        ctx_switches=state.ctx_switches, rss_bytes=state.rss_bytes,
+        status=state.status,
+        cpu_seconds=state.cpu_seconds,
+        num_threads=state.num_threads,
+        read_chars=io.read_chars,
+        write_chars=io.write_chars,
+        ctx_switches=state.ctx_switches,
+        rss_bytes=state.rss_bytes,
         threads=thread_counters(proc.pid),
     )
 
@@ -120,14 +125,17 @@ def thread_counters(pid: int) -> tuple[ThreadCounters, ...]:
         if cpu is None:
             continue
         io = _read_text(f"{base}/io")
-        found.append(ThreadCounters(
-            native_id=tid,
-            cpu_seconds=cpu,
-            ctx_switches=_counter(_read_text(f"{base}/status"),
-                                  "voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"),
-            read_chars=_counter(io, "rchar"),
-            write_chars=_counter(io, "wchar"),
-        ))
+        found.append(
+            ThreadCounters(
+                native_id=tid,
+                cpu_seconds=cpu,
+                ctx_switches=_counter(
+                    _read_text(f"{base}/status"), "voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"
+                ),
+                read_chars=_counter(io, "rchar"),
+                write_chars=_counter(io, "wchar"),
+            )
+        )
     return tuple(found)
 
 

@@ -48,19 +48,42 @@ from .sourcefs import SourceReader
 # size and rank ``init_process_group`` was given in code. A value is kept only as a number,
 # None, a boolean or a bare type name (``_clean``): a string the job holds never leaves the
 # node, and addresses (which differ per process) are dropped.
-LOCAL_NAMES = frozenset((
-    "dst", "src", "group_dst", "group_src", "global_dst", "global_src", "peer", "tag",
-    "async_op", "group", "group_name", "group_size", "group_rank", "rank", "world_size",
-))
+LOCAL_NAMES = frozenset(
+    (
+        "dst",
+        "src",
+        "group_dst",
+        "group_src",
+        "global_dst",
+        "global_src",
+        "peer",
+        "tag",
+        "async_op",
+        "group",
+        "group_name",
+        "group_size",
+        "group_rank",
+        "rank",
+        "world_size",
+    )
+)
 _TORCH_DIST = "torch/distributed/"
 # The code torch.fx generates for a compiled graph (``model.GRAPH_CODE``) has the graph's
 # nodes as its locals, named after their ops (``_N`` added to repeats). The functional
 # collectives' ops (``torch.ops._c10d_functional``):
-GRAPH_COLLECTIVES = frozenset({
-    "all_reduce", "all_reduce_coalesced", "all_gather_into_tensor",
-    "all_gather_into_tensor_coalesced", "reduce_scatter_tensor",
-    "reduce_scatter_tensor_coalesced", "all_to_all_single", "broadcast", "wait_tensor",
-})
+GRAPH_COLLECTIVES = frozenset(
+    {
+        "all_reduce",
+        "all_reduce_coalesced",
+        "all_gather_into_tensor",
+        "all_gather_into_tensor_coalesced",
+        "reduce_scatter_tensor",
+        "reduce_scatter_tensor_coalesced",
+        "all_to_all_single",
+        "broadcast",
+        "wait_tensor",
+    }
+)
 _NODE_SUFFIX = re.compile(r"_[0-9]+$")
 # torch wraps its public c10d functions (``_exception_logger``) in a frame whose ``args``
 # and ``kwargs`` are the call as the caller made it, before c10d replaces ``group=None``
@@ -79,11 +102,23 @@ _INSTANCE = re.compile(r"<([A-Za-z_]\w*) at 0x[0-9a-fA-F]+>")
 
 # py-spy's words for a refused ptrace and for a process without a Python it can find (also
 # read from dump files, ``dumped.capture_error``)
-DENIED_WORDS = ("permission denied", "operation not permitted", "elevated permissions",
-                "(os error 1)", "(os error 13)", "ptrace_scope")
-NOT_PYTHON_WORDS = ("failed to find python version", "failed to find a python interpreter",
-                    "failed to find python interpreter", "not a python", "couldn't find python")
+DENIED_WORDS = (
+    "permission denied",
+    "operation not permitted",
+    "elevated permissions",
+    "(os error 1)",
+    "(os error 13)",
+    "ptrace_scope",
+)
+NOT_PYTHON_WORDS = (
+    "failed to find python version",
+    "failed to find a python interpreter",
+    "failed to find python interpreter",
+    "not a python",
+    "couldn't find python",
+)
 _PYTHON_EXE = re.compile(r"^(python|pypy)(\d+(\.\d+)*)?[dmu]*$")
+
 
 class DumpResult(NamedTuple):
     """One py-spy dump: the threads, or why there are none."""
@@ -100,8 +135,7 @@ def pyspy_candidates() -> list[Path]:
     names = [Path(sys.executable).parent, Path(sys.prefix) / "bin"]
     for scheme in (None, f"{os.name}_user"):
         try:
-            scripts = sysconfig.get_path("scripts", scheme) if scheme else \
-                sysconfig.get_path("scripts")
+            scripts = sysconfig.get_path("scripts", scheme) if scheme else sysconfig.get_path("scripts")
         except KeyError:
             continue
         names.append(Path(scripts))
@@ -134,8 +168,7 @@ def _frame(raw: dict[str, Any], reader: SourceReader | None) -> Frame:
     line = raw.get("line") or None
     filename = raw.get("filename") or "?"
     code = None if native or reader is None else source_line(filename, line, reader)
-    return Frame(function=raw.get("name") or "?", filename=filename, line=line, native=native,
-                 code=code)
+    return Frame(function=raw.get("name") or "?", filename=filename, line=line, native=native, code=code)
 
 
 def _clean(name: str, text: str) -> str | None:
@@ -200,8 +233,11 @@ def frame_locals(index: int, raw: dict[str, Any]) -> FrameLocals | None:
     if origin.module_path == _CALL_WRAPPER:
         group = _call_group(reprs)
         return FrameLocals(index, (("group", group),)) if group else None
-    kept = tuple((name, value) for name, text in reprs.items()
-                 if name in LOCAL_NAMES and (value := _clean(name, text)) is not None)
+    kept = tuple(
+        (name, value)
+        for name, text in reprs.items()
+        if name in LOCAL_NAMES and (value := _clean(name, text)) is not None
+    )
     return FrameLocals(index, kept) if kept else None
 
 
@@ -227,12 +263,14 @@ def _graph_locals(index: int, variables: list[Any]) -> FrameLocals | None:
 # An address is no secret and changes per process; a value is never kept
 # (``hangdoc.analysis.locks`` matches waiters to holders with them).
 OBJECT_PREFIX = "@"
-_LOCK_TYPES = frozenset({"_thread.lock", "_thread.RLock", "Condition", "Semaphore",
-                         "BoundedSemaphore", "RLock", "Lock", "_RLock"})
+_LOCK_TYPES = frozenset(
+    {"_thread.lock", "_thread.RLock", "Condition", "Semaphore", "BoundedSemaphore", "RLock", "Lock", "_RLock"}
+)
 _OBJECT = re.compile(r"<((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*) at (0x[0-9a-fA-F]{1,16})>")
 _LOCK_ROOT = re.compile(
     r"^\s*(?:(?:async\s+)?with\s+(?P<items>.+?)\s*:\s*(?:#.*)?$"
-    r"|(?:(?:if|while)\s+(?:not\s+)?|[A-Za-z_]\w*\s*=\s*)?(?P<acq>[A-Za-z_]\w*)[\w.]*\.acquire\s*\()")
+    r"|(?:(?:if|while)\s+(?:not\s+)?|[A-Za-z_]\w*\s*=\s*)?(?P<acq>[A-Za-z_]\w*)[\w.]*\.acquire\s*\()"
+)
 _ROOT = re.compile(r"\s*([A-Za-z_]\w*)[\w.]*(?:\s+as\s+\w+)?\s*")
 _DEF = re.compile(r"^\s*(async\s+def|def|class)\s")
 
@@ -260,8 +298,12 @@ def object_locals(raw: dict[str, Any], reader: SourceReader | None) -> tuple[tup
     """The kept identities of a frame's lock expressions (``OBJECT_PREFIX``), for frames of
     the job's and its libraries' code when py-spy ran with ``--locals``."""
     variables = raw.get("locals")
-    if reader is None or not isinstance(variables, list) or raw.get("module") is not None or \
-            frame_origin(raw.get("filename") or "").kind not in (Origin.USER, Origin.LIBRARY):
+    if (
+        reader is None
+        or not isinstance(variables, list)
+        or raw.get("module") is not None
+        or frame_origin(raw.get("filename") or "").kind not in (Origin.USER, Origin.LIBRARY)
+    ):
         return ()
     roots = _lock_roots(raw, reader)
     if not roots:
@@ -286,8 +328,9 @@ def _module_global(reader: SourceReader, filename: str, name: str) -> bool:
     return any(top.match(text) for text in reader.lines(filename) or ())
 
 
-def _with_objects(found: FrameLocals | None, index: int, raw: dict[str, Any],
-                  reader: SourceReader | None) -> FrameLocals | None:
+def _with_objects(
+    found: FrameLocals | None, index: int, raw: dict[str, Any], reader: SourceReader | None
+) -> FrameLocals | None:
     objects = object_locals(raw, reader)
     if not objects:
         return found
@@ -307,8 +350,9 @@ def parse_dump(text: str | bytes, pid: int | None = None) -> tuple[ThreadStack, 
     return threads_from_json(data, pid, SourceReader(pid))
 
 
-def threads_from_json(data: list[Any], pid: int | None = None,
-                      reader: SourceReader | None = None) -> tuple[ThreadStack, ...]:
+def threads_from_json(
+    data: list[Any], pid: int | None = None, reader: SourceReader | None = None
+) -> tuple[ThreadStack, ...]:
     """The threads of one py-spy JSON dump (its list of thread objects), frames outermost
     first; ``Frame.code`` is read through ``reader``, and left out without one (a dump read
     from a file, away from the process)."""
@@ -320,15 +364,17 @@ def threads_from_json(data: list[Any], pid: int | None = None,
         if name is None and native_id is not None and native_id == (pid or raw.get("pid")):
             name = "MainThread"  # threading was never imported; the main thread's tid is the pid
         found = (_with_objects(frame_locals(i, f), i, f, reader) for i, f in enumerate(frames_raw))
-        threads.append(ThreadStack(
-            thread_id=int(raw["thread_id"]),
-            name=name,
-            frames=tuple(_frame(f, reader) for f in frames_raw),
-            native_id=native_id,
-            active=bool(raw.get("active")),
-            owns_gil=bool(raw.get("owns_gil")),
-            locals=tuple(f for f in found if f is not None),
-        ))
+        threads.append(
+            ThreadStack(
+                thread_id=int(raw["thread_id"]),
+                name=name,
+                frames=tuple(_frame(f, reader) for f in frames_raw),
+                native_id=native_id,
+                active=bool(raw.get("active")),
+                owns_gil=bool(raw.get("owns_gil")),
+                locals=tuple(f for f in found if f is not None),
+            )
+        )
     return tuple(threads)
 
 
@@ -384,17 +430,20 @@ def classify_failure(pid: int, returncode: int, stderr: str) -> CaptureError:
     if no_interpreter:
         # A Python binary whose interpreter py-spy cannot find: still starting up, or a
         # Python version this py-spy does not support.
-        return CaptureError(CaptureErrorKind.PYSPY_FAILED,
-                            f"{message} (the process runs Python: is it still starting, or "
-                            "is its Python version newer than this py-spy?)")
+        return CaptureError(
+            CaptureErrorKind.PYSPY_FAILED,
+            f"{message} (the process runs Python: is it still starting, or "
+            "is its Python version newer than this py-spy?)",
+        )
     return CaptureError(CaptureErrorKind.PYSPY_FAILED, f"exit code {returncode}: {message}")
 
 
 # ------------------------------------------------------------------ running py-spy
 
 
-def pyspy_argv(pyspy: str, pid: int, *, native: bool = False, locals_: bool = False,
-               nonblocking: bool = False) -> list[str]:
+def pyspy_argv(
+    pyspy: str, pid: int, *, native: bool = False, locals_: bool = False, nonblocking: bool = False
+) -> list[str]:
     argv = [pyspy, "dump", "--pid", str(pid), "--json"]
     if native:
         argv.append("--native")
@@ -424,21 +473,22 @@ class DumpHandle:
         self._pidfd: int | None = None
         try:
             self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=self._out, stderr=self._err,
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=self._out,
+                stderr=self._err,
                 env={**os.environ, "RUST_BACKTRACE": "0"},
             )
         except OSError as exc:
             self._proc = None
-            self._finish(CaptureError(CaptureErrorKind.PYSPY_MISSING,
-                                      f"cannot run {argv[0]}: {exc.strerror or exc}"))
+            self._finish(CaptureError(CaptureErrorKind.PYSPY_MISSING, f"cannot run {argv[0]}: {exc.strerror or exc}"))
             return
         try:
             self._pidfd = os.pidfd_open(self._proc.pid)
         except (OSError, AttributeError):
             self._pidfd = None  # old kernel: fall back to Popen.wait's polling
 
-    def _finish(self, error: CaptureError | None,
-                threads: tuple[ThreadStack, ...] = ()) -> DumpResult:
+    def _finish(self, error: CaptureError | None, threads: tuple[ThreadStack, ...] = ()) -> DumpResult:
         self._result = DumpResult(threads, error)
         self._close()
         return self._result
@@ -474,10 +524,10 @@ class DumpHandle:
         if returncode is None:
             self.cancel()
             if process_gone(self.pid):
-                return self._finish(CaptureError(CaptureErrorKind.PROCESS_GONE,
-                                                 f"pid {self.pid} exited"))
-            return self._finish(CaptureError(
-                CaptureErrorKind.TIMEOUT, f"py-spy did not answer within {self.timeout:g}s"))
+                return self._finish(CaptureError(CaptureErrorKind.PROCESS_GONE, f"pid {self.pid} exited"))
+            return self._finish(
+                CaptureError(CaptureErrorKind.TIMEOUT, f"py-spy did not answer within {self.timeout:g}s")
+            )
         if returncode != 0:
             stderr = self._read(self._err).decode(errors="replace")
             if self._should_retry_nonblocking(stderr):
@@ -486,15 +536,13 @@ class DumpHandle:
         try:
             threads = parse_dump(self._read(self._out), self.pid)
         except (ValueError, KeyError, TypeError) as exc:
-            return self._finish(CaptureError(CaptureErrorKind.PYSPY_FAILED,
-                                             f"unreadable py-spy output: {exc}"))
+            return self._finish(CaptureError(CaptureErrorKind.PYSPY_FAILED, f"unreadable py-spy output: {exc}"))
         return self._finish(None, threads)
 
     def _should_retry_nonblocking(self, stderr: str) -> bool:
         """py-spy read the process but could not pause it: another tracer (a debugger, a
         concurrent py-spy) holds it. Read it once more without pausing."""
-        if self._retried or "--nonblocking" in self.argv or \
-                "failed to suspend process" not in stderr.lower():
+        if self._retried or "--nonblocking" in self.argv or "failed to suspend process" not in stderr.lower():
             return False
         self._retried = True
         self._close()
@@ -515,20 +563,33 @@ class DumpHandle:
             self._finish(CaptureError(CaptureErrorKind.TIMEOUT, "dump abandoned"))
 
 
-def start_dump(pid: int, *, native: bool = False, locals_: bool = True,
-               nonblocking: bool = False, timeout: float = 5.0,
-               pyspy: str | None = None) -> DumpHandle:
+def start_dump(
+    pid: int,
+    *,
+    native: bool = False,
+    locals_: bool = True,
+    nonblocking: bool = False,
+    timeout: float = 5.0,
+    pyspy: str | None = None,
+) -> DumpHandle:
     """Start ``py-spy dump`` on ``pid`` and return at once; ``.result()`` collects it.
 
     Raises ``PySpyMissing`` when ``pyspy`` is not given and none is found.
     """
-    argv = pyspy_argv(pyspy or find_pyspy(), pid, native=native, locals_=locals_,
-                      nonblocking=nonblocking)
+    argv = pyspy_argv(pyspy or find_pyspy(), pid, native=native, locals_=locals_, nonblocking=nonblocking)
     return DumpHandle(pid, argv, timeout)
 
 
-def dump(pid: int, *, native: bool = False, locals_: bool = True, nonblocking: bool = False,
-         timeout: float = 5.0, pyspy: str | None = None) -> DumpResult:
+def dump(
+    pid: int,
+    *,
+    native: bool = False,
+    locals_: bool = True,
+    nonblocking: bool = False,
+    timeout: float = 5.0,
+    pyspy: str | None = None,
+) -> DumpResult:
     """Dump every thread of ``pid``: ``(threads, error)``; failures are in ``error``."""
-    return start_dump(pid, native=native, locals_=locals_, nonblocking=nonblocking,
-                      timeout=timeout, pyspy=pyspy).result()
+    return start_dump(
+        pid, native=native, locals_=locals_, nonblocking=nonblocking, timeout=timeout, pyspy=pyspy
+    ).result()

@@ -34,12 +34,12 @@ from .procstate import read_state
 from .pyspy import DumpHandle, DumpResult, find_pyspy, start_dump
 
 
-def _start(proc: RankProcess, state: ProcessState, pyspy: str, native: bool,
-           timeout: float) -> DumpHandle:
+def _start(proc: RankProcess, state: ProcessState, pyspy: str, native: bool, timeout: float) -> DumpHandle:
     # A stopped process cannot be paused again (and another tracer may hold it); it cannot
     # change while stopped either, so reading it without pausing is just as consistent.
-    return start_dump(proc.pid, native=native, nonblocking=state.status in STOPPED_STATUSES,
-                      timeout=timeout, pyspy=pyspy)
+    return start_dump(
+        proc.pid, native=native, nonblocking=state.status in STOPPED_STATUSES, timeout=timeout, pyspy=pyspy
+    )
 
 
 # py-spy processes one hangdoc process runs at once, over all its rounds and callers: an
@@ -51,8 +51,7 @@ MAX_PARALLEL_DUMPS = max(16, 2 * (os.cpu_count() or 1))
 _slots = threading.BoundedSemaphore(MAX_PARALLEL_DUMPS)
 
 
-def sample_round(procs: Sequence[RankProcess], t: float, *, native: bool = False,
-                 timeout: float = 5.0) -> list[Sample]:
+def sample_round(procs: Sequence[RankProcess], t: float, *, native: bool = False, timeout: float = 5.0) -> list[Sample]:
     """One sample of every process, in ``procs`` order; per-process errors are recorded.
 
     At most ``MAX_PARALLEL_DUMPS`` py-spy processes run at once in this process; every
@@ -75,7 +74,7 @@ def sample_round(procs: Sequence[RankProcess], t: float, *, native: bool = False
             _slots.release()
 
     try:
-        for index, (proc, state) in enumerate(zip(procs, states)):
+        for index, (proc, state) in enumerate(zip(procs, states, strict=False)):
             if isinstance(state, CaptureError) or pyspy is None:
                 continue
             while not _slots.acquire(blocking=not running):

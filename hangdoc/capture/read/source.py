@@ -57,9 +57,7 @@ def collect_sources(reader: SourceReader, frames: Iterable[Frame]) -> tuple[Sour
         if frame.line in lines:
             continue
         lines.update(read_function_lines(reader, frame.filename, frame.line))
-    return tuple(
-        SourceFile(name, tuple(sorted(lines.items()))) for name, lines in sorted(per_file.items()) if lines
-    )
+    return tuple(SourceFile(name, tuple(sorted(lines.items()))) for name, lines in sorted(per_file.items()) if lines)
 
 
 def merge_sources(parts: Iterable[Iterable[SourceFile]]) -> tuple[SourceFile, ...]:

@@ -21,8 +21,8 @@ hangdoc usually runs as root. So every source line hangdoc shows or saves (``Fra
 
 The step-heartbeat records that a rank names through its environment
 (``HANGDOC_HEARTBEAT_DIR``) are opened the same way (``read_as``). A file that fails any
-test is simply not read: the frame keeps its name and line, without code. POSIX ACLs are not consulted, so a file readable only through an ACL entry shows no
-source (the safe side).
+test is simply not read: the frame keeps its name and line, without code. POSIX ACLs are
+not consulted, so a file readable only through an ACL entry shows no source (the safe side).
 """
 
 from __future__ import annotations
@@ -105,7 +105,8 @@ class Credentials:
             gids = fields["Gid"].split()
             caps = int(fields.get("CapEff", "0"), 16) if in_our_user_namespace(pid) else 0
             return cls(
-                fsuid=int(uids[3]), fsgid=int(gids[3]),
+                fsuid=int(uids[3]),
+                fsgid=int(gids[3]),
                 groups=frozenset(int(g) for g in fields.get("Groups", "").split()),
                 dac_override=bool(caps & _CAP_DAC_OVERRIDE),
                 dac_read_search=bool(caps & _CAP_DAC_READ_SEARCH),

@@ -23,18 +23,29 @@ from support.paths import TESTS
 
 pytestmark = [pytest.mark.timeout(240)]
 
-MISMATCH = ClusterJob(JOBS_DIR / "mismatch_uneven_shards_eval_gather.py",
-                      placement=((0,), (1, 2), (3,)), verdict="collective_mismatch",
-                      culprits=(2,))
+MISMATCH = ClusterJob(
+    JOBS_DIR / "mismatch_uneven_shards_eval_gather.py",
+    placement=((0,), (1, 2), (3,)),
+    verdict="collective_mismatch",
+    culprits=(2,),
+)
 # Its ranks mark ready before the first batch; under load, forking 10 DataLoader workers on
 # 2 cores takes seconds more before every rank sits in the first all_reduce.
-STRAGGLER = ClusterJob(JOBS_DIR / "straggler_forked_worker_lock.py",
-                       placement=((0, 1), (2, 3), (4,)), verdict="straggler", culprits=(1,),
-                       settle=6.0)
-TRANSPORT = ClusterJob(JOBS_DIR / "nccl_timeout_teacher_broadcast.py",
-                       placement=((0, 1), (2,), (3,)), verdict="nccl_timeout", culprits=(),
-                       cut=True, settle=3.0)
-
+STRAGGLER = ClusterJob(
+    JOBS_DIR / "straggler_forked_worker_lock.py",
+    placement=((0, 1), (2, 3), (4,)),
+    verdict="straggler",
+    culprits=(1,),
+    settle=6.0,
+)
+TRANSPORT = ClusterJob(
+    JOBS_DIR / "nccl_timeout_teacher_broadcast.py",
+    placement=((0, 1), (2,), (3,)),
+    verdict="nccl_timeout",
+    culprits=(),
+    cut=True,
+    settle=3.0,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -97,9 +108,25 @@ def watch_until_report(c: Cluster, out: Path) -> tuple[Path, str]:
     """``hangdoc watch JOB --agents ...`` until it writes a report; then stop it (attach
     mode, --on-hang report: the job is left alone). Returns report.json and stderr."""
     watch = subprocess.Popen(
-        [sys.executable, "-m", "hangdoc", "watch", c.job_spec(), *with_token(c), "--stall-after", "2",
-         "--check-interval", "1", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        [
+            sys.executable,
+            "-m",
+            "hangdoc",
+            "watch",
+            c.job_spec(),
+            *with_token(c),
+            "--stall-after",
+            "2",
+            "--check-interval",
+            "1",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     try:
         deadline = time.monotonic() + 90
         while not list(out.glob("hang-*/report.json")) and time.monotonic() < deadline and watch.poll() is None:
@@ -135,8 +162,7 @@ class TestCollectiveMismatch:
         assert_diagnosis(report_of(out2), MISMATCH)
 
     def test_an_agent_sees_only_its_own_node(self, mc: Cluster) -> None:
-        out, _ = mc.diagnose("--agents", mc.agent_address(1), "--token-file",
-                             str(mc.token_file))
+        out, _ = mc.diagnose("--agents", mc.agent_address(1), "--token-file", str(mc.token_file))
         report = report_of(out)
         found = {r["rank"]: r["host"] for r in report["ranks"] if r["pid"] is not None}
         assert found == {1: "node1", 2: "node1"}, report["ranks"]
@@ -150,35 +176,59 @@ class TestCollectiveMismatch:
         import psutil
 
         node_init = psutil.Process(mc.supervisors[1].pid).children()[0].pid  # PID 1 of node1
-        out = subprocess.run(["nsenter", "-t", str(node_init), "-p", "-m", "-n", sys.executable, "-m",
-                              "hangdoc", "diagnose", mc.job_spec(), "--json", "-q"],
-                             capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
+        out = subprocess.run(
+            [
+                "nsenter",
+                "-t",
+                str(node_init),
+                "-p",
+                "-m",
+                "-n",
+                sys.executable,
+                "-m",
+                "hangdoc",
+                "diagnose",
+                mc.job_spec(),
+                "--json",
+                "-q",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+            check=False,
+        )
         report = report_of(out)
         assert report["scope"]["seen"] == [[1, 2]], report["scope"]
         _assert_part_of_the_job(report)
-        assert any("--agents NODE:7420" in e or "hangdoc agent" in e
-                   for e in report["evidence"] + report["notes"]), report["evidence"]
+        assert any("--agents NODE:7420" in e or "hangdoc agent" in e for e in report["evidence"] + report["notes"]), (
+            report["evidence"]
+        )
 
     def test_wrong_token_is_refused_by_one_agent(self, mc: Cluster, tmp_path) -> None:
-        out, _ = mc.diagnose("--agents", mc.agent_address(0), "--token-file",
-                             str(_wrong_token(tmp_path)))
+        out, _ = mc.diagnose("--agents", mc.agent_address(0), "--token-file", str(_wrong_token(tmp_path)))
         _assert_refused(out)
 
     def test_wrong_token_is_refused_by_every_agent(self, mc: Cluster, tmp_path) -> None:
-        out, _ = mc.diagnose("--agents", mc.agents(), "--token-file",
-                             str(_wrong_token(tmp_path)))
+        out, _ = mc.diagnose("--agents", mc.agents(), "--token-file", str(_wrong_token(tmp_path)))
         _assert_refused(out)
 
     def test_mutual_tls_end_to_end(self, mc: Cluster) -> None:
         tls = mc.tls
-        out, _ = mc.diagnose("--agents", mc.agents(TLS_AGENT_PORT),
-                             "--tls-cert", str(tls.client_cert), "--tls-key", str(tls.client_key),
-                             "--tls-ca", str(tls.ca))
+        out, _ = mc.diagnose(
+            "--agents",
+            mc.agents(TLS_AGENT_PORT),
+            "--tls-cert",
+            str(tls.client_cert),
+            "--tls-key",
+            str(tls.client_key),
+            "--tls-ca",
+            str(tls.ca),
+        )
         assert_diagnosis(report_of(out), MISMATCH)
 
     def test_tls_client_without_certificate_is_refused_by_one_agent(self, mc: Cluster) -> None:
-        out, _ = mc.diagnose("--agents", mc.agent_address(0, TLS_AGENT_PORT),
-                             "--tls-ca", str(mc.tls.ca))
+        out, _ = mc.diagnose("--agents", mc.agent_address(0, TLS_AGENT_PORT), "--tls-ca", str(mc.tls.ca))
         _assert_refused(out, word="unavailable")
 
     def test_tls_client_without_certificate_is_refused_by_every_agent(self, mc: Cluster) -> None:
@@ -224,12 +274,15 @@ class TestStraggler:
         assert not {2, 3} & set(report["culprit_ranks"]), why
         assert report["partial"] is True, why
         assert "partial" in report["summary"], why
-        assert {r["host"] for r in report["ranks"] if r["rank"] in (0, 1, 4)} == {"node0",
-                                                                                "node2"}
+        assert {r["host"] for r in report["ranks"] if r["rank"] in (0, 1, 4)} == {"node0", "node2"}
 
 
-BEATING = ClusterJob(TESTS / "watchjobs" / "beating_mismatch.py",
-                     placement=((0,), (1,), (2,)), verdict="collective_mismatch", culprits=(2,))
+BEATING = ClusterJob(
+    TESTS / "watchjobs" / "beating_mismatch.py",
+    placement=((0,), (1,), (2,)),
+    verdict="collective_mismatch",
+    culprits=(2,),
+)
 
 
 class TestWatchWithHeartbeatsThroughAgents:

@@ -75,10 +75,8 @@ def prefix() -> Iterator[str]:
 
 def _leftovers(prefix: str) -> list[str]:
     """Every namespace, link, hosts dir and state record whose name starts with prefix."""
-    ns_out = subprocess.run(["ip", "netns", "list"], check=False, capture_output=True,
-                            text=True).stdout
-    link_out = subprocess.run(["ip", "-o", "link"], check=False, capture_output=True,
-                              text=True).stdout
+    ns_out = subprocess.run(["ip", "netns", "list"], check=False, capture_output=True, text=True).stdout
+    link_out = subprocess.run(["ip", "-o", "link"], check=False, capture_output=True, text=True).stdout
     names = [line.split()[0] for line in ns_out.splitlines() if line.strip()]
     names += [line.split(":")[1].strip().split("@")[0] for line in link_out.splitlines()]
     names += [p.name for p in HOSTS_DIR.glob("*")] if HOSTS_DIR.is_dir() else []
@@ -107,8 +105,13 @@ def test_nodes_talk_until_cut_then_traffic_vanishes(prefix: str) -> None:
         assert nodes.ip(0) != nodes.ip(1)
         assert nodes.ip(0).startswith("10.231.")
         server = nodes.popen(0, [sys.executable, "-c", SERVER])
-        client = nodes.popen(1, [sys.executable, "-c", CLIENT, nodes.ip(0), str(PORT)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        client = nodes.popen(
+            1,
+            [sys.executable, "-c", CLIENT, nodes.ip(0), str(PORT)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert client.stdout.readline().strip() == "connected"
         assert _ask(client, "echo") == "ok"
         assert _ask(client, "connect") == "ok"
@@ -185,8 +188,7 @@ def test_cleanup_stale_removes_a_crashed_run_but_not_a_live_one(prefix: str) -> 
 
 
 def _ns_pids(ns: str) -> list[int]:
-    out = subprocess.run(["ip", "netns", "pids", ns], check=False, capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(["ip", "netns", "pids", ns], check=False, capture_output=True, text=True).stdout
     return [int(tok) for tok in out.split()]
 
 

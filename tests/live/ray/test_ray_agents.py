@@ -37,8 +37,7 @@ pytestmark = [pytest.mark.timeout(300)]
 @pytest.fixture(scope="module")
 def cluster(ray_cluster: RayCluster) -> Iterator[RayCluster]:  # noqa: F811
     """This process connected to the cluster as a driver, as `hangdoc diagnose` is."""
-    ray.init(address=ray_cluster.address, namespace="hangdoc-tests", log_to_driver=False,
-             logging_level="WARNING")
+    ray.init(address=ray_cluster.address, namespace="hangdoc-tests", log_to_driver=False, logging_level="WARNING")
     try:
         yield ray_cluster
     finally:
@@ -55,8 +54,11 @@ def no_agent_left(cluster: RayCluster) -> Iterator[None]:
 
 
 def alive_agents(cluster: RayCluster) -> list[Any]:
-    return list_actors(address=cluster.address, raise_on_missing_output=False,
-                       filters=[("class_name", "=", "HangdocAgent"), ("state", "=", "ALIVE")])
+    return list_actors(
+        address=cluster.address,
+        raise_on_missing_output=False,
+        filters=[("class_name", "=", "HangdocAgent"), ("state", "=", "ALIVE")],
+    )
 
 
 def test_one_agent_per_node_on_its_node_answering_only_with_the_token(cluster: RayCluster) -> None:
@@ -113,12 +115,15 @@ def test_an_agent_samples_a_ray_worker_on_its_node(cluster: RayCluster) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    rank_env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    sleeper = _sleeper_class().options(
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-        runtime_env={"env_vars": rank_env},
-    ).remote()
+    rank_env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    sleeper = (
+        _sleeper_class()
+        .options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            runtime_env={"env_vars": rank_env},
+        )
+        .remote()
+    )
     try:
         pid, placed_on = ray.get(sleeper.where.remote(), timeout=120)
         assert placed_on == node_id

@@ -72,10 +72,8 @@ def _jobs(root: Path) -> dict[str, RayJobUnderTest]:
         "train_mismatch": job("train_mismatch", "train_mismatch.py"),
         "train_straggler": job("train_straggler", "train_straggler.py"),
         "train_healthy": job("train_healthy", "train_healthy.py"),
-        "actors_mismatch": job("actors_mismatch", "actors_hang.py", "mismatch",
-                               str(free_port())),
-        "actors_straggler": job("actors_straggler", "actors_hang.py", "straggler",
-                                str(free_port())),
+        "actors_mismatch": job("actors_mismatch", "actors_hang.py", "mismatch", str(free_port())),
+        "actors_straggler": job("actors_straggler", "actors_hang.py", "straggler", str(free_port())),
         "actors_watched": job("actors_watched", "actors_hang.py", "mismatch", str(free_port())),
     }
 
@@ -87,8 +85,10 @@ class Submitted:
 
 
 @pytest.fixture(scope="module")
-def submitted(ray_cluster: RayCluster, tmp_path_factory: pytest.TempPathFactory  # noqa: F811
-              ) -> Iterator[Submitted]:
+def submitted(
+    ray_cluster: RayCluster,
+    tmp_path_factory: pytest.TempPathFactory,  # noqa: F811
+) -> Iterator[Submitted]:
     """Every job of the module, submitted at once (not waited for); stopped at the end."""
     from ray.job_submission import JobSubmissionClient
 
@@ -97,7 +97,8 @@ def submitted(ray_cluster: RayCluster, tmp_path_factory: pytest.TempPathFactory 
     try:
         for job in jobs.values():
             job.submission_id = client.submit_job(
-                entrypoint=" ".join([sys.executable, str(RAY_JOBS / job.script), *job.args]))
+                entrypoint=" ".join([sys.executable, str(RAY_JOBS / job.script), *job.args])
+            )
         yield Submitted(client, jobs)
     finally:
         _stop(client, [job.submission_id for job in jobs.values() if job.submission_id])
@@ -129,10 +130,8 @@ def ready_jobs(submitted: Submitted) -> dict[str, RayJobUnderTest]:
     pending = dict(submitted.jobs)
     while pending:
         for name, job in list(pending.items()):
-            markers = {int(p.name.split(".")[1]): int(p.read_text())
-                       for p in job.ready_dir.glob("ready.*")}
-            if len(markers) == 3 and (not job.script.startswith("actors")
-                                      or (job.ready_dir / "job_id").exists()):
+            markers = {int(p.name.split(".")[1]): int(p.read_text()) for p in job.ready_dir.glob("ready.*")}
+            if len(markers) == 3 and (not job.script.startswith("actors") or (job.ready_dir / "job_id").exists()):
                 job.pids = markers
                 print(f"{name} ready after {time.monotonic() - started:.1f} s: pids {markers}")
                 del pending[name]
@@ -159,17 +158,24 @@ def _fail_if_ended(client: Any, job: RayJobUnderTest) -> None:
 def diagnose(cluster: RayCluster, job: str, *extra: str) -> subprocess.CompletedProcess:
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "hangdoc", "diagnose", f"ray:{job}",
-         "--ray-address", cluster.address, "--json", *extra],
-        check=False, cwd=REPO, capture_output=True, text=True, timeout=DIAGNOSE_TIMEOUT_S,
-        stdin=subprocess.DEVNULL)
-    print(f"hangdoc diagnose ray:{job}: exit {done.returncode} in "
-          f"{time.monotonic() - started:.1f} s\nstderr: {done.stderr[-3000:]}")
+        [sys.executable, "-m", "hangdoc", "diagnose", f"ray:{job}", "--ray-address", cluster.address, "--json", *extra],
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=DIAGNOSE_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+    )
+    print(
+        f"hangdoc diagnose ray:{job}: exit {done.returncode} in "
+        f"{time.monotonic() - started:.1f} s\nstderr: {done.stderr[-3000:]}"
+    )
     return done
 
 
-def report_of(cluster: RayCluster, submitted: Submitted, job: RayJobUnderTest,
-              spec: str | None = None) -> dict[str, Any]:
+def report_of(
+    cluster: RayCluster, submitted: Submitted, job: RayJobUnderTest, spec: str | None = None
+) -> dict[str, Any]:
     """Diagnose the job (still running: a hang that ended is no test of hangdoc)."""
     _fail_if_ended(submitted.client, job)
     done = diagnose(cluster, spec or job.submission_id)
@@ -179,15 +185,25 @@ def report_of(cluster: RayCluster, submitted: Submitted, job: RayJobUnderTest,
     try:
         report = json.loads(done.stdout)
     except json.JSONDecodeError as exc:
-        pytest.fail(f"stdout is not one JSON object ({exc}); it starts with "
-                    f"{done.stdout[:400]!r}; the report in it says {_embedded(done.stdout)}")
-    print(json.dumps({k: report.get(k) for k in (
-        "verdict", "culprit_ranks", "summary", "confidence", "basis", "evidence", "notes")},
-        indent=1))
+        pytest.fail(
+            f"stdout is not one JSON object ({exc}); it starts with "
+            f"{done.stdout[:400]!r}; the report in it says {_embedded(done.stdout)}"
+        )
+    print(
+        json.dumps(
+            {
+                k: report.get(k)
+                for k in ("verdict", "culprit_ranks", "summary", "confidence", "basis", "evidence", "notes")
+            },
+            indent=1,
+        )
+    )
     for entry in report["ranks"]:
-        print(f"rank {entry['rank']} pid {entry['pid']} {entry['state']} "
-              f"op={entry['op'] and (entry['op']['name'], entry['op']['call_site'])} "
-              f"{entry['rank_source']} ({entry['rank_evidence']}): {entry['detail']}")
+        print(
+            f"rank {entry['rank']} pid {entry['pid']} {entry['state']} "
+            f"op={entry['op'] and (entry['op']['name'], entry['op']['call_site'])} "
+            f"{entry['rank_source']} ({entry['rank_evidence']}): {entry['detail']}"
+        )
     return report
 
 
@@ -195,7 +211,7 @@ def _embedded(stdout: str) -> str:
     """What the JSON report found inside a polluted stdout says (for the failure message)."""
     start = stdout.find("\n{")
     try:
-        report = json.loads(stdout[start + 1:]) if start >= 0 else {}
+        report = json.loads(stdout[start + 1 :]) if start >= 0 else {}
     except json.JSONDecodeError:
         return "(no report found)"
     return json.dumps({k: report.get(k) for k in ("verdict", "culprit_ranks", "summary")})
@@ -204,8 +220,11 @@ def _embedded(stdout: str) -> str:
 def alive_agents(cluster: RayCluster) -> list[Any]:
     from ray.util.state import list_actors
 
-    return list_actors(address=cluster.dashboard_url, raise_on_missing_output=False,
-                       filters=[("class_name", "=", "HangdocAgent"), ("state", "=", "ALIVE")])
+    return list_actors(
+        address=cluster.dashboard_url,
+        raise_on_missing_output=False,
+        filters=[("class_name", "=", "HangdocAgent"), ("state", "=", "ALIVE")],
+    )
 
 
 def assert_no_agent_left(cluster: RayCluster) -> None:
@@ -220,8 +239,7 @@ def op_name(entry: dict[str, Any]) -> str | None:
     return entry["op"]["name"] if entry["op"] else None
 
 
-def assert_ranks_are_the_job_s(report: dict[str, Any], job: RayJobUnderTest,
-                               source: str) -> None:
+def assert_ranks_are_the_job_s(report: dict[str, Any], job: RayJobUnderTest, source: str) -> None:
     """Ranks 0-2, each the process that wrote that rank's marker, numbered from ``source``."""
     ranks = ranks_of(report)
     assert sorted(ranks) == [0, 1, 2]
@@ -232,8 +250,10 @@ def assert_ranks_are_the_job_s(report: dict[str, Any], job: RayJobUnderTest,
 # ------------------------------------------------------------------ the tests
 
 
-def test_unknown_job_is_one_line_on_stderr(ray_cluster: RayCluster,  # noqa: F811
-                                           submitted: Submitted) -> None:
+def test_unknown_job_is_one_line_on_stderr(
+    ray_cluster: RayCluster,  # noqa: F811
+    submitted: Submitted,
+) -> None:
     """Runs while the module's jobs start (it needs none of them)."""
     done = diagnose(ray_cluster, "ffffff99")
     assert done.returncode != 0 and "Traceback" not in done.stderr
@@ -250,9 +270,11 @@ def test_unknown_job_is_one_line_on_stderr(ray_cluster: RayCluster,  # noqa: F81
     assert_no_agent_left(ray_cluster)
 
 
-def test_ray_train_collective_mismatch(ray_cluster: RayCluster,  # noqa: F811
-                                       submitted: Submitted,
-                                       ready_jobs: dict[str, RayJobUnderTest]) -> None:
+def test_ray_train_collective_mismatch(
+    ray_cluster: RayCluster,  # noqa: F811
+    submitted: Submitted,
+    ready_jobs: dict[str, RayJobUnderTest],
+) -> None:
     job = ready_jobs["train_mismatch"]
     report = report_of(ray_cluster, submitted, job)
     assert (report["verdict"], report["culprit_ranks"]) == ("collective_mismatch", [2])
@@ -263,8 +285,11 @@ def test_ray_train_collective_mismatch(ray_cluster: RayCluster,  # noqa: F811
     assert "train_mismatch.py" in ranks[2]["op"]["call_site"]
 
 
-def test_ray_train_straggler(ray_cluster: RayCluster, submitted: Submitted,  # noqa: F811
-                             ready_jobs: dict[str, RayJobUnderTest]) -> None:
+def test_ray_train_straggler(
+    ray_cluster: RayCluster,
+    submitted: Submitted,  # noqa: F811
+    ready_jobs: dict[str, RayJobUnderTest],
+) -> None:
     job = ready_jobs["train_straggler"]
     report = report_of(ray_cluster, submitted, job)
     assert (report["verdict"], report["culprit_ranks"]) == ("straggler", [1])
@@ -275,18 +300,22 @@ def test_ray_train_straggler(ray_cluster: RayCluster, submitted: Submitted,  # n
     assert any("load_latest_shard" in line for line in report["evidence"]), report["evidence"]
 
 
-def test_ray_train_healthy_job_is_not_hung(ray_cluster: RayCluster,  # noqa: F811
-                                           submitted: Submitted,
-                                           ready_jobs: dict[str, RayJobUnderTest]) -> None:
+def test_ray_train_healthy_job_is_not_hung(
+    ray_cluster: RayCluster,  # noqa: F811
+    submitted: Submitted,
+    ready_jobs: dict[str, RayJobUnderTest],
+) -> None:
     job = ready_jobs["train_healthy"]
     report = report_of(ray_cluster, submitted, job)
     assert (report["verdict"], report["culprit_ranks"]) == ("not_hung", [])
     assert_ranks_are_the_job_s(report, job, "ray")
 
 
-def test_plain_actors_collective_mismatch(ray_cluster: RayCluster,  # noqa: F811
-                                          submitted: Submitted,
-                                          ready_jobs: dict[str, RayJobUnderTest]) -> None:
+def test_plain_actors_collective_mismatch(
+    ray_cluster: RayCluster,  # noqa: F811
+    submitted: Submitted,
+    ready_jobs: dict[str, RayJobUnderTest],
+) -> None:
     """Named by its hex job id; ranks in actor order (w0, w1, w2), as the report says."""
     job = ready_jobs["actors_mismatch"]
     report = report_of(ray_cluster, submitted, job, spec=job.job_id)
@@ -298,8 +327,11 @@ def test_plain_actors_collective_mismatch(ray_cluster: RayCluster,  # noqa: F811
     assert all("actor order" in ranks[r]["rank_evidence"] for r in ranks)
 
 
-def test_plain_actors_straggler(ray_cluster: RayCluster, submitted: Submitted,  # noqa: F811
-                                ready_jobs: dict[str, RayJobUnderTest]) -> None:
+def test_plain_actors_straggler(
+    ray_cluster: RayCluster,
+    submitted: Submitted,  # noqa: F811
+    ready_jobs: dict[str, RayJobUnderTest],
+) -> None:
     job = ready_jobs["actors_straggler"]
     report = report_of(ray_cluster, submitted, job)
     assert (report["verdict"], report["culprit_ranks"]) == ("straggler", [2])
@@ -310,13 +342,15 @@ def test_plain_actors_straggler(ray_cluster: RayCluster, submitted: Submitted,  
     assert any("wait_for_shard" in line for line in report["evidence"]), report["evidence"]
 
 
-
 # ------------------------------------------------------------------ watch
 
 
 def test_watch_reports_the_hang_and_stops_the_job_through_ray(
-        ray_cluster: RayCluster, submitted: Submitted,  # noqa: F811
-        ready_jobs: dict[str, RayJobUnderTest], tmp_path: Path) -> None:
+    ray_cluster: RayCluster,
+    submitted: Submitted,  # noqa: F811
+    ready_jobs: dict[str, RayJobUnderTest],
+    tmp_path: Path,
+) -> None:
     """``hangdoc watch ray:JOB --on-hang 'exec ray job stop {job}'`` on a hung plain-actor
     job: the stall (stacks still for 8 s) is diagnosed through the agents the watch placed,
     the report is written, the hook stops the job, the watch sees its workers gone and exits
@@ -331,16 +365,34 @@ def test_watch_reports_the_hang_and_stops_the_job_through_ray(
     started = time.monotonic()
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "hangdoc", "watch", f"ray:{job.submission_id}",
-             "--ray-address", ray_cluster.address, "--stall-after", "8", "--check-interval", "2",
-             "--out", str(out), "--on-hang", stop],
-            check=False, cwd=REPO, capture_output=True, text=True, timeout=WATCH_TIMEOUT_S,
-            stdin=subprocess.DEVNULL)
+            [
+                sys.executable,
+                "-m",
+                "hangdoc",
+                "watch",
+                f"ray:{job.submission_id}",
+                "--ray-address",
+                ray_cluster.address,
+                "--stall-after",
+                "8",
+                "--check-interval",
+                "2",
+                "--out",
+                str(out),
+                "--on-hang",
+                stop,
+            ],
+            check=False,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=WATCH_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired as exc:
         said = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr
         pytest.fail(f"hangdoc watch still running after {WATCH_TIMEOUT_S} s; it said:\n{(said or '')[-4000:]}")
-    print(f"hangdoc watch: exit {done.returncode} in {time.monotonic() - started:.1f} s\n"
-          f"stderr: {done.stderr[-4000:]}")
+    print(f"hangdoc watch: exit {done.returncode} in {time.monotonic() - started:.1f} s\nstderr: {done.stderr[-4000:]}")
     assert_no_agent_left(ray_cluster)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "HANG collective_mismatch (culprit ranks 0): " in done.stderr

@@ -108,19 +108,29 @@ def _wait_for(what: str, check: Any, timeout: float, failed: Any = lambda: None)
 
 
 @pytest.fixture(scope="module")
-def plain_job(ray_cluster: RayCluster, tmp_path_factory: pytest.TempPathFactory  # noqa: F811
-              ) -> Iterator[dict[str, Any]]:
+def plain_job(
+    ray_cluster: RayCluster,
+    tmp_path_factory: pytest.TempPathFactory,  # noqa: F811
+) -> Iterator[dict[str, Any]]:
     """A driver with 3 named actors, one on each node; what they said about themselves."""
     tmp = tmp_path_factory.mktemp("plain")
     script, out, log = tmp / "driver.py", tmp / "actors.json", tmp / "driver.log"
     script.write_text(PLAIN_DRIVER)
     with log.open("w") as sink:
-        driver = subprocess.Popen([sys.executable, str(script), ray_cluster.address, str(out),
-                                   *ray_cluster.node_ids], stdout=sink, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, start_new_session=True)
+        driver = subprocess.Popen(
+            [sys.executable, str(script), ray_cluster.address, str(out), *ray_cluster.node_ids],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     try:
-        _wait_for("the plain-actor driver", out.exists, READY_TIMEOUT_S,
-                  lambda: driver.poll() is not None and f"exited: {log.read_text()[-2000:]}")
+        _wait_for(
+            "the plain-actor driver",
+            out.exists,
+            READY_TIMEOUT_S,
+            lambda: driver.poll() is not None and f"exited: {log.read_text()[-2000:]}",
+        )
         yield json.loads(out.read_text())
     finally:
         _end(driver)
@@ -139,8 +149,10 @@ def _end(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def train_jobs(ray_cluster: RayCluster, tmp_path_factory: pytest.TempPathFactory  # noqa: F811
-               ) -> Iterator[dict[str, dict[str, Any]]]:
+def train_jobs(
+    ray_cluster: RayCluster,
+    tmp_path_factory: pytest.TempPathFactory,  # noqa: F811
+) -> Iterator[dict[str, dict[str, Any]]]:
     """Two 3-worker TorchTrainers submitted as Ray jobs at once (6 CPUs: both fit): one
     ``tracked`` by Ray Train's state actor (RAY_TRAIN_ENABLE_STATE_TRACKING=1), one in Ray's
     default configuration (``untracked``). Each worker's own word on its rank, pid, node."""
@@ -152,11 +164,15 @@ def train_jobs(ray_cluster: RayCluster, tmp_path_factory: pytest.TempPathFactory
         for kind, env in (("tracked", "RAY_TRAIN_ENABLE_STATE_TRACKING=1 "), ("untracked", "")):
             tmp = tmp_path_factory.mktemp(kind)
             (tmp / "train.py").write_text(TRAIN_SCRIPT)
-            jobs[kind] = {"dir": tmp, "client": client, "submission_id": client.submit_job(
-                entrypoint=f"{env}{sys.executable} {tmp / 'train.py'} {tmp}")}
+            jobs[kind] = {
+                "dir": tmp,
+                "client": client,
+                "submission_id": client.submit_job(entrypoint=f"{env}{sys.executable} {tmp / 'train.py'} {tmp}"),
+            }
         for kind, job in jobs.items():
-            job["ranks"] = _wait_for(f"the {kind} Ray Train job", lambda j=job: _reports(j),
-                                     READY_TIMEOUT_S, lambda j=job: _failed(j))
+            job["ranks"] = _wait_for(
+                f"the {kind} Ray Train job", lambda j=job: _reports(j), READY_TIMEOUT_S, lambda j=job: _failed(j)
+            )
         yield jobs
     finally:
         for job in jobs.values():
@@ -180,8 +196,7 @@ def _failed(job: dict[str, Any]) -> str | None:
 def _stop(client: Any, submission: str) -> None:
     try:
         client.stop_job(submission)
-        _wait_for("the Ray Train job to stop",
-                  lambda: client.get_job_status(submission).is_terminal(), 60)
+        _wait_for("the Ray Train job to stop", lambda: client.get_job_status(submission).is_terminal(), 60)
     except Exception as exc:  # noqa: BLE001 - the cluster's shutdown ends it anyway
         print(f"stopping the Ray Train job: {exc}")
 
@@ -194,8 +209,10 @@ def train_job(train_jobs: dict[str, dict[str, Any]]) -> dict[str, Any]:
 # ------------------------------------------------------------------ (a) plain actors
 
 
-def test_plain_actors_by_hex_job_id(ray_cluster: RayCluster,  # noqa: F811
-                                    plain_job: dict[str, Any]) -> None:
+def test_plain_actors_by_hex_job_id(
+    ray_cluster: RayCluster,  # noqa: F811
+    plain_job: dict[str, Any],
+) -> None:
     started = time.monotonic()
     job = find_ray_job(plain_job["job_id"], address=ray_cluster.address)
     print(f"find_ray_job (plain actors, GCS address): {time.monotonic() - started:.2f} s")
@@ -203,27 +220,31 @@ def test_plain_actors_by_hex_job_id(ray_cluster: RayCluster,  # noqa: F811
     assert [w.actor_name for w in job.workers] == ["trainer-0", "trainer-1", "trainer-2"]
     for rank, worker in enumerate(job.workers):
         said = plain_job["actors"][worker.actor_name]
-        assert (worker.pid, worker.node_id, worker.actor_id) == (
-            said["pid"], said["node_id"], said["actor_id"])
+        assert (worker.pid, worker.node_id, worker.actor_id) == (said["pid"], said["node_id"], said["actor_id"])
         assert psutil.pid_exists(worker.pid)
         assert worker.actor_class == "Trainer" and worker.node_ip
         assert (worker.world_rank, worker.world_size) == (rank, 3)
         assert worker.rank_source is RankSource.INFERRED
         assert worker.rank_evidence == f"actor order {rank}: not a Ray Train job"
         process = worker.to_rank_process(worker.node_ip)
-        assert (process.pid, process.rank, process.rank_source) == (
-            worker.pid, rank, RankSource.INFERRED)
+        assert (process.pid, process.rank, process.rank_source) == (worker.pid, rank, RankSource.INFERRED)
     assert set(job.node_ids) == set(ray_cluster.node_ids)  # one actor on each node
     assert any("actor order" in note for note in job.notes)
 
 
 @pytest.mark.parametrize("form", ["dashboard url", "dashboard host:port", "RAY_ADDRESS"])
-def test_address_forms(ray_cluster: RayCluster, plain_job: dict[str, Any],  # noqa: F811
-                       form: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_address_forms(
+    ray_cluster: RayCluster,
+    plain_job: dict[str, Any],  # noqa: F811
+    form: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     url = ray_cluster.dashboard_url
-    address: str | None = {"dashboard url": url,
-                           "dashboard host:port": url.removeprefix("http://"),
-                           "RAY_ADDRESS": None}[form]
+    address: str | None = {
+        "dashboard url": url,
+        "dashboard host:port": url.removeprefix("http://"),
+        "RAY_ADDRESS": None,
+    }[form]
     if address is None:
         monkeypatch.setenv("RAY_ADDRESS", ray_cluster.address)
     started = time.monotonic()
@@ -233,8 +254,10 @@ def test_address_forms(ray_cluster: RayCluster, plain_job: dict[str, Any],  # no
 
 
 def test_an_explicit_address_wins_over_ray_address(
-        ray_cluster: RayCluster, plain_job: dict[str, Any],  # noqa: F811
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    ray_cluster: RayCluster,
+    plain_job: dict[str, Any],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:9")  # Ray's clients would take this
     monkeypatch.setenv("RAY_API_SERVER_ADDRESS", "http://127.0.0.1:9")
     job = find_ray_job(plain_job["job_id"], address=ray_cluster.dashboard_url)
@@ -242,8 +265,10 @@ def test_an_explicit_address_wins_over_ray_address(
     assert os.environ["RAY_API_SERVER_ADDRESS"] == "http://127.0.0.1:9"  # given back
 
 
-def test_without_ray_train_its_routes_fail_fast(ray_cluster: RayCluster,  # noqa: F811
-                                                plain_job: dict[str, Any]) -> None:
+def test_without_ray_train_its_routes_fail_fast(
+    ray_cluster: RayCluster,  # noqa: F811
+    plain_job: dict[str, Any],
+) -> None:
     """No Train run on the cluster yet: no state actor. The dashboard says so at once and
     ``train_ranks`` comes back empty-handed, with the reason (runs before the Train job)."""
     api = ray_job.StateApi(ray_cluster.dashboard_url)
@@ -259,15 +284,16 @@ def test_without_ray_train_its_routes_fail_fast(ray_cluster: RayCluster,  # noqa
 # ------------------------------------------------------------------ (c) --workers
 
 
-def test_worker_patterns_select_a_subset(ray_cluster: RayCluster,  # noqa: F811
-                                         plain_job: dict[str, Any]) -> None:
-    job = find_ray_job(plain_job["job_id"], address=ray_cluster.address,
-                       patterns=parse_patterns("trainer-0, trainer-2,Nope*"))
-    assert [(w.actor_name, w.world_rank) for w in job.workers] == [
-        ("trainer-0", 0), ("trainer-2", 1)]
+def test_worker_patterns_select_a_subset(
+    ray_cluster: RayCluster,  # noqa: F811
+    plain_job: dict[str, Any],
+) -> None:
+    job = find_ray_job(
+        plain_job["job_id"], address=ray_cluster.address, patterns=parse_patterns("trainer-0, trainer-2,Nope*")
+    )
+    assert [(w.actor_name, w.world_rank) for w in job.workers] == [("trainer-0", 0), ("trainer-2", 1)]
     assert any("left out: Trainer 'trainer-1'" in note for note in job.notes)
-    by_class = find_ray_job(plain_job["job_id"], address=ray_cluster.address,
-                            patterns=("Train*",))
+    by_class = find_ray_job(plain_job["job_id"], address=ray_cluster.address, patterns=("Train*",))
     assert len(by_class.workers) == 3
 
 
@@ -277,17 +303,21 @@ def test_worker_patterns_select_a_subset(ray_cluster: RayCluster,  # noqa: F811
 def _train_job(address: str, submission: str) -> RayJob:
     """The job once Ray Train's state actor has recorded its workers (it does so just after
     the train loops start)."""
+
     def ranked() -> RayJob | None:
         job = find_ray_job(submission, address=address)
         if all(w.rank_source is RankSource.RAY for w in job.workers):
             return job
         print(f"not yet from the run state: {job.notes}")
         return None
+
     return _wait_for("Ray Train's run state", ranked, 60)
 
 
-def test_ray_train_world_ranks_from_the_run_state(ray_cluster: RayCluster,  # noqa: F811
-                                                  train_job: dict[str, Any]) -> None:
+def test_ray_train_world_ranks_from_the_run_state(
+    ray_cluster: RayCluster,  # noqa: F811
+    train_job: dict[str, Any],
+) -> None:
     started = time.monotonic()
     job = _train_job(ray_cluster.dashboard_url, train_job["submission_id"])
     print(f"find_ray_job (Ray Train, dashboard URL): {time.monotonic() - started:.2f} s")
@@ -306,14 +336,14 @@ def test_ray_train_world_ranks_from_the_run_state(ray_cluster: RayCluster,  # no
     # the hex job id names the same job; the GCS address reaches the same cluster
     started = time.monotonic()
     same = find_ray_job(job.job_id, address=ray_cluster.address)
-    print(f"find_ray_job (Ray Train, GCS address): {time.monotonic() - started:.2f} s; "
-          f"notes: {same.notes}")
-    assert [(w.pid, w.world_rank) for w in same.workers] == [
-        (w.pid, w.world_rank) for w in job.workers]
+    print(f"find_ray_job (Ray Train, GCS address): {time.monotonic() - started:.2f} s; notes: {same.notes}")
+    assert [(w.pid, w.world_rank) for w in same.workers] == [(w.pid, w.world_rank) for w in job.workers]
 
 
-def test_ray_train_world_ranks_from_the_controller_log(ray_cluster: RayCluster,  # noqa: F811
-                                                       train_job: dict[str, Any]) -> None:
+def test_ray_train_world_ranks_from_the_controller_log(
+    ray_cluster: RayCluster,  # noqa: F811
+    train_job: dict[str, Any],
+) -> None:
     """The fallback when the run state is not kept (the default): the controller's log."""
     job = _train_job(ray_cluster.dashboard_url, train_job["submission_id"])
     api = ray_job.StateApi(ray_cluster.dashboard_url)
@@ -321,13 +351,14 @@ def test_ray_train_world_ranks_from_the_controller_log(ray_cluster: RayCluster, 
     started = time.monotonic()
     logged = ray_job._ranks_from_controller(api, actors)
     print(f"controller log read in {time.monotonic() - started:.2f} s")
-    assert {a: r.world_rank for a, r in logged.items()} == {
-        w.actor_id: w.world_rank for w in job.workers}
+    assert {a: r.world_rank for a, r in logged.items()} == {w.actor_id: w.world_rank for w in job.workers}
     assert {r.source for r in logged.values()} == {"controller log"}
 
 
-def test_ray_train_default_configuration(ray_cluster: RayCluster,  # noqa: F811
-                                        train_jobs: dict[str, dict[str, Any]]) -> None:
+def test_ray_train_default_configuration(
+    ray_cluster: RayCluster,  # noqa: F811
+    train_jobs: dict[str, dict[str, Any]],
+) -> None:
     """No run state kept (Ray's default): the ranks come from the controller's log."""
     untracked = train_jobs["untracked"]
 
@@ -337,13 +368,11 @@ def test_ray_train_default_configuration(ray_cluster: RayCluster,  # noqa: F811
 
     started = time.monotonic()
     job = _wait_for("the controller's worker list", logged, 60)
-    print(f"find_ray_job (Ray Train, untracked): {time.monotonic() - started:.2f} s; "
-          f"notes: {job.notes}")
+    print(f"find_ray_job (Ray Train, untracked): {time.monotonic() - started:.2f} s; notes: {job.notes}")
     assert [w.world_rank for w in job.workers] == [0, 1, 2]
     for worker in job.workers:
         said = untracked["ranks"][worker.world_rank]
-        assert (worker.pid, worker.node_id, worker.local_rank) == (
-            said["pid"], said["node_id"], said["local_rank"])
+        assert (worker.pid, worker.node_id, worker.local_rank) == (said["pid"], said["node_id"], said["local_rank"])
         assert worker.rank_evidence == f"Ray Train world rank {worker.world_rank} (controller log)"
     assert "controller's log" in job.notes[0]
     assert "RAY_TRAIN_ENABLE_STATE_TRACKING=1" in job.notes[0]
@@ -351,10 +380,11 @@ def test_ray_train_default_configuration(ray_cluster: RayCluster,  # noqa: F811
     assert not tracked_pids & {w.pid for w in job.workers}  # the other job's workers stay out
 
 
-def test_ray_train_patterns_select_ray_s_own_actors(ray_cluster: RayCluster,  # noqa: F811
-                                                    train_job: dict[str, Any]) -> None:
-    job = find_ray_job(train_job["submission_id"], address=ray_cluster.address,
-                       patterns=("TrainController",))
+def test_ray_train_patterns_select_ray_s_own_actors(
+    ray_cluster: RayCluster,  # noqa: F811
+    train_job: dict[str, Any],
+) -> None:
+    job = find_ray_job(train_job["submission_id"], address=ray_cluster.address, patterns=("TrainController",))
     assert [w.actor_class for w in job.workers] == ["TrainController"]
     assert job.workers[0].rank_evidence == "actor order 0: not a worker of the Ray Train run"
 
@@ -362,8 +392,10 @@ def test_ray_train_patterns_select_ray_s_own_actors(ray_cluster: RayCluster,  # 
 # ------------------------------------------------------------------ (d) errors
 
 
-def test_unknown_job_id(ray_cluster: RayCluster, plain_job: dict[str, Any]  # noqa: F811
-                        ) -> None:
+def test_unknown_job_id(
+    ray_cluster: RayCluster,
+    plain_job: dict[str, Any],  # noqa: F811
+) -> None:
     with pytest.raises(RayJobNotFound) as caught:
         find_ray_job("ffffff00", address=ray_cluster.address)
     assert "\n" not in str(caught.value) and "ffffff00" in str(caught.value)

@@ -13,6 +13,7 @@ from hangdoc.model import (
     CaptureErrorKind,
     Frame,
     OpKind,
+    RankSnapshot,
     SourceFile,
     ThreadStack,
     Unreachable,
@@ -49,8 +50,10 @@ def test_same_collective_everywhere_and_quiet_is_transport() -> None:
 
 def test_same_collective_with_bytes_moving_is_not_hung() -> None:
     snap = make_snapshot(
-        [make_rank(r, in_c10d("all_reduce", "train.py:step:40"), cpu_per_sample=0.4,
-                   io_per_sample=50_000_000) for r in range(4)]
+        [
+            make_rank(r, in_c10d("all_reduce", "train.py:step:40"), cpu_per_sample=0.4, io_per_sample=50_000_000)
+            for r in range(4)
+        ]
     )
     d = analyse(snap)
     assert d.verdict is Verdict.NOT_HUNG
@@ -59,9 +62,7 @@ def test_same_collective_with_bytes_moving_is_not_hung() -> None:
 def test_rank_whose_op_changes_means_progress() -> None:
     a = in_c10d("all_reduce", "train.py:step:40")
     b = ["train.py:<module>:200", "train.py:main:150", "train.py:forward:20"]
-    snap = make_snapshot(
-        [make_rank(0, stacks=[a, b, a]), make_rank(1, a), make_rank(2, a)]
-    )
+    snap = make_snapshot([make_rank(0, stacks=[a, b, a]), make_rank(1, a), make_rank(2, a)])
     assert analyse(snap).verdict is Verdict.NOT_HUNG
 
 
@@ -81,8 +82,10 @@ def test_busy_rank_outside_collective_is_straggler() -> None:
 def test_lock_blocked_rank_names_the_thread() -> None:
     locked = ["train.py:<module>:200", "train.py:main:150", "threading.py:acquire:120"]
     snap = make_snapshot(
-        [make_rank(0, in_c10d("all_reduce", "train.py:step:40")),
-         make_rank(1, locked, threads={"logger": ["logger.py:flush:30"]})]
+        [
+            make_rank(0, in_c10d("all_reduce", "train.py:step:40")),
+            make_rank(1, locked, threads={"logger": ["logger.py:flush:30"]}),
+        ]
     )
     d = analyse(snap)
     assert d.verdict is Verdict.STRAGGLER
@@ -123,11 +126,14 @@ def test_exited_rank_is_missing() -> None:
 
 
 def test_new_group_skipped_by_one_rank_is_init_deadlock() -> None:
-    new_group = ["train.py:<module>:10", "train.py:setup:30", f"{C10D}:new_group:5000",
-                 f"{C10D}:_new_group_with_tag:5100"]
+    new_group = [
+        "train.py:<module>:10",
+        "train.py:setup:30",
+        f"{C10D}:new_group:5000",
+        f"{C10D}:_new_group_with_tag:5100",
+    ]
     snap = make_snapshot(
-        [make_rank(r, new_group) for r in (0, 1, 2)]
-        + [make_rank(3, in_c10d("all_reduce", "train.py:step:40"))]
+        [make_rank(r, new_group) for r in (0, 1, 2)] + [make_rank(3, in_c10d("all_reduce", "train.py:step:40"))]
     )
     d = analyse(snap)
     assert d.verdict is Verdict.INIT_DEADLOCK
@@ -149,20 +155,23 @@ def test_init_with_disagreeing_port_names_the_odd_rank() -> None:
 def test_exit_handler_is_cleanup() -> None:
     # after an uncaught exception, atexit handlers run with no <module> frame below them
     atexit_stack = ["train.py:_sync_on_exit:55", LOGGER, f"{C10D}:barrier:4100"]
-    snap = make_snapshot(
-        [make_rank(0, in_c10d("all_reduce", "train.py:step:40")), make_rank(1, atexit_stack)]
-    )
+    snap = make_snapshot([make_rank(0, in_c10d("all_reduce", "train.py:step:40")), make_rank(1, atexit_stack)])
     d = analyse(snap)
     assert d.verdict is Verdict.CLEANUP_DEADLOCK
     assert d.culprit_ranks == (1,)
 
 
 def test_exit_dunder_is_cleanup() -> None:
-    exit_stack = ["train.py:<module>:200", "train.py:main:150", "trainer.py:__exit__:60",
-                  "trainer.py:close:70", LOGGER, f"{C10D}:barrier:4100"]
+    exit_stack = [
+        "train.py:<module>:200",
+        "train.py:main:150",
+        "trainer.py:__exit__:60",
+        "trainer.py:close:70",
+        LOGGER,
+        f"{C10D}:barrier:4100",
+    ]
     snap = make_snapshot(
-        [make_rank(r, in_c10d("all_reduce", "train.py:step:40")) for r in (0, 2, 3)]
-        + [make_rank(1, exit_stack)]
+        [make_rank(r, in_c10d("all_reduce", "train.py:step:40")) for r in (0, 2, 3)] + [make_rank(1, exit_stack)]
     )
     d = analyse(snap)
     assert d.verdict is Verdict.CLEANUP_DEADLOCK
@@ -172,14 +181,19 @@ def test_exit_dunder_is_cleanup() -> None:
 
 def test_finally_block_is_cleanup_from_captured_source() -> None:
     stack = ["/job/train.py:<module>:20", "/job/train.py:main:16", LOGGER, f"{C10D}:barrier:4100"]
-    src = SourceFile("/job/train.py", (
-        (10, "def main():"), (11, "    try:"), (12, "        for batch in data:"),
-        (13, "            step(batch)"), (14, "    finally:"), (15, "        # sync before exit"),
-        (16, "        dist.barrier()"),
-    ))
-    snap = make_snapshot(
-        [make_rank(0, in_c10d("all_reduce", "train.py:step:40")), make_rank(1, stack)]
+    src = SourceFile(
+        "/job/train.py",
+        (
+            (10, "def main():"),
+            (11, "    try:"),
+            (12, "        for batch in data:"),
+            (13, "            step(batch)"),
+            (14, "    finally:"),
+            (15, "        # sync before exit"),
+            (16, "        dist.barrier()"),
+        ),
     )
+    snap = make_snapshot([make_rank(0, in_c10d("all_reduce", "train.py:step:40")), make_rank(1, stack)])
     assert analyse(snap).verdict is Verdict.COLLECTIVE_MISMATCH  # without the source: no cleanup
     d = analyse(replace(snap, sources=(src,)))
     assert d.verdict is Verdict.CLEANUP_DEADLOCK
@@ -189,10 +203,15 @@ def test_finally_block_is_cleanup_from_captured_source() -> None:
 def test_work_wait_names_the_async_collective() -> None:
     frame = make_frame("/job/train.py:step:23", code="work.wait()")
     thread = ThreadStack(1, "MainThread", (make_frame("/job/train.py:<module>:40"), frame))
-    src = SourceFile("/job/train.py", (
-        (20, "def step(t):"), (21, "    work = dist.all_reduce(t, async_op=True)"),
-        (22, "    compute()"), (23, "    work.wait()"),
-    ))
+    src = SourceFile(
+        "/job/train.py",
+        (
+            (20, "def step(t):"),
+            (21, "    work = dist.all_reduce(t, async_op=True)"),
+            (22, "    compute()"),
+            (23, "    work.wait()"),
+        ),
+    )
     snap = make_snapshot({0: []})
     op = recognise(thread, replace(snap, sources=(src,)))
     assert op is not None and op.name == "all_reduce" and op.kind is OpKind.COLLECTIVE
@@ -201,29 +220,47 @@ def test_work_wait_names_the_async_collective() -> None:
 
 
 def test_ddp_backward_recognised_from_native_frames() -> None:
-    frames = tuple(make_frame(f) for f in ["train.py:<module>:9", "train.py:main:30",
-                                           "torch/_tensor.py:backward:600",
-                                           "torch/autograd/graph.py:_engine_run_backward:800"])
+    frames = tuple(
+        make_frame(f)
+        for f in [
+            "train.py:<module>:9",
+            "train.py:main:30",
+            "torch/_tensor.py:backward:600",
+            "torch/autograd/graph.py:_engine_run_backward:800",
+        ]
+    )
     lib = "/venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so"
-    native = tuple(Frame(name, lib, None, native=True) for name in (
-        "torch::autograd::Engine::execute", "c10d::Reducer::mark_variable_ready", "c10d::Work::wait"))
+    native = tuple(
+        Frame(name, lib, None, native=True)
+        for name in ("torch::autograd::Engine::execute", "c10d::Reducer::mark_variable_ready", "c10d::Work::wait")
+    )
     op = recognise(ThreadStack(1, "MainThread", frames + native))
     assert op is not None and op.name == "all_reduce" and op.via == "native frames"
     assert op.call_site is not None and op.call_site.location == "train.py:30"
 
 
 def test_functional_collective_wait() -> None:
-    stack = ["train.py:<module>:9", "train.py:main:30",
-             "torch/distributed/_functional_collectives.py:__torch_dispatch__:700",
-             "torch/distributed/_functional_collectives.py:wait_tensor:140"]
+    stack = [
+        "train.py:<module>:9",
+        "train.py:main:30",
+        "torch/distributed/_functional_collectives.py:__torch_dispatch__:700",
+        "torch/distributed/_functional_collectives.py:wait_tensor:140",
+    ]
     op = recognise(ThreadStack(1, "MainThread", tuple(make_frame(f) for f in stack)))
     assert op is not None and op.kind is OpKind.COLLECTIVE and op.via == "functional collective wait"
 
 
 def test_both_ranks_receiving_is_p2p_mismatch() -> None:
-    recv = lambda r, peer: make_rank(
-        r, ["pipe.py:<module>:50", make_frame(f"/job/pipe.py:stage:{20 + r}", code=f"dist.recv(buf, src={peer})"),
-            f"{C10D}:recv:2400"])
+    def recv(r: int, peer: int) -> RankSnapshot:
+        return make_rank(
+            r,
+            [
+                "pipe.py:<module>:50",
+                make_frame(f"/job/pipe.py:stage:{20 + r}", code=f"dist.recv(buf, src={peer})"),
+                f"{C10D}:recv:2400",
+            ],
+        )
+
     d = analyse(make_snapshot([recv(0, 1), recv(1, 0)]))
     assert d.verdict is Verdict.COLLECTIVE_MISMATCH
     assert d.culprit_ranks == (0, 1)
@@ -279,19 +316,22 @@ def test_missing_local_rank_of_multi_node_job_is_still_missing() -> None:
 def test_polling_wait_is_not_progress() -> None:
     # the TCPStore server polls hundreds of times a second while waiting for a peer
     init = ["train.py:<module>:10", f"{C10D}:init_process_group:1500", f"{C10D}:_create_c10d_store:300"]
-    snap = make_snapshot([make_rank(0, init, world_size=3, ctx_per_sample=300),
-                          make_rank(1, init, world_size=3)])
+    snap = make_snapshot([make_rank(0, init, world_size=3, ctx_per_sample=300), make_rank(1, init, world_size=3)])
     d = analyse(snap)
     assert d.verdict is Verdict.RANK_MISSING
     assert d.culprit_ranks == (2,)
 
 
 def test_rank_joining_a_thread_in_exit_is_cleanup() -> None:
-    joining = ["train.py:<module>:200", "train.py:main:150", "trainer.py:__exit__:60",
-               "threading.py:join:1100", "threading.py:_wait_for_tstate_lock:1140"]
+    joining = [
+        "train.py:<module>:200",
+        "train.py:main:150",
+        "trainer.py:__exit__:60",
+        "threading.py:join:1100",
+        "threading.py:_wait_for_tstate_lock:1140",
+    ]
     snap = make_snapshot(
-        [make_rank(r, in_c10d("all_reduce", "train.py:step:40")) for r in (0, 1)]
-        + [make_rank(2, joining)]
+        [make_rank(r, in_c10d("all_reduce", "train.py:step:40")) for r in (0, 1)] + [make_rank(2, joining)]
     )
     d = analyse(snap)
     assert d.verdict is Verdict.CLEANUP_DEADLOCK
@@ -300,9 +340,13 @@ def test_rank_joining_a_thread_in_exit_is_cleanup() -> None:
 
 
 def test_op_is_named_by_the_api_the_user_called() -> None:
-    stack = ["pipe.py:<module>:9", "pipe.py:run_stage:30",
-             "torch/distributed/pipelining/stage.py:_shape_inference:500",
-             f"{C10D}:recv_object_list:3300", f"{C10D}:recv:2400"]
+    stack = [
+        "pipe.py:<module>:9",
+        "pipe.py:run_stage:30",
+        "torch/distributed/pipelining/stage.py:_shape_inference:500",
+        f"{C10D}:recv_object_list:3300",
+        f"{C10D}:recv:2400",
+    ]
     op = recognise(ThreadStack(1, "MainThread", tuple(make_frame(f) for f in stack)))
     assert op is not None and op.name == "recv_object_list" and op.kind is OpKind.P2P
     assert op.call_site is not None and op.call_site.location == "pipe.py:30"
@@ -310,13 +354,21 @@ def test_op_is_named_by_the_api_the_user_called() -> None:
 
 def test_retry_sleep_in_except_block_is_straggler_not_cleanup() -> None:
     stack = ["/job/train.py:<module>:90", "/job/train.py:main:80", "/job/lock.py:acquire:39"]
-    src = SourceFile("/job/lock.py", (
-        (30, "    def acquire(self):"), (31, "        while True:"), (32, "            try:"),
-        (33, "                fd = os.open(self.path, os.O_CREAT | os.O_EXCL)"),
-        (34, "                return fd"), (35, "            except FileExistsError:"),
-        (36, "                if time.time() > self.deadline:"), (37, "                    raise"),
-        (38, "                # someone else holds it"), (39, "                time.sleep(self.poll)"),
-    ))
+    src = SourceFile(
+        "/job/lock.py",
+        (
+            (30, "    def acquire(self):"),
+            (31, "        while True:"),
+            (32, "            try:"),
+            (33, "                fd = os.open(self.path, os.O_CREAT | os.O_EXCL)"),
+            (34, "                return fd"),
+            (35, "            except FileExistsError:"),
+            (36, "                if time.time() > self.deadline:"),
+            (37, "                    raise"),
+            (38, "                # someone else holds it"),
+            (39, "                time.sleep(self.poll)"),
+        ),
+    )
     snap = make_snapshot(
         [make_rank(r, in_c10d("all_reduce", "train.py:step:40")) for r in (0, 1)] + [make_rank(2, stack)]
     )

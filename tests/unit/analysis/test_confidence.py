@@ -96,8 +96,7 @@ def nothing_captured() -> JobSnapshot:
 def unseen_rank() -> JobSnapshot:
     timed_out = make_rank(3, error=CaptureErrorKind.TIMEOUT, world_size=4)
     in_d = ProcessState("disk-sleep", cpu_seconds=10.0, num_threads=9)
-    stuck = dataclasses.replace(
-        timed_out, samples=tuple(dataclasses.replace(s, state=in_d) for s in timed_out.samples))
+    stuck = dataclasses.replace(timed_out, samples=tuple(dataclasses.replace(s, state=in_d) for s in timed_out.samples))
     return make_snapshot([waiting(r) for r in range(3)] + [stuck])
 
 
@@ -160,8 +159,10 @@ def size_unknown() -> JobSnapshot:
 def progress_partly_seen() -> JobSnapshot:
     """Ranks 0-1 complete ops; ranks 2-3 are on a node that did not answer."""
     stacks = [in_op("all_reduce", 40), in_op("broadcast", 50), in_op("all_reduce", 40)]
-    return make_snapshot([make_rank(r, stacks=stacks, world_size=4) for r in range(2)],
-                         unreachable=[Unreachable("node1:50051", "connection refused", (2, 3))])
+    return make_snapshot(
+        [make_rank(r, stacks=stacks, world_size=4) for r in range(2)],
+        unreachable=[Unreachable("node1:50051", "connection refused", (2, 3))],
+    )
 
 
 def progress_by_wakeups() -> JobSnapshot:
@@ -180,8 +181,10 @@ def working() -> JobSnapshot:
 def working_partly_seen() -> JobSnapshot:
     """Ranks 0-1 compute; ranks 2-3 are on a node that did not answer: they may wait for them."""
     compute = [*LOOP, "train.py:forward:12"]
-    return make_snapshot([make_rank(r, compute, cpu_per_sample=0.5, world_size=4) for r in range(2)],
-                         unreachable=[Unreachable("node1:50051", "connection refused", (2, 3))])
+    return make_snapshot(
+        [make_rank(r, compute, cpu_per_sample=0.5, world_size=4) for r in range(2)],
+        unreachable=[Unreachable("node1:50051", "connection refused", (2, 3))],
+    )
 
 
 def rank_missing() -> JobSnapshot:
@@ -208,12 +211,13 @@ def init_env_split() -> JobSnapshot:
 def parted_paths() -> JobSnapshot:
     # three ops, no minority by op; ranks 0-1 in one training step, rank 2 left for eval
     step = [*LOOP, "loop.py:Loop.advance:300"]
-    return make_snapshot([
-        make_rank(0, [*step, "loop.py:sync_sigterm:265", f"{C10D}:broadcast:2700"]),
-        make_rank(1, [*step, "loop.py:backward:320", f"{C10D}:all_reduce:2800"]),
-        make_rank(2, [*LOOP, "loop.py:Loop.on_advance_end:406", "eval.py:epoch_end:9",
-                      f"{C10D}:barrier:4100"]),
-    ])
+    return make_snapshot(
+        [
+            make_rank(0, [*step, "loop.py:sync_sigterm:265", f"{C10D}:broadcast:2700"]),
+            make_rank(1, [*step, "loop.py:backward:320", f"{C10D}:all_reduce:2800"]),
+            make_rank(2, [*LOOP, "loop.py:Loop.on_advance_end:406", "eval.py:epoch_end:9", f"{C10D}:barrier:4100"]),
+        ]
+    )
 
 
 def threads_race(arguments: bool) -> JobSnapshot:
@@ -223,29 +227,46 @@ def threads_race(arguments: bool) -> JobSnapshot:
     given = [(-2, {"group": "(default)"})] if arguments else []
 
     def rank(r: int) -> object:
-        side = ["threading.py:Thread._bootstrap:995", "ckpt.py:save:12",
-                make_frame("ckpt.py:gather:30", code="dist.all_gather(out, t)"), wrapper,
-                f"{C10D}:all_gather:3100"]
-        return make_rank(r, [*LOOP, make_frame("train.py:main:160", code="dist.barrier()"),
-                             wrapper, f"{C10D}:barrier:4100"], world_size=2, arguments=given,
-                         threads={"ckpt": side}, thread_arguments={"ckpt": given})
+        side = [
+            "threading.py:Thread._bootstrap:995",
+            "ckpt.py:save:12",
+            make_frame("ckpt.py:gather:30", code="dist.all_gather(out, t)"),
+            wrapper,
+            f"{C10D}:all_gather:3100",
+        ]
+        return make_rank(
+            r,
+            [*LOOP, make_frame("train.py:main:160", code="dist.barrier()"), wrapper, f"{C10D}:barrier:4100"],
+            world_size=2,
+            arguments=given,
+            threads={"ckpt": side},
+            thread_arguments={"ckpt": given},
+        )
+
     return make_snapshot([rank(0), rank(1)])
 
 
-COMPILED = [*LOOP, make_frame("train.py:main:93", code="loss = compiled_loss(img, txt)"),
-            "torch/_functorch/aot_autograd.py:aot_module_simplified.<locals>.forward:1277",
-            "torch/fx/graph_module.py:_WrappedCall.__call__:493", "<eval_with_key>.3:forward:13",
-            "torch/_ops.py:OpOverload.__call__:875", "torch/_ops.py:OpOverload.redispatch:882"]
+COMPILED = [
+    *LOOP,
+    make_frame("train.py:main:93", code="loss = compiled_loss(img, txt)"),
+    "torch/_functorch/aot_autograd.py:aot_module_simplified.<locals>.forward:1277",
+    "torch/fx/graph_module.py:_WrappedCall.__call__:493",
+    "<eval_with_key>.3:forward:13",
+    "torch/_ops.py:OpOverload.__call__:875",
+    "torch/_ops.py:OpOverload.redispatch:882",
+]
 
 
 def compiled_graph(graph_op: str | None) -> JobSnapshot:
     """Ranks 0, 2, 3 idle in a compiled graph's C++ op; rank 1 in an eager all_reduce. With
     ``graph_op``, capture kept the graph's last collective node."""
     kept = [(-3, {"graph_op": graph_op})] if graph_op else []
-    eager = make_rank(1, [*LOOP, make_frame("train.py:main:101", code="dist.all_reduce(stats)"),
-                          f"{C10D}:all_reduce:3252"], world_size=4)
-    return make_snapshot([make_rank(r, COMPILED, world_size=4, arguments=kept) for r in (0, 2, 3)]
-                         + [eager])
+    eager = make_rank(
+        1,
+        [*LOOP, make_frame("train.py:main:101", code="dist.all_reduce(stats)"), f"{C10D}:all_reduce:3252"],
+        world_size=4,
+    )
+    return make_snapshot([make_rank(r, COMPILED, world_size=4, arguments=kept) for r in (0, 2, 3)] + [eager])
 
 
 def few_moving() -> JobSnapshot:
@@ -258,9 +279,13 @@ def groups_unseen(majority: str = "<ProcessGroup>", minority: str | None = None)
     wrapper = "torch/distributed/c10d_logger.py:_exception_logger.<locals>.wrapper:83"
 
     def on_group(rank: int, line: int, group: str | None) -> object:
-        return make_rank(rank, [*LOOP, f"train.py:train_step:{line}", wrapper,
-                                f"{C10D}:all_reduce:2800"], world_size=4,
-                         arguments=[(-2, {"group": group})] if group else [])
+        return make_rank(
+            rank,
+            [*LOOP, f"train.py:train_step:{line}", wrapper, f"{C10D}:all_reduce:2800"],
+            world_size=4,
+            arguments=[(-2, {"group": group})] if group else [],
+        )
+
     # rank 3's op says nothing of its group (no arguments, no line): it may be on WORLD
     return make_snapshot([*(on_group(r, 40, majority) for r in range(3)), on_group(3, 55, minority)])
 
@@ -269,14 +294,22 @@ def left_groups(code: bool) -> JobSnapshot:
     """Ranks 0-3 and 4-7 in all_reduce on passed groups at two places (two tensor-parallel
     groups), rank 8 at an epoch-end barrier; with ``code``, the call lines say which op runs
     on which group (no arguments); without, only the merged tree's shape says who left."""
+
     def site(line: int, text: str) -> object:
         return make_frame(f"train.py:train_step:{line}", code=text if code else None)
 
     def tp(rank: int, line: int) -> object:
-        return make_rank(rank, [*LOOP, "train.py:step:90", site(line, "dist.all_reduce(x, group=tp_group)"),
-                                f"{C10D}:all_reduce:2800"], world_size=9)
-    barrier = make_rank(8, [*LOOP, make_frame("train.py:epoch_end:120", code="dist.barrier()" if code else None),
-                            f"{C10D}:barrier:4100"], world_size=9)
+        return make_rank(
+            rank,
+            [*LOOP, "train.py:step:90", site(line, "dist.all_reduce(x, group=tp_group)"), f"{C10D}:all_reduce:2800"],
+            world_size=9,
+        )
+
+    barrier = make_rank(
+        8,
+        [*LOOP, make_frame("train.py:epoch_end:120", code="dist.barrier()" if code else None), f"{C10D}:barrier:4100"],
+        world_size=9,
+    )
     return make_snapshot([*(tp(r, 40) for r in range(4)), *(tp(r, 55) for r in range(4, 8)), barrier])
 
 
@@ -286,33 +319,44 @@ AT_ITEM = [*LOOP, make_frame("train.py:train_step:40", code="loss_value = loss.i
 
 def device_one_site() -> JobSnapshot:
     """Every rank spins at the same ``.item()`` on a GPU (tests/unit/analysis/test_device_waits)."""
-    return make_snapshot([make_rank(r, AT_ITEM, world_size=4, active=True, cpu_per_sample=0.5,
-                                    env=GPU) for r in range(4)])
+    return make_snapshot(
+        [make_rank(r, AT_ITEM, world_size=4, active=True, cpu_per_sample=0.5, env=GPU) for r in range(4)]
+    )
 
 
 def device_straggler() -> JobSnapshot:
     """Ranks 0-2 wait for their devices at ``.item()``; rank 3 is on a lock, watched long."""
     lock = [*LOOP, make_frame("data.py:next_batch:80", code="with self._lock:")]
-    return make_snapshot([*(make_rank(r, AT_ITEM, world_size=4, samples=24, active=True,
-                                      cpu_per_sample=0.5, env=GPU) for r in range(3)),
-                          make_rank(3, lock, world_size=4, samples=24, env=GPU)])
+    return make_snapshot(
+        [
+            *(
+                make_rank(r, AT_ITEM, world_size=4, samples=24, active=True, cpu_per_sample=0.5, env=GPU)
+                for r in range(3)
+            ),
+            make_rank(3, lock, world_size=4, samples=24, env=GPU),
+        ]
+    )
 
 
 def maybe_device() -> JobSnapshot:
     """Rank 3 spins at ``.item()`` and nothing shows a GPU: read as computing, doubted."""
-    return make_snapshot([waiting(0), waiting(1), waiting(2),
-                          make_rank(3, AT_ITEM, world_size=4, active=True, cpu_per_sample=0.5)])
+    return make_snapshot(
+        [waiting(0), waiting(1), waiting(2), make_rank(3, AT_ITEM, world_size=4, active=True, cpu_per_sample=0.5)]
+    )
 
 
 def from_dump(code: str | None) -> JobSnapshot:
     """As a dump file gives it: one sample each, no counters; rank 3 on the job's line 70,
     whose text is ``code`` (None: not in the dump)."""
+
     def bare(snap):  # type: ignore[no-untyped-def]
-        return dataclasses.replace(snap, samples=tuple(dataclasses.replace(s, state=None)
-                                                       for s in snap.samples))
+        return dataclasses.replace(snap, samples=tuple(dataclasses.replace(s, state=None) for s in snap.samples))
+
     line = [*LOOP, make_frame("train.py:crop:70", code=code)]
-    return make_snapshot([bare(waiting(r, samples=1)) for r in range(3)]
-                         + [bare(make_rank(3, line, world_size=4, samples=1, active=True))])
+    return make_snapshot(
+        [bare(waiting(r, samples=1)) for r in range(3)]
+        + [bare(make_rank(3, line, world_size=4, samples=1, active=True))]
+    )
 
 
 # (snapshot, verdict, confidence, phrases the basis must hold)
@@ -458,8 +502,9 @@ def test_every_rule_is_exercised() -> None:
 def test_high_when_no_rule_applies_and_the_lowest_rule_wins() -> None:
     assert weigh_stacks(_case(transport_hang()).found, _case(transport_hang()).views).confidence is HIGH
     # medium (one sample) and low (elimination) together: low
-    snap = dataclasses.replace(unseen_rank(), ranks=tuple(
-        dataclasses.replace(r, samples=r.samples[:1]) for r in unseen_rank().ranks))
+    snap = dataclasses.replace(
+        unseen_rank(), ranks=tuple(dataclasses.replace(r, samples=r.samples[:1]) for r in unseen_rank().ranks)
+    )
     d = diagnosed(snap)
     assert d.confidence is LOW
     assert has(d, "read in 1 sample only") and has(d, "culprit by elimination")
@@ -492,8 +537,10 @@ def test_confidence_members_say_what_they_mean() -> None:
     documented = {
         stmt.targets[0].id
         for stmt, doc in itertools.pairwise(body)
-        if isinstance(stmt, ast.Assign) and isinstance(doc, ast.Expr)
-        and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)
+        if isinstance(stmt, ast.Assign)
+        and isinstance(doc, ast.Expr)
+        and isinstance(doc.value, ast.Constant)
+        and isinstance(doc.value.value, str)
     }
     assert documented == {c.name for c in Confidence}
 

@@ -41,9 +41,12 @@ def native(*names: tuple[str, str]) -> list[Frame]:
 
 
 # .item() as gdb shows it (pytorch#95944, transformer-xl#10), outermost first
-ITEM_NATIVE = native(("at::native::_local_scalar_dense_cuda(at::Tensor const&)", LIBTORCH_CUDA),
-                     ("cudaMemcpyAsync", LIBCUDART), ("0x7f5178571f92", LIBCUDA),
-                     ("0x14cd955ebdbc", LIBCUDA))
+ITEM_NATIVE = native(
+    ("at::native::_local_scalar_dense_cuda(at::Tensor const&)", LIBTORCH_CUDA),
+    ("cudaMemcpyAsync", LIBCUDART),
+    ("0x7f5178571f92", LIBCUDA),
+    ("0x14cd955ebdbc", LIBCUDA),
+)
 
 
 def at_item(line: int = 40, code: str = "loss_value = loss.item()") -> list[object]:
@@ -53,34 +56,38 @@ def at_item(line: int = 40, code: str = "loss_value = loss.item()") -> list[obje
 def spinning(rank: int, stack: list[object], world: int = 4, **kw: object) -> RankSnapshot:
     """A rank whose main thread spins a core at a host sync (on CPU, ~100%)."""
     kw.setdefault("env", GPU_ENV)
-    return make_rank(rank, stack, world_size=world, active=True, cpu_per_sample=0.5,
-                     **kw)  # type: ignore[arg-type]
+    return make_rank(rank, stack, world_size=world, active=True, cpu_per_sample=0.5, **kw)  # type: ignore[arg-type]
 
 
 # -- recognition --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("code", "call"), [
-    ("loss_value = loss.item()", ".item()"),
-    ("preds = logits.argmax(-1).tolist()", ".tolist()"),
-    ("cpu_copy = t.detach().cpu()", ".cpu()"),
-    ("arr = t.numpy(force=True)", ".numpy()"),
-    ("torch.cuda.current_stream().synchronize()", ".synchronize()"),
-    ("x = batch.cuda()", ".cuda()"),
-    ('host = t.to("cpu")', ".to()"),
-    ("x = batch.cuda(non_blocking=True)", None),  # from pinned memory: queued, no wait
-    ("arr = t.numpy()", None),  # a CUDA tensor raises here: never a device wait
-    ("x = t.to(dtype)", None),
-    ("done.wait()", None),
-])
+@pytest.mark.parametrize(
+    ("code", "call"),
+    [
+        ("loss_value = loss.item()", ".item()"),
+        ("preds = logits.argmax(-1).tolist()", ".tolist()"),
+        ("cpu_copy = t.detach().cpu()", ".cpu()"),
+        ("arr = t.numpy(force=True)", ".numpy()"),
+        ("torch.cuda.current_stream().synchronize()", ".synchronize()"),
+        ("x = batch.cuda()", ".cuda()"),
+        ('host = t.to("cpu")', ".to()"),
+        ("x = batch.cuda(non_blocking=True)", None),  # from pinned memory: queued, no wait
+        ("arr = t.numpy()", None),  # a CUDA tensor raises here: never a device wait
+        ("x = t.to(dtype)", None),
+        ("done.wait()", None),
+    ],
+)
 def test_host_syncing_calls(code: str, call: str | None) -> None:
     assert sync_call(code) == call
 
 
 def test_torch_synchronize_frames_are_device_waits_without_any_other_evidence() -> None:
-    for inner, name in (("torch/cuda/__init__.py:synchronize:1220", "torch.cuda.synchronize()"),
-                        ("torch/cuda/streams.py:Event.synchronize:255", "Event.synchronize()"),
-                        ("torch/cuda/streams.py:Stream.synchronize:109", "Stream.synchronize()")):
+    for inner, name in (
+        ("torch/cuda/__init__.py:synchronize:1220", "torch.cuda.synchronize()"),
+        ("torch/cuda/streams.py:Event.synchronize:255", "Event.synchronize()"),
+        ("torch/cuda/streams.py:Stream.synchronize:109", "Stream.synchronize()"),
+    ):
         thread = make_rank(0, [*LOOP, "train.py:train_step:40", inner]).samples[0].threads[0]
         op = device_wait(thread, lines=False)
         assert op is not None and op.name == name
@@ -88,8 +95,9 @@ def test_torch_synchronize_frames_are_device_waits_without_any_other_evidence() 
 
 
 def test_event_wait_queues_a_device_wait_and_is_no_host_sync() -> None:
-    thread = make_rank(0, [*LOOP, "train.py:train_step:40",
-                           "torch/cuda/streams.py:Event.wait:222"]).samples[0].threads[0]
+    thread = (
+        make_rank(0, [*LOOP, "train.py:train_step:40", "torch/cuda/streams.py:Event.wait:222"]).samples[0].threads[0]
+    )
     assert device_wait(thread, lines=True) is None
 
 
@@ -138,9 +146,13 @@ def test_bytes_moving_at_a_host_sync_are_progress() -> None:
 def test_a_side_threads_host_sync_is_not_the_ranks() -> None:
     """A metrics thread blocked at ``.item()`` while the main thread computes: the rank
     computes."""
-    rank = make_rank(0, [*LOOP, "model.py:forward:12"], cpu_per_sample=0.5, env=GPU_ENV,
-                     threads={"metrics": ["threading.py:run:982",
-                                          make_frame("metrics.py:flush:9", code="v = acc.item()")]})
+    rank = make_rank(
+        0,
+        [*LOOP, "model.py:forward:12"],
+        cpu_per_sample=0.5,
+        env=GPU_ENV,
+        threads={"metrics": ["threading.py:run:982", make_frame("metrics.py:flush:9", code="v = acc.item()")]},
+    )
     v = view_rank(rank, make_snapshot([rank]))
     assert v.op is None and v.state is RankState.BUSY
 
@@ -164,10 +176,14 @@ def test_every_rank_at_one_host_sync_is_transport_like_with_low_confidence() -> 
 
 def test_event_synchronize_on_every_tp_rank() -> None:
     """sglang#26454: every TP rank in ``result.copy_done.synchronize()``."""
-    stack = ["sglang/srt/managers/scheduler.py:Scheduler.event_loop_overlap:1040",
-             make_frame("sglang/srt/managers/scheduler.py:Scheduler.process_batch_result:1502",
-                        code="result.copy_done.synchronize()"),
-             "torch/cuda/streams.py:Event.synchronize:255"]
+    stack = [
+        "sglang/srt/managers/scheduler.py:Scheduler.event_loop_overlap:1040",
+        make_frame(
+            "sglang/srt/managers/scheduler.py:Scheduler.process_batch_result:1502",
+            code="result.copy_done.synchronize()",
+        ),
+        "torch/cuda/streams.py:Event.synchronize:255",
+    ]
     d = analyse(make_snapshot([spinning(r, stack, world=8, env={}) for r in range(8)]))
     assert d.verdict is Verdict.NCCL_TIMEOUT and d.confidence is Confidence.LOW
     assert "Event.synchronize() (sglang/srt/managers/scheduler.py:1502)" in d.summary, d.summary
@@ -175,21 +191,24 @@ def test_event_synchronize_on_every_tp_rank() -> None:
 
 def test_one_rank_on_a_dataloader_lock_while_the_others_wait_for_their_devices() -> None:
     lock = [*LOOP, make_frame("data.py:next_batch:80", code="with self._lock:")]
-    d = analyse(make_snapshot([*(spinning(r, at_item()) for r in range(3)),
-                               make_rank(3, lock, world_size=4, samples=24, env=GPU_ENV)]))
+    d = analyse(
+        make_snapshot(
+            [*(spinning(r, at_item()) for r in range(3)), make_rank(3, lock, world_size=4, samples=24, env=GPU_ENV)]
+        )
+    )
     assert d.verdict is Verdict.STRAGGLER and d.culprit_ranks == (3,), d.summary
     assert "while ranks 0-2 wait for device work at .item() (train.py:40)" in d.summary, d.summary
     assert d.confidence is Confidence.MEDIUM, d.basis
-    assert any("ranks 0-2 wait for device work at a host sync, not in a torch.distributed "
-               "frame" in b for b in d.basis), d.basis
+    assert any(
+        "ranks 0-2 wait for device work at a host sync, not in a torch.distributed frame" in b for b in d.basis
+    ), d.basis
 
 
 def test_ranks_at_different_host_syncs_are_not_called_a_mismatch() -> None:
     """pytorch#95944: most ranks in ``torch.cuda.synchronize()``, one in ``.item()``: the
     devices may all wait in one collective; stacks cannot say."""
     sync = [*LOOP, "train.py:train_step:52", "torch/cuda/__init__.py:synchronize:1220"]
-    d = analyse(make_snapshot([*(spinning(r, sync) for r in range(3)),
-                               spinning(3, [*at_item(45), *ITEM_NATIVE])]))
+    d = analyse(make_snapshot([*(spinning(r, sync) for r in range(3)), spinning(3, [*at_item(45), *ITEM_NATIVE])]))
     assert d.verdict is Verdict.UNKNOWN and d.culprit_ranks == (), d.summary
     assert "for device work at torch.cuda.synchronize() (train.py:52)" in d.summary, d.summary
     assert "for device work at _local_scalar_dense_cuda (train.py:45)" in d.summary
@@ -199,19 +218,23 @@ def test_ranks_at_different_host_syncs_are_not_called_a_mismatch() -> None:
 
 def test_ranks_in_a_collective_frame_and_ranks_at_a_host_sync_say_what_is_missing() -> None:
     barrier = [*LOOP, "train.py:train_step:50", f"{C10D}:barrier:4100"]
-    d = analyse(make_snapshot([*(make_rank(r, barrier, world_size=4) for r in range(3)),
-                               spinning(3, at_item(45))]))
+    d = analyse(make_snapshot([*(make_rank(r, barrier, world_size=4) for r in range(3)), spinning(3, at_item(45))]))
     assert d.verdict is Verdict.UNKNOWN, d.summary
     assert "ranks 0-2 in barrier (train.py:50)" in d.summary
     assert "rank 3 for device work at .item() (train.py:45)" in d.summary
 
 
 def test_a_mismatch_among_collective_frames_stands_beside_host_syncs() -> None:
-    d = analyse(make_snapshot([
-        make_rank(0, [*LOOP, "train.py:a:50", f"{C10D}:all_reduce:2800"], world_size=4),
-        make_rank(1, [*LOOP, "train.py:a:50", f"{C10D}:all_reduce:2800"], world_size=4),
-        make_rank(2, [*LOOP, "train.py:b:70", f"{C10D}:all_gather:3000"], world_size=4),
-        spinning(3, at_item(45))]))
+    d = analyse(
+        make_snapshot(
+            [
+                make_rank(0, [*LOOP, "train.py:a:50", f"{C10D}:all_reduce:2800"], world_size=4),
+                make_rank(1, [*LOOP, "train.py:a:50", f"{C10D}:all_reduce:2800"], world_size=4),
+                make_rank(2, [*LOOP, "train.py:b:70", f"{C10D}:all_gather:3000"], world_size=4),
+                spinning(3, at_item(45)),
+            ]
+        )
+    )
     assert d.verdict is Verdict.COLLECTIVE_MISMATCH and d.culprit_ranks == (2,), d.summary
     assert "rank 3 waits for device work at .item() (train.py:45)" in " ".join(d.evidence)
     assert d.confidence is Confidence.MEDIUM

@@ -69,8 +69,9 @@ def real_records(case: str) -> dict[int, FlightRecord]:
 
 
 def with_flight(snapshot, records: dict[int, FlightRecord]):
-    return dataclasses.replace(snapshot, ranks=tuple(
-        dataclasses.replace(r, flight=records.get(r.rank)) for r in snapshot.ranks))
+    return dataclasses.replace(
+        snapshot, ranks=tuple(dataclasses.replace(r, flight=records.get(r.rank)) for r in snapshot.ranks)
+    )
 
 
 @pytest.mark.parametrize("case", sorted(EXPECTED))
@@ -86,12 +87,18 @@ def test_a_member_without_a_dump_that_its_peers_list_is_waited_on_not_missing(ca
     report = analyze_json(capsys, "unseen_member")
     assert report["summary"] == (
         "ranks 0-1 wait in collective #4 (all_reduce Float[1000]) of default_pg (0) for rank 2, which their "
-        "dumps list as a member and which left no dump (not seen) (flight recorder)")
+        "dumps list as a member and which left no dump (not seen) (flight recorder)"
+    )
     assert report["evidence"][1:] == [
-        ("every rank of default_pg (0) with a dump issued collective #4; their dumps list rank 2 as a member "
-         "of default_pg (0): the collective waits on it"),
-        ("rank 2 left no flight recorder dump: not seen, which is no evidence of a dead process; whether it "
-         "lags before #4 or waits inside it the dumps cannot show")]
+        (
+            "every rank of default_pg (0) with a dump issued collective #4; their dumps list rank 2 as a member "
+            "of default_pg (0): the collective waits on it"
+        ),
+        (
+            "rank 2 left no flight recorder dump: not seen, which is no evidence of a dead process; whether it "
+            "lags before #4 or waits inside it the dumps cannot show"
+        ),
+    ]
     assert report["verdict"] != "rank_missing" and report["confidence"] == "low"
     # the dumps' WORLD config gives the job's size: rank 2 is known to exist, not seen, never missing
     assert {r["rank"]: r["state"] for r in report["ranks"]}.get(2) == "unknown"
@@ -127,13 +134,18 @@ def test_stacks_that_see_the_rank_without_a_dump_keep_their_confidence() -> None
 
 def test_a_member_that_never_issued_a_gather_is_found_below_the_newest_collective(capsys) -> None:
     report = analyze_json(capsys, "gather_never_issued")
-    assert report["summary"] == ("rank 2 has not called collective #8 (gather Float[1]) of default_pg (0), "
-                                 "which rank 0 waits in (flight recorder)")
+    assert report["summary"] == (
+        "rank 2 has not called collective #8 (gather Float[1]) of default_pg (0), "
+        "which rank 0 waits in (flight recorder)"
+    )
     assert report["evidence"] == [
         "rank 0 issued collective #8 (gather Float[1]) of default_pg (0) and has not finished it",
         "issued so far on default_pg (0): rank 2 up to #7",
-        ("rank 1 finished its side of collective #8 and waits in collective #9 (all_reduce Float[1]) of "
-         "default_pg (0)")]
+        (
+            "rank 1 finished its side of collective #8 and waits in collective #9 (all_reduce Float[1]) of "
+            "default_pg (0)"
+        ),
+    ]
     found = match_flight(read_flight_dir(DUMPS / "gather_never_issued"))
     assert found is not None and (found.kind, found.seq, found.culprits) == (FlightKind.BEHIND, 8, (2,))
 
@@ -143,62 +155,91 @@ def test_a_member_that_never_issued_a_gather_is_found_below_the_newest_collectiv
 
 def test_a_hang_in_one_group_names_its_cause_not_the_victim_another_group_waits_for(capsys) -> None:
     report = analyze_json(capsys, "two_groups")
-    assert report["summary"] == ("rank 0 has not called collective #5 (all_reduce Float[8]) of group 1, "
-                                 "which rank 1 waits in (flight recorder)")
+    assert report["summary"] == (
+        "rank 0 has not called collective #5 (all_reduce Float[8]) of group 1, which rank 1 waits in (flight recorder)"
+    )
     assert report["evidence"] == [
         "rank 1 issued collective #5 (all_reduce Float[8]) of group 1 and has not finished it",
         "issued so far on group 1: rank 0 up to #4",
-        ("ranks 2-3 wait in collective #3 (all_reduce Float[32]) of group 2, which rank 1 has not called: "
-         "rank 1 waits in collective #5 (all_reduce Float[8]) of group 1 for rank 0")]
+        (
+            "ranks 2-3 wait in collective #3 (all_reduce Float[32]) of group 2, which rank 1 has not called: "
+            "rank 1 waits in collective #5 (all_reduce Float[8]) of group 1 for rank 0"
+        ),
+    ]
 
 
 def test_two_groups_with_stacks() -> None:
     # the stacks: rank 0 loading data, rank 1 in group 1's all_reduce, ranks 2-3 in group 2's
-    snap = with_flight(make_snapshot({0: LOADING, 1: SUB_REDUCE, 2: ALL_REDUCE, 3: ALL_REDUCE}),
-                       real_records("two_groups"))
+    snap = with_flight(
+        make_snapshot({0: LOADING, 1: SUB_REDUCE, 2: ALL_REDUCE, 3: ALL_REDUCE}), real_records("two_groups")
+    )
     found = match_flight(snap)
     assert found is not None and (found.kind, found.group, found.culprits) == (FlightKind.BEHIND, "group 1", (0,))
     diagnosis = analyse(snap)
     assert (diagnosis.verdict, diagnosis.culprit_ranks) == (Verdict.STRAGGLER, (0,))
     assert diagnosis.evidence[2] == (
         "ranks 2-3 wait in collective #3 (all_reduce Float[32]) of group 2, which rank 1 has not called: "
-        "rank 1 waits in collective #5 (all_reduce Float[8]) of group 1 for rank 0")
+        "rank 1 waits in collective #5 (all_reduce Float[8]) of group 1 for rank 0"
+    )
 
 
 def _rec(rank: int, *ops: tuple[str, int, bool]) -> FlightRecord:
     """A gloo-shaped dump: (group, number, finished) per op, every op an all_reduce."""
-    entries = [{"record_id": i, "process_group": [g, "default_pg" if g == "0" else "undefined"],
-                "collective_seq_id": n, "p2p_seq_id": 0, "profiling_name": "gloo:all_reduce",
-                "input_sizes": [[4]], "input_dtypes": ["Float"], "is_p2p": False, "state": "scheduled",
-                "retired": done} for i, (g, n, done) in enumerate(ops)]
-    return read_flight_record(json.dumps({"version": "2.10", "entries": entries,
-                                          "pg_config": {"": {"name": "", "desc": "", "ranks": "[]"}}}).encode())
+    entries = [
+        {
+            "record_id": i,
+            "process_group": [g, "default_pg" if g == "0" else "undefined"],
+            "collective_seq_id": n,
+            "p2p_seq_id": 0,
+            "profiling_name": "gloo:all_reduce",
+            "input_sizes": [[4]],
+            "input_dtypes": ["Float"],
+            "is_p2p": False,
+            "state": "scheduled",
+            "retired": done,
+        }
+        for i, (g, n, done) in enumerate(ops)
+    ]
+    return read_flight_record(
+        json.dumps(
+            {"version": "2.10", "entries": entries, "pg_config": {"": {"name": "", "desc": "", "ranks": "[]"}}}
+        ).encode()
+    )
 
 
 def test_groups_called_in_different_orders_wait_on_each_other() -> None:
     # ranks 0 and 1 share groups 1 and 2; rank 0 calls 1 then 2, rank 1 calls 2 then 1
     snap = make_snapshot({0: ALL_REDUCE, 1: SUB_REDUCE})
-    records = {0: _rec(0, ("0", 1, True), ("1", 1, True), ("2", 1, True), ("1", 2, False)),
-               1: _rec(1, ("0", 1, True), ("1", 1, True), ("2", 1, True), ("2", 2, False))}
+    records = {
+        0: _rec(0, ("0", 1, True), ("1", 1, True), ("2", 1, True), ("1", 2, False)),
+        1: _rec(1, ("0", 1, True), ("1", 1, True), ("2", 1, True), ("2", 2, False)),
+    }
     found = match_flight(with_flight(snap, records))
     assert found is not None and (found.kind, found.culprits) == (FlightKind.GROUP_CYCLE, (0, 1))
     assert found.verdict is Verdict.COLLECTIVE_MISMATCH
-    assert found.evidence == ("rank 0 waits in collective #2 (all_reduce Float[4]) of group 1 for rank 1",
-                              "rank 1 waits in collective #2 (all_reduce Float[4]) of group 2 for rank 0")
+    assert found.evidence == (
+        "rank 0 waits in collective #2 (all_reduce Float[4]) of group 1 for rank 1",
+        "rank 1 waits in collective #2 (all_reduce Float[4]) of group 2 for rank 0",
+    )
 
 
 def test_waits_that_end_in_a_collective_every_member_called_name_no_one() -> None:
     # rank 1 waits in group 1 with rank 0 (both called it); rank 2 waits in group 2 for rank 1
     snap = make_snapshot({0: ALL_REDUCE, 1: ALL_REDUCE, 2: SUB_REDUCE})
-    records = {0: _rec(0, ("0", 1, True), ("1", 1, False)),
-               1: _rec(1, ("0", 1, True), ("2", 1, True), ("1", 1, False)),
-               2: _rec(2, ("0", 1, True), ("2", 1, True), ("2", 2, False))}
+    records = {
+        0: _rec(0, ("0", 1, True), ("1", 1, False)),
+        1: _rec(1, ("0", 1, True), ("2", 1, True), ("1", 1, False)),
+        2: _rec(2, ("0", 1, True), ("2", 1, True), ("2", 2, False)),
+    }
     found = match_flight(with_flight(snap, records))
     assert found is not None and (found.kind, found.group, found.culprits) == (FlightKind.ALL_IN, "group 1", ())
     assert found.evidence == (
         "ranks 0-1 all issued collective #1 (all_reduce Float[4]) of group 1; none has finished it (flight recorder)",
-        ("rank 2 waits in collective #2 (all_reduce Float[4]) of group 2, which rank 1 has not called: rank 1 "
-         "waits in collective #1 (all_reduce Float[4]) of group 1"))
+        (
+            "rank 2 waits in collective #2 (all_reduce Float[4]) of group 2, which rank 1 has not called: rank 1 "
+            "waits in collective #1 (all_reduce Float[4]) of group 1"
+        ),
+    )
 
 
 def test_a_member_that_skipped_its_subgroups_collective_is_outvoted_by_the_members_of_both(capsys) -> None:
@@ -206,14 +247,20 @@ def test_a_member_that_skipped_its_subgroups_collective_is_outvoted_by_the_membe
     report = analyze_json(capsys, "subgroup_skip")
     assert report["summary"] == (
         "collective mismatch (flight recorder): rank 5 issued collective #3 of default_pg (0) first while "
-        "ranks 3-4 issued collective #3 of group 2 first: the ranks wait on each other across process groups")
+        "ranks 3-4 issued collective #3 of group 2 first: the ranks wait on each other across process groups"
+    )
     assert report["evidence"][2:] == [
         "ranks 3-4 issued collective #3 of group 2 first",
         "rank 5 issued collective #3 of default_pg (0) first",
-        ("ranks 3-5, the members of group 2 and default_pg (0) with a dump, issued these collectives in "
-         "different orders: ranks 3-4 one way, rank 5 the other"),
-        ("ranks 0-2 wait in collective #3 (all_reduce Float[1000]) of default_pg (0) for ranks 3-4, which wait "
-         "in the cycle")]
+        (
+            "ranks 3-5, the members of group 2 and default_pg (0) with a dump, issued these collectives in "
+            "different orders: ranks 3-4 one way, rank 5 the other"
+        ),
+        (
+            "ranks 0-2 wait in collective #3 (all_reduce Float[1000]) of default_pg (0) for ranks 3-4, which wait "
+            "in the cycle"
+        ),
+    ]
     found = match_flight(read_flight_dir(DUMPS / "subgroup_skip"))
     assert found is not None and (found.kind, found.culprits) == (FlightKind.GROUP_CYCLE, (5,))
 
@@ -222,7 +269,8 @@ def test_two_ranks_that_issue_two_groups_in_opposite_orders_are_both_named(capsy
     report = analyze_json(capsys, "order_inversion")
     assert report["evidence"] == [
         "rank 0 waits in collective #3 (all_reduce Float[1000]) of group 1 for rank 1",
-        "rank 1 waits in collective #3 (all_reduce Float[4]) of group 2 for rank 0"]
+        "rank 1 waits in collective #3 (all_reduce Float[4]) of group 2 for rank 0",
+    ]
     found = match_flight(read_flight_dir(DUMPS / "order_inversion"))
     assert found is not None and (found.kind, found.culprits) == (FlightKind.GROUP_CYCLE, (0, 1))
 
@@ -231,13 +279,18 @@ def test_the_members_of_both_groups_decide_which_order_is_wrong() -> None:
     # ranks 0-2 share groups 1 and 2; at #2 ranks 0-1 call 1 then 2, rank 2 calls 2 then 1
     snap = make_snapshot({0: ALL_REDUCE, 1: ALL_REDUCE, 2: SUB_REDUCE})
     both = (("0", 1, True), ("1", 1, True), ("2", 1, True))
-    records = {0: _rec(0, *both, ("1", 2, False)), 1: _rec(1, *both, ("1", 2, False)),
-               2: _rec(2, *both, ("2", 2, False))}
+    records = {
+        0: _rec(0, *both, ("1", 2, False)),
+        1: _rec(1, *both, ("1", 2, False)),
+        2: _rec(2, *both, ("2", 2, False)),
+    }
     found = match_flight(with_flight(snap, records))
     assert found is not None and (found.kind, found.culprits) == (FlightKind.GROUP_CYCLE, (2,))
     assert found.verdict is Verdict.COLLECTIVE_MISMATCH
-    assert found.evidence[-1] == ("ranks 0-2, the members of group 1 and group 2 with a dump, issued these "
-                                  "collectives in different orders: ranks 0-1 one way, rank 2 the other")
+    assert found.evidence[-1] == (
+        "ranks 0-2, the members of group 1 and group 2 with a dump, issued these "
+        "collectives in different orders: ranks 0-1 one way, rank 2 the other"
+    )
     # two against two: a tie names every member that took a side, not only the two a cycle passes
     snap = make_snapshot({0: ALL_REDUCE, 1: ALL_REDUCE, 2: SUB_REDUCE, 3: SUB_REDUCE})
     records[3] = _rec(3, *both, ("2", 2, False))
@@ -249,9 +302,11 @@ def test_only_members_of_every_group_in_the_cycle_vote() -> None:
     # rank 3 is only in group 2 and waits there with rank 2: it has no say on the order of
     # groups 1 and 2, so ranks 0 and 2 tie and both are named
     snap = make_snapshot({0: ALL_REDUCE, 2: SUB_REDUCE, 3: SUB_REDUCE})
-    records = {0: _rec(0, ("0", 1, True), ("1", 1, True), ("2", 1, True), ("1", 2, False)),
-               2: _rec(2, ("0", 1, True), ("1", 1, True), ("2", 1, True), ("2", 2, False)),
-               3: _rec(3, ("0", 1, True), ("2", 1, True), ("2", 2, False))}
+    records = {
+        0: _rec(0, ("0", 1, True), ("1", 1, True), ("2", 1, True), ("1", 2, False)),
+        2: _rec(2, ("0", 1, True), ("1", 1, True), ("2", 1, True), ("2", 2, False)),
+        3: _rec(3, ("0", 1, True), ("2", 1, True), ("2", 2, False)),
+    }
     found = match_flight(with_flight(snap, records))
     assert found is not None and (found.kind, found.culprits) == (FlightKind.GROUP_CYCLE, (0, 2))
 
@@ -263,17 +318,24 @@ def test_a_broadcast_whose_root_the_dumps_do_not_record_names_no_one(capsys) -> 
     report = analyze_json(capsys, "broadcast_root")
     assert report["summary"] == (
         "every rank of default_pg (0) issued collective #8 (broadcast Float[64]); ranks 0,2 have not finished "
-        "it while rank 1 finished its side (flight recorder)")
+        "it while rank 1 finished its side (flight recorder)"
+    )
     assert report["evidence"] == [
         "ranks 0,2 issued collective #8 (broadcast Float[64]) of default_pg (0) and have not finished it",
-        ("rank 1 finished its side of collective #8 and waits in collective #9 (all_reduce Float[1]) of "
-         "default_pg (0)"),
-        ("the dumps do not record a broadcast's root (src/dst): whether the ranks agree on it they cannot "
-         "show, so they name no culprit")]
+        (
+            "rank 1 finished its side of collective #8 and waits in collective #9 (all_reduce Float[1]) of "
+            "default_pg (0)"
+        ),
+        (
+            "the dumps do not record a broadcast's root (src/dst): whether the ranks agree on it they cannot "
+            "show, so they name no culprit"
+        ),
+    ]
     found = match_flight(read_flight_dir(DUMPS / "broadcast_root"))
     assert found is not None and (found.kind, found.culprits, found.verdict) == (FlightKind.STUCK, (), None)
-    diagnosis = with_dumps(analyse(dataclasses.replace(read_flight_dir(DUMPS / "broadcast_root"))), found,
-                             had_stacks=False)
+    diagnosis = with_dumps(
+        analyse(dataclasses.replace(read_flight_dir(DUMPS / "broadcast_root"))), found, had_stacks=False
+    )
     assert (diagnosis.verdict, diagnosis.culprit_ranks) == (Verdict.UNKNOWN, ())
 
 
@@ -287,9 +349,14 @@ def test_stacks_that_blame_the_rank_past_the_broadcast_are_overruled() -> None:
     assert (stacks.verdict, stacks.culprit_ranks) == (Verdict.COLLECTIVE_MISMATCH, (1,))
     diagnosis = analyse(with_flight(snap, real_records("broadcast_root")))
     assert (diagnosis.verdict, diagnosis.culprit_ranks, diagnosis.confidence) == (Verdict.UNKNOWN, (), Confidence.LOW)
-    assert any(e.startswith("the stacks alone read collective_mismatch (culprits 1)") and e.endswith(
-        "the flight recorder shows rank 1 finished its side of collective #8 of default_pg (0), which the others "
-        "wait in") for e in diagnosis.evidence)
+    assert any(
+        e.startswith("the stacks alone read collective_mismatch (culprits 1)")
+        and e.endswith(
+            "the flight recorder shows rank 1 finished its side of collective #8 of default_pg (0), which the others "
+            "wait in"
+        )
+        for e in diagnosis.evidence
+    )
 
 
 # ------------------------------------------------------------------ the files each rank came from
@@ -298,8 +365,8 @@ def test_stacks_that_blame_the_rank_past_the_broadcast_are_overruled() -> None:
 def test_each_rank_read_from_a_file_names_its_own_file() -> None:
     snap = read_flight_dir(DUMPS / "two_groups")
     assert [(r.rank, r.process.rank_evidence) for r in snap.ranks] == [
-        (r, f"from the dump's file name fr_trace_{r}.json") for r in range(4)]
-
+        (r, f"from the dump's file name fr_trace_{r}.json") for r in range(4)
+    ]
 
 
 def test_each_rank_read_from_a_dump_names_its_own_file_in_the_json_report(capsys: pytest.CaptureFixture[str]) -> None:

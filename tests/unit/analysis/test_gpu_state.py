@@ -32,20 +32,30 @@ from hangdoc.model import (
 )
 
 pytestmark = [pytest.mark.timeout(30)]
-ALL_REDUCE = ["train.py:<module>:120", "train.py:main:10", "train.py:step:40", "torch/distributed/distributed_c10d.py:all_reduce:2800"]
+ALL_REDUCE = [
+    "train.py:<module>:120",
+    "train.py:main:10",
+    "train.py:step:40",
+    "torch/distributed/distributed_c10d.py:all_reduce:2800",
+]
 SLEEPING = ["train.py:<module>:120", "train.py:main:10", "train.py:load:77", "time.py:sleep"]
 DATA = TESTS / "data" / "gpu"
 
 
 def gpu(index: int, util: int | None, **kw: object) -> GpuState:
-    return GpuState(index=index, uuid=f"GPU-0000000{index}", name="NVIDIA H100 80GB HBM3",
-                    utilization_percent=util, memory_used_bytes=40 * 2**30, memory_total_bytes=80 * 2**30,
-                    **kw)  # type: ignore[arg-type]
+    return GpuState(
+        index=index,
+        uuid=f"GPU-0000000{index}",
+        name="NVIDIA H100 80GB HBM3",
+        utilization_percent=util,
+        memory_used_bytes=40 * 2**30,
+        memory_total_bytes=80 * 2**30,
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def with_gpus(snap: JobSnapshot, gpus: dict[int, tuple[GpuState, ...]]) -> JobSnapshot:
-    ranks = tuple(dataclasses.replace(r, gpus=gpus.get(r.rank, ())) if r.rank is not None else r
-                  for r in snap.ranks)
+    ranks = tuple(dataclasses.replace(r, gpus=gpus.get(r.rank, ())) if r.rank is not None else r for r in snap.ranks)
     return dataclasses.replace(snap, ranks=ranks)
 
 
@@ -56,22 +66,27 @@ def all_waiting(n: int = 4) -> JobSnapshot:
 
 def straggling() -> JobSnapshot:
     """Ranks 0-2 in all_reduce, rank 3 asleep elsewhere: straggler [3] from the stacks."""
-    return make_snapshot([make_rank(r, ALL_REDUCE, pid=40100 + r) for r in range(3)]
-                         + [make_rank(3, SLEEPING, pid=40103)])
+    return make_snapshot(
+        [make_rank(r, ALL_REDUCE, pid=40100 + r) for r in range(3)] + [make_rank(3, SLEEPING, pid=40103)]
+    )
 
 
 # ------------------------------------------------------------------ the idle/busy split
 
 
-@pytest.mark.parametrize(("idle_at", "busy_at", "split"), [
-    (IDLE_AT_MOST, BUSY_AT_LEAST, True),  # on both thresholds: idle and busy
-    (IDLE_AT_MOST + 1, BUSY_AT_LEAST, False),  # not idle enough
-    (IDLE_AT_MOST, BUSY_AT_LEAST - 1, False),  # not busy enough
-    (0, 100, True),
-])
+@pytest.mark.parametrize(
+    ("idle_at", "busy_at", "split"),
+    [
+        (IDLE_AT_MOST, BUSY_AT_LEAST, True),  # on both thresholds: idle and busy
+        (IDLE_AT_MOST + 1, BUSY_AT_LEAST, False),  # not idle enough
+        (IDLE_AT_MOST, BUSY_AT_LEAST - 1, False),  # not busy enough
+        (0, 100, True),
+    ],
+)
 def test_the_split_on_both_sides_of_its_thresholds(idle_at: int, busy_at: int, split: bool) -> None:
-    snap = with_gpus(straggling(), {0: (gpu(0, busy_at),), 1: (gpu(1, busy_at),), 2: (gpu(2, busy_at),),
-                                    3: (gpu(3, idle_at),)})
+    snap = with_gpus(
+        straggling(), {0: (gpu(0, busy_at),), 1: (gpu(1, busy_at),), 2: (gpu(2, busy_at),), 3: (gpu(3, idle_at),)}
+    )
     diagnosis = analyse(snap)
     line = f"GPUs of rank 3 at {idle_at}% while those of ranks 0-2 at {busy_at}%"
     assert any(e.startswith(line) for e in diagnosis.evidence) is split
@@ -84,8 +99,9 @@ def test_the_split_on_both_sides_of_its_thresholds(idle_at: int, busy_at: int, s
 def test_the_seed_guide_s_split_is_worded_as_it_is_seen() -> None:
     snap = with_gpus(all_waiting(), {0: (gpu(0, 0),), 1: (gpu(1, 0),), 2: (gpu(2, 3),), 3: (gpu(3, 100),)})
     diagnosis = analyse(snap)
-    assert any(e.startswith("GPUs of ranks 0-2 at 0-3% while rank 3's at 100% (NVML utilisation")
-               for e in diagnosis.evidence)
+    assert any(
+        e.startswith("GPUs of ranks 0-2 at 0-3% while rank 3's at 100% (NVML utilisation") for e in diagnosis.evidence
+    )
     assert diagnosis.verdict is Verdict.NCCL_TIMEOUT and diagnosis.culprit_ranks == ()  # utilisation alone: no culprit
 
 
@@ -102,8 +118,7 @@ def test_a_shared_gpu_or_a_missing_reading_takes_its_ranks_out_of_the_split() ->
 
 
 def test_a_progressing_job_gets_no_split() -> None:
-    moving = make_snapshot([make_rank(r, stacks=[ALL_REDUCE, SLEEPING, ALL_REDUCE], pid=40100 + r)
-                            for r in range(2)])
+    moving = make_snapshot([make_rank(r, stacks=[ALL_REDUCE, SLEEPING, ALL_REDUCE], pid=40100 + r) for r in range(2)])
     diagnosis = analyse(with_gpus(moving, {0: (gpu(0, 100),), 1: (gpu(1, 0),)}))
     assert diagnosis.verdict is Verdict.NOT_HUNG
     assert not any("NVML utilisation" in e for e in diagnosis.evidence)
@@ -134,18 +149,20 @@ def test_a_lost_gpu_and_ecc_errors_are_evidence_under_any_verdict() -> None:
     diagnosis = analyse(snap)
     assert diagnosis.verdict is Verdict.STRAGGLER and diagnosis.culprit_ranks == (3,)
     assert "rank 3's GPU 3 is lost (NVML: fallen off the bus or inaccessible)" in diagnosis.evidence
-    assert ("rank 1's GPU 1 counts 2 uncorrectable ECC error(s) since its driver loaded (NVML)"
-            in diagnosis.evidence)
+    assert "rank 1's GPU 1 counts 2 uncorrectable ECC error(s) since its driver loaded (NVML)" in diagnosis.evidence
 
 
 # ------------------------------------------------------------------ NCCL RAS
 
 
 def ras_rank(comm_rank: int, pid: int | None, allreduce: int = 100, **kw: object) -> RasRank:
-    fields: dict[str, object] = {"init_state": 0, "async_error": 0,
-                                 "collectives": (("AllGather", 2), ("AllReduce", allreduce)), **kw}
-    return RasRank(comm_rank=comm_rank, host="10.0.0.11", pid=pid, cuda_dev=comm_rank, nvml_dev=comm_rank,
-                   **fields)  # type: ignore[arg-type]
+    fields: dict[str, object] = {
+        "init_state": 0,
+        "async_error": 0,
+        "collectives": (("AllGather", 2), ("AllReduce", allreduce)),
+        **kw,
+    }
+    return RasRank(comm_rank=comm_rank, host="10.0.0.11", pid=pid, cuda_dev=comm_rank, nvml_dev=comm_rank, **fields)  # type: ignore[arg-type]
 
 
 def with_ras(snap: JobSnapshot, *comms: RasCommunicator) -> JobSnapshot:
@@ -161,8 +178,9 @@ def test_ras_s_dead_rank_names_the_culprit_of_a_transport_hang() -> None:
     assert base.verdict is Verdict.UNKNOWN and base.culprit_ranks == () and base.scope.not_seen == (3,)
     diagnosis = analyse(snap)
     assert diagnosis.verdict is Verdict.NCCL_TIMEOUT and diagnosis.culprit_ranks == (3,)
-    assert ("NCCL RAS 2.28.9: communicator 0x7d3a9c1e2f4b5a60 (4 ranks) cannot reach rank 3; "
-            "1 considered dead") in diagnosis.evidence
+    assert (
+        "NCCL RAS 2.28.9: communicator 0x7d3a9c1e2f4b5a60 (4 ranks) cannot reach rank 3; 1 considered dead"
+    ) in diagnosis.evidence
     assert diagnosis.summary.endswith("; NCCL RAS cannot reach rank 3")
     assert "NCCL RAS 2.28.9: 2 timeout(s) while RAS gathered its data" in diagnosis.evidence
     assert diagnosis.confidence is base.confidence
@@ -174,11 +192,14 @@ def test_ras_s_lag_overrides_a_transport_hang_read_from_stacks() -> None:
     diagnosis = analyse(snap)
     assert diagnosis.verdict is Verdict.STRAGGLER and diagnosis.culprit_ranks == (2,)
     assert diagnosis.confidence is Confidence.MEDIUM
-    assert diagnosis.summary == ("rank 2 launched fewer NCCL collectives than the other ranks of their "
-                                 "communicator (NCCL RAS): the others wait for them")
+    assert diagnosis.summary == (
+        "rank 2 launched fewer NCCL collectives than the other ranks of their "
+        "communicator (NCCL RAS): the others wait for them"
+    )
     assert diagnosis.evidence[0].startswith(
         "NCCL RAS 2.28.9: communicator 0x7d3a9c1e2f4b5a60 (4 ranks): rank 2 launched fewer collectives than "
-        "ranks 0-1,3 (AllReduce 1533 launched by the latter; rank 2 AllReduce 1532)")
+        "ranks 0-1,3 (AllReduce 1533 launched by the latter; rank 2 AllReduce 1532)"
+    )
     assert diagnosis.evidence[1].startswith("the stacks alone read nccl_timeout")
     assert diagnosis.basis[0] == "NCCL RAS: the culprits launched fewer collectives than the others"
 
@@ -188,15 +209,18 @@ def test_ras_s_lag_agrees_with_a_straggler_and_is_not_said_of_a_moving_job() -> 
     diagnosis = analyse(with_ras(straggling(), comm))
     assert diagnosis.verdict is Verdict.STRAGGLER and diagnosis.culprit_ranks == (3,)
     assert diagnosis.basis[0] == "NCCL RAS: the culprits launched fewer collectives than the others"
-    moving = make_snapshot([make_rank(r, stacks=[ALL_REDUCE, SLEEPING, ALL_REDUCE], pid=40100 + r)
-                            for r in range(4)])
+    moving = make_snapshot([make_rank(r, stacks=[ALL_REDUCE, SLEEPING, ALL_REDUCE], pid=40100 + r) for r in range(4)])
     moved = analyse(with_ras(moving, comm))
     assert moved.verdict is Verdict.NOT_HUNG and not any("launched fewer" in e for e in moved.evidence)
 
 
 def test_crossing_counts_name_no_one() -> None:
-    ranks = (ras_rank(0, 40100, 100), dataclasses.replace(ras_rank(1, 40101, 99), collectives=(
-        ("AllGather", 3), ("AllReduce", 99))), ras_rank(2, 40102), ras_rank(3, 40103))
+    ranks = (
+        ras_rank(0, 40100, 100),
+        dataclasses.replace(ras_rank(1, 40101, 99), collectives=(("AllGather", 3), ("AllReduce", 99))),
+        ras_rank(2, 40102),
+        ras_rank(3, 40103),
+    )
     diagnosis = analyse(with_ras(all_waiting(), RasCommunicator("0xa", 4, ranks)))
     assert diagnosis.verdict is Verdict.NCCL_TIMEOUT and diagnosis.culprit_ranks == ()
     assert not any("launched fewer" in e for e in diagnosis.evidence)
@@ -205,8 +229,10 @@ def test_crossing_counts_name_no_one() -> None:
 def test_nccl_errors_and_aborts_are_evidence() -> None:
     ranks = tuple(ras_rank(r, 40100 + r, async_error=6 if r == 1 else 0, abort_flag=r == 1) for r in range(4))
     diagnosis = analyse(with_ras(all_waiting(), RasCommunicator("0xa", 4, ranks)))
-    assert ("NCCL RAS 2.28.9: communicator 0xa (4 ranks): rank 1 reports NCCL error 6 (remote process error)"
-            in diagnosis.evidence)
+    assert (
+        "NCCL RAS 2.28.9: communicator 0xa (4 ranks): rank 1 reports NCCL error 6 (remote process error)"
+        in diagnosis.evidence
+    )
     assert "NCCL RAS 2.28.9: communicator 0xa (4 ranks): rank 1 aborted the communicator" in diagnosis.evidence
 
 
@@ -229,17 +255,27 @@ def test_a_pid_that_contradicts_the_world_rule_wins_and_the_rest_stay_unnamed() 
     snap = all_waiting()
     comm = RasCommunicator("0xd", 4, (ras_rank(0, 40101), ras_rank(1, 7001), ras_rank(2, 7002), ras_rank(3, 7003)))
     assert global_ranks(snap, comm) == {0: 1}
-    gone = RasCommunicator("0xd", 4, (ras_rank(0, 40101), dataclasses.replace(
-        ras_rank(1, 7001), missing=True, unresponsive=True, collectives=())))
+    gone = RasCommunicator(
+        "0xd",
+        4,
+        (ras_rank(0, 40101), dataclasses.replace(ras_rank(1, 7001), missing=True, unresponsive=True, collectives=())),
+    )
     diagnosis = analyse(with_ras(snap, gone))
     assert diagnosis.culprit_ranks == ()  # the unreachable one cannot be named
-    assert ("NCCL RAS 2.28.9: communicator 0xd (4 ranks) cannot reach communicator rank 1 "
-            "(pid 7001 on 10.0.0.11)") in diagnosis.evidence
+    assert (
+        "NCCL RAS 2.28.9: communicator 0xd (4 ranks) cannot reach communicator rank 1 (pid 7001 on 10.0.0.11)"
+    ) in diagnosis.evidence
 
 
 def test_a_pid_two_ranks_share_names_no_one() -> None:
-    twins = make_snapshot([make_rank(0, ALL_REDUCE, pid=5, host="a"), make_rank(1, ALL_REDUCE, pid=5, host="b"),
-                           make_rank(2, ALL_REDUCE, pid=6)], world_size=3)
+    twins = make_snapshot(
+        [
+            make_rank(0, ALL_REDUCE, pid=5, host="a"),
+            make_rank(1, ALL_REDUCE, pid=5, host="b"),
+            make_rank(2, ALL_REDUCE, pid=6),
+        ],
+        world_size=3,
+    )
     comm = RasCommunicator("0xe", 2, (ras_rank(0, 5), ras_rank(1, 6)))
     assert global_ranks(twins, comm) == {1: 2}
 

@@ -20,30 +20,49 @@ from hangdoc.analysis.views import view_rank
 from hangdoc.model import Confidence, Frame, JobSnapshot, RankSnapshot, SourceFile, Verdict
 
 C10D = "torch/distributed/distributed_c10d.py"
-IN_ALL_REDUCE = ["train.py:<module>:60", "train.py:main:50", "train.py:train_step:40",
-                 f"{C10D}:all_reduce:2800"]
-THREAD = ["threading.py:Thread._bootstrap:1002", "threading.py:Thread._bootstrap_inner:1045",
-          "threading.py:Thread.run:982"]
+IN_ALL_REDUCE = ["train.py:<module>:60", "train.py:main:50", "train.py:train_step:40", f"{C10D}:all_reduce:2800"]
+THREAD = [
+    "threading.py:Thread._bootstrap:1002",
+    "threading.py:Thread._bootstrap_inner:1045",
+    "threading.py:Thread.run:982",
+]
 SCHED, LOADER = "0x7f642e0e9950", "0x7f642e110690"  # the two objects whose locks deadlock
 
 # the loader's prefetch thread takes its cursor lock, then asks the curriculum for the level
 # (the curriculum's lock); the trainer takes the curriculum's lock, then asks the loader
 # for its state (the cursor lock): the lock order is reversed
-CURRICULUM = SourceFile("/job/curriculum.py", (
-    (10, "class Curriculum:"), (11, "    def level(self):"), (12, "        with self._lock:"),
-    (13, "            return self._level"), (14, ""),
-    (15, "    def next_batch(self, loader):"), (16, "        with self._lock:"),
-    (17, "            batch = next(loader)"), (18, "            if self._step % 5 == 0:"),
-    (19, "                self.saved = loader.state_dict()"), (20, "            return batch"),
-))
-LOADER_PY = SourceFile("/job/loader.py", (
-    (30, "class Loader:"), (31, "    def _produce(self):"), (32, "        while True:"),
-    (33, "            with self._cursor_lock:"), (34, "                batch = self._load()"),
-    (35, "                self._queue.put(batch)"),
-    (36, "                level = self._schedule.level()"), (37, ""),
-    (38, "    def state_dict(self):"), (39, "        with self._cursor_lock:"),
-    (40, "            return {'cursor': self._cursor}"),
-))
+CURRICULUM = SourceFile(
+    "/job/curriculum.py",
+    (
+        (10, "class Curriculum:"),
+        (11, "    def level(self):"),
+        (12, "        with self._lock:"),
+        (13, "            return self._level"),
+        (14, ""),
+        (15, "    def next_batch(self, loader):"),
+        (16, "        with self._lock:"),
+        (17, "            batch = next(loader)"),
+        (18, "            if self._step % 5 == 0:"),
+        (19, "                self.saved = loader.state_dict()"),
+        (20, "            return batch"),
+    ),
+)
+LOADER_PY = SourceFile(
+    "/job/loader.py",
+    (
+        (30, "class Loader:"),
+        (31, "    def _produce(self):"),
+        (32, "        while True:"),
+        (33, "            with self._cursor_lock:"),
+        (34, "                batch = self._load()"),
+        (35, "                self._queue.put(batch)"),
+        (36, "                level = self._schedule.level()"),
+        (37, ""),
+        (38, "    def state_dict(self):"),
+        (39, "        with self._cursor_lock:"),
+        (40, "            return {'cursor': self._cursor}"),
+    ),
+)
 
 
 def code_frame(spec: str, sources: Sequence[SourceFile] = (CURRICULUM, LOADER_PY)) -> Frame:
@@ -56,22 +75,33 @@ def code_frame(spec: str, sources: Sequence[SourceFile] = (CURRICULUM, LOADER_PY
     return frame
 
 
-MAIN_WAITS = [*IN_ALL_REDUCE[:2], "train.py:train_step:38", code_frame("curriculum.py:Curriculum.next_batch:19"),
-              code_frame("loader.py:Loader.state_dict:39")]
+MAIN_WAITS = [
+    *IN_ALL_REDUCE[:2],
+    "train.py:train_step:38",
+    code_frame("curriculum.py:Curriculum.next_batch:19"),
+    code_frame("loader.py:Loader.state_dict:39"),
+]
 PREFETCH_WAITS = [*THREAD, code_frame("loader.py:Loader._produce:36"), code_frame("curriculum.py:Curriculum.level:12")]
-PREFETCH_PUTS = [*THREAD, code_frame("loader.py:Loader._produce:35"),
-                 make_frame("queue.py:Queue.put:140", code="self.not_full.wait()"),
-                 make_frame("threading.py:Condition.wait:320", code="waiter.acquire()")]
+PREFETCH_PUTS = [
+    *THREAD,
+    code_frame("loader.py:Loader._produce:35"),
+    make_frame("queue.py:Queue.put:140", code="self.not_full.wait()"),
+    make_frame("threading.py:Condition.wait:320", code="waiter.acquire()"),
+]
 
 
 def deadlocked_rank(rank: int = 0, samples: int = 3, **kw: object) -> RankSnapshot:
     """MainThread and 'prefetch' each wait on the lock the other holds."""
     return make_rank(
-        rank, MAIN_WAITS, samples=samples, world_size=3,
+        rank,
+        MAIN_WAITS,
+        samples=samples,
+        world_size=3,
         arguments=[(3, {"@self": SCHED}), (4, {"@self": LOADER})],
         threads={"prefetch": PREFETCH_WAITS},
         thread_arguments={"prefetch": [(3, {"@self": LOADER}), (4, {"@self": SCHED})]},
-        **kw)  # type: ignore[arg-type]
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def waiting(rank: int, samples: int = 3) -> RankSnapshot:
@@ -79,8 +109,7 @@ def waiting(rank: int, samples: int = 3) -> RankSnapshot:
 
 
 def job(rank0: RankSnapshot, sources: Sequence[SourceFile] = (CURRICULUM, LOADER_PY)) -> JobSnapshot:
-    return make_snapshot([rank0, waiting(1, len(rank0.samples)), waiting(2, len(rank0.samples))],
-                         sources=sources)
+    return make_snapshot([rank0, waiting(1, len(rank0.samples)), waiting(2, len(rank0.samples))], sources=sources)
 
 
 def graph_of(snap: JobSnapshot, rank: int = 0) -> LockGraph | None:
@@ -96,15 +125,18 @@ def test_a_cycle_of_two_names_both_threads_and_both_lines() -> None:
     d = analyse(job(deadlocked_rank()))
     assert d.verdict is Verdict.STRAGGLER and d.culprit_ranks == (0,)
     # the summary names both threads and where each waits
-    assert "lock-order deadlock between threads 'MainThread' (loader.py:39) and 'prefetch' " \
-           "(curriculum.py:12)" in d.summary, d.summary
+    assert (
+        "lock-order deadlock between threads 'MainThread' (loader.py:39) and 'prefetch' (curriculum.py:12)" in d.summary
+    ), d.summary
     assert "while ranks 1-2 wait in all_reduce (train.py:40)" in d.summary
     line = next(e for e in d.evidence if e.startswith("rank 0 is"))
-    assert ("rank 0 is in a lock-order deadlock, not in any collective: thread 'MainThread' "
-            "waits at Loader.state_dict (loader.py:39) "
-            "`with self._cursor_lock:` for a lock held by thread 'prefetch' (taken at loader.py:33), "
-            "which waits at Curriculum.level (curriculum.py:12) `with self._lock:` for a lock held "
-            "by thread 'MainThread' (taken at curriculum.py:16); none of them can go on") in line, line
+    assert (
+        "rank 0 is in a lock-order deadlock, not in any collective: thread 'MainThread' "
+        "waits at Loader.state_dict (loader.py:39) "
+        "`with self._cursor_lock:` for a lock held by thread 'prefetch' (taken at loader.py:33), "
+        "which waits at Curriculum.level (curriculum.py:12) `with self._lock:` for a lock held "
+        "by thread 'MainThread' (taken at curriculum.py:16); none of them can go on"
+    ) in line, line
     assert sum("deadlock" in e for e in d.evidence) == 1  # said once
     # seen in every sample: stuck, not slow, without watching longer
     assert not d.ambiguous
@@ -123,7 +155,7 @@ def test_a_cycle_seen_in_one_sample_only_is_still_watched() -> None:
 def test_the_graph_of_a_cycle_of_two() -> None:
     graph = graph_of(job(deadlocked_rank()))
     assert graph is not None and len(graph.cycles) == 1
-    (first, second), = graph.cycles
+    ((first, second),) = graph.cycles
     assert first.wait.thread.name == "MainThread" and first.wait.lock == ("obj", LOADER, "_cursor_lock")
     assert first.holder is not None and first.holder.thread.name == "prefetch"
     assert first.holder.line == 33
@@ -134,12 +166,22 @@ def test_the_graph_of_a_cycle_of_two() -> None:
 
 # -- three threads, three locks -----------------------------------------------------------
 
-LOCKS3 = SourceFile("/job/stages.py", (
-    (1, "import threading"), (2, "LOCK_A = threading.Lock()"),
-    (10, "def stage_a():"), (11, "    with LOCK_A:"), (12, "        with LOCK_B:"),
-    (20, "def stage_b():"), (21, "    with LOCK_B:"), (22, "        with LOCK_C:"),
-    (30, "def stage_c():"), (31, "    with LOCK_C:"), (32, "        with LOCK_A:"),
-))
+LOCKS3 = SourceFile(
+    "/job/stages.py",
+    (
+        (1, "import threading"),
+        (2, "LOCK_A = threading.Lock()"),
+        (10, "def stage_a():"),
+        (11, "    with LOCK_A:"),
+        (12, "        with LOCK_B:"),
+        (20, "def stage_b():"),
+        (21, "    with LOCK_B:"),
+        (22, "        with LOCK_C:"),
+        (30, "def stage_c():"),
+        (31, "    with LOCK_C:"),
+        (32, "        with LOCK_A:"),
+    ),
+)
 GLOBALS = {"@LOCK_A": "-", "@LOCK_B": "-", "@LOCK_C": "-"}
 
 
@@ -147,10 +189,14 @@ def test_a_cycle_of_three_module_locks() -> None:
     def stage(name: str, line: int) -> list[object]:
         return [*THREAD, code_frame(f"stages.py:stage_{name}:{line}", (LOCKS3,))]
 
-    rank = make_rank(0, IN_ALL_REDUCE[:2] + [code_frame("stages.py:stage_a:12", (LOCKS3,))],
-                     world_size=3, arguments=[(-1, GLOBALS)],
-                     threads={"b": stage("b", 22), "c": stage("c", 32)},
-                     thread_arguments={"b": [(-1, GLOBALS)], "c": [(-1, GLOBALS)]})
+    rank = make_rank(
+        0,
+        IN_ALL_REDUCE[:2] + [code_frame("stages.py:stage_a:12", (LOCKS3,))],
+        world_size=3,
+        arguments=[(-1, GLOBALS)],
+        threads={"b": stage("b", 22), "c": stage("c", 32)},
+        thread_arguments={"b": [(-1, GLOBALS)], "c": [(-1, GLOBALS)]},
+    )
     snap = job(rank, (LOCKS3,))
     graph = graph_of(snap)
     assert graph is not None and len(graph.cycles) == 1
@@ -159,8 +205,9 @@ def test_a_cycle_of_three_module_locks() -> None:
     assert [e.holder.line for e in cycle if e.holder] == [21, 31, 11]
     d = analyse(snap)
     assert d.verdict is Verdict.STRAGGLER and d.culprit_ranks == (0,)
-    assert "between threads 'MainThread' (stages.py:12), 'b' (stages.py:22) and 'c' (stages.py:32)" \
-        in d.summary, d.summary
+    assert "between threads 'MainThread' (stages.py:12), 'b' (stages.py:22) and 'c' (stages.py:32)" in d.summary, (
+        d.summary
+    )
 
 
 def test_module_globals_of_a_nested_function_have_no_identity() -> None:
@@ -176,10 +223,14 @@ def test_module_globals_of_a_nested_function_have_no_identity() -> None:
 
 
 def test_a_lock_held_by_a_thread_blocked_elsewhere_is_no_cycle() -> None:
-    rank = make_rank(0, MAIN_WAITS, world_size=3,
-                     arguments=[(3, {"@self": SCHED}), (4, {"@self": LOADER})],
-                     threads={"prefetch": PREFETCH_PUTS},
-                     thread_arguments={"prefetch": [(3, {"@self": LOADER})]})
+    rank = make_rank(
+        0,
+        MAIN_WAITS,
+        world_size=3,
+        arguments=[(3, {"@self": SCHED}), (4, {"@self": LOADER})],
+        threads={"prefetch": PREFETCH_PUTS},
+        thread_arguments={"prefetch": [(3, {"@self": LOADER})]},
+    )
     snap = job(rank)
     graph = graph_of(snap)
     assert graph is not None and not graph.cycles and not graph.self_deadlocks
@@ -187,9 +238,11 @@ def test_a_lock_held_by_a_thread_blocked_elsewhere_is_no_cycle() -> None:
     assert d.verdict is Verdict.STRAGGLER and d.culprit_ranks == (0,)
     assert "deadlock" not in d.summary and "blocked on a lock" in d.summary
     line = next(e for e in d.evidence if e.startswith("rank 0 is"))
-    assert ("waiting on a lock at loader.py:39 (Loader.state_dict) `with self._cursor_lock:`, "
-            "held by thread 'prefetch' (taken at loader.py:33), which is blocked at Condition.wait "
-            "(threading.py:320)") in line, line
+    assert (
+        "waiting on a lock at loader.py:39 (Loader.state_dict) `with self._cursor_lock:`, "
+        "held by thread 'prefetch' (taken at loader.py:33), which is blocked at Condition.wait "
+        "(threading.py:320)"
+    ) in line, line
     assert d.ambiguous  # the holder may still let go
 
 
@@ -227,17 +280,26 @@ def test_with_items() -> None:
 
 # -- RLock re-entry -----------------------------------------------------------------------
 
-REENTER = SourceFile("/job/cache.py", (
-    (1, "def refresh(lock):"), (2, "    with lock:"), (3, "        fill(lock)"),
-    (5, "def fill(lock):"), (6, "    with lock:"), (7, "        pass"),
-))
+REENTER = SourceFile(
+    "/job/cache.py",
+    (
+        (1, "def refresh(lock):"),
+        (2, "    with lock:"),
+        (3, "        fill(lock)"),
+        (5, "def fill(lock):"),
+        (6, "    with lock:"),
+        (7, "        pass"),
+    ),
+)
 
 
 def _reenter(kind: str) -> JobSnapshot:
-    rank = make_rank(0, [*IN_ALL_REDUCE[:2], code_frame("cache.py:refresh:3", (REENTER,)),
-                         code_frame("cache.py:fill:6", (REENTER,))], world_size=3,
-                     arguments=[(2, {"@lock": f"0x7f0000001000 {kind}"}),
-                                (3, {"@lock": f"0x7f0000001000 {kind}"})])
+    rank = make_rank(
+        0,
+        [*IN_ALL_REDUCE[:2], code_frame("cache.py:refresh:3", (REENTER,)), code_frame("cache.py:fill:6", (REENTER,))],
+        world_size=3,
+        arguments=[(2, {"@lock": f"0x7f0000001000 {kind}"}), (3, {"@lock": f"0x7f0000001000 {kind}"})],
+    )
     return job(rank, (REENTER,))
 
 
@@ -259,14 +321,18 @@ def test_a_plain_lock_taken_twice_by_one_thread_is_a_self_deadlock() -> None:
     d = analyse(snap)
     assert d.verdict is Verdict.STRAGGLER and d.culprit_ranks == (0,)
     assert "self-deadlock" in d.summary
-    assert any("for a plain Lock it already holds (taken at cache.py:2): it can never get it" in e
-               for e in d.evidence), d.evidence
+    assert any(
+        "for a plain Lock it already holds (taken at cache.py:2): it can never get it" in e for e in d.evidence
+    ), d.evidence
 
 
 def test_a_lock_of_unknown_type_taken_again_is_not_called_a_deadlock() -> None:
-    rank = make_rank(0, [*IN_ALL_REDUCE[:2], code_frame("cache.py:refresh:3", (REENTER,)),
-                         code_frame("cache.py:fill:6", (REENTER,))], world_size=3,
-                     arguments=[(2, {"@lock": "0x7f0000001000"}), (3, {"@lock": "0x7f0000001000"})])
+    rank = make_rank(
+        0,
+        [*IN_ALL_REDUCE[:2], code_frame("cache.py:refresh:3", (REENTER,)), code_frame("cache.py:fill:6", (REENTER,))],
+        world_size=3,
+        arguments=[(2, {"@lock": "0x7f0000001000"}), (3, {"@lock": "0x7f0000001000"})],
+    )
     d = analyse(job(rank, (REENTER,)))
     assert "deadlock" not in d.summary
     assert any("a self-deadlock if it is a plain Lock, fine if it is an RLock" in e for e in d.evidence)
@@ -274,11 +340,17 @@ def test_a_lock_of_unknown_type_taken_again_is_not_called_a_deadlock() -> None:
 
 # -- a lock held by a thread that is in a collective --------------------------------------
 
-STATS = SourceFile("/job/stats.py", (
-    (8, "    def flush(self):"), (9, "        with self._lock:"),
-    (10, "            total = self._sum"), (11, "            dist.all_reduce(total)"),
-    (20, "    def record(self, value):"), (21, "        with self._lock:"),
-))
+STATS = SourceFile(
+    "/job/stats.py",
+    (
+        (8, "    def flush(self):"),
+        (9, "        with self._lock:"),
+        (10, "            total = self._sum"),
+        (11, "            dist.all_reduce(total)"),
+        (20, "    def record(self, value):"),
+        (21, "        with self._lock:"),
+    ),
+)
 
 
 def test_a_lock_held_by_a_thread_in_a_collective() -> None:
@@ -287,9 +359,14 @@ def test_a_lock_held_by_a_thread_in_a_collective() -> None:
     and the evidence says who waits for whom."""
     stats_thread = [*THREAD, code_frame("stats.py:Stats.flush:11", (STATS,)), f"{C10D}:all_reduce:2800"]
     main = [*IN_ALL_REDUCE[:2], "train.py:train_step:38", code_frame("stats.py:Stats.record:21", (STATS,))]
-    rank = make_rank(0, main, world_size=3, arguments=[(-1, {"@self": "0x7f00000000a0"})],
-                     threads={"stats": stats_thread},
-                     thread_arguments={"stats": [(3, {"@self": "0x7f00000000a0"})]})
+    rank = make_rank(
+        0,
+        main,
+        world_size=3,
+        arguments=[(-1, {"@self": "0x7f00000000a0"})],
+        threads={"stats": stats_thread},
+        thread_arguments={"stats": [(3, {"@self": "0x7f00000000a0"})]},
+    )
     snap = job(rank, (STATS,))
     graph = graph_of(snap)
     assert graph is not None and not graph.cycles
@@ -297,9 +374,11 @@ def test_a_lock_held_by_a_thread_in_a_collective() -> None:
     assert edge.holder is not None and edge.holder_op is not None and edge.holder_op.name == "all_reduce"
     d = analyse(snap)
     assert d.verdict is Verdict.COLLECTIVE_MISMATCH and d.culprit_ranks == (0,)
-    assert ("rank 0: thread 'MainThread' is waiting on a lock at stats.py:21 (Stats.record) "
-            "`with self._lock:`, held by thread 'stats' (taken at stats.py:9), which is in "
-            "all_reduce (stats.py:11)") in d.evidence, d.evidence
+    assert (
+        "rank 0: thread 'MainThread' is waiting on a lock at stats.py:21 (Stats.record) "
+        "`with self._lock:`, held by thread 'stats' (taken at stats.py:9), which is in "
+        "all_reduce (stats.py:11)"
+    ) in d.evidence, d.evidence
 
 
 # -- what recognition ignores -------------------------------------------------------------
@@ -307,11 +386,11 @@ def test_a_lock_held_by_a_thread_in_a_collective() -> None:
 
 def test_lock_identities_do_not_split_recognition(monkeypatch: object) -> None:
     """Ranks whose threads differ only in the addresses of their lock objects share one key."""
-    snap = make_snapshot([
-        make_rank(r, IN_ALL_REDUCE, arguments=[(2, {"@self": f"0x7f00000{r:05x}"})]) for r in range(4)])
+    snap = make_snapshot(
+        [make_rank(r, IN_ALL_REDUCE, arguments=[(2, {"@self": f"0x7f00000{r:05x}"})]) for r in range(4)]
+    )
     rec = Recogniser(snap)
     keys = {rec.key(rank.samples[0].threads[0]) for rank in snap.ranks}
     assert len(keys) == 1
     views = [view_rank(r, snap, rec) for r in snap.ranks]
     assert {v.op.name for v in views if v.op} == {"all_reduce"}
-

@@ -29,8 +29,9 @@ def tree_of(stacks: dict[int, list[str | Frame]], culprits: Iterable[int] = ()) 
 def marked(tree: CallTree) -> set[str]:
     """The functions that start an outlier branch (the top of each marked branch)."""
     parent = {kid: n.node_id for n in tree.nodes for kid in n.children}
-    return {f.function for n in tree.outliers if parent[n] not in tree.outliers
-            and (f := tree.node(n).frame) is not None}
+    return {
+        f.function for n in tree.outliers if parent[n] not in tree.outliers and (f := tree.node(n).frame) is not None
+    }
 
 
 def ranks_of(tree: CallTree, function: str) -> tuple[int, ...]:
@@ -61,7 +62,8 @@ def test_the_majority_split_into_moments_of_one_wait_has_no_outlier() -> None:
 def test_native_frames_below_the_same_python_frame_are_one_place() -> None:
     waits = ["futex_wait", "pthread_cond_wait", "sched_yield"]
     stacks: dict[int, list[str | Frame]] = {
-        r: [*AR, make_frame(f"libc.so.6:{waits[r % 3]}", native=True)] for r in range(30)}
+        r: [*AR, make_frame(f"libc.so.6:{waits[r % 3]}", native=True)] for r in range(30)
+    }
     tree = tree_of(stacks)
     assert len(tree.children(tree.divergence[0])) == 3 and tree.outliers == frozenset()
     stacks[30] = [*BAR, make_frame("libc.so.6:futex_wait", native=True)]
@@ -71,8 +73,7 @@ def test_native_frames_below_the_same_python_frame_are_one_place() -> None:
 def test_a_call_from_another_line_is_another_place() -> None:
     # rank 3 reached the same all_reduce from line 42 of main, the others from line 39
     wrapper = [*TRUNK[:1], "train.py:reduce_mean:25", f"{C10D}:all_reduce:3252"]
-    stacks: dict[int, list[str | Frame]] = {
-        r: [wrapper[0], "train.py:main:39", *wrapper[1:]] for r in range(3)}
+    stacks: dict[int, list[str | Frame]] = {r: [wrapper[0], "train.py:main:39", *wrapper[1:]] for r in range(3)}
     stacks[3] = [wrapper[0], "train.py:main:42", *wrapper[1:]]
     tree = tree_of(stacks)
     assert marked(tree) == {"main"}
@@ -95,8 +96,7 @@ def test_an_outlier_branch_is_marked_whole_and_its_inner_splits_are_on_it() -> N
 
 def test_the_culprit_branch_is_an_outlier_even_in_the_majority_place() -> None:
     # rank 5 is caught at another line of the polling loop: the same place, no outlier...
-    stacks: dict[int, list[str | Frame]] = {
-        r: [*POLL[:-1], POLL[-1].format(line=4410)] for r in range(5)}
+    stacks: dict[int, list[str | Frame]] = {r: [*POLL[:-1], POLL[-1].format(line=4410)] for r in range(5)}
     stacks[5] = [*POLL[:-1], POLL[-1].format(line=4415)]
     assert tree_of(stacks).outliers == frozenset()
     # ... unless the verdict names it

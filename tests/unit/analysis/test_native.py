@@ -19,16 +19,19 @@ def code(frame: Frame) -> str | None:
     return LINES.get(frame.line) if frame.line else None
 
 
-@pytest.mark.parametrize(("stack", "kwargs", "wanted"), [
-    (BACKWARD, {}, True),  # idle in the autograd engine
-    (BACKWARD, {"active": True}, False),  # computing there: its Python stack says so
-    (BACKWARD, {"threads": {"TrainingThread(train_func)": BACKWARD}, "active": True}, True),  # any thread
-    (SYNC, {}, True),  # torch's own synchronize
-    (ITEM, {"env": {"CUDA_VISIBLE_DEVICES": "0"}}, True),  # a host-syncing line on a GPU rank
-    (ITEM, {}, False),  # the same line on a rank that shows no GPU
-    (["train.py:main:32"], {"env": {"CUDA_VISIBLE_DEVICES": "0"}}, False),
-    (SYNC, {"error": CaptureErrorKind.PTRACE_DENIED}, False),  # no stacks to read
-])
+@pytest.mark.parametrize(
+    ("stack", "kwargs", "wanted"),
+    [
+        (BACKWARD, {}, True),  # idle in the autograd engine
+        (BACKWARD, {"active": True}, False),  # computing there: its Python stack says so
+        (BACKWARD, {"threads": {"TrainingThread(train_func)": BACKWARD}, "active": True}, True),  # any thread
+        (SYNC, {}, True),  # torch's own synchronize
+        (ITEM, {"env": {"CUDA_VISIBLE_DEVICES": "0"}}, True),  # a host-syncing line on a GPU rank
+        (ITEM, {}, False),  # the same line on a rank that shows no GPU
+        (["train.py:main:32"], {"env": {"CUDA_VISIBLE_DEVICES": "0"}}, False),
+        (SYNC, {"error": CaptureErrorKind.PTRACE_DENIED}, False),  # no stacks to read
+    ],
+)
 def test_needs_native(stack, kwargs, wanted) -> None:
     rank = make_rank(0, stack, **kwargs)
     assert needs_native(rank.samples, rank.process, code) is wanted

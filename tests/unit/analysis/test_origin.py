@@ -23,31 +23,49 @@ RECORDED = sorted((TESTS / "snapshots").glob("*.json.gz"))
 SITE = "/venv/lib/python3.11/site-packages"
 
 
-@pytest.mark.parametrize(("path", "kind", "package", "module_path"), [
-    (f"{SITE}/torch/distributed/distributed_c10d.py", Origin.TORCH, "torch",
-     "torch/distributed/distributed_c10d.py"),
-    ("/usr/lib/python3/dist-packages/torch/_tensor.py", Origin.TORCH, "torch", "torch/_tensor.py"),
-    ("/opt/conda/lib/python3.13t/site-packages/torch/nn/parallel/distributed.py", Origin.TORCH,
-     "torch", "torch/nn/parallel/distributed.py"),
-    # a source checkout of torch (pip install -e): torch's own top-level modules say so
-    ("/src/pytorch/torch/distributed/distributed_c10d.py", Origin.TORCH, "torch",
-     "torch/distributed/distributed_c10d.py"),
-    (f"{SITE}/lightning/pytorch/trainer/trainer.py", Origin.LIBRARY, "lightning",
-     "lightning/pytorch/trainer/trainer.py"),
-    (f"{SITE}/deepspeed/comm/comm.py", Origin.LIBRARY, "deepspeed", "deepspeed/comm/comm.py"),
-    (f"{SITE}/six.py", Origin.LIBRARY, "six", "six.py"),
-    ("/usr/lib/python3.11/threading.py", Origin.STDLIB, "", "threading.py"),
-    ("/usr/local/lib64/python3.12/multiprocessing/spawn.py", Origin.STDLIB, "",
-     "multiprocessing/spawn.py"),
-    # checkouts whose path merely contains "torch" are the user's
-    ("/home/u/nanotorch/train.py", Origin.USER, "", "/home/u/nanotorch/train.py"),
-    ("/home/u/lightning/pytorch/train.py", Origin.USER, "", "/home/u/lightning/pytorch/train.py"),
-    ("/home/u/torch/train.py", Origin.USER, "", "/home/u/torch/train.py"),
-    ("/home/u/lib/python3.11-notes/train.py", Origin.USER, "", "/home/u/lib/python3.11-notes/train.py"),
-    ("train.py", Origin.USER, "", "train.py"),
-    ("<frozen runpy>", Origin.INTERNAL, "", ""),
-    ("<string>", Origin.INTERNAL, "", ""),
-])
+@pytest.mark.parametrize(
+    ("path", "kind", "package", "module_path"),
+    [
+        (
+            f"{SITE}/torch/distributed/distributed_c10d.py",
+            Origin.TORCH,
+            "torch",
+            "torch/distributed/distributed_c10d.py",
+        ),
+        ("/usr/lib/python3/dist-packages/torch/_tensor.py", Origin.TORCH, "torch", "torch/_tensor.py"),
+        (
+            "/opt/conda/lib/python3.13t/site-packages/torch/nn/parallel/distributed.py",
+            Origin.TORCH,
+            "torch",
+            "torch/nn/parallel/distributed.py",
+        ),
+        # a source checkout of torch (pip install -e): torch's own top-level modules say so
+        (
+            "/src/pytorch/torch/distributed/distributed_c10d.py",
+            Origin.TORCH,
+            "torch",
+            "torch/distributed/distributed_c10d.py",
+        ),
+        (
+            f"{SITE}/lightning/pytorch/trainer/trainer.py",
+            Origin.LIBRARY,
+            "lightning",
+            "lightning/pytorch/trainer/trainer.py",
+        ),
+        (f"{SITE}/deepspeed/comm/comm.py", Origin.LIBRARY, "deepspeed", "deepspeed/comm/comm.py"),
+        (f"{SITE}/six.py", Origin.LIBRARY, "six", "six.py"),
+        ("/usr/lib/python3.11/threading.py", Origin.STDLIB, "", "threading.py"),
+        ("/usr/local/lib64/python3.12/multiprocessing/spawn.py", Origin.STDLIB, "", "multiprocessing/spawn.py"),
+        # checkouts whose path merely contains "torch" are the user's
+        ("/home/u/nanotorch/train.py", Origin.USER, "", "/home/u/nanotorch/train.py"),
+        ("/home/u/lightning/pytorch/train.py", Origin.USER, "", "/home/u/lightning/pytorch/train.py"),
+        ("/home/u/torch/train.py", Origin.USER, "", "/home/u/torch/train.py"),
+        ("/home/u/lib/python3.11-notes/train.py", Origin.USER, "", "/home/u/lib/python3.11-notes/train.py"),
+        ("train.py", Origin.USER, "", "train.py"),
+        ("<frozen runpy>", Origin.INTERNAL, "", ""),
+        ("<string>", Origin.INTERNAL, "", ""),
+    ],
+)
 def test_origin_from_the_layout(path: str, kind: Origin, package: str, module_path: str) -> None:
     origin = frame_origin(path)
     assert (origin.kind, origin.package, origin.module_path) == (kind, package, module_path)

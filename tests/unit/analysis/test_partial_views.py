@@ -66,10 +66,18 @@ def test_the_views_cover_every_verdict_and_every_way_of_hiding() -> None:
 
 def test_subsets_each_rank_alone_half_and_all_but_each_culprit() -> None:
     got = dict(subsets((0, 1, 2, 3), (1, 3), 4))
-    assert got == {"rank 0 alone": (0,), "rank 1 alone": (1,), "rank 2 alone": (2,), "rank 3 alone": (3,),
-                   "first half": (0, 1), "all but rank 0": (1, 2, 3), "all but culprit 1": (0, 2, 3),
-                   "all but rank 2": (0, 1, 3), "all but culprit 3": (0, 1, 2),
-                   "all but the culprits": (0, 2)}
+    assert got == {
+        "rank 0 alone": (0,),
+        "rank 1 alone": (1,),
+        "rank 2 alone": (2,),
+        "rank 3 alone": (3,),
+        "first half": (0, 1),
+        "all but rank 0": (1, 2, 3),
+        "all but culprit 1": (0, 2, 3),
+        "all but rank 2": (0, 1, 3),
+        "all but culprit 3": (0, 1, 2),
+        "all but the culprits": (0, 2),
+    }
     # a recording that lacks a rank of the job (rank_missing) is itself a view
     assert ("every rank recorded", (0, 1, 2)) in subsets((0, 1, 2), (3,), 4)
     assert all(len(kept) == 1 for _, kept in subsets(tuple(range(64)), (), 64)[:4])  # 4 singles at most

@@ -23,8 +23,7 @@ def _waiting(rank: int) -> object:
 
 def _progressing(rank: int) -> object:
     # a different op in each sample: it completes collectives (on its own subgroup)
-    stacks = [[*LOOP, f"stats.py:reduce_stats:{line}", f"{C10D}:all_reduce:2800"]
-              for line in (10, 11, 12)]
+    stacks = [[*LOOP, f"stats.py:reduce_stats:{line}", f"{C10D}:all_reduce:2800"] for line in (10, 11, 12)]
     return make_rank(rank, stacks=stacks, world_size=WORLD)
 
 
@@ -42,9 +41,11 @@ def test_a_few_ranks_progressing_among_many_waiting_is_said_as_such() -> None:
     ranks = [_waiting(r) for r in range(WORLD) if r != 7] + [_progressing(7)]
     d = analyse(make_snapshot(ranks))
     assert d.verdict is Verdict.NOT_HUNG
-    assert d.summary.startswith("not hung, for now: only rank 7 completed distributed "
-                                "operations during the window while ranks 0-6,8-15 waited in "
-                                "all_reduce")
+    assert d.summary.startswith(
+        "not hung, for now: only rank 7 completed distributed "
+        "operations during the window while ranks 0-6,8-15 waited in "
+        "all_reduce"
+    )
     assert d.ambiguous  # watched longer before it is final
 
 

@@ -29,22 +29,44 @@ from hangdoc.model import Frame, FrameLocals, JobSnapshot, SourceFile, ThreadSta
 from hangdoc.report.json_report import to_json_dict
 
 C10D = "torch/distributed/distributed_c10d.py"
-OUTER = ["<frozen runpy>:_run_module_as_main:198", "train.py:<module>:400", "train.py:main:380",
-         "lightning/pytorch/trainer/trainer.py:fit:540", "lightning/pytorch/loops/fit_loop.py:run:200"]
-ALL_REDUCE = [*OUTER, "train.py:train_step:30", "torch/distributed/c10d_logger.py:wrapper:83",
-              f"{C10D}:all_reduce:2800"]
+OUTER = [
+    "<frozen runpy>:_run_module_as_main:198",
+    "train.py:<module>:400",
+    "train.py:main:380",
+    "lightning/pytorch/trainer/trainer.py:fit:540",
+    "lightning/pytorch/loops/fit_loop.py:run:200",
+]
+ALL_REDUCE = [
+    *OUTER,
+    "train.py:train_step:30",
+    "torch/distributed/c10d_logger.py:wrapper:83",
+    f"{C10D}:all_reduce:2800",
+]
 IN_FINALLY = [*OUTER, "train.py:cleanup_step:64", f"{C10D}:barrier:4100"]
 COMPUTE = [*OUTER, "train.py:train_step:31", "model.py:forward:77", "torch/nn/functional.py:linear:20"]
-PIN = ["threading.py:_bootstrap:995", "threading.py:_bootstrap_inner:1038",
-       "torch/utils/data/_utils/pin_memory.py:_pin_memory_loop:59", "threading.py:wait:331"]
+PIN = [
+    "threading.py:_bootstrap:995",
+    "threading.py:_bootstrap_inner:1038",
+    "torch/utils/data/_utils/pin_memory.py:_pin_memory_loop:59",
+    "threading.py:wait:331",
+]
 NATIVE = tuple(
     Frame(name, "/venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so", None, native=True)
     for name in ("c10d::ProcessGroupGloo::allreduce", "gloo::allreduce")
 )
-SOURCES = (SourceFile("/job/train.py", (
-    (59, "def cleanup_step():"), (60, "    try:"), (61, "        step()"), (62, "    finally:"),
-    (63, "        log()"), (64, "        dist.barrier()"),
-)),)
+SOURCES = (
+    SourceFile(
+        "/job/train.py",
+        (
+            (59, "def cleanup_step():"),
+            (60, "    try:"),
+            (61, "        step()"),
+            (62, "    finally:"),
+            (63, "        log()"),
+            (64, "        dist.barrier()"),
+        ),
+    ),
+)
 RANKS = 2000
 
 
@@ -58,8 +80,16 @@ def _job() -> JobSnapshot:
         stacks = None
         if r % 7 == 0 and main is ALL_REDUCE:
             stacks = [main, main, [*main, *NATIVE]]
-        ranks.append(make_rank(r, main, stacks=stacks, threads={"pin_memory": PIN},
-                               active=r == 7, cpu_per_sample=0.5 if r == 7 else 0.0))
+        ranks.append(
+            make_rank(
+                r,
+                main,
+                stacks=stacks,
+                threads={"pin_memory": PIN},
+                active=r == 7,
+                cpu_per_sample=0.5 if r == 7 else 0.0,
+            )
+        )
     return make_snapshot(ranks, sources=SOURCES)
 
 
@@ -124,10 +154,16 @@ def test_each_thread_gets_the_answer_recognising_it_alone_gives() -> None:
 # ---------------------------------------------------------------- every part of the key
 
 WAITING = [*OUTER, make_frame("/job/train.py:overlap:44", code="work.wait()")]
-OVERLAP = SourceFile("/job/train.py", (
-    (40, "def overlap(t):"), (41, "    work = dist.all_reduce(t, async_op=True)"),
-    (42, "    compute()"), (43, "    log()"), (44, "    work.wait()"),
-))
+OVERLAP = SourceFile(
+    "/job/train.py",
+    (
+        (40, "def overlap(t):"),
+        (41, "    work = dist.all_reduce(t, async_op=True)"),
+        (42, "    compute()"),
+        (43, "    log()"),
+        (44, "    work.wait()"),
+    ),
+)
 EXIT_HANDLER = ["train.py:on_exit:12", f"{C10D}:barrier:4100"]  # no <module> below: atexit
 
 
@@ -135,8 +171,7 @@ EXIT_HANDLER = ["train.py:on_exit:12", f"{C10D}:barrier:4100"]  # no <module> be
 def test_the_same_frames_on_and_off_cpu_are_recognised_apart(first: bool) -> None:
     """A ``.wait()`` line of an idle thread waits; on CPU, the same line is no wait."""
     rec = Recogniser(make_snapshot({0: []}, sources=(OVERLAP,)))
-    ops_seen = {active: rec.recognise(make_thread(WAITING, active=active))
-                for active in (first, not first)}
+    ops_seen = {active: rec.recognise(make_thread(WAITING, active=active)) for active in (first, not first)}
     assert ops_seen[True] is None
     idle = ops_seen[False]
     assert idle is not None and idle.name == "all_reduce" and "line 41" in idle.via
@@ -158,10 +193,16 @@ def test_the_same_frames_in_the_main_thread_and_another_are_recognised_apart(mai
 def test_frames_that_differ_only_in_their_source_line_are_recognised_apart() -> None:
     """The key holds the frames whole: ``code`` too (a ``@contextmanager`` exiting normally
     or with an exception thrown into it)."""
+
     def zero_first(exit_line: str) -> ThreadStack:
-        return make_thread([*OUTER, make_frame("contextlib.py:_GeneratorContextManager.__exit__:144",
-                                               code=exit_line),
-                            "train.py:zero_first:30", f"{C10D}:barrier:4100"])
+        return make_thread(
+            [
+                *OUTER,
+                make_frame("contextlib.py:_GeneratorContextManager.__exit__:144", code=exit_line),
+                "train.py:zero_first:30",
+                f"{C10D}:barrier:4100",
+            ]
+        )
 
     rec = Recogniser(None)
     normal = rec.recognise(zero_first("next(self.gen)"))
@@ -175,8 +216,10 @@ def test_what_recognition_ignores_is_shared(monkeypatch: pytest.MonkeyPatch) -> 
     differ only there are recognised once."""
     recognised = _count(monkeypatch, "_recognise")
     rec = Recogniser(None)
-    threads = [ThreadStack(tid, name, make_thread(ALL_REDUCE).frames, tid + 1, False, gil)
-               for tid, name, gil in ((1, "Thread-1", False), (2, "Thread-2", True), (3, None, False))]
+    threads = [
+        ThreadStack(tid, name, make_thread(ALL_REDUCE).frames, tid + 1, False, gil)
+        for tid, name, gil in ((1, "Thread-1", False), (2, "Thread-2", True), (3, None, False))
+    ]
     answers = {rec.recognise(t) for t in threads}
     assert len(answers) == 1 and None not in answers
     assert sum(recognised.values()) == 1

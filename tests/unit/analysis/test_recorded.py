@@ -39,6 +39,13 @@ def test_recorded_snapshot_verdict(path: Path) -> None:
 
 def test_every_verdict_is_recorded() -> None:
     verdicts = {load_meta(JOBS_DIR / f"{_name(p)}.py").verdict for p in RECORDED}
-    expected = {"not_hung", "cleanup_deadlock", "collective_mismatch", "nccl_timeout",
-                "straggler", "rank_missing", "init_deadlock"}
+    expected = {
+        "not_hung",
+        "cleanup_deadlock",
+        "collective_mismatch",
+        "nccl_timeout",
+        "straggler",
+        "rank_missing",
+        "init_deadlock",
+    }
     assert expected <= verdicts, f"no recorded snapshot for {sorted(expected - verdicts)}"

@@ -39,21 +39,36 @@ from hangdoc.model import (
 )
 
 C10D = "torch/distributed/distributed_c10d.py"
-TRUNK = ["train.py:<module>:200", "train.py:main:150", "lightning/pytorch/trainer/trainer.py:fit:540",
-         "lightning/pytorch/loops/fit_loop.py:run:205"]
-ALL_REDUCE = [*TRUNK, "train.py:training_step:64", "torch/distributed/c10d_logger.py:wrapper:81",
-              f"{C10D}:all_reduce:2806"]
-SAVE = [*TRUNK, "train.py:save_checkpoint:140", "torch/distributed/c10d_logger.py:wrapper:81",
-        f"{C10D}:barrier:4159"]
+TRUNK = [
+    "train.py:<module>:200",
+    "train.py:main:150",
+    "lightning/pytorch/trainer/trainer.py:fit:540",
+    "lightning/pytorch/loops/fit_loop.py:run:205",
+]
+ALL_REDUCE = [
+    *TRUNK,
+    "train.py:training_step:64",
+    "torch/distributed/c10d_logger.py:wrapper:81",
+    f"{C10D}:all_reduce:2806",
+]
+SAVE = [*TRUNK, "train.py:save_checkpoint:140", "torch/distributed/c10d_logger.py:wrapper:81", f"{C10D}:barrier:4159"]
 CLEANUP = [*TRUNK[:2], "train.py:__exit__:120", f"{C10D}:destroy_process_group:2101"]
-INIT = ["train.py:<module>:200", "train.py:setup_groups:52", "torch/distributed/c10d_logger.py:wrapper:95",
-        f"{C10D}:new_group:4870", f"{C10D}:_store_based_barrier:4410"]
+INIT = [
+    "train.py:<module>:200",
+    "train.py:setup_groups:52",
+    "torch/distributed/c10d_logger.py:wrapper:95",
+    f"{C10D}:new_group:4870",
+    f"{C10D}:_store_based_barrier:4410",
+]
 EXITING = ["train.py:_shutdown_workers:30", f"{C10D}:barrier:4100"]
 COMPUTE = [*TRUNK, "train.py:training_step:60", "model.py:forward:77"]
-PIN = ["threading.py:_bootstrap:995", "threading.py:_bootstrap_inner:1038",
-       "torch/utils/data/_utils/pin_memory.py:_pin_memory_loop:59", "threading.py:wait:331"]
-LOGGER = ["threading.py:_bootstrap:995", "threading.py:run:982", "train.py:log_loop:20",
-          "threading.py:wait:331"]
+PIN = [
+    "threading.py:_bootstrap:995",
+    "threading.py:_bootstrap_inner:1038",
+    "torch/utils/data/_utils/pin_memory.py:_pin_memory_loop:59",
+    "threading.py:wait:331",
+]
+LOGGER = ["threading.py:_bootstrap:995", "threading.py:run:982", "train.py:log_loop:20", "threading.py:wait:331"]
 
 
 def interned(snapshot: JobSnapshot, threads: bool = False) -> JobSnapshot:
@@ -66,12 +81,24 @@ def interned(snapshot: JobSnapshot, threads: bool = False) -> JobSnapshot:
     def one(made: tuple[Any, ...]) -> tuple[Any, ...]:
         return alike.setdefault(made, made) if threads else made
 
-    return dataclasses.replace(snapshot, ranks=tuple(
-        dataclasses.replace(r, samples=tuple(
-            dataclasses.replace(s, threads=one(tuple(
-                dataclasses.replace(t, frames=seen.setdefault(t.frames, t.frames)) for t in s.threads)))
-            for s in r.samples))
-        for r in snapshot.ranks))
+    return dataclasses.replace(
+        snapshot,
+        ranks=tuple(
+            dataclasses.replace(
+                r,
+                samples=tuple(
+                    dataclasses.replace(
+                        s,
+                        threads=one(
+                            tuple(dataclasses.replace(t, frames=seen.setdefault(t.frames, t.frames)) for t in s.threads)
+                        ),
+                    )
+                    for s in r.samples
+                ),
+            )
+            for r in snapshot.ranks
+        ),
+    )
 
 
 def _job(world: int, kind: str) -> tuple[JobSnapshot, Verdict, tuple[int, ...]]:
@@ -90,13 +117,24 @@ def _job(world: int, kind: str) -> tuple[JobSnapshot, Verdict, tuple[int, ...]]:
         elif kind == "straggler" and r == world // 2:
             main, busy = COMPUTE, True
         side = {"pin_memory": PIN} if r % 2 else {"pin_memory": PIN, "logger": LOGGER}
-        ranks.append(make_rank(r, main, host=f"node{r // 8}", threads=side, active=busy,
-                               cpu_per_sample=0.5 if busy else 0.0, world_size=world,
-                               env={"LOCAL_WORLD_SIZE": "8"}))
-    found = {"mismatch": (Verdict.COLLECTIVE_MISMATCH, tuple(node)),
-             "cleanup": (Verdict.CLEANUP_DEADLOCK, tuple(range(world // 2, world))),
-             "init": (Verdict.INIT_DEADLOCK, tuple(node)),
-             "straggler": (Verdict.STRAGGLER, (world // 2,))}[kind]
+        ranks.append(
+            make_rank(
+                r,
+                main,
+                host=f"node{r // 8}",
+                threads=side,
+                active=busy,
+                cpu_per_sample=0.5 if busy else 0.0,
+                world_size=world,
+                env={"LOCAL_WORLD_SIZE": "8"},
+            )
+        )
+    found = {
+        "mismatch": (Verdict.COLLECTIVE_MISMATCH, tuple(node)),
+        "cleanup": (Verdict.CLEANUP_DEADLOCK, tuple(range(world // 2, world))),
+        "init": (Verdict.INIT_DEADLOCK, tuple(node)),
+        "straggler": (Verdict.STRAGGLER, (world // 2,)),
+    }[kind]
     return interned(make_snapshot(ranks)), *found
 
 
@@ -155,7 +193,7 @@ def test_a_job_of_one_stack_everywhere_works_out_one_shape() -> None:
     # two kinds of side threads x (the straggler's stack or the all_reduce)
     assert len(making._shapes) == 3
     assert [v.rank for v in views] == list(range(1_000))
-    assert all(v.thread is r.samples[-1].threads[0] for v, r in zip(views, snapshot.ranks))
+    assert all(v.thread is r.samples[-1].threads[0] for v, r in zip(views, snapshot.ranks, strict=False))
 
 
 # -- ranks that share their stacks but not their views ------------------------------------
@@ -172,8 +210,9 @@ def _at_item() -> list[str | Frame]:
 def _variants() -> dict[str, RankSnapshot]:
     """Ranks whose stacks are the same objects (once interned), each differing from ``base``
     in one input that matters."""
-    native = make_frame("/venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so:c10d::ProcessGroupGloo::allreduce",
-                        native=True)
+    native = make_frame(
+        "/venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so:c10d::ProcessGroupGloo::allreduce", native=True
+    )
     base: dict[str, Any] = {"threads": {"pin_memory": PIN}}
     variants = {
         "base": make_rank(0, ALL_REDUCE, **base),
@@ -193,26 +232,36 @@ def _variants() -> dict[str, RankSnapshot]:
         "exit_handler_not_main": make_rank(22, EXITING, thread_name="worker", **base),
         "peer": make_rank(11, [*TRUNK, f"{C10D}:send:1800"], arguments=[(-1, {"dst": "3"})], **base),
         "other_peer": make_rank(12, [*TRUNK, f"{C10D}:send:1800"], arguments=[(-1, {"dst": "5"})], **base),
-        "lock_address": make_rank(13, [*TRUNK, f"{C10D}:send:1800"],
-                                  arguments=[(-1, {"dst": "3", "@self": "0x7f01"})], **base),
+        "lock_address": make_rank(
+            13, [*TRUNK, f"{C10D}:send:1800"], arguments=[(-1, {"dst": "3", "@self": "0x7f01"})], **base
+        ),
         "item": make_rank(14, _at_item(), **base),
         "item_gpu": make_rank(15, _at_item(), env={"CUDA_VISIBLE_DEVICES": "0"}, **base),
-        "init": make_rank(16, [*TRUNK, f"{C10D}:init_process_group:1500"],
-                          arguments=[(-1, {"rank": "40", "world_size": "64"})],
-                          rank_source=RankSource.INFERRED, **base),
-        "init_env": make_rank(17, [*TRUNK, f"{C10D}:init_process_group:1500"],
-                              arguments=[(-1, {"rank": "40", "world_size": "64"})], **base),
+        "init": make_rank(
+            16,
+            [*TRUNK, f"{C10D}:init_process_group:1500"],
+            arguments=[(-1, {"rank": "40", "world_size": "64"})],
+            rank_source=RankSource.INFERRED,
+            **base,
+        ),
+        "init_env": make_rank(
+            17,
+            [*TRUNK, f"{C10D}:init_process_group:1500"],
+            arguments=[(-1, {"rank": "40", "world_size": "64"})],
+            **base,
+        ),
         "native_dump": make_rank(18, ALL_REDUCE, stacks=[[*ALL_REDUCE, native], ALL_REDUCE, ALL_REDUCE], **base),
     }
     # the same dumps, but the thread ids of its last sample differ: its latest sample is not
     # the native one
     dump = variants["native_dump"]
     last = dump.samples[-1]
-    renumbered = dataclasses.replace(last, threads=tuple(
-        dataclasses.replace(t, thread_id=t.thread_id + 1) for t in last.threads))
+    renumbered = dataclasses.replace(
+        last, threads=tuple(dataclasses.replace(t, thread_id=t.thread_id + 1) for t in last.threads)
+    )
     variants["native_dump_renumbered"] = dataclasses.replace(
-        dump, process=dataclasses.replace(dump.process, rank=19, pid=1019),
-        samples=(*dump.samples[:-1], renumbered))
+        dump, process=dataclasses.replace(dump.process, rank=19, pid=1019), samples=(*dump.samples[:-1], renumbered)
+    )
     return variants
 
 
@@ -223,19 +272,23 @@ def test_ranks_that_share_stacks_get_the_views_they_get_alone(threads: bool) -> 
     one_tuple = [len(r.samples) > 1 and len({id(s.threads) for s in r.samples}) == 1 for r in snapshot.ranks]
     assert any(one_tuple) and not all(one_tuple)  # both ways of keying a shape
     making = Views(snapshot)
-    together = {name: making.view(r) for name, r in zip(variants, snapshot.ranks)}
-    for name, rank in zip(variants, snapshot.ranks):
+    together = {name: making.view(r) for name, r in zip(variants, snapshot.ranks, strict=False)}
+    for name, rank in zip(variants, snapshot.ranks, strict=False):
         alone = view_rank(rank, make_snapshot([rank]))
         assert together[name] == alone, name
+
     # the inputs matter: each variant's view differs in what was derived from the view of
     # the rank it differs from in one input (the base, unless named)
     def derived(v: RankView) -> tuple[object, ...]:
         thread = (v.thread.name, v.thread.frames) if v.thread is not None else None
         return v.state, v.op, v.move, v.code_world, v.cleanup, thread, v.rank == v.snap.rank
 
-    against = {"wait_line_active": "wait_line", "other_peer": "peer",
-               "exit_handler_not_main": "exit_handler",
-               "native_dump_renumbered": "native_dump"}
+    against = {
+        "wait_line_active": "wait_line",
+        "other_peer": "peer",
+        "exit_handler_not_main": "exit_handler",
+        "native_dump_renumbered": "native_dump",
+    }
     for name, view in together.items():
         if name not in ("base", "lock_address"):
             assert derived(view) != derived(together[against.get(name, "base")]), name
@@ -258,9 +311,18 @@ def test_the_shared_views_make_the_diagnosis_each_rank_alone_would() -> None:
     """Ranks of one shape whose counters differ (a real capture's CPU seconds and context
     switches): the analysis of the interned job is the analysis of the same job with every
     rank's stacks its own objects (no shape shared at all)."""
-    ranks = [make_rank(r, ALL_REDUCE, threads={"pin_memory": PIN}, cpu_start=10.0 + r,
-                       ctx_per_sample=r % 7, io_per_sample=(r % 5) * 40_000,
-                       cpu_per_sample=0.3 if r == 5 else 0.0) for r in range(64)]
+    ranks = [
+        make_rank(
+            r,
+            ALL_REDUCE,
+            threads={"pin_memory": PIN},
+            cpu_start=10.0 + r,
+            ctx_per_sample=r % 7,
+            io_per_sample=(r % 5) * 40_000,
+            cpu_per_sample=0.3 if r == 5 else 0.0,
+        )
+        for r in range(64)
+    ]
     separate = make_snapshot(ranks)
     assert analyse(interned(separate)) == analyse(separate)
     assert analyse(interned(separate, threads=True)) == analyse(separate)

@@ -20,8 +20,15 @@ ALL_REDUCE = [*LOOP, "train.py:train_step:40", f"{C10D}:all_reduce:2800"]
 TEARDOWN = [*LOOP, "train.py:finish:90", f"{C10D}:destroy_process_group:2100"]
 
 
-def job(ranks: range | tuple[int, ...], stack: list[str], *, world: int | None, addr: str | None,
-        spec: str = "10.0.0.1:29500", **kw: object) -> JobSnapshot:
+def job(
+    ranks: range | tuple[int, ...],
+    stack: list[str],
+    *,
+    world: int | None,
+    addr: str | None,
+    spec: str = "10.0.0.1:29500",
+    **kw: object,
+) -> JobSnapshot:
     env = {"MASTER_ADDR": addr, "MASTER_PORT": "29500"} if addr else {}
     snap = make_snapshot([make_rank(r, stack, world_size=world, env=env) for r in ranks], spec=spec)
     return dataclasses.replace(snap, world_size=world, **kw)
@@ -102,8 +109,7 @@ def test_every_rank_in_teardown_is_a_teardown_hang() -> None:
 def test_the_reports_say_what_was_seen() -> None:
     snap = job(range(2), ALL_REDUCE, world=4, addr="10.0.0.1")
     report = json.loads(json.dumps(to_json_dict(analyse(snap), snap)))
-    assert report["scope"] == {"world_size": 4, "whole": False, "seen": [[0, 1]], "not_seen": [[2, 3]],
-                               "absent": []}
+    assert report["scope"] == {"world_size": 4, "whole": False, "seen": [[0, 1]], "not_seen": [[2, 3]], "absent": []}
     assert scope_text((0, 1), (2, 3), (), 4).startswith("saw ranks 0-1 of 4; ranks 2-3 not seen")
     assert scope_text((0, 1), (), (2,), 3) == "saw ranks 0-1 of 3; rank 2 absent (no process)"
     assert scope_text((0, 1, 2, 3), (), (), 4) == ""  # the whole job: nothing to say

@@ -18,8 +18,7 @@ C10D = "torch/distributed/distributed_c10d.py"
 STEP = ["train.py:<module>:200", "train.py:main:150", "train.py:train_step:40"]
 WAIT = [*STEP, f"{C10D}:all_reduce:2800"]
 METRICS = ["threading.py:Thread._bootstrap:1002", "metrics.py:collect:31"]
-LOCKED = ["train.py:<module>:200", "train.py:main:150", "loader.py:next_batch:12",
-          "threading.py:Lock.acquire:88"]
+LOCKED = ["train.py:<module>:200", "train.py:main:150", "loader.py:next_batch:12", "threading.py:Lock.acquire:88"]
 
 
 def _rank(rank: int, stack: list[str], **counters: object) -> object:
@@ -44,8 +43,7 @@ def test_the_same_cpu_in_the_op_thread_itself_is_the_op_moving() -> None:
 def test_cpu_of_threads_py_spy_does_not_list_still_counts() -> None:
     # gloo's workers do a collective's work and have no Python frames: process CPU beyond
     # the listed threads' is theirs, and it is the op moving
-    d = analyse(make_snapshot([_rank(r, WAIT, thread_cpu={"metrics": 0.1}, cpu_per_sample=0.1)
-                               for r in range(3)]))
+    d = analyse(make_snapshot([_rank(r, WAIT, thread_cpu={"metrics": 0.1}, cpu_per_sample=0.1) for r in range(3)]))
     assert d.verdict is Verdict.NOT_HUNG
 
 
@@ -71,19 +69,20 @@ def test_wake_ups_are_counted_on_the_op_thread() -> None:
     assert analyse(make_snapshot(still)).verdict is Verdict.NCCL_TIMEOUT
 
 
-RAY_MAIN = ["ray/_private/workers/default_worker.py:<module>:330",
-            "ray/_private/worker.py:Worker.main_loop:1005"]
+RAY_MAIN = ["ray/_private/workers/default_worker.py:<module>:330", "ray/_private/worker.py:Worker.main_loop:1005"]
 
 
 def test_a_ray_worker_outside_any_op_is_read_in_its_training_thread() -> None:
     # Ray Train: the actor's main thread idles in Ray's task loop; the training function,
     # in its own thread, waits on a lock outside any collective: that thread is the rank's
-    train = ["threading.py:Thread._bootstrap:1002", "train.py:train_func:58",
-             "train.py:load_latest_shard:34", "threading.py:Lock.acquire:88"]
-    waiting = ["threading.py:Thread._bootstrap:1002", "train.py:train_func:60",
-               f"{C10D}:all_reduce:2800"]
-    ranks = [make_rank(r, RAY_MAIN, world_size=3, threads={"TrainingThread(train_func)": waiting})
-             for r in (0, 2)]
+    train = [
+        "threading.py:Thread._bootstrap:1002",
+        "train.py:train_func:58",
+        "train.py:load_latest_shard:34",
+        "threading.py:Lock.acquire:88",
+    ]
+    waiting = ["threading.py:Thread._bootstrap:1002", "train.py:train_func:60", f"{C10D}:all_reduce:2800"]
+    ranks = [make_rank(r, RAY_MAIN, world_size=3, threads={"TrainingThread(train_func)": waiting}) for r in (0, 2)]
     ranks.insert(1, make_rank(1, RAY_MAIN, world_size=3, threads={"TrainingThread(train_func)": train}))
     d = analyse(make_snapshot(ranks))
     assert d.verdict is Verdict.STRAGGLER and d.culprit_ranks == (1,)

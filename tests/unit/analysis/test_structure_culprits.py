@@ -93,22 +93,29 @@ def _site(line: int, text: str | None) -> Frame:
 
 
 def _on(rank: int, line: int, text: str | None, world: int, op: str = "all_reduce") -> object:
-    return make_rank(rank, [*LOOP, "train.py:step:90", _site(line, text), f"{C10D}:{op}:2800"],
-                     world_size=world, samples=2)
+    return make_rank(
+        rank, [*LOOP, "train.py:step:90", _site(line, text), f"{C10D}:{op}:2800"], world_size=world, samples=2
+    )
 
 
 def _at_barrier(rank: int, world: int, text: str | None = "dist.barrier()") -> object:
-    return make_rank(rank, [*LOOP, make_frame("train.py:epoch_end:120", code=text),
-                            f"{C10D}:barrier:4100"], world_size=world, samples=2)
+    return make_rank(
+        rank,
+        [*LOOP, make_frame("train.py:epoch_end:120", code=text), f"{C10D}:barrier:4100"],
+        world_size=world,
+        samples=2,
+    )
 
 
 def test_the_few_on_a_passed_group_are_named_when_the_many_are_on_world() -> None:
     # the other side of the rule: 13 ranks at the WORLD barrier, 3 ranks of two groups still
     # in their groups' all_reduce at two places: they are what the barrier waits for
     world = 16
-    ranks = [_on(0, 40, "dist.all_reduce(x, group=tp)", world),
-             *(_on(r, 55, "dist.all_reduce(x, group=tp)", world) for r in (1, 2)),
-             *(_at_barrier(r, world) for r in range(3, 16))]
+    ranks = [
+        _on(0, 40, "dist.all_reduce(x, group=tp)", world),
+        *(_on(r, 55, "dist.all_reduce(x, group=tp)", world) for r in (1, 2)),
+        *(_at_barrier(r, world) for r in range(3, 16)),
+    ]
     d = analyse(make_snapshot(ranks))
     assert d.verdict is Verdict.COLLECTIVE_MISMATCH
     assert d.culprit_ranks == (0, 1, 2)
@@ -117,8 +124,10 @@ def test_the_few_on_a_passed_group_are_named_when_the_many_are_on_world() -> Non
 def test_two_places_of_whole_groups_on_passed_groups_name_no_one() -> None:
     # 6 and 2 ranks on passed groups: each place could hold whole groups of 2
     world = 8
-    ranks = [*(_on(r, 40, "dist.all_reduce(x, group=g)", world) for r in range(6)),
-             *(_on(r, 55, "dist.all_reduce(x, group=g)", world) for r in (6, 7))]
+    ranks = [
+        *(_on(r, 40, "dist.all_reduce(x, group=g)", world) for r in range(6)),
+        *(_on(r, 55, "dist.all_reduce(x, group=g)", world) for r in (6, 7)),
+    ]
     d = analyse(make_snapshot(ranks))
     assert d.verdict is Verdict.UNKNOWN, d.summary
     assert d.culprit_ranks == ()
@@ -130,8 +139,10 @@ def test_a_split_group_on_passed_groups_names_no_one() -> None:
     # a passed group's collective for a member who is in the others' op: which of them
     # skipped an op, stacks do not say (issue 25)
     world = 4
-    ranks = [*(_on(r, 40, "dist.all_reduce(x, group=g)", world) for r in range(3)),
-             _on(3, 55, "dist.all_reduce(x, group=g)", world)]
+    ranks = [
+        *(_on(r, 40, "dist.all_reduce(x, group=g)", world) for r in range(3)),
+        _on(3, 55, "dist.all_reduce(x, group=g)", world),
+    ]
     d = analyse(make_snapshot(ranks))
     assert d.verdict is Verdict.COLLECTIVE_MISMATCH
     assert d.culprit_ranks == () and d.confidence is Confidence.LOW
@@ -141,10 +152,12 @@ def _tree_job(outliers: int, place: int) -> object:
     """No lines: ranks 0-7 and 8-15 at two places, ``place`` ranks of the last at a third,
     and ``outliers`` ranks off the others' path at the barrier."""
     world = 16 + place + outliers
-    ranks = [*(_on(r, 40, None, world) for r in range(8)),
-             *(_on(r, 55, None, world) for r in range(8, 16)),
-             *(_on(r, 70, None, world) for r in range(16, 16 + place)),
-             *(_at_barrier(r, world, None) for r in range(16 + place, world))]
+    ranks = [
+        *(_on(r, 40, None, world) for r in range(8)),
+        *(_on(r, 55, None, world) for r in range(8, 16)),
+        *(_on(r, 70, None, world) for r in range(16, 16 + place)),
+        *(_at_barrier(r, world, None) for r in range(16 + place, world)),
+    ]
     return make_snapshot(ranks)
 
 
@@ -165,20 +178,23 @@ def test_a_minority_is_fewer_than_half() -> None:
     assert minority([[0, 1, 2], [3], [4]]) == [3, 4]
 
 
-@pytest.mark.parametrize(("name", "line", "scope"), [
-    ("barrier", "dist.barrier()", Scope.WORLD),
-    ("all_reduce", "dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)", Scope.WORLD),
-    ("all_reduce", "dist.all_reduce(t, group=None)", Scope.WORLD),
-    ("all_reduce", "dist.all_reduce(t, group=dist.group.WORLD)", Scope.WORLD),
-    ("broadcast", "torch.distributed.broadcast(rng_state, 0)", Scope.WORLD),
-    ("all_reduce", "torch.distributed.all_reduce(x, group=get_tensor_model_parallel_group())", Scope.PART),
-    ("barrier", "torch.distributed.barrier(group=group)", Scope.PART),
-    ("all_reduce", "dist.all_reduce(t, op, pg)", None),  # a third positional: the group
-    ("all_reduce", "dist.all_reduce(t,", None),  # the call goes on to the next line
-    ("all_reduce", "dist.all_reduce(*args)", None),
-    ("all_reduce", "loss.backward()", None),  # not the call
-    ("all_reduce", None, None),  # no line
-])
+@pytest.mark.parametrize(
+    ("name", "line", "scope"),
+    [
+        ("barrier", "dist.barrier()", Scope.WORLD),
+        ("all_reduce", "dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)", Scope.WORLD),
+        ("all_reduce", "dist.all_reduce(t, group=None)", Scope.WORLD),
+        ("all_reduce", "dist.all_reduce(t, group=dist.group.WORLD)", Scope.WORLD),
+        ("broadcast", "torch.distributed.broadcast(rng_state, 0)", Scope.WORLD),
+        ("all_reduce", "torch.distributed.all_reduce(x, group=get_tensor_model_parallel_group())", Scope.PART),
+        ("barrier", "torch.distributed.barrier(group=group)", Scope.PART),
+        ("all_reduce", "dist.all_reduce(t, op, pg)", None),  # a third positional: the group
+        ("all_reduce", "dist.all_reduce(t,", None),  # the call goes on to the next line
+        ("all_reduce", "dist.all_reduce(*args)", None),
+        ("all_reduce", "loss.backward()", None),  # not the call
+        ("all_reduce", None, None),  # no line
+    ],
+)
 def test_the_call_line_says_the_scope(name: str, line: str | None, scope: Scope | None) -> None:
     assert line_scope(name, make_frame("train.py:f:1", code=line)) is scope
 
@@ -187,8 +203,9 @@ def test_the_call_line_says_the_scope(name: str, line: str | None, scope: Scope 
 
 
 def _expert_step(rank: int, line: int, text: str) -> object:
-    return make_rank(rank, [*LOOP, make_frame(f"moe.py:step:{line}", code=text),
-                            f"{C10D}:all_reduce:2800"], world_size=4)
+    return make_rank(
+        rank, [*LOOP, make_frame(f"moe.py:step:{line}", code=text), f"{C10D}:all_reduce:2800"], world_size=4
+    )
 
 
 def test_a_rank_in_its_group_s_collective_waits_for_members_in_the_world_op() -> None:
@@ -198,12 +215,13 @@ def test_a_rank_in_its_group_s_collective_waits_for_members_in_the_world_op() ->
     ranks = [_expert_step(r, 75, "dist.all_reduce(p.grad)") for r in range(3)]
     ranks.append(_expert_step(3, 70, "dist.all_reduce(tokens, group=ep_group)"))
     d = analyse(make_snapshot(ranks))
-    assert (d.verdict, d.culprit_ranks, d.confidence) == (
-        Verdict.COLLECTIVE_MISMATCH, (), Confidence.LOW)
-    assert d.summary.startswith("collective mismatch: rank 3 waits in all_reduce (moe.py:70) on "
-                                "a group its caller passed, while ranks 0-2 are in all_reduce "
-                                "(moe.py:75) on WORLD: a member of its group is in the others' "
-                                "op"), d.summary
+    assert (d.verdict, d.culprit_ranks, d.confidence) == (Verdict.COLLECTIVE_MISMATCH, (), Confidence.LOW)
+    assert d.summary.startswith(
+        "collective mismatch: rank 3 waits in all_reduce (moe.py:70) on "
+        "a group its caller passed, while ranks 0-2 are in all_reduce "
+        "(moe.py:75) on WORLD: a member of its group is in the others' "
+        "op"
+    ), d.summary
     assert "stacks do not say which, so no rank is named" in d.summary
     assert any("completes once every member of the group has entered it" in e for e in d.evidence)
 

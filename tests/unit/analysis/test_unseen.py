@@ -29,8 +29,10 @@ def test_the_rank_not_seen_where_all_others_wait_is_the_likely_culprit() -> None
     assert d.culprit_ranks == (3,)
     assert d.summary.startswith("straggler: rank 3 could not be read while ranks 0-2 wait in all_reduce")
     assert "likely the rank(s) they wait for" in d.summary
-    assert "rank 3 (pid 1003) could not be read: py-spy timed out; process in uninterruptible sleep (D): " \
+    assert (
+        "rank 3 (pid 1003) could not be read: py-spy timed out; process in uninterruptible sleep (D): "
         "stuck in the kernel, on a dead filesystem or device" in d.evidence
+    )
     assert any("by elimination, not by a stack" in e for e in d.evidence)
     assert sum("could not be read" in e for e in d.evidence) == 1  # said once, not again as a note
     assert d.partial  # the verdict rests on a rank nobody saw

@@ -34,8 +34,14 @@ C10D = "torch/distributed/distributed_c10d.py"
 
 def still(seconds: float = 2.0, cpu: float = 0.0, io: float = 0.0, **kw: object) -> Movement:
     fields: dict = {
-        "seconds": seconds, "cpu_fraction": cpu, "bytes_per_second": io, "wakeups": 0,
-        "dumps": 3, "op_changed": False, "left_op": False, "stack_changed": False,
+        "seconds": seconds,
+        "cpu_fraction": cpu,
+        "bytes_per_second": io,
+        "wakeups": 0,
+        "dumps": 3,
+        "op_changed": False,
+        "left_op": False,
+        "stack_changed": False,
         "status": "sleeping",
     }
     fields.update(kw)
@@ -74,9 +80,7 @@ def outside(rank: int, frame: Frame, **kw: object) -> RankView:
 
 
 def test_rank_ranges_are_compressed_and_the_verb_agrees() -> None:
-    lines = phrases.op_lines(
-        [waiting(r) for r in (5, 0, 2, 1)] + [waiting(3, "barrier", "train.py:sync:40")]
-    )
+    lines = phrases.op_lines([waiting(r) for r in (5, 0, 2, 1)] + [waiting(3, "barrier", "train.py:sync:40")])
     assert lines == [
         "ranks 0-2,5 wait in all_reduce (train.py:30)",
         "rank 3 waits in barrier (train.py:40)",
@@ -85,13 +89,13 @@ def test_rank_ranges_are_compressed_and_the_verb_agrees() -> None:
 
 def test_one_op_per_recogniser_in_the_order_first_seen() -> None:
     site = "train.py:train_step:30"
-    patched = view(4, ["train.py:main:10", site, "apex/parallel.py:sync:9"],
-                   op=make_op("all_reduce", site, via="apex wrapper"))
+    patched = view(
+        4, ["train.py:main:10", site, "apex/parallel.py:sync:9"], op=make_op("all_reduce", site, via="apex wrapper")
+    )
     lines = phrases.op_lines([waiting(1), patched, waiting(0)])
     assert lines == [
         "ranks 0-1 wait in all_reduce (train.py:30)",
-        ("rank 4 waits in all_reduce (train.py:30) via apex wrapper "
-         "[innermost: sync (apex/parallel.py:9)]"),
+        ("rank 4 waits in all_reduce (train.py:30) via apex wrapper [innermost: sync (apex/parallel.py:9)]"),
     ]
 
 
@@ -105,33 +109,24 @@ def test_op_summary_deduplicates_and_sorts() -> None:
 def test_straggler_sentence_singular_and_plural() -> None:
     sleeper = outside(2, make_frame("/job/data.py:load:7", code="time.sleep(5)"))
     one = wording.words(Straggling([sleeper], [waiting(0), waiting(1)]))
-    assert one.summary == (
-        "straggler: rank 2 is sleeping while ranks 0-1 wait in all_reduce (train.py:30)"
-    )
+    assert one.summary == ("straggler: rank 2 is sleeping while ranks 0-1 wait in all_reduce (train.py:30)")
     assert one.evidence == [
-        ("rank 2 is sleeping, not in any collective: thread 'MainThread' at load (data.py:7) "
-         "`time.sleep(5)`"),
+        ("rank 2 is sleeping, not in any collective: thread 'MainThread' at load (data.py:7) `time.sleep(5)`"),
         "ranks 0-1 wait in all_reduce (train.py:30)",
     ]
-    spinner = outside(3, make_frame("data.py:augment:77"), move=still(cpu=1.0),
-                      state=RankState.BUSY)
+    spinner = outside(3, make_frame("data.py:augment:77"), move=still(cpu=1.0), state=RankState.BUSY)
     many = wording.words(Straggling([sleeper, spinner], [waiting(0)]))
     assert many.summary == (
-        "straggler: ranks 2-3 are computing (100% of a core)/sleeping while rank 0 waits in "
-        "all_reduce (train.py:30)"
+        "straggler: ranks 2-3 are computing (100% of a core)/sleeping while rank 0 waits in all_reduce (train.py:30)"
     )
 
 
 def test_missing_ranks_singular_plural_and_exited() -> None:
     one = wording.words(RanksGone([3], [], 4, [waiting(0), waiting(1), waiting(2)]))
-    assert one.summary == (
-        "rank missing: rank 3 has no process while ranks 0-2 wait in all_reduce (train.py:30)"
-    )
+    assert one.summary == ("rank missing: rank 3 has no process while ranks 0-2 wait in all_reduce (train.py:30)")
     assert one.evidence[0] == "rank 3 of world size 4 has no process"
     many = wording.words(RanksGone([1, 2, 3, 7], [7], 8, [waiting(0)]))
-    assert many.summary == (
-        "rank missing: ranks 1-3,7 have no process while rank 0 waits in all_reduce (train.py:30)"
-    )
+    assert many.summary == ("rank missing: ranks 1-3,7 have no process while rank 0 waits in all_reduce (train.py:30)")
     assert many.evidence == [
         "ranks 1-3,7 of world size 8 have no process",
         "rank 7 exited during the capture",
@@ -140,12 +135,10 @@ def test_missing_ranks_singular_plural_and_exited() -> None:
 
 
 def test_working_ranks_quote_at_most_four() -> None:
-    busy = [outside(r, make_frame("data.py:augment:77"), move=still(cpu=0.9), state=RankState.BUSY)
-            for r in range(6)]
+    busy = [outside(r, make_frame("data.py:augment:77"), move=still(cpu=0.9), state=RankState.BUSY) for r in range(6)]
     said = wording.words(Working(busy))
     assert said.summary == (
-        "not hung: no rank waits in a distributed operation; ranks 0-5 are working "
-        "(CPU, I/O or changing stacks)"
+        "not hung: no rank waits in a distributed operation; ranks 0-5 are working (CPU, I/O or changing stacks)"
     )
     assert len(said.evidence) == 4
     assert said.evidence[0].startswith("rank 0 is computing (90% of a core), not in any collective")
@@ -157,11 +150,12 @@ def test_working_ranks_quote_at_most_four() -> None:
 
 def test_a_collective_on_a_cleanup_path() -> None:
     exit_frame = "ckpt.py:__exit__:12"
-    stuck = view(1, ["train.py:main:10", exit_frame, f"{C10D}:barrier:4100"],
-                 op=make_op("barrier", exit_frame, in_cleanup=True, cleanup_frame=exit_frame))
-    assert phrases.describe_rank(stuck) == (
-        "in barrier (ckpt.py:12), on a cleanup path: __exit__ (ckpt.py:12)"
+    stuck = view(
+        1,
+        ["train.py:main:10", exit_frame, f"{C10D}:barrier:4100"],
+        op=make_op("barrier", exit_frame, in_cleanup=True, cleanup_frame=exit_frame),
     )
+    assert phrases.describe_rank(stuck) == ("in barrier (ckpt.py:12), on a cleanup path: __exit__ (ckpt.py:12)")
     said = wording.words(CleanupStuck([stuck], [waiting(0), waiting(2)]))
     assert said.summary == (
         "cleanup deadlock: rank 1 left the training loop and waits in cleanup "
@@ -176,16 +170,17 @@ def test_a_collective_on_a_cleanup_path() -> None:
 def test_idle_in_cleanup_code_outside_any_op() -> None:
     exit_frame = make_frame("ckpt.py:__exit__:12")
     joiner = view(
-        2, ["train.py:main:10", exit_frame, "threading.py:join:1100", "threading.py:wait:320"],
-        cleanup=exit_frame, threads={"saver": ["threading.py:run:900", "ckpt.py:save:40"]},
+        2,
+        ["train.py:main:10", exit_frame, "threading.py:join:1100", "threading.py:wait:320"],
+        cleanup=exit_frame,
+        threads={"saver": ["threading.py:run:900", "ckpt.py:save:40"]},
     )
     assert phrases.cleanup_short(joiner) == "blocked on a lock in ckpt.py:12 at wait"
     assert phrases.cleanup_where(joiner) == (
         "__exit__ (ckpt.py:12); blocked on a lock, not in any collective: thread 'MainThread' "
         "at wait (threading.py:320); other threads: 'saver' waiting at save (ckpt.py:40)"
     )
-    said = wording.words(CleanupStuck([joiner, waiting(3, "barrier", "ckpt.py:__exit__:12")],
-                                      [waiting(0), waiting(1)]))
+    said = wording.words(CleanupStuck([joiner, waiting(3, "barrier", "ckpt.py:__exit__:12")], [waiting(0), waiting(1)]))
     assert said.summary.startswith(
         "cleanup deadlock: ranks 2-3 left the training loop and wait in cleanup "
         "(barrier (ckpt.py:12) / blocked on a lock in ckpt.py:12 at wait) while ranks 0-1 wait"
@@ -217,8 +212,10 @@ def test_unreadable_rank_is_described_by_its_error() -> None:
     not_python = view(3, error=CaptureErrorKind.NOT_PYTHON, state=RankState.UNREADABLE)
     assert phrases.describe_rank(denied) == "ptrace_denied (pid 1002)"
     assert wording.notes([4, 5], [denied, not_python]) == [
-        ("ranks 4-5 were not seen (on a node not searched, not in the dumps, or on a node that did "
-         "not answer): nothing is concluded about them"),
+        (
+            "ranks 4-5 were not seen (on a node not searched, not in the dumps, or on a node that did "
+            "not answer): nothing is concluded about them"
+        ),
         "ranks 2-3 could not be read: not_python (pid 1003); ptrace_denied (pid 1002)",
     ]
     assert wording.notes([], []) == []
@@ -233,8 +230,7 @@ def test_mismatch_names_the_minority_against_the_majority() -> None:
     minority = [waiting(3)]
     said = wording.words(Mismatch([majority, minority], [3]))
     assert said.summary == (
-        "collective mismatch: rank 3 is in all_reduce (train.py:30) while ranks 0-2 are in "
-        "all_gather (metrics.py:12)"
+        "collective mismatch: rank 3 is in all_reduce (train.py:30) while ranks 0-2 are in all_gather (metrics.py:12)"
     )
     assert said.evidence == [
         "ranks 0-2 wait in all_gather (metrics.py:12)",
@@ -244,9 +240,7 @@ def test_mismatch_names_the_minority_against_the_majority() -> None:
 
 def test_mismatch_without_a_majority_lists_every_group() -> None:
     said = wording.words(Mismatch([[waiting(0)], [waiting(1, "barrier", "a.py:f:3")]], []))
-    assert said.summary == (
-        "collective mismatch: rank 0 in all_reduce (train.py:30); rank 1 in barrier (a.py:3)"
-    )
+    assert said.summary == ("collective mismatch: rank 0 in all_reduce (train.py:30); rank 1 in barrier (a.py:3)")
 
 
 def test_point_to_point_lines() -> None:
@@ -260,13 +254,11 @@ def test_point_to_point_lines() -> None:
         "rank 2 sends to rank 3 (send), but rank 3 is in no distributed op"
     )
     receivers = [
-        view(r, ["pipe.py:stage:20", f"{C10D}:recv:2400"], op=make_op("recv", "pipe.py:stage:20"))
-        for r in (0, 1, 2)
+        view(r, ["pipe.py:stage:20", f"{C10D}:recv:2400"], op=make_op("recv", "pipe.py:stage:20")) for r in (0, 1, 2)
     ]
     said = wording.words(Mismatch([receivers], [0, 1, 2], [AllReceive([0, 1, 2])]))
     assert said.summary == (
-        "collective mismatch: point-to-point calls do not pair up: "
-        "ranks 0-2 all receive and no rank sends"
+        "collective mismatch: point-to-point calls do not pair up: ranks 0-2 all receive and no rank sends"
     )
     assert said.evidence == [
         "ranks 0-2 wait in recv (pipe.py:20)",
@@ -281,12 +273,9 @@ def test_init_where_every_rank_waits_leads_with_the_disagreement() -> None:
     init = [waiting(r, "init_process_group", "train.py:<module>:5") for r in range(5)]
     env = EnvSplit("MASTER_PORT", {"29500": [0, 1, 2], "29501": [3, 4]})
     said = wording.words(InitStuck(init, [3, 4], env))
-    assert said.summary == (
-        "init deadlock: every rank waits in init_process_group (train.py:5); ranks 3-4 differ"
-    )
+    assert said.summary == ("init deadlock: every rank waits in init_process_group (train.py:5); ranks 3-4 differ")
     assert said.evidence == [
-        ("ranks disagree on the rendezvous: MASTER_PORT=29500 on ranks 0-2, MASTER_PORT=29501 "
-         "on ranks 3-4"),
+        ("ranks disagree on the rendezvous: MASTER_PORT=29500 on ranks 0-2, MASTER_PORT=29501 on ranks 3-4"),
         "ranks 0-4 wait in init_process_group (train.py:5)",
     ]
     assert wording.words(InitStuck(init, [])).summary == (
@@ -298,22 +287,17 @@ def test_init_where_some_ranks_went_past() -> None:
     init = [waiting(r, "new_group", "train.py:setup:30") for r in (0, 1, 2)]
     ahead = [waiting(3)]
     said = wording.words(InitSplit(init, ahead, went_past=True))
-    assert said.summary == (
-        "init deadlock: ranks 0-2 wait in new_group (train.py:30) while rank 3 went past it"
-    )
+    assert said.summary == ("init deadlock: ranks 0-2 wait in new_group (train.py:30) while rank 3 went past it")
     assert said.evidence[-1] == "rank 3 is in all_reduce (train.py:30)"
     late = wording.words(InitSplit(init[:1], [outside(1, make_frame("data.py:load:3"))], False))
-    assert late.summary.endswith(
-        "rank 0 waits in new_group (train.py:30) while rank 1 never reached it"
-    )
+    assert late.summary.endswith("rank 0 waits in new_group (train.py:30) while rank 1 never reached it")
 
 
 def test_transport_hang_and_the_quiet_line() -> None:
     views = [waiting(r) for r in range(4)]
     said = wording.words(SameOp(views))
     assert said.summary == (
-        "transport hang: every rank (ranks 0-3) waits in the same all_reduce (train.py:30) "
-        "and no data moves"
+        "transport hang: every rank (ranks 0-3) waits in the same all_reduce (train.py:30) and no data moves"
     )
     assert phrases.quiet_line(views) == "no progress counters were available"
     moved = [
@@ -321,8 +305,7 @@ def test_transport_hang_and_the_quiet_line() -> None:
         view(1, op=make_op(), move=still(seconds=2.5, cpu=0.004, io=3072)),
     ]
     assert phrases.quiet_line(moved) == (
-        "nothing moved on the waiting ranks over 2.5 s: stacks unchanged, "
-        "at most 0.4% CPU and 3.0 KiB/s read+written"
+        "nothing moved on the waiting ranks over 2.5 s: stacks unchanged, at most 0.4% CPU and 3.0 KiB/s read+written"
     )
 
 
@@ -342,7 +325,8 @@ def test_wording_does_not_import_the_rules() -> None:
     tree = ast.parse((REPO / "hangdoc" / "analysis" / "wording.py").read_text())
     imported = {
         alias.name if isinstance(node, ast.Import) else f"{node.module}.{alias.name}"
-        for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
         for alias in node.names
     }
     assert not any("classify" in name for name in imported)

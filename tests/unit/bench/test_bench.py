@@ -13,15 +13,25 @@ BENCHES = sorted(p.name for p in (REPO / "bench").glob("bench_*.py"))
 
 @pytest.mark.parametrize("script", BENCHES)
 def test_every_bench_starts(script: str) -> None:
-    result = subprocess.run([sys.executable, str(REPO / "bench" / script), "--help"], capture_output=True,
-                            text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "bench" / script), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "usage:" in result.stdout
 
 
 def test_accuracy_on_the_recorded_corpus() -> None:
-    result = subprocess.run([sys.executable, str(REPO / "bench" / "bench_accuracy.py"), "--recorded"],
-                            capture_output=True, text=True, timeout=120, check=False)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "bench_accuracy.py"), "--recorded"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     recorded = len(list((REPO / "tests" / "snapshots").glob("*.json.gz")))
     # each recorded job as recorded and moved under a directory whose name contains "torch"

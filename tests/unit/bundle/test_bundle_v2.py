@@ -87,38 +87,56 @@ def varied_snapshot(ranks: int = 80) -> JobSnapshot:
     built = []
     for r in range(ranks):
         rank = make_rank(
-            None if r == 7 else r, ALL_REDUCE if r % 5 else [*TRUNK, "train.py:evaluate:48"],
-            host=f"node{r // 8}", pid=1000 + r, threads=SIDE if r % 3 else None,
-            active=r == 40, cpu_per_sample=0.25 if r == 40 else 0.0,
+            None if r == 7 else r,
+            ALL_REDUCE if r % 5 else [*TRUNK, "train.py:evaluate:48"],
+            host=f"node{r // 8}",
+            pid=1000 + r,
+            threads=SIDE if r % 3 else None,
+            active=r == 40,
+            cpu_per_sample=0.25 if r == 40 else 0.0,
             thread_cpu={"MainThread": 0.1, "pin_memory": 0.0} if r % 4 == 0 else None,
             arguments=[(4, {"async_op": "False", "group": "None"})] if r % 2 else (),
             error=CaptureErrorKind.PTRACE_DENIED if r == 13 else None,
-            gone_after=1 if r == 21 else None, world_size=ranks if r % 9 else None,
-            local_rank=r % 8, rank_source=RankSource.INFERRED if r == 30 else RankSource.ENV,
+            gone_after=1 if r == 21 else None,
+            world_size=ranks if r % 9 else None,
+            local_rank=r % 8,
+            rank_source=RankSource.INFERRED if r == 30 else RankSource.ENV,
             env={"RANK": str(r), "MASTER_PORT": "29500", "ODD": "bad \udcff bytes"},
             launcher_pid=900 + r // 8 if r % 6 else None,
         )
         extra: dict[str, Any] = {}
         if r % 10 == 0:
-            extra["gpus"] = (GpuState(index=r % 8, uuid=f"GPU-{r}", utilization_percent=r % 101,
-                                      memory_used_bytes=2**34, xids=(79,) if r == 20 else ()),)
+            extra["gpus"] = (
+                GpuState(
+                    index=r % 8,
+                    uuid=f"GPU-{r}",
+                    utilization_percent=r % 101,
+                    memory_used_bytes=2**34,
+                    xids=(79,) if r == 20 else (),
+                ),
+            )
         if r % 16 == 0:
-            entries = (FlightEntry("0", 5, "all_reduce", ((4,),), ("Float",), state="scheduled"),
-                       FlightEntry("0", 6, "send", p2p=True, peer=1))
-            extra["flight"] = FlightRecord(entries, (FlightGroup("0", "default_pg", (0, 1)),),
-                                           source=f"file trace_{r}", from_start=True)
+            entries = (
+                FlightEntry("0", 5, "all_reduce", ((4,),), ("Float",), state="scheduled"),
+                FlightEntry("0", 6, "send", p2p=True, peer=1),
+            )
+            extra["flight"] = FlightRecord(
+                entries, (FlightGroup("0", "default_pg", (0, 1)),), source=f"file trace_{r}", from_start=True
+            )
         if r % 25 == 0:
-            extra["exceptions"] = (ThreadException(7, None, "RuntimeError",
-                                                   Frame("step", "/job/train.py", 30)),)
+            extra["exceptions"] = (ThreadException(7, None, "RuntimeError", Frame("step", "/job/train.py", 30)),)
             extra["heartbeat"] = Heartbeat(1000 + r, None if r == 0 else r, 3, True, 1.5)
         built.append(dataclasses.replace(rank, **extra))
     odd = built[3]
     sample = odd.samples[0]
-    threads = (dataclasses.replace(sample.threads[0], thread_id=2**64 - 1, name=None, native_id=None),
-               *sample.threads[1:])
+    threads = (
+        dataclasses.replace(sample.threads[0], thread_id=2**64 - 1, name=None, native_id=None),
+        *sample.threads[1:],
+    )
     state = dataclasses.replace(sample.state, cpu_seconds=-0.0)
-    built[3] = dataclasses.replace(odd, samples=(dataclasses.replace(sample, threads=threads, state=state),
-                                                 *odd.samples[1:]))
+    built[3] = dataclasses.replace(
+        odd, samples=(dataclasses.replace(sample, threads=threads, state=state), *odd.samples[1:])
+    )
     return make_snapshot(built, world_size=ranks + 2, notes=["note \ud800"], stacks_may_be_cut=False)
 
 
@@ -136,9 +154,10 @@ def test_every_kind_of_field_round_trips(tmp_path: Path) -> None:
 def test_nan_and_infinity_in_columns_are_read_into_floats() -> None:
     snap = varied_snapshot(24)
     rank = snap.ranks[0]
-    samples = tuple(dataclasses.replace(s, t=math.inf if i else s.t,
-                                        state=dataclasses.replace(s.state, cpu_seconds=math.nan))
-                    for i, s in enumerate(rank.samples))
+    samples = tuple(
+        dataclasses.replace(s, t=math.inf if i else s.t, state=dataclasses.replace(s.state, cpu_seconds=math.nan))
+        for i, s in enumerate(rank.samples)
+    )
     snap = dataclasses.replace(snap, ranks=(dataclasses.replace(rank, samples=samples), *snap.ranks[1:]))
     back = _through_json(snap)
     assert back.ranks[0].samples[1].t == math.inf
@@ -165,8 +184,7 @@ def test_a_table_of_records_stores_each_distinct_record_once() -> None:
     snap = synthetic_snapshot(200, "straggler")
     data = snapshot_to_dict(snap)
     tables = data["tables"]
-    distinct = {(th.thread_id, th.name, th.frames, th.native_id, th.active, th.owns_gil)
-                for th in _threads(snap)}
+    distinct = {(th.thread_id, th.name, th.frames, th.native_id, th.active, th.owns_gil) for th in _threads(snap)}
     assert tables["ThreadStack"]["n"] == len(distinct)
     # stacks and flags once per combination; ids counting up as runs, in every row
     shared, columns = tables["ThreadStack"]["shared"]["columns"], tables["ThreadStack"]["columns"]
@@ -200,8 +218,11 @@ def test_only_versions_1_and_2_are_written() -> None:
 
 def _verdict_of(name: str) -> Verdict:
     kind = name.split("_")[0]
-    return {"mismatch": Verdict.COLLECTIVE_MISMATCH, "straggler": Verdict.STRAGGLER,
-            "cleanup": Verdict.CLEANUP_DEADLOCK}[kind]
+    return {
+        "mismatch": Verdict.COLLECTIVE_MISMATCH,
+        "straggler": Verdict.STRAGGLER,
+        "cleanup": Verdict.CLEANUP_DEADLOCK,
+    }[kind]
 
 
 def test_the_old_format_fixtures_are_version_1() -> None:
@@ -258,47 +279,75 @@ def _set(path: str, value: object):
 
 T = "tables"
 BAD_TABLES = [
-    (_set(f"{T}.ThreadStack.columns.frames.6", 99),
-     "at tables.ThreadStack.columns.frames[6]: stack index 99 out of range (table has 4)"),
-    (_set(f"{T}.ThreadStack.columns.name.1", 999),
-     "at tables.ThreadStack.columns.name[1]: string index 999 out of range (table has 24)"),
+    (
+        _set(f"{T}.ThreadStack.columns.frames.6", 99),
+        "at tables.ThreadStack.columns.frames[6]: stack index 99 out of range (table has 4)",
+    ),
+    (
+        _set(f"{T}.ThreadStack.columns.name.1", 999),
+        "at tables.ThreadStack.columns.name[1]: string index 999 out of range (table has 24)",
+    ),
     (_set(f"{T}.ThreadStack.columns.name.1", -1), "name[1]: string index -1 out of range"),
-    (_set(f"{T}.Sample.columns.threads.0", "0"),
-     "at tables.Sample.columns.threads[0]: ThreadStack[] reference must be an integer, got a string"),
+    (
+        _set(f"{T}.Sample.columns.threads.0", "0"),
+        "at tables.Sample.columns.threads[0]: ThreadStack[] reference must be an integer, got a string",
+    ),
     (_set(f"{T}.Sample.columns.state.3", 6), "at tables.Sample.columns.state[3]: ProcessState index 6 out"),
-    (_set("snapshot.ranks.0.process", 6),
-     "at snapshot.ranks[0].process: RankProcess index 6 out of range (table has 6)"),
+    (
+        _set("snapshot.ranks.0.process", 6),
+        "at snapshot.ranks[0].process: RankProcess index 6 out of range (table has 6)",
+    ),
     (_set("snapshot.ranks.0.samples", True), "at snapshot.ranks[0].samples: Sample[] reference must be"),
-    (_set(f"{T}.RankProcess.columns.pid", [1000, 1001, 1002, 1003, 2**22 + 1, 4242]),
-     "at tables.RankProcess.columns.pid[4]: 4194305 is out of range (0 to 4194304)"),
-    (_set(f"{T}.RankProcess.columns.pid", {"runs": [1000, 1, 4, 3238, 0]}),
-     "at tables.RankProcess.columns.pid.runs[4]: 0 is out of range (1 to"),
-    (_set(f"{T}.RankProcess.columns.pid", {"runs": [1000, 1, 4, 3238, 2]}),
-     "at tables.RankProcess.columns.pid.runs: runs give 7 values for 6 rows"),
-    (_set(f"{T}.RankProcess.columns.pid", {"runs": [1000, 10**30, 5]}),
-     "at tables.RankProcess.columns.pid.runs[1]: 1000000000000000000000000000000 is out of range"),
-    (_set(f"{T}.RankProcess.columns.pid", {"runs": [1000, 1, 5], "x": 1}),
-     "at tables.RankProcess.columns.pid: expected a list, or an object with only the key 'runs'"),
+    (
+        _set(f"{T}.RankProcess.columns.pid", [1000, 1001, 1002, 1003, 2**22 + 1, 4242]),
+        "at tables.RankProcess.columns.pid[4]: 4194305 is out of range (0 to 4194304)",
+    ),
+    (
+        _set(f"{T}.RankProcess.columns.pid", {"runs": [1000, 1, 4, 3238, 0]}),
+        "at tables.RankProcess.columns.pid.runs[4]: 0 is out of range (1 to",
+    ),
+    (
+        _set(f"{T}.RankProcess.columns.pid", {"runs": [1000, 1, 4, 3238, 2]}),
+        "at tables.RankProcess.columns.pid.runs: runs give 7 values for 6 rows",
+    ),
+    (
+        _set(f"{T}.RankProcess.columns.pid", {"runs": [1000, 10**30, 5]}),
+        "at tables.RankProcess.columns.pid.runs[1]: 1000000000000000000000000000000 is out of range",
+    ),
+    (
+        _set(f"{T}.RankProcess.columns.pid", {"runs": [1000, 1, 5], "x": 1}),
+        "at tables.RankProcess.columns.pid: expected a list, or an object with only the key 'runs'",
+    ),
     (_set(f"{T}.RankProcess.columns.pid", {"runs": [1000, 1]}), "pid.runs: 2 numbers, not a first value"),
     (_set(f"{T}.RankProcess.columns.pid", "1000"), "at tables.RankProcess.columns.pid: expected a list, got a string"),
     (_set(f"{T}.RankProcess.columns.rank.4", 2**18), "columns.rank[4]: 262144 is out of range"),
     (_set(f"{T}.RankProcess.columns.world_size.4", 2_000_000_000), "world_size[4]: 2000000000 is out of range"),
-    (_set(f"{T}.RankProcess.columns.rank_source.3", "guessed"),
-     "at tables.RankProcess.columns.rank_source[3]: unknown RankSource 'guessed'"),
+    (
+        _set(f"{T}.RankProcess.columns.rank_source.3", "guessed"),
+        "at tables.RankProcess.columns.rank_source[3]: unknown RankSource 'guessed'",
+    ),
     (_set(f"{T}.RankProcess.columns.rank_source.3", ["env"]), "rank_source[3]: unknown RankSource ['env']"),
-    (_set(f"{T}.CaptureError.columns.kind.0", "bogus"),
-     "at tables.CaptureError.columns.kind[0]: unknown CaptureErrorKind 'bogus'"),
-    (_set(f"{T}.ThreadStack.columns.thread_id.0", 2**64),
-     "at tables.ThreadStack.columns.thread_id[0]: integer 18446744073709551616 does not fit in 64 bits"),
-    (_set(f"{T}.ThreadStack.columns.thread_id.0", True),
-     "at tables.ThreadStack.columns.thread_id[0]: expected int, got a boolean"),
+    (
+        _set(f"{T}.CaptureError.columns.kind.0", "bogus"),
+        "at tables.CaptureError.columns.kind[0]: unknown CaptureErrorKind 'bogus'",
+    ),
+    (
+        _set(f"{T}.ThreadStack.columns.thread_id.0", 2**64),
+        "at tables.ThreadStack.columns.thread_id[0]: integer 18446744073709551616 does not fit in 64 bits",
+    ),
+    (
+        _set(f"{T}.ThreadStack.columns.thread_id.0", True),
+        "at tables.ThreadStack.columns.thread_id[0]: expected int, got a boolean",
+    ),
     (_set(f"{T}.ThreadStack.columns.thread_id.0", None), "thread_id[0]: expected int, got null"),
     (_set(f"{T}.ThreadStack.columns.active.2", "yes"), "columns.active[2]: expected bool, got a string"),
     (_set(f"{T}.Sample.columns.t.4", 10**400), "at tables.Sample.columns.t[4]: the number 1000"),
     (_set(f"{T}.Sample.columns.t.4", "soon"), "at tables.Sample.columns.t[4]: expected float, got a string"),
     (_set(f"{T}.Sample.columns.t.17", KeyError), "at tables.Sample.columns.t: 17 values for 18 rows"),
-    (_set(f"{T}.ThreadStack.columns.thread_id", KeyError),
-     "at tables.ThreadStack: missing column 'thread_id' (ThreadStack)"),
+    (
+        _set(f"{T}.ThreadStack.columns.thread_id", KeyError),
+        "at tables.ThreadStack: missing column 'thread_id' (ThreadStack)",
+    ),
     (_set(f"{T}.(str,str).columns.0", KeyError), "at tables.(str,str): missing column '0' ((str,str))"),
     (_set(f"{T}.Sample.n", "18"), "at tables.Sample.n: expected the number of rows, got a string"),
     (_set(f"{T}.Sample.n", 2**30), "at tables.Sample.n: 1073741824 rows: out of range (0 to 16777216)"),
@@ -310,10 +359,14 @@ BAD_TABLES = [
     (_set(f"{T}.(str,str)[].lengths.3", -1), "at tables.(str,str)[].lengths[3]: -1 is out of range"),
     (_set(f"{T}.(str,str)[].lengths.3", 1), "at tables.(str,str)[].items.runs: runs give 6 values for 7 rows"),
     (_set(f"{T}.(str,str)[].width", 1), "at tables.(str,str)[]: a table of tuples has 'lengths' or 'width'"),
-    (_set(f"{T}.ThreadStack[].lengths.0", 10**6),
-     "at tables.ThreadStack[].items.runs: runs give 7 values for 1,000,005 rows"),
-    (_set(f"{T}.ThreadStack[].lengths.0", 10**8),
-     "at tables.ThreadStack[].lengths[0]: 100000000 is out of range (0 to 67108864)"),
+    (
+        _set(f"{T}.ThreadStack[].lengths.0", 10**6),
+        "at tables.ThreadStack[].items.runs: runs give 7 values for 1,000,005 rows",
+    ),
+    (
+        _set(f"{T}.ThreadStack[].lengths.0", 10**8),
+        "at tables.ThreadStack[].lengths[0]: 100000000 is out of range (0 to 67108864)",
+    ),
 ]
 
 
@@ -334,13 +387,13 @@ def test_shared_columns_are_checked(tmp_path: Path) -> None:
     table = data["tables"]["ThreadStack"]
     m = table["shared"]["n"]
     table["shared_row"] = [m] * table["n"]
-    assert f"at tables.ThreadStack.shared_row[0]: shared row index {m} out of range (table has {m})" \
-        in _error(tmp_path, data)
+    assert f"at tables.ThreadStack.shared_row[0]: shared row index {m} out of range (table has {m})" in _error(
+        tmp_path, data
+    )
     data = _big()
     table = data["tables"]["ThreadStack"]
     table["shared"]["columns"]["active"] = [False, False, "x"] + [False] * (m - 3)
-    assert "at tables.ThreadStack.shared.columns.active[2]: expected bool, got a string" \
-        in _error(tmp_path, data)
+    assert "at tables.ThreadStack.shared.columns.active[2]: expected bool, got a string" in _error(tmp_path, data)
     data = _big()
     table = data["tables"]["ThreadStack"]
     table["columns"]["active"] = [False] * table["n"]
@@ -354,8 +407,9 @@ def test_many_ranks_say_which_rank_is_wrong(tmp_path: Path) -> None:
     assert "at snapshot.ranks[150].process: RankProcess index 1000000 out of range" in _error(tmp_path, data)
     data = _big()
     data["snapshot"]["ranks"][150]["gpus"] = [{"index": 0, "uuid": "GPU-0", "utilization_percent": 101}]
-    assert "at snapshot.ranks[150].gpus[0].utilization_percent: 101 is out of range (0 to 100)" \
-        in _error(tmp_path, data)
+    assert "at snapshot.ranks[150].gpus[0].utilization_percent: 101 is out of range (0 to 100)" in _error(
+        tmp_path, data
+    )
     data = _big()
     data["snapshot"]["ranks"][150]["gpus"] = [{"index": 0, "uuid": "GPU-0"}]  # good, but other keys
     assert load_snapshot_of(tmp_path, data).ranks[150].gpus[0].uuid == "GPU-0"
@@ -379,8 +433,9 @@ def test_unknown_tables_columns_and_keys_are_ignored(tmp_path: Path) -> None:
 def test_a_missing_table_is_empty(tmp_path: Path) -> None:
     data = _good()
     del data["tables"]["CaptureError"]
-    assert "at tables.Sample.columns.error[13]: CaptureError index 0 out of range (table has 0)" \
-        in _error(tmp_path, data)
+    assert "at tables.Sample.columns.error[13]: CaptureError index 0 out of range (table has 0)" in _error(
+        tmp_path, data
+    )
 
 
 def test_bounds_are_inclusive(tmp_path: Path) -> None:
@@ -396,8 +451,7 @@ def test_bounds_are_inclusive(tmp_path: Path) -> None:
 # ----------------------------------------------------- caps on what sharing multiplies
 
 
-def test_records_are_counted_each_time_they_are_used(tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_records_are_counted_each_time_they_are_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A few numbers can make every sample hold one thread a thousand times: the records
     the snapshot reaches are counted with their repeats, and capped."""
     data = _good()
@@ -405,12 +459,12 @@ def test_records_are_counted_each_time_they_are_used(tmp_path: Path,
     seq["lengths"], seq["items"] = [1000] + [1] * 6, {"runs": [0, 0, 999, 1, 1, 1, 5]}
     assert load_snapshot_of(tmp_path, data).ranks[0].samples[0].threads[999].thread_id == 1000
     monkeypatch.setattr(bundle.tables, "MAX_RECORDS", 2000)
-    assert "the snapshot holds more than 2,000 records (threads, samples, ...) counted each time" \
-        in _error(tmp_path, data)
+    assert "the snapshot holds more than 2,000 records (threads, samples, ...) counted each time" in _error(
+        tmp_path, data
+    )
 
 
-def test_frames_are_counted_each_time_a_stack_is_used(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_frames_are_counted_each_time_a_stack_is_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data = _good()
     monkeypatch.setattr(bundle.tables, "MAX_THREAD_FRAMES", 50)
     assert "the threads of all samples hold more than 50 frames in all" in _error(tmp_path, data)
@@ -422,8 +476,10 @@ def test_frames_are_counted_each_time_a_stack_is_used(tmp_path: Path,
 def test_rows_and_items_are_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Columns left out, or runs, make rows from nothing: the tables' rows are capped."""
     data = _good()
-    data["tables"]["CaptureError"] = {"n": 490, "columns": {"kind": ["timeout"] * 490,
-                                                            "message": {"runs": [0, 0, 489]}}}
+    data["tables"]["CaptureError"] = {
+        "n": 490,
+        "columns": {"kind": ["timeout"] * 490, "message": {"runs": [0, 0, 489]}},
+    }
     monkeypatch.setattr(bundle.tables, "MAX_TABLE_ROWS", 500)
     assert "at tables.CaptureError: the tables hold more than 500 rows in all" in _error(tmp_path, data)
     monkeypatch.setattr(bundle.tables, "MAX_TABLE_ROWS", 2**24)

@@ -44,10 +44,11 @@ sys.path.insert(0, str(REPO / "bench"))
 from synthetic import synthetic_snapshot
 
 # the same snapshots as version 2 bundles, and a synthetic one of 40 ranks
-TABLES = {name: json.loads(json.dumps(snapshot_to_dict(load_snapshot(p))))
-          for name, p in zip(RECORDED, SNAPSHOTS)}
-TABLES["synthetic_straggler_40"] = json.loads(json.dumps(snapshot_to_dict(
-    synthetic_snapshot(40, "straggler"))))
+TABLES = {
+    name: json.loads(json.dumps(snapshot_to_dict(load_snapshot(p))))
+    for name, p in zip(RECORDED, SNAPSHOTS, strict=False)
+}
+TABLES["synthetic_straggler_40"] = json.loads(json.dumps(snapshot_to_dict(synthetic_snapshot(40, "straggler"))))
 TABLE_NAMES = [_table_name(key) for key in _table_order()]
 
 SCALE = int(os.environ.get("HANGDOC_FUZZ_SCALE", "1"))
@@ -55,20 +56,54 @@ FUZZ = settings(
     max_examples=120 * SCALE,
     deadline=10_000,  # ms per example: generous on a busy machine, but a hang still fails
     database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                           HealthCheck.function_scoped_fixture],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
 )
 
 # values a mutation puts in place of another
 ODD: list[Any] = [
-    None, True, False, 0, -1, 1, 2**31, 2**63, 2**64, -(2**63) - 1, 10**30, 2**22 + 1,
-    2**18, 2**18 + 1, 2_000_000_000, 1.5, -0.0, 1e300, -1e300, math.nan, math.inf, -math.inf,
-    "", "x" * 5000, "\x1b[2J\x1b]0;pwned\x07", "\u202e\r\x9b", "\ud800", "[bold red]x[/]", "²",
-    "٣", "0", "-1", "nan", [], {}, [[[[[[[[[[[]]]]]]]]]]], {"a": {"b": {"c": {}}}}, [0] * 50,
+    None,
+    True,
+    False,
+    0,
+    -1,
+    1,
+    2**31,
+    2**63,
+    2**64,
+    -(2**63) - 1,
+    10**30,
+    2**22 + 1,
+    2**18,
+    2**18 + 1,
+    2_000_000_000,
+    1.5,
+    -0.0,
+    1e300,
+    -1e300,
+    math.nan,
+    math.inf,
+    -math.inf,
+    "",
+    "x" * 5000,
+    "\x1b[2J\x1b]0;pwned\x07",
+    "\u202e\r\x9b",
+    "\ud800",
+    "[bold red]x[/]",
+    "²",
+    "٣",
+    "0",
+    "-1",
+    "nan",
+    [],
+    {},
+    [[[[[[[[[[[]]]]]]]]]]],
+    {"a": {"b": {"c": {}}}},
+    [0] * 50,
     ["a", 1, None],
 ]
-json_scalars = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True)
-                | st.text(max_size=30) | st.sampled_from(ODD))
+json_scalars = (
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=30) | st.sampled_from(ODD)
+)
 json_values = st.recursive(
     json_scalars,
     lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=5),
@@ -91,8 +126,9 @@ def _check(path: Path) -> None:
     buffer = StringIO()
     render(diagnosis, snapshot, Console(file=buffer, width=100, color_system=None))
     out = buffer.getvalue()
-    assert not any(ord(c) < 0x20 and c != "\n" or 0x7F <= ord(c) < 0xA0 or c == "\u202e"
-                   for c in out), "a control character reached the terminal"
+    assert not any(ord(c) < 0x20 and c != "\n" or 0x7F <= ord(c) < 0xA0 or c == "\u202e" for c in out), (
+        "a control character reached the terminal"
+    )
 
 
 def _reject(name: str) -> None:
@@ -131,46 +167,50 @@ def test_random_json_values(tmp_path_factory: pytest.TempPathFactory, value: Any
 
 @FUZZ
 @given(body=json_values, frames=json_values, stacks=json_values)
-def test_random_values_inside_a_valid_envelope(tmp_path_factory: pytest.TempPathFactory,
-                                               body: Any, frames: Any, stacks: Any) -> None:
-    data = {"kind": "hangdoc-snapshot", "schema_version": 1, "frames": frames, "stacks": stacks,
-            "snapshot": body}
+def test_random_values_inside_a_valid_envelope(
+    tmp_path_factory: pytest.TempPathFactory, body: Any, frames: Any, stacks: Any
+) -> None:
+    data = {"kind": "hangdoc-snapshot", "schema_version": 1, "frames": frames, "stacks": stacks, "snapshot": body}
     _check(_write(tmp_path_factory.mktemp("fuzz"), _dump(data)))
 
 
 @FUZZ
-@given(strings=json_values, tables=st.dictionaries(st.sampled_from(TABLE_NAMES), json_values,
-                                                   max_size=4),
-       body=json_values)
-def test_random_tables_inside_a_valid_v2_envelope(tmp_path_factory: pytest.TempPathFactory,
-                                                  strings: Any, tables: Any, body: Any) -> None:
-    data = {"kind": "hangdoc-snapshot", "schema_version": 2, "strings": strings, "frames": [],
-            "stacks": [], "tables": tables, "snapshot": body}
+@given(
+    strings=json_values, tables=st.dictionaries(st.sampled_from(TABLE_NAMES), json_values, max_size=4), body=json_values
+)
+def test_random_tables_inside_a_valid_v2_envelope(
+    tmp_path_factory: pytest.TempPathFactory, strings: Any, tables: Any, body: Any
+) -> None:
+    data = {
+        "kind": "hangdoc-snapshot",
+        "schema_version": 2,
+        "strings": strings,
+        "frames": [],
+        "stacks": [],
+        "tables": tables,
+        "snapshot": body,
+    }
     _check(_write(tmp_path_factory.mktemp("fuzz"), _dump(data)))
 
 
 @settings(FUZZ, max_examples=300 * SCALE)
 @given(name=st.sampled_from(sorted(RECORDED)), data=st.data())
-def test_mutated_recorded_snapshots(tmp_path_factory: pytest.TempPathFactory, name: str,
-                                    data: st.DataObject) -> None:
+def test_mutated_recorded_snapshots(tmp_path_factory: pytest.TempPathFactory, name: str, data: st.DataObject) -> None:
     _mutate_and_check(tmp_path_factory, RECORDED[name], data)
 
 
 @settings(FUZZ, max_examples=300 * SCALE)
 @given(name=st.sampled_from(sorted(TABLES)), data=st.data())
-def test_mutated_v2_snapshots(tmp_path_factory: pytest.TempPathFactory, name: str,
-                              data: st.DataObject) -> None:
+def test_mutated_v2_snapshots(tmp_path_factory: pytest.TempPathFactory, name: str, data: st.DataObject) -> None:
     _mutate_and_check(tmp_path_factory, TABLES[name], data)
 
 
-def _mutate_and_check(tmp_path_factory: pytest.TempPathFactory, recorded: dict[str, Any],
-                      data: st.DataObject) -> None:
+def _mutate_and_check(tmp_path_factory: pytest.TempPathFactory, recorded: dict[str, Any], data: st.DataObject) -> None:
     snapshot = copy.deepcopy(recorded)
     for _ in range(data.draw(st.integers(1, 4), label="mutations")):
         places = _containers(snapshot)
         node, key = data.draw(st.sampled_from(places), label="where")
-        action = data.draw(st.sampled_from(["replace", "delete", "random", "wrap", "duplicate"]),
-                           label="action")
+        action = data.draw(st.sampled_from(["replace", "delete", "random", "wrap", "duplicate"]), label="action")
         if action == "delete":
             del node[key]
         elif action == "replace":
@@ -193,12 +233,10 @@ def test_random_bytes(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> 
 
 @FUZZ
 @given(name=st.sampled_from(sorted(RAW)), data=st.data())
-def test_cut_and_corrupted_gzip(tmp_path_factory: pytest.TempPathFactory, name: str,
-                                data: st.DataObject) -> None:
+def test_cut_and_corrupted_gzip(tmp_path_factory: pytest.TempPathFactory, name: str, data: st.DataObject) -> None:
     raw = bytearray(RAW[name])
     cut = data.draw(st.integers(0, len(raw)), label="cut")
-    flips = data.draw(st.lists(st.tuples(st.integers(0, len(raw) - 1), st.integers(0, 255)),
-                               max_size=4), label="flips")
+    flips = data.draw(st.lists(st.tuples(st.integers(0, len(raw) - 1), st.integers(0, 255)), max_size=4), label="flips")
     for at, byte in flips:
         raw[at] = byte
     tail = data.draw(st.sampled_from([b"", b"\0\0\0", b"garbage", bytes(RAW[name])]), label="tail")

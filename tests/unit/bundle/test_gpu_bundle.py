@@ -22,14 +22,30 @@ AR = ["train.py:main:10", "torch/distributed/distributed_c10d.py:all_reduce:2800
 
 def with_devices() -> JobSnapshot:
     snap = make_snapshot([make_rank(r, AR) for r in range(4)])
-    gpus = {r: (GpuState(index=r, uuid=f"GPU-{r}", name="NVIDIA H100", utilization_percent=100 if r else 0,
-                         memory_used_bytes=2**34, memory_total_bytes=80 * 2**30, process_memory_bytes=2**33,
-                         xids=(79, 79) if r == 3 else (), ecc_uncorrected=0, lost=r == 2,
-                         matched_by="pid 7 in its namespace"),) for r in range(4)}
-    report = read_ras_report((TESTS / "data" / "gpu" / "ncclras_2.28.9_dead_rank.json").read_text(),
-                             source="ncclras on node0")
-    return dataclasses.replace(snap, ras=report,
-                               ranks=tuple(dataclasses.replace(r, gpus=gpus[r.rank]) for r in snap.ranks))
+    gpus = {
+        r: (
+            GpuState(
+                index=r,
+                uuid=f"GPU-{r}",
+                name="NVIDIA H100",
+                utilization_percent=100 if r else 0,
+                memory_used_bytes=2**34,
+                memory_total_bytes=80 * 2**30,
+                process_memory_bytes=2**33,
+                xids=(79, 79) if r == 3 else (),
+                ecc_uncorrected=0,
+                lost=r == 2,
+                matched_by="pid 7 in its namespace",
+            ),
+        )
+        for r in range(4)
+    }
+    report = read_ras_report(
+        (TESTS / "data" / "gpu" / "ncclras_2.28.9_dead_rank.json").read_text(), source="ncclras on node0"
+    )
+    return dataclasses.replace(
+        snap, ras=report, ranks=tuple(dataclasses.replace(r, gpus=gpus[r.rank]) for r in snap.ranks)
+    )
 
 
 @pytest.mark.parametrize("name", ["snap.json", "snap.json.gz"])
@@ -47,12 +63,15 @@ def test_a_bundle_from_before_gpu_state_loads_with_none() -> None:
     assert snap.ras is None and all(r.gpus == () for r in snap.ranks)
 
 
-@pytest.mark.parametrize(("path", "value", "said"), [
-    (("ranks", 0, "gpus", 0, "utilization_percent"), 101, "out of range"),
-    (("ras", "communicators", 0, "ranks", 0, "comm_rank"), -1, "out of range"),
-    (("ras", "communicators", 0, "size"), 2**40, "out of range"),
-    (("ranks", 0, "gpus", 0, "xids"), "79", "expected a list"),
-])
+@pytest.mark.parametrize(
+    ("path", "value", "said"),
+    [
+        (("ranks", 0, "gpus", 0, "utilization_percent"), 101, "out of range"),
+        (("ras", "communicators", 0, "ranks", 0, "comm_rank"), -1, "out of range"),
+        (("ras", "communicators", 0, "size"), 2**40, "out of range"),
+        (("ranks", 0, "gpus", 0, "xids"), "79", "expected a list"),
+    ],
+)
 def test_bad_device_values_are_refused(path: tuple[object, ...], value: object, said: str) -> None:
     data = snapshot_to_dict(with_devices())
     where = data["snapshot"]

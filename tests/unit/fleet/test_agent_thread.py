@@ -52,17 +52,21 @@ def test_a_taken_port_is_an_error_not_a_hang() -> None:
 
 
 def test_the_ray_module_imports_without_ray() -> None:
-    code = ("import sys, hangdoc.fleet.ray_agents as r; "
-            "assert 'ray' not in sys.modules, 'ray imported'; assert r.HangdocAgent.__name__ == 'HangdocAgent'")
+    code = (
+        "import sys, hangdoc.fleet.ray_agents as r; "
+        "assert 'ray' not in sys.modules, 'ray imported'; assert r.HangdocAgent.__name__ == 'HangdocAgent'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
 
 
 def test_ray_agents_never_start_ray_themselves() -> None:
     pytest.importorskip("ray.util")  # not tests/live/ray, a namespace package without Ray
-    code = ("import ray; from hangdoc.errors import UsageError\n"
-            "from hangdoc.fleet.ray_agents import ray_agents, stop_ray_agents\n"
-            "for call in (lambda: ray_agents(['ab' * 28], token='t' * 32).__enter__(), stop_ray_agents):\n"
-            "    try:\n        call()\n    except UsageError as e:\n        assert 'ray.init' in str(e)\n"
-            "    else:\n        raise AssertionError('no error')\n"
-            "assert not ray.is_initialized()")
+    code = (
+        "import ray; from hangdoc.errors import UsageError\n"
+        "from hangdoc.fleet.ray_agents import ray_agents, stop_ray_agents\n"
+        "for call in (lambda: ray_agents(['ab' * 28], token='t' * 32).__enter__(), stop_ray_agents):\n"
+        "    try:\n        call()\n    except UsageError as e:\n        assert 'ray.init' in str(e)\n"
+        "    else:\n        raise AssertionError('no error')\n"
+        "assert not ray.is_initialized()"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

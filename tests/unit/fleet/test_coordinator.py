@@ -60,8 +60,12 @@ class RecordedNode:
     def probe(self, pids: Sequence[int], timeout: float):
         if self.fail:
             raise self.fail
-        return {pid: ProbeAnswer(ProbeStatus.ANSWERED, "", self.snaps[pid].flight) if self.snaps[pid].flight
-                else ProbeAnswer(ProbeStatus.NO_PROBE, "no hangdoc probe") for pid in pids}
+        return {
+            pid: ProbeAnswer(ProbeStatus.ANSWERED, "", self.snaps[pid].flight)
+            if self.snaps[pid].flight
+            else ProbeAnswer(ProbeStatus.NO_PROBE, "no hangdoc probe")
+            for pid in pids
+        }
 
     def sample(self, procs: Sequence[RankProcess], t: float, *, native: bool, timeout: float) -> list[Sample]:
         time.sleep(self.delay)
@@ -92,14 +96,17 @@ def ranks_on(host: str, ranks: dict[int, str], world: int = 4):
         "reduce": ["train.py:<module>:9", "train.py:step:40", f"{C10D}:all_reduce:2800"],
         "gather": ["train.py:<module>:9", "metrics.py:log:12", f"{C10D}:all_gather:4200"],
     }
-    return [make_rank(r, stacks[kind], host=host, pid=100 + r, world_size=world, samples=8)
-            for r, kind in ranks.items()]
+    return [
+        make_rank(r, stacks[kind], host=host, pid=100 + r, world_size=world, samples=8) for r, kind in ranks.items()
+    ]
 
 
 def test_three_nodes_merge_into_one_diagnosis() -> None:
-    nodes = [RecordedNode("n0", ranks_on("n0", {0: "reduce", 1: "reduce"}, 6)),
-             RecordedNode("n1", ranks_on("n1", {2: "reduce", 3: "reduce"}, 6)),
-             RecordedNode("n2", ranks_on("n2", {4: "reduce", 5: "gather"}, 6))]
+    nodes = [
+        RecordedNode("n0", ranks_on("n0", {0: "reduce", 1: "reduce"}, 6)),
+        RecordedNode("n1", ranks_on("n1", {2: "reduce", 3: "reduce"}, 6)),
+        RecordedNode("n2", ranks_on("n2", {4: "reduce", 5: "gather"}, 6)),
+    ]
     fleet = find_ranks(nodes, SPEC)
     assert [p.rank for p in fleet.procs] == [0, 1, 2, 3, 4, 5]
     _snapshot, d = observe("10.0.0.1:29500", fleet, CaptureOptions(window=0.2, interval=0.05), lambda m: None)
@@ -109,8 +116,10 @@ def test_three_nodes_merge_into_one_diagnosis() -> None:
 
 
 def test_node_down_is_unreachable_and_its_ranks_unknown() -> None:
-    nodes = [RecordedNode("n0", ranks_on("n0", {0: "reduce", 1: "reduce"})),
-             RecordedNode("n1", [], fail=ConnectionRefusedError("connection refused"))]
+    nodes = [
+        RecordedNode("n0", ranks_on("n0", {0: "reduce", 1: "reduce"})),
+        RecordedNode("n1", [], fail=ConnectionRefusedError("connection refused")),
+    ]
     fleet = find_ranks(nodes, SPEC)
     assert [u.target for u in fleet.unreachable] == ["n1"]
     snapshot, d = observe("x", fleet, CaptureOptions(window=0.2, interval=0.05), lambda m: None)
@@ -156,8 +165,9 @@ def hand_made_fleet(*nodes: RecordedNode) -> Fleet:
 
 def test_sample_all_leaves_the_fleet_unchanged_and_returns_the_lost_node() -> None:
     up = RecordedNode("n0", ranks_on("n0", {0: "reduce", 1: "reduce"}))
-    down = RecordedNode("n1", ranks_on("n1", {2: "reduce", 3: "gather"}),
-                        fail=ConnectionRefusedError("connection refused"))
+    down = RecordedNode(
+        "n1", ranks_on("n1", {2: "reduce", 3: "gather"}), fail=ConnectionRefusedError("connection refused")
+    )
     fleet = hand_made_fleet(up, down)
     placed = list(fleet.placed)
     first = sample_all(fleet, 0.0, native=False, timeout=0.5)
@@ -178,8 +188,9 @@ def test_sample_all_gives_a_hangdoc_error_as_its_message() -> None:
     with pytest.raises(AgentError):  # a single node: its errors pass through, as on one machine
         sample_all(fleet, 0.0, native=False, timeout=0.5)
     other = RecordedNode("n1", ranks_on("n1", {1: "reduce"}))
-    assert sample_all(hand_made_fleet(only, other), 0.0, native=False, timeout=0.5) == \
-        Round({1: other.snaps[101].samples[0]}, (Unreachable("n0", "agent n0 unavailable", (0,)),))
+    assert sample_all(hand_made_fleet(only, other), 0.0, native=False, timeout=0.5) == Round(
+        {1: other.snaps[101].samples[0]}, (Unreachable("n0", "agent n0 unavailable", (0,)),)
+    )
 
 
 def test_a_node_lost_mid_capture_is_listed_once_with_its_ranks_and_first_reason() -> None:
@@ -214,13 +225,26 @@ class NativeAskingNode(RecordedNode):
 
 @pytest.mark.parametrize("loop_thread", ["MainThread", "TrainingThread(train_func)"])
 def test_a_loop_idle_in_backward_gets_its_native_frames_whatever_its_thread(loop_thread: str) -> None:
-    backward = ["train.py:train_func:30", "torch/_tensor.py:backward:626",
-                "torch/autograd/__init__.py:backward:347", "torch/autograd/graph.py:_engine_run_backward:823"]
+    backward = [
+        "train.py:train_func:30",
+        "torch/_tensor.py:backward:626",
+        "torch/autograd/__init__.py:backward:347",
+        "torch/autograd/graph.py:_engine_run_backward:823",
+    ]
     idle_main = ["threading.py:Thread.join:1112", "threading.py:_wait_for_tstate_lock:1132"]
     in_main = loop_thread == "MainThread"
-    ranks = [make_rank(r, backward if in_main else idle_main, host="n0", pid=100 + r, world_size=2,
-                       samples=8, threads=None if in_main else {loop_thread: backward})
-             for r in (0, 1)]
+    ranks = [
+        make_rank(
+            r,
+            backward if in_main else idle_main,
+            host="n0",
+            pid=100 + r,
+            world_size=2,
+            samples=8,
+            threads=None if in_main else {loop_thread: backward},
+        )
+        for r in (0, 1)
+    ]
     node = NativeAskingNode("n0", ranks)
     fleet = find_ranks([node], SPEC)
     snapshot, _ = observe("x", fleet, CaptureOptions(window=0.2, interval=0.05), lambda m: None)
@@ -237,25 +261,27 @@ class SourceServingNode(NativeAskingNode):
 
     def sources(self, wanted: Mapping[int, Sequence[Frame]]) -> tuple[SourceFile, ...]:
         frames = {(f.filename, f.line) for fs in wanted.values() for f in fs}
-        return tuple(SourceFile(file, ((line, text),)) for (file, line), text in self.lines.items()
-                     if (file, line) in frames)
+        return tuple(
+            SourceFile(file, ((line, text),)) for (file, line), text in self.lines.items() if (file, line) in frames
+        )
 
 
-@pytest.mark.parametrize(("stack", "env", "asked"), [
-    # torch's own synchronize: a native sample tells a CUDA wait from anything else
-    (["train.py:train:30", "torch/cuda/__init__.py:synchronize:1083"], None, True),
-    # the job's `.item()` line on a rank that shows a GPU
-    (["train.py:train:31"], {"CUDA_VISIBLE_DEVICES": "0"}, True),
-    # the same line on a rank that shows none: `.item()` on a CPU tensor returns or computes
-    (["train.py:train:31"], None, False),
-    # another line of the job, on a GPU rank: nothing to ask
-    (["train.py:train:32"], {"CUDA_VISIBLE_DEVICES": "0"}, False),
-])
+@pytest.mark.parametrize(
+    ("stack", "env", "asked"),
+    [
+        # torch's own synchronize: a native sample tells a CUDA wait from anything else
+        (["train.py:train:30", "torch/cuda/__init__.py:synchronize:1083"], None, True),
+        # the job's `.item()` line on a rank that shows a GPU
+        (["train.py:train:31"], {"CUDA_VISIBLE_DEVICES": "0"}, True),
+        # the same line on a rank that shows none: `.item()` on a CPU tensor returns or computes
+        (["train.py:train:31"], None, False),
+        # another line of the job, on a GPU rank: nothing to ask
+        (["train.py:train:32"], {"CUDA_VISIBLE_DEVICES": "0"}, False),
+    ],
+)
 def test_a_rank_at_a_host_sync_by_its_python_frames_gets_its_native_frames(stack, env, asked) -> None:
-    ranks = [make_rank(r, stack, host="n0", pid=100 + r, world_size=2, samples=8, active=True, env=env)
-             for r in (0, 1)]
-    lines = {("/job/train.py", 31): "    total += loss.item()",
-             ("/job/train.py", 32): "    total += loss"}
+    ranks = [make_rank(r, stack, host="n0", pid=100 + r, world_size=2, samples=8, active=True, env=env) for r in (0, 1)]
+    lines = {("/job/train.py", 31): "    total += loss.item()", ("/job/train.py", 32): "    total += loss"}
     node = SourceServingNode("n0", ranks, lines)
     fleet = find_ranks([node], SPEC)
     snapshot, _ = observe("x", fleet, CaptureOptions(window=0.2, interval=0.05), lambda m: None)
@@ -285,8 +311,9 @@ class PidNode:
 
 
 def _proc(pid: int, rank: int, host: str, port: str = "29500") -> RankProcess:
-    return RankProcess(pid, host, rank, world_size=4,
-                       env=(("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", port), ("RANK", str(rank))))
+    return RankProcess(
+        pid, host, rank, world_size=4, env=(("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", port), ("RANK", str(rank)))
+    )
 
 
 def test_a_pid_is_looked_up_on_its_node_and_the_others_are_asked_for_its_job() -> None:
@@ -295,7 +322,9 @@ def test_a_pid_is_looked_up_on_its_node_and_the_others_are_asked_for_its_job() -
     fleet = find_ranks([a, b], parse_job_spec("pid:4242"), deadline=5)
     assert [(n.name, p.rank) for n, p in fleet.placed] == [("a", 1), ("b", 2), ("b", 3)]
     assert b.asked == ["pid:4242", "10.0.0.1:29500"]  # never the pid, once it is known where it is
-    assert fleet.notes[0] == "pid:4242 is on a, a rank of 10.0.0.1:29500; the other node(s) were asked for 10.0.0.1:29500"
+    assert (
+        fleet.notes[0] == "pid:4242 is on a, a rank of 10.0.0.1:29500; the other node(s) were asked for 10.0.0.1:29500"
+    )
 
 
 def test_one_pid_number_on_two_nodes_in_different_jobs_is_refused() -> None:
@@ -313,8 +342,7 @@ class SpanningNode(PidNode):
 
     def find_ranks(self, spec) -> Discovery:
         found = super().find_ranks(spec)
-        there = Elsewhere(self.name.partition(":")[0], "GROUP_WORLD_SIZE=4",
-                          ("a", "b", "c", "d"), "10.0.0.1:29500")
+        there = Elsewhere(self.name.partition(":")[0], "GROUP_WORLD_SIZE=4", ("a", "b", "c", "d"), "10.0.0.1:29500")
         return dataclasses.replace(found, world_size=8, elsewhere=there)
 
 
@@ -329,8 +357,9 @@ def test_the_other_nodes_note_is_made_once_for_the_nodes_asked() -> None:
 
 
 def test_no_other_nodes_note_when_the_nodes_asked_hold_the_world() -> None:
-    nodes = [SpanningNode(f"{h}:7420", {}, [_proc(10 * i + j, 2 * i + j, h) for j in (0, 1)])
-             for i, h in enumerate("abcd")]
+    nodes = [
+        SpanningNode(f"{h}:7420", {}, [_proc(10 * i + j, 2 * i + j, h) for j in (0, 1)]) for i, h in enumerate("abcd")
+    ]
     fleet = find_ranks(nodes, parse_job_spec("10.0.0.1:29500"), deadline=5)
     assert len(fleet.placed) == 8
     assert not any("other nodes" in n for n in fleet.notes)

@@ -40,10 +40,24 @@ TOKEN = "0123456789abcdef0123456789abcdef"
 pytestmark = [pytest.mark.timeout(60)]
 STACK = ["train.py:main:10", "torch/distributed/distributed_c10d.py:all_reduce:2800"]
 RECORD = FlightRecord(
-    entries=(FlightEntry("0", 7, "all_reduce", ((1000,),), ("Float",), ((1000,),), ("Float",), group_desc="default_pg",
-                         state="scheduled", retired=True),
-             FlightEntry("0", 8, "broadcast", ((1,),), ("Float",), group_desc="default_pg", state="scheduled")),
-    groups=(FlightGroup("0", "default_pg", (0, 1)),), version="2.10")
+    entries=(
+        FlightEntry(
+            "0",
+            7,
+            "all_reduce",
+            ((1000,),),
+            ("Float",),
+            ((1000,),),
+            ("Float",),
+            group_desc="default_pg",
+            state="scheduled",
+            retired=True,
+        ),
+        FlightEntry("0", 8, "broadcast", ((1,),), ("Float",), group_desc="default_pg", state="scheduled"),
+    ),
+    groups=(FlightGroup("0", "default_pg", (0, 1)),),
+    version="2.10",
+)
 
 
 def test_a_record_survives_torch_s_json_shape() -> None:
@@ -53,8 +67,12 @@ def test_a_record_survives_torch_s_json_shape() -> None:
 def test_the_flight_call_hands_over_found_ranks_answers_only(tmp_path: Path) -> None:
     snap = make_snapshot({0: STACK, 1: STACK})
     raised = Frame("step", "/job/train.py", 40)
-    told = dataclasses.replace(snap.ranks[0], flight=RECORD, heartbeat=Heartbeat(snap.ranks[0].process.pid, 3, 7,
-                               True, 2.5), exceptions=(ThreadException(2**64 - 1, None, "RuntimeError", raised),))
+    told = dataclasses.replace(
+        snap.ranks[0],
+        flight=RECORD,
+        heartbeat=Heartbeat(snap.ranks[0].process.pid, 3, 7, True, 2.5),
+        exceptions=(ThreadException(2**64 - 1, None, "RuntimeError", raised),),
+    )
     snap = dataclasses.replace(snap, ranks=(told, snap.ranks[1]))
     saved = tmp_path / "snap.json"
     save_snapshot(snap, saved)
@@ -64,9 +82,13 @@ def test_the_flight_call_hands_over_found_ranks_answers_only(tmp_path: Path) -> 
         assert "probe-state" in node.info().features
         pids = [r.pid for r in node.find_ranks(parse_job_spec("127.0.0.1:29500")).ranks]
         got = node.probe([*pids, 999_999], 2.0)
-        assert got[pids[0]] == ProbeAnswer(ProbeStatus.ANSWERED, "",
-                                           dataclasses.replace(RECORD, source=f"probe via 127.0.0.1:{agent.port}"),
-                                           told.heartbeat, told.exceptions)
+        assert got[pids[0]] == ProbeAnswer(
+            ProbeStatus.ANSWERED,
+            "",
+            dataclasses.replace(RECORD, source=f"probe via 127.0.0.1:{agent.port}"),
+            told.heartbeat,
+            told.exceptions,
+        )
         assert got[pids[1]] == ProbeAnswer(ProbeStatus.NO_PROBE, "no probe answer in the snapshot")
         assert 999_999 not in got  # not found by this agent: never asked
         with pytest.raises(Exception, match="timeout_seconds"):
@@ -88,7 +110,7 @@ def test_an_agent_before_probe_state_still_reads() -> None:
     assert (old_none.status, old_none.reason) == (ProbeStatus.NO_PROBE, "no hangdoc probe")
 
 
-RANK = textwrap.dedent('''\
+RANK = textwrap.dedent("""\
     import os, threading, time
     import hangdoc
 
@@ -98,7 +120,7 @@ RANK = textwrap.dedent('''\
     except TimeoutError:
         print(os.getpid(), threading.get_ident(), flush=True)
         time.sleep(60)
-''')
+""")
 
 
 def test_a_real_agent_carries_a_real_probe_s_answer(tmp_path: Path) -> None:
@@ -106,8 +128,14 @@ def test_a_real_agent_carries_a_real_probe_s_answer(tmp_path: Path) -> None:
     script.write_text(RANK)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("HANGDOC_") and k != "PYTHONPATH"}
-    env.update(HANGDOC_PROBE="1", HANGDOC_HEARTBEAT_DIR=str(tmp_path / "beats"), MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+    env.update(
+        HANGDOC_PROBE="1",
+        HANGDOC_HEARTBEAT_DIR=str(tmp_path / "beats"),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK="0",
+        WORLD_SIZE="1",
+    )
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     agent = serve_in_thread(AgentConfig(listen="127.0.0.1:0", token=TOKEN))
     node = RemoteNode(f"127.0.0.1:{agent.port}", AgentAuth(token=TOKEN))
@@ -127,8 +155,9 @@ def test_a_real_agent_carries_a_real_probe_s_answer(tmp_path: Path) -> None:
         remove_probe_files([proc.pid])  # SIGKILL runs no atexit
     assert got.status is ProbeStatus.ANSWERED and got.flight is None
     assert got.reason == "its probe says: torch.distributed is not initialised in this process"
-    assert got.exceptions == (ThreadException(thread_id, "MainThread", "TimeoutError", Frame("<module>", str(script),
-                                                                                              6)),)
+    assert got.exceptions == (
+        ThreadException(thread_id, "MainThread", "TimeoutError", Frame("<module>", str(script), 6)),
+    )
     assert got.heartbeat is not None and (got.heartbeat.pid, got.heartbeat.step, got.heartbeat.beats) == (pid, 12, 1)
     assert beats[pid].step == 12
     assert b"SECRET" not in wire.SerializeToString() and b"10.0.0.7" not in wire.SerializeToString()

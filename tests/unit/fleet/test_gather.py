@@ -21,8 +21,15 @@ class Node:
     """Answers from recorded ranks; ``fail`` raises from every per-rank call, ``delay`` is
     how long each takes."""
 
-    def __init__(self, name: str, ranks=(), *, fail: Exception | None = None, delay: float = 0.0,
-                 answers: dict[int, ProbeAnswer] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        ranks=(),
+        *,
+        fail: Exception | None = None,
+        delay: float = 0.0,
+        answers: dict[int, ProbeAnswer] | None = None,
+    ) -> None:
         self.name, self.fail, self.delay = name, fail, delay
         self.snaps = {r.process.pid: r for r in ranks}
         self.answers = answers or {}
@@ -72,8 +79,10 @@ def test_one_node_failing_is_a_value_too_and_only_and_skip_choose_whom_to_ask() 
     assert str(answer.error) == "down"
     a, b = Node("a"), Node("b")
     fleet = fleet_of((a, 1), (a, 2), (b, 3))
-    assert [(x.node.name, dict(x.ranks)) for x in fan_out_pids(fleet, lambda n, p: 0, None, only={1, 2})] == \
-        [("a", {2: 1}), ("b", {3: 2})]
+    assert [(x.node.name, dict(x.ranks)) for x in fan_out_pids(fleet, lambda n, p: 0, None, only={1, 2})] == [
+        ("a", {2: 1}),
+        ("b", {3: 2}),
+    ]
     assert [x.node.name for x in fan_out_pids(fleet, lambda n, p: 0, None, skip={"a"})] == ["b"]
 
 
@@ -83,8 +92,10 @@ def test_probes_say_what_answered_and_what_failed() -> None:
     b = Node("b", fail=RuntimeError("agent b\nunavailable"))
     probes = ask_probes(fleet_of((a, 7), (a, 8), (b, 9)), {0, 1, 2})
     assert probes.answers == {0: dumpless}
-    assert probes.notes == ("no answer from the probe of pid 9: agent b\\nunavailable",  # one line
-                            "no flight recorder dump from pid 7: no TORCH_FR_BUFFER_SIZE")
+    assert probes.notes == (
+        "no answer from the probe of pid 9: agent b\\nunavailable",  # one line
+        "no flight recorder dump from pid 7: no TORCH_FR_BUFFER_SIZE",
+    )
     assert ask_probes(fleet_of((a, 8)), {0}).notes == ()  # no probe anywhere: nothing to say
 
 

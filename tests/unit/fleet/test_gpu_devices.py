@@ -29,11 +29,21 @@ from hangdoc.model import GpuState, JobSnapshot, RankProcess
 TOKEN = "0123456789abcdef0123456789abcdef"
 pytestmark = [pytest.mark.timeout(60)]
 AR = ["train.py:main:10", "torch/distributed/distributed_c10d.py:all_reduce:2800"]
-REPORT = read_ras_report((TESTS / "data" / "gpu" / "ncclras_2.28.9_dead_rank.json").read_text(),
-                         source="ncclras on node0")
-BUSY = GpuState(index=1, uuid="GPU-1", name="NVIDIA H100", utilization_percent=100, memory_used_bytes=2**34,
-                memory_total_bytes=80 * 2**30, process_memory_bytes=2**33, xids=(79,), ecc_uncorrected=0,
-                matched_by="pid 12 in its namespace")
+REPORT = read_ras_report(
+    (TESTS / "data" / "gpu" / "ncclras_2.28.9_dead_rank.json").read_text(), source="ncclras on node0"
+)
+BUSY = GpuState(
+    index=1,
+    uuid="GPU-1",
+    name="NVIDIA H100",
+    utilization_percent=100,
+    memory_used_bytes=2**34,
+    memory_total_bytes=80 * 2**30,
+    process_memory_bytes=2**33,
+    xids=(79,),
+    ecc_uncorrected=0,
+    matched_by="pid 12 in its namespace",
+)
 
 
 def test_every_gpu_state_field_has_a_message_field() -> None:
@@ -49,8 +59,9 @@ def test_gpu_state_crosses_the_wire_exactly() -> None:
 
 def _replayed(tmp_path: Path) -> JobSnapshot:
     snap = make_snapshot({0: AR, 1: AR})
-    snap = dataclasses.replace(snap, ras=REPORT,
-                               ranks=(snap.ranks[0], dataclasses.replace(snap.ranks[1], gpus=(BUSY,))))
+    snap = dataclasses.replace(
+        snap, ras=REPORT, ranks=(snap.ranks[0], dataclasses.replace(snap.ranks[1], gpus=(BUSY,)))
+    )
     save_snapshot(snap, tmp_path / "snap.json")
     return snap
 
@@ -123,8 +134,10 @@ def test_ras_is_asked_of_the_first_node_only_and_failures_become_notes() -> None
         "GPU state (NVML) of 1 of 5 rank(s)",
         "GPU state on b:7420: agent b:7420 unavailable",
         "GPU state on c:7420: no NVIDIA driver on this node (libnvidia-ml.so.1 not found)",
-        ("NCCL RAS report (ncclras on node0; malformed NCCL 2.28 JSON repaired: a missing rank's comma "
-         "after nvml_dev): 2 communicator(s)"),
+        (
+            "NCCL RAS report (ncclras on node0; malformed NCCL 2.28 JSON repaired: a missing rank's comma "
+            "after nvml_dev): 2 communicator(s)"
+        ),
     )
     snap = found.apply(make_snapshot({r: AR for r in range(5)}))
     assert snap.ranks[0].gpus == (BUSY,) and snap.ranks[1].gpus == () and snap.ras == REPORT

@@ -94,8 +94,9 @@ def test_one_call_keeps_a_bounded_number_of_flight_entries() -> None:
     from hangdoc.model import FlightEntry, FlightRecord, ProbeAnswer, ProbeStatus
 
     def answer(n: int) -> ProbeAnswer:
-        return ProbeAnswer(ProbeStatus.ANSWERED, flight=FlightRecord(tuple(FlightEntry("0", i, "all_reduce")
-                                                                           for i in range(n))))
+        return ProbeAnswer(
+            ProbeStatus.ANSWERED, flight=FlightRecord(tuple(FlightEntry("0", i, "all_reduce") for i in range(n)))
+        )
 
     budget = _EntryBudget(5_000)
     kept = [budget.keep(answer(2_000)) for _ in range(3)]

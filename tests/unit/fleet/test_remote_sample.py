@@ -25,7 +25,8 @@ def _leaf(sample: Sample) -> str:
 
 
 def test_repeated_rounds_reuse_the_process_list_and_a_new_set_is_sent_anew(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     stacks = {r: ["train.py:main:10", f"train.py:step{r}:{20 + r}"] for r in range(3)}
     saved = tmp_path / "snap.json"
     save_snapshot(make_snapshot(stacks), saved)

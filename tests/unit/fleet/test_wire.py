@@ -58,13 +58,29 @@ def round_trip_samples(samples, discovery=None):
 @pytest.mark.parametrize(
     "proc",
     [
-        RankProcess(pid=10, host="node0", rank=0, rank_source=RankSource.ENV,
-                    rank_evidence="RANK=0", world_size=0, local_rank=0, launcher_pid=0),
+        RankProcess(
+            pid=10,
+            host="node0",
+            rank=0,
+            rank_source=RankSource.ENV,
+            rank_evidence="RANK=0",
+            world_size=0,
+            local_rank=0,
+            launcher_pid=0,
+        ),
         RankProcess(pid=11, host="node1", rank=None),
-        RankProcess(pid=12, host="n", rank=2, rank_source=RankSource.INFERRED,
-                    rank_evidence="spawn index 2 among the launcher's children",
-                    world_size=4, local_rank=None, cmdline=("python", "-c", ""),
-                    env=(("RANK", "2"), ("A", ""), ("RANK", "dup")), launcher_pid=9),
+        RankProcess(
+            pid=12,
+            host="n",
+            rank=2,
+            rank_source=RankSource.INFERRED,
+            rank_evidence="spawn index 2 among the launcher's children",
+            world_size=4,
+            local_rank=None,
+            cmdline=("python", "-c", ""),
+            env=(("RANK", "2"), ("A", ""), ("RANK", "dup")),
+            launcher_pid=9,
+        ),
     ],
     ids=["zeros", "nones", "inferred"],
 )
@@ -76,8 +92,12 @@ def test_rank_process_round_trip_keeps_none_apart_from_zero(proc):
 
 def test_discovery_round_trip():
     snap = make_snapshot({0: ["train.py:main:1"], 1: ["train.py:main:2"]}, launcher_pid=5)
-    found = Discovery(ranks=tuple(r.process for r in snap.ranks), world_size=None,
-                      notes=("rank 3 has no process", ""), searched="pid 5 and its descendants")
+    found = Discovery(
+        ranks=tuple(r.process for r in snap.ranks),
+        world_size=None,
+        notes=("rank 3 has no process", ""),
+        searched="pid 5 and its descendants",
+    )
     assert wire.discovery_from_proto(over_the_wire(wire.discovery_to_proto(found))) == found
     zero = dataclasses.replace(found, world_size=0, ranks=(), notes=())
     assert wire.discovery_from_proto(over_the_wire(wire.discovery_to_proto(zero))) == zero
@@ -86,8 +106,14 @@ def test_discovery_round_trip():
 def test_samples_round_trip_threads_states_and_every_error_kind():
     stack = ["train.py:main:10", "torch/distributed/distributed_c10d.py:all_reduce:2800"]
     ranks = [
-        make_rank(0, stack, threads={"loader": ["threading.py:run:5", "queue.py:get:180"]},
-                  active=True, io_per_sample=7, cpu_per_sample=0.25),
+        make_rank(
+            0,
+            stack,
+            threads={"loader": ["threading.py:run:5", "queue.py:get:180"]},
+            active=True,
+            io_per_sample=7,
+            cpu_per_sample=0.25,
+        ),
         make_rank(1, stacks=[["train.py:main:10"], ["train.py:main:11"], stack]),
         make_rank(2, stack, gone_after=1),
     ]
@@ -113,8 +139,7 @@ def test_frames_and_threads_with_unusual_values():
     sample = Sample(
         t=0.1 + 0.2,  # a float that prints badly must still come back bit for bit
         threads=threads,
-        state=ProcessState("disk-sleep", 1e-9, 0, read_chars=0, write_chars=None,
-                           ctx_switches=0, rss_bytes=None),
+        state=ProcessState("disk-sleep", 1e-9, 0, read_chars=0, write_chars=None, ctx_switches=0, rss_bytes=None),
         error=CaptureError(CaptureErrorKind.PYSPY_FAILED, ""),
     )
     assert round_trip_samples({1: sample, 2: Sample(t=0.0)}) == {1: sample, 2: Sample(t=0.0)}
@@ -131,8 +156,9 @@ def test_sample_response_can_carry_the_discovery():
 @pytest.mark.parametrize("job", ["10.0.0.1:29500", None])
 def test_what_a_node_says_of_the_job_s_other_nodes_round_trips(job):
     rs = make_rank(0, ["train.py:main:1"])
-    found = Discovery(ranks=(rs.process,), world_size=4, notes=(), searched="x",
-                      elsewhere=Elsewhere("n0", "NNODES=2", ("n1",), job))
+    found = Discovery(
+        ranks=(rs.process,), world_size=4, notes=(), searched="x", elsewhere=Elsewhere("n0", "NNODES=2", ("n1",), job)
+    )
     assert wire.discovery_from_proto(over_the_wire(wire.discovery_to_proto(found))) == found
 
 
@@ -152,8 +178,9 @@ def test_source_file_and_frame_round_trip():
 def test_recorded_snapshot_round_trips_through_the_api(path):
     snap = load_snapshot(path)
     assert snap.ranks
-    found = Discovery(ranks=tuple(r.process for r in snap.ranks), world_size=snap.world_size,
-                      notes=snap.notes, searched=snap.spec)
+    found = Discovery(
+        ranks=tuple(r.process for r in snap.ranks), world_size=snap.world_size, notes=snap.notes, searched=snap.spec
+    )
     assert wire.discovery_from_proto(over_the_wire(wire.discovery_to_proto(found))) == found
     rounds = max(len(r.samples) for r in snap.ranks)
     for i in range(rounds):
@@ -186,8 +213,7 @@ def test_recorded_snapshots_exist():
 def test_every_model_field_has_a_message_field(model, message, renamed):
     """A field added to the model must be added to the proto too (additively)."""
     names = {renamed.get(f.name, f.name) for f in dataclasses.fields(model)}
-    assert names <= set(message.DESCRIPTOR.fields_by_name), names - set(
-        message.DESCRIPTOR.fields_by_name)
+    assert names <= set(message.DESCRIPTOR.fields_by_name), names - set(message.DESCRIPTOR.fields_by_name)
 
 
 def test_every_enum_member_is_mapped_both_ways():
@@ -202,8 +228,7 @@ def test_every_enum_member_is_mapped_both_ways():
 
 
 def test_unknown_enum_values_are_clear_errors():
-    msg = wire.samples_to_proto({1: Sample(t=0, error=CaptureError(
-        CaptureErrorKind.TIMEOUT, "slow"))})
+    msg = wire.samples_to_proto({1: Sample(t=0, error=CaptureError(CaptureErrorKind.TIMEOUT, "slow"))})
     msg.samples[0].sample.error.kind = 99  # a kind from a newer agent
     with pytest.raises(AgentApiError, match="unknown CaptureErrorKind value 99"):
         wire.samples_from_proto(over_the_wire(msg))
@@ -262,15 +287,28 @@ def test_generated_code_is_up_to_date(tmp_path):
     out.mkdir()
     # -o: never (re)build the virtualenv from here; use this interpreter's environment
     run = subprocess.run(
-        [make, "-s", "-C", str(REPO), "-o", ".venv/.installed", "proto",
-         f"PROTO_OUT={out}", f"BIN={Path(sys.executable).parent}"],
-        capture_output=True, text=True, timeout=120, check=False,
+        [
+            make,
+            "-s",
+            "-C",
+            str(REPO),
+            "-o",
+            ".venv/.installed",
+            "proto",
+            f"PROTO_OUT={out}",
+            f"BIN={Path(sys.executable).parent}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert run.returncode == 0, run.stderr
     committed = REPO / "hangdoc" / "fleet" / "v1"
     for name in GENERATED:
         assert filecmp.cmp(out / name, committed / name, shallow=False), (
-            f"hangdoc/fleet/v1/{name} is stale: run `make proto` and commit it")
+            f"hangdoc/fleet/v1/{name} is stale: run `make proto` and commit it"
+        )
     assert sorted(p.name for p in out.iterdir()) == sorted(GENERATED)
 
 

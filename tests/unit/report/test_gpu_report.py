@@ -27,10 +27,18 @@ def snapshot(gpus: bool) -> JobSnapshot:
     snap = make_snapshot([make_rank(r, AR) for r in range(3)] + [make_rank(3, SLEEPING)])
     if not gpus:
         return snap
-    states = {r: GpuState(index=r, uuid=f"GPU-{r}", name="NVIDIA H100", utilization_percent=0 if r == 3 else 100,
-                          memory_used_bytes=41 * 2**30, memory_total_bytes=80 * 2**30,
-                          xids=(79,) if r == 3 else ())
-              for r in range(4)}
+    states = {
+        r: GpuState(
+            index=r,
+            uuid=f"GPU-{r}",
+            name="NVIDIA H100",
+            utilization_percent=0 if r == 3 else 100,
+            memory_used_bytes=41 * 2**30,
+            memory_total_bytes=80 * 2**30,
+            xids=(79,) if r == 3 else (),
+        )
+        for r in range(4)
+    }
     return dataclasses.replace(snap, ranks=tuple(dataclasses.replace(r, gpus=(states[r.rank],)) for r in snap.ranks))
 
 
@@ -56,18 +64,31 @@ def test_the_json_report_has_gpus_and_ras_only_when_captured() -> None:
     plain = snapshot(gpus=False)
     data = json.loads(render_json(analyse(plain), plain))
     assert all("gpus" not in r for r in data["ranks"]) and "nccl_ras" not in data
-    report = read_ras_report((TESTS / "data" / "gpu" / "ncclras_2.28.9_dead_rank.json").read_text(),
-                             source="ncclras on node0")
+    report = read_ras_report(
+        (TESTS / "data" / "gpu" / "ncclras_2.28.9_dead_rank.json").read_text(), source="ncclras on node0"
+    )
     rich = dataclasses.replace(snapshot(gpus=True), ras=report)
     data = json.loads(render_json(analyse(rich), rich))
     rank3 = next(r for r in data["ranks"] if r["rank"] == 3)
-    assert rank3["gpus"] == [{"index": 3, "uuid": "GPU-3", "name": "NVIDIA H100", "utilization_percent": 0,
-                              "memory_used_bytes": 41 * 2**30, "memory_total_bytes": 80 * 2**30,
-                              "process_memory_bytes": None, "xids": [79], "ecc_uncorrected": None,
-                              "lost": False, "matched_by": "pid"}]
+    assert rank3["gpus"] == [
+        {
+            "index": 3,
+            "uuid": "GPU-3",
+            "name": "NVIDIA H100",
+            "utilization_percent": 0,
+            "memory_used_bytes": 41 * 2**30,
+            "memory_total_bytes": 80 * 2**30,
+            "process_memory_bytes": None,
+            "xids": [79],
+            "ecc_uncorrected": None,
+            "lost": False,
+            "matched_by": "pid",
+        }
+    ]
     ras = data["nccl_ras"]
     assert ras["nccl_version"] == "2.28.9" and ras["timeouts"] == 2
     assert ras["communicators"][0]["missing_ranks"] == [
-        {"rank": 3, "host": "10.0.0.11", "pid": 40103, "unresponsive": True, "dead": True}]
+        {"rank": 3, "host": "10.0.0.11", "pid": 40103, "unresponsive": True, "dead": True}
+    ]
     assert ras["communicators"][0]["launched"] == {"0": 1534, "1": 1534, "2": 1534}
     assert list(data).index("nccl_ras") == list(data).index("notes") + 1

@@ -34,8 +34,12 @@ SVG = "{http://www.w3.org/2000/svg}"
 
 def _mismatch():
     snap = make_snapshot({0: AR, 1: AR, 2: BAR, 3: AR, 5: AR}, world_size=6)
-    return make_diagnosis(snap, verdict=Verdict.COLLECTIVE_MISMATCH, culprits=[2],
-                          ops={r: make_op("barrier" if r == 2 else "all_reduce") for r in (0, 1, 2, 3, 5)})
+    return make_diagnosis(
+        snap,
+        verdict=Verdict.COLLECTIVE_MISMATCH,
+        culprits=[2],
+        ops={r: make_op("barrier" if r == 2 else "all_reduce") for r in (0, 1, 2, 3, 5)},
+    )
 
 
 def _read_dot(text: str, tmp_path: Path) -> nx.MultiDiGraph:
@@ -66,7 +70,8 @@ def test_the_dot_reads_back_as_the_tree(tmp_path: Path) -> None:
     assert graph.number_of_nodes() == len(tree)
     assert graph.number_of_edges() == len(tree) - 1
     assert {(f"n{n.node_id}", f"n{k}") for n in tree.nodes for k in n.children} == {
-        (a, b) for a, b, _ in graph.edges(keys=True)}
+        (a, b) for a, b, _ in graph.edges(keys=True)
+    }
     for node in tree.nodes:
         attrs = graph.nodes[f"n{node.node_id}"]
         label = _unquote(attrs["label"])
@@ -74,8 +79,7 @@ def test_the_dot_reads_back_as_the_tree(tmp_path: Path) -> None:
             assert label == f"{node.frame.function}\n{node.frame.location}"
         assert _expand(_unquote(attrs["ranks"])) == list(node.ranks)
     # the outlier (and culprit) branch is coloured, the majority's is not
-    kinds = {_unquote(graph.nodes[n]["label"]).split("\n")[0]: _unquote(graph.nodes[n]["kind"])
-             for n in graph.nodes}
+    kinds = {_unquote(graph.nodes[n]["label"]).split("\n")[0]: _unquote(graph.nodes[n]["kind"]) for n in graph.nodes}
     assert kinds["barrier"] == kinds["evaluate"] == "culprit"
     assert kinds["all_reduce"] == "frame" and kinds["<module>"] == "frame"
     culprit = next(n for n in graph.nodes if _unquote(graph.nodes[n]["label"]).startswith("barrier"))
@@ -88,8 +92,7 @@ def test_outliers_without_culprits_are_orange(tmp_path: Path) -> None:
     snap = make_snapshot({0: AR, 1: AR, 2: BAR})
     diag = make_diagnosis(snap, verdict=Verdict.UNKNOWN)
     graph = _read_dot(render_dot(diag), tmp_path)
-    kinds = {_unquote(graph.nodes[n]["label"]).split("\n")[0]: _unquote(graph.nodes[n]["kind"])
-             for n in graph.nodes}
+    kinds = {_unquote(graph.nodes[n]["label"]).split("\n")[0]: _unquote(graph.nodes[n]["kind"]) for n in graph.nodes}
     assert kinds["evaluate"] == kinds["barrier"] == "outlier"
     assert kinds["step"] == "frame"
 

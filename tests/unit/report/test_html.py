@@ -54,12 +54,20 @@ def _unruns(runs: list[int]) -> list[int]:
 
 
 def _mismatch() -> tuple[Any, Any]:
-    snap = make_snapshot({0: AR, 1: AR, 2: BAR, 3: AR, 5: AR}, world_size=6,
-                         threads={"pin_memory": ["threading.py:run:975", "queue.py:get:171"]})
-    diag = make_diagnosis(snap, verdict=Verdict.COLLECTIVE_MISMATCH, culprits=[2],
-                          summary="rank 2 is in barrier", evidence=["ranks 0,1,3,5 wait in all_reduce"],
-                          next_steps=["look at evaluate"],
-                          ops={r: make_op("barrier" if r == 2 else "all_reduce") for r in (0, 1, 2, 3, 5)})
+    snap = make_snapshot(
+        {0: AR, 1: AR, 2: BAR, 3: AR, 5: AR},
+        world_size=6,
+        threads={"pin_memory": ["threading.py:run:975", "queue.py:get:171"]},
+    )
+    diag = make_diagnosis(
+        snap,
+        verdict=Verdict.COLLECTIVE_MISMATCH,
+        culprits=[2],
+        summary="rank 2 is in barrier",
+        evidence=["ranks 0,1,3,5 wait in all_reduce"],
+        next_steps=["look at evaluate"],
+        ops={r: make_op("barrier" if r == 2 else "all_reduce") for r in (0, 1, 2, 3, 5)},
+    )
     return snap, diag
 
 
@@ -194,7 +202,8 @@ def test_analyze_writes_the_html_report(tmp_path: Path, capsys: pytest.CaptureFi
 
 @pytest.mark.parametrize("where", ["missing/report.html", "."])
 def test_a_report_path_that_cannot_be_written_fails_first(
-        where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     # checked before the input is even read: the bundle does not exist either
     assert main(["analyze", "nothing.json.gz", "--html", where]) == 2
@@ -205,10 +214,12 @@ def test_a_report_path_that_cannot_be_written_fails_first(
 
 def test_watch_writes_report_html_beside_report_json(tmp_path: Path) -> None:
     snap, diag = _mismatch()
-    trigger = Trigger(Signal.OUTPUT, 2.0, 1.0, "--stall-after", 1.0, 3, None,
-                      datetime.datetime.now(datetime.UTC).isoformat())
-    where = write_incident(tmp_path, snap, diag, trigger, "confirmed by diagnosis",
-                           warn=lambda _level, text: print(text))
+    trigger = Trigger(
+        Signal.OUTPUT, 2.0, 1.0, "--stall-after", 1.0, 3, None, datetime.datetime.now(datetime.UTC).isoformat()
+    )
+    where = write_incident(
+        tmp_path, snap, diag, trigger, "confirmed by diagnosis", warn=lambda _level, text: print(text)
+    )
     assert where is not None
     assert (where / "report.json").exists()
     page = (where / HTML).read_text()

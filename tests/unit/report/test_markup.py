@@ -31,10 +31,14 @@ def _rendered(console: Console, diagnosis: Diagnosis, snapshot: JobSnapshot) -> 
     return console.file.getvalue()
 
 
-@pytest.mark.parametrize("console", [
-    lambda: PlainConsole(StringIO(), width=200, no_color=True),
-    lambda: Console(file=StringIO(), width=200, color_system=None),  # one that reads markup in a str
-], ids=["plain", "markup"])
+@pytest.mark.parametrize(
+    "console",
+    [
+        lambda: PlainConsole(StringIO(), width=200, no_color=True),
+        lambda: Console(file=StringIO(), width=200, color_system=None),  # one that reads markup in a str
+    ],
+    ids=["plain", "markup"],
+)
 def test_job_names_print_as_they_are(console) -> None:
     diagnosis, snap = hostile()
     out = _rendered(console(), diagnosis, snap)
@@ -68,8 +72,11 @@ def test_a_plain_console_leaves_a_closed_pipe_to_the_caller_when_asked() -> None
 
 
 def _sources() -> list[tuple[str, ast.Module]]:
-    return [(str(p.relative_to(REPO)), ast.parse(p.read_text(), str(p))) for p in sorted(PACKAGE.rglob("*.py"))
-            if "fleet/v1" not in str(p)]  # generated gRPC code
+    return [
+        (str(p.relative_to(REPO)), ast.parse(p.read_text(), str(p)))
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if "fleet/v1" not in str(p)
+    ]  # generated gRPC code
 
 
 def _name(node: ast.expr) -> str:
@@ -88,10 +95,16 @@ def test_hangdoc_makes_no_console_but_a_plain_one() -> None:
                 found.append(f"{path}:{node.lineno}: a Console subclass: subclass PlainConsole")
             if isinstance(node, ast.Attribute) and node.attr in ("from_markup", "render_markup"):
                 found.append(f"{path}:{node.lineno}: {node.attr}: build Text instead")
-            if isinstance(node, ast.keyword) and node.arg in ("markup", "emoji") \
-                    and not (isinstance(node.value, ast.Constant) and node.value.value is False):
+            if (
+                isinstance(node, ast.keyword)
+                and node.arg in ("markup", "emoji")
+                and not (isinstance(node.value, ast.Constant) and node.value.value is False)
+            ):
                 found.append(f"{path}:{node.lineno}: {node.arg}= turned on")
-            if isinstance(node, ast.ImportFrom) and node.module in ("rich", "rich.markup") \
-                    and any(a.name in ("print", "render") for a in node.names):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module in ("rich", "rich.markup")
+                and any(a.name in ("print", "render") for a in node.names)
+            ):
                 found.append(f"{path}:{node.lineno}: rich's markup-reading print/render")
     assert found == []

@@ -40,7 +40,9 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def mismatch_snapshot():
-    site = lambda op, where: ["train.py:<module>:9", where, f"{C10D}:{op}:2800"]
+    def site(op: str, where: str) -> list[str]:
+        return ["train.py:<module>:9", where, f"{C10D}:{op}:2800"]
+
     return make_snapshot(
         [make_rank(r, site("all_gather", "metrics.py:log:12")) for r in (0, 1, 2)]
         + [make_rank(3, site("all_reduce", "model.py:sync:88"))]
@@ -66,14 +68,17 @@ class _Terminal(io.StringIO):
 
 def test_the_live_line_says_rounds_ranks_and_time_left() -> None:
     state = Sampling(Step.SAMPLING, ranks=8, captured=7, rounds=3, elapsed=0.6, window=2.0)
-    assert describe(state, 0.6) == ("sampling stacks · 3 rounds · 7 of 8 rank(s) captured · "
-                                    "1.4 s left of the 2 s window")
+    assert describe(state, 0.6) == (
+        "sampling stacks · 3 rounds · 7 of 8 rank(s) captured · 1.4 s left of the 2 s window"
+    )
 
 
 def test_after_the_window_it_says_the_step_native_frames_and_probes() -> None:
     state = Sampling(Step.NATIVE, ranks=4, captured=4, rounds=5, elapsed=2.1, window=2.0, native=2, probes=3)
-    assert describe(state, 2.5) == ("taking native frames · 5 rounds · 4 of 4 rank(s) captured · 2.5 s · "
-                                    "native frames of 2 rank(s) · 3 probe(s) answered")
+    assert describe(state, 2.5) == (
+        "taking native frames · 5 rounds · 4 of 4 rank(s) captured · 2.5 s · "
+        "native frames of 2 rank(s) · 3 probe(s) answered"
+    )
 
 
 def test_no_probe_answering_is_not_news() -> None:
@@ -127,8 +132,10 @@ def test_a_long_step_gets_a_live_line_only_once_it_is_long() -> None:
     with ProgressDisplay.on(quick, quiet=False, json=False) as shown, shown.busy("analysing", after=5.0):
         time.sleep(0.05)
     assert quick.getvalue() == ""
-    with ProgressDisplay.on(slow, quiet=False, json=False) as shown, \
-            shown.busy("reading hang.json", after=0.05) as now_doing:
+    with (
+        ProgressDisplay.on(slow, quiet=False, json=False) as shown,
+        shown.busy("reading hang.json", after=0.05) as now_doing,
+    ):
         time.sleep(0.3)
         now_doing("analysing 4 rank(s)")
         time.sleep(0.3)
@@ -206,8 +213,7 @@ def _run(snapshot: Path, slow: float, argv: list[str], terminal: bool) -> tuple[
         return done.returncode, done.stdout
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    proc = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower,
-                            close_fds=True)
+    proc = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower, close_fds=True)
     os.close(follower)
     chunks = []
     deadline = time.monotonic() + 60
@@ -239,7 +245,7 @@ def _run(snapshot: Path, slow: float, argv: list[str], terminal: bool) -> tuple[
 def _after_the_live_line(raw: str) -> str:
     """What the terminal shows once the live line is erased: the text after the last
     erase, without colours."""
-    return ANSI.sub("", raw[raw.rindex("\x1b[2K") + len("\x1b[2K"):]).lstrip("\r")
+    return ANSI.sub("", raw[raw.rindex("\x1b[2K") + len("\x1b[2K") :]).lstrip("\r")
 
 
 def _unstamped(report: str) -> str:
@@ -261,8 +267,11 @@ def test_on_a_terminal_diagnose_shows_the_live_line_and_leaves_the_report_intact
     code, raw = _run(saved, 0.0, argv, terminal=True)
     assert code == 0, raw
     assert "sampling stacks · 1 round · 4 of 4 rank(s) captured" in raw
-    assert re.search(r"sampling stacks · [2-9] rounds · 4 of 4 rank\(s\) captured · \d\.\d s left of "
-                     r"the 0\.6 s window", raw)
+    assert re.search(
+        r"sampling stacks · [2-9] rounds · 4 of 4 rank\(s\) captured · \d\.\d s left of "
+        r"the 0\.6 s window",
+        raw,
+    )
     assert "analysing" in raw
     assert FOUND in ANSI.sub("", raw)  # the message stays, above the live line
     # the report as it reads in a pipe, whole (but for the time it was captured at)
@@ -271,8 +280,7 @@ def test_on_a_terminal_diagnose_shows_the_live_line_and_leaves_the_report_intact
 
 @pytest.mark.timeout(120)
 def test_on_a_terminal_quiet_shows_only_the_report(saved) -> None:
-    code, raw = _run(saved, 0.0, ["diagnose", "pid:4242", *FAST, "--width", "100", "--quiet"],
-                     terminal=True)
+    code, raw = _run(saved, 0.0, ["diagnose", "pid:4242", *FAST, "--width", "100", "--quiet"], terminal=True)
     assert code == 0, raw
     assert "sampling stacks" not in raw and "hangdoc:" not in raw
     assert ANSI.sub("", raw).startswith("verdict: collective_mismatch")

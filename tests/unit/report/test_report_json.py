@@ -228,7 +228,7 @@ def test_render_json_writes_a_rank_a_line() -> None:
     text = render_json(diagnosis, snap)
     lines = text.splitlines()
     start = lines.index('  "ranks": [')
-    entries = lines[start + 1:start + 1 + len(diagnosis.ranks)]
+    entries = lines[start + 1 : start + 1 + len(diagnosis.ranks)]
     assert [json.loads(e.strip().rstrip(",")) for e in entries] == to_json_dict(diagnosis, snap)["ranks"]
     assert all(e.startswith('    {"rank": ') for e in entries)
     assert lines[start + 1 + len(diagnosis.ranks)] == "  ],"

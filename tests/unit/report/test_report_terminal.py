@@ -51,8 +51,7 @@ def mismatch() -> tuple[Diagnosis, JobSnapshot]:
         snap,
         verdict=Verdict.COLLECTIVE_MISMATCH,
         culprits=[3],
-        summary="Rank 3 waits in barrier (train.py:48) while ranks [0-2,5] wait in all_reduce "
-        "(train.py:30).",
+        summary="Rank 3 waits in barrier (train.py:48) while ranks [0-2,5] wait in all_reduce (train.py:30).",
         evidence=[
             "ranks [0-2,5] are in all_reduce called from train_step (train.py:30)",
             "rank 3 is in barrier called from evaluate (train.py:48)",
@@ -63,11 +62,15 @@ def mismatch() -> tuple[Diagnosis, JobSnapshot]:
         ],
         ops={0: ar, 1: ar, 2: ar, 3: bar, 5: ar},
     )
-    diagnosis = dataclasses.replace(diagnosis, confidence=Confidence.HIGH, basis=(
-        "stacks of ranks 0-3,5 in 5 samples",
-        "rank 3 named by its stack: the minority op",
-        "no waiting rank's CPU, bytes or stack moved over 4.2 s",
-    ))
+    diagnosis = dataclasses.replace(
+        diagnosis,
+        confidence=Confidence.HIGH,
+        basis=(
+            "stacks of ranks 0-3,5 in 5 samples",
+            "rank 3 named by its stack: the minority op",
+            "no waiting rank's CPU, bytes or stack moved over 4.2 s",
+        ),
+    )
     return diagnosis, snap
 
 
@@ -164,9 +167,7 @@ def test_an_analysed_snapshot_shows_its_confidence() -> None:
     (Confidence.HIGH, "\x1b[32mhigh"), (Confidence.MEDIUM, "\x1b[33mmedium"),
     (Confidence.LOW, "\x1b[1;33mlow"),
 ])  # fmt: skip
-def test_confidence_is_coloured(
-    confidence: Confidence, code: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_confidence_is_coloured(confidence: Confidence, code: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NO_COLOR", raising=False)
     diagnosis, snap = mismatch()
     console = Console(file=StringIO(), width=100, force_terminal=True)
@@ -317,9 +318,7 @@ def test_nothing_captured_still_renders() -> None:
 
 
 def test_unnumbered_and_unreadable_ranks_in_table() -> None:
-    snap = make_snapshot(
-        [make_rank(0, AR), make_rank(None, (), pid=4242, error=CaptureErrorKind.PTRACE_DENIED)]
-    )
+    snap = make_snapshot([make_rank(0, AR), make_rank(None, (), pid=4242, error=CaptureErrorKind.PTRACE_DENIED)])
     out = rendered(make_diagnosis(snap), snap)
     row = _line_with(out, "4242")
     assert row.startswith("?") and "unreadable" in row
@@ -343,20 +342,27 @@ SGR = re.compile(r"\x1b\[[0-9;]*m")  # rich's own colours
 
 def _evil_report() -> tuple[Diagnosis, JobSnapshot]:
     user = make_frame(f"/job/{EVIL}.py:{EVIL}:7", code=f"run()  # {EVIL}")
-    lib = [f"torch/distributed/{EVIL}.py:{EVIL}:1", f"torch/distributed/x.py:w{EVIL}:2",
-           "torch/distributed/distributed_c10d.py:barrier:3"]
+    lib = [
+        f"torch/distributed/{EVIL}.py:{EVIL}:1",
+        f"torch/distributed/x.py:w{EVIL}:2",
+        "torch/distributed/distributed_c10d.py:barrier:3",
+    ]
     native = make_frame(f"libc.so.6:{EVIL}", native=True)
     snap = make_snapshot(
-        [make_rank(0, [*TRUNK, user, *lib], host=f"node{EVIL}"),
-         make_rank(1, [*TRUNK, user, native], host="node1")],
-        spec=f"pid:{EVIL}", notes=[f"note {EVIL}"],
+        [make_rank(0, [*TRUNK, user, *lib], host=f"node{EVIL}"), make_rank(1, [*TRUNK, user, native], host="node1")],
+        spec=f"pid:{EVIL}",
+        notes=[f"note {EVIL}"],
         unreachable=[Unreachable(f"node{EVIL}:7420", f"refused {EVIL}", (2,))],
     )
     snap = dataclasses.replace(snap, captured_at=EVIL)
     op = make_op(f"all_{EVIL}", user)
     diagnosis = make_diagnosis(
-        snap, summary=f"summary {EVIL}", evidence=[f"evidence {EVIL}"],
-        next_steps=[f"step {EVIL}"], ops={0: op}, details={1: f"detail {EVIL}"},
+        snap,
+        summary=f"summary {EVIL}",
+        evidence=[f"evidence {EVIL}"],
+        next_steps=[f"step {EVIL}"],
+        ops={0: op},
+        details={1: f"detail {EVIL}"},
     )
     return dataclasses.replace(diagnosis, basis=(f"basis {EVIL}",)), snap
 
@@ -386,8 +392,9 @@ def test_only_rich_colour_codes_reach_a_colour_terminal(monkeypatch: pytest.Monk
 def test_markup_in_job_text_prints_literally() -> None:
     frame = "/job/[link=https:evil]x[blink].py:[bold red]x[/]:3"
     snap = make_snapshot({0: [*TRUNK, frame], 1: AR}, notes=["[blink]note[/blink]"])
-    diagnosis = make_diagnosis(snap, summary="[bold red]x[/]", evidence=["[i]e[/i]"],
-                               details={0: "[reverse]d[/reverse]"})
+    diagnosis = make_diagnosis(
+        snap, summary="[bold red]x[/]", evidence=["[i]e[/i]"], details={0: "[reverse]d[/reverse]"}
+    )
     out = rendered(diagnosis, snap)
     assert "[bold red]x[/] ([link=https:evil]x[blink].py:3)" in out
     for text in ("[bold red]x[/]", "[blink]note[/blink]", "[i]e[/i]", "[reverse]d[/reverse]"):

@@ -70,8 +70,7 @@ def test_a_synthetic_mismatch_report_fits_and_names_the_culprits(world: int) -> 
     lines = rendered(diagnosis, snap)
     assert len(lines) < BAR
     first, last = culprits[0], culprits[-1]
-    assert lines[0] == (f"verdict: collective_mismatch   culprit ranks [{first}-{last}]   "
-                        "confidence: high")
+    assert lines[0] == (f"verdict: collective_mismatch   culprit ranks [{first}-{last}]   confidence: high")
     healthy = f"0-{first - 1},{last + 1}-{world - 1}"
     count = f"{world - 8:,}"
     # the tree: the culprits' branch first, marked; the majority after it, with its count
@@ -81,12 +80,15 @@ def test_a_synthetic_mismatch_report_fits_and_names_the_culprits(world: int) -> 
     assert line_with(lines, f"└── [{healthy}] ({count})")
     # the table: one row a class, culprits first
     header = next(i for i, line in enumerate(lines) if line.startswith("ranks "))
-    assert lines[header].split() == ["ranks", "┃", "count", "┃", "hosts", "┃", "state", "┃",
-                                     "op", "┃", "call", "site"]
+    assert lines[header].split() == ["ranks", "┃", "count", "┃", "hosts", "┃", "state", "┃", "op", "┃", "call", "site"]
     assert lines[header + 2].split("│") == [
-        f"[{first}-{last}] *".ljust(len(f"[{healthy}]") + 1), f" {'8'.rjust(len(count))} ",
-        f" node{first // 8:05d}".ljust(len(f" {world // 8 - 1:,} hosts ")), " waiting ",
-        " barrier    ", " train.py:140"]
+        f"[{first}-{last}] *".ljust(len(f"[{healthy}]") + 1),
+        f" {'8'.rjust(len(count))} ",
+        f" node{first // 8:05d}".ljust(len(f" {world // 8 - 1:,} hosts ")),
+        " waiting ",
+        " barrier    ",
+        " train.py:140",
+    ]
     row = lines[header + 3]
     assert row.startswith(f"[{healthy}] │ {count} │ {world // 8 - 1:,} hosts │ waiting │ all_reduce")
     assert lines[header + 4] == f"{world:,} ranks in 2 classes · * culprit"
@@ -98,7 +100,7 @@ def test_the_trunk_every_rank_shares_is_folded(straggler_10k: list[str]) -> None
     start = lines.index("Merged stacks of 10,000 ranks [0-9999], 2 distinct stacks")
     # 24 frames above the split in 6 lines: <module>, main, run, 17 lightning frames,
     # 3 torch frames, lightning's closure; the first and the two above the split are kept
-    assert lines[start + 1: start + 5] == [
+    assert lines[start + 1 : start + 5] == [
         "└── <module> (train.py:212)",
         "    … 19 frames in common …",
         "    torch: wrapper › _use_grad › step (torch/optim/adamw.py:220)",
@@ -113,7 +115,8 @@ def test_the_straggler_has_a_class_row_and_its_detail_below(straggler_10k: list[
     lines = straggler_10k
     assert line_with(lines, "[5000] *").split("│")[1:4] == ["     1 ", " node00625   ", " busy    "]
     assert line_with(lines, "[0-4999,5001-9999] │").startswith(
-        "[0-4999,5001-9999] │ 9,999 │ 1,250 hosts │ waiting │ all_reduce │ train.py:64")
+        "[0-4999,5001-9999] │ 9,999 │ 1,250 hosts │ waiting │ all_reduce │ train.py:64"
+    )
     assert line_with(lines, "[5000] *: computing (240% of a core), not in any collective")
 
 
@@ -123,9 +126,14 @@ WORLD = 100_000
 PER_NODE = 8
 CULPRITS = tuple(range(50_000, 50_008))  # node 6250
 WAITS = [f"wait_{k}" for k in range(10)]  # the native frame a healthy rank spins in: rank % 10
-TRUNK = ["<frozen runpy>:_run_module_as_main:198", "<frozen runpy>:_run_code:88",
-         "train.py:<module>:60", "train.py:main:55",
-         *(f"train.py:level{i}:{10 + i}" for i in range(8)), "train.py:train_loop:35"]
+TRUNK = [
+    "<frozen runpy>:_run_module_as_main:198",
+    "<frozen runpy>:_run_code:88",
+    "train.py:<module>:60",
+    "train.py:main:55",
+    *(f"train.py:level{i}:{10 + i}" for i in range(8)),
+    "train.py:train_loop:35",
+]
 STEP = make_frame("train.py:train_step:30", code="dist.all_reduce(loss)")
 EVAL = make_frame("train.py:evaluate:48", code="dist.barrier()")
 C10D = "torch/distributed/distributed_c10d.py"
@@ -143,32 +151,46 @@ def _job() -> tuple[Diagnosis, JobSnapshot]:
     healthy = [_stack([*AR, make_frame(f"libnccl.so:{w}", native=True)]) for w in WAITS]
     barrier = _stack(BARRIER)
     stacks = {r: barrier if r in CULPRITS else healthy[r % 10] for r in range(WORLD)}
-    samples = {id(s): (Sample(t=0.0, threads=(ThreadStack(1, "MainThread", s, 1),)),)
-               for s in [*healthy, barrier]}
+    samples = {id(s): (Sample(t=0.0, threads=(ThreadStack(1, "MainThread", s, 1),)),) for s in [*healthy, barrier]}
     ranks = tuple(
-        RankSnapshot(RankProcess(40_000 + r % PER_NODE, f"node{r // PER_NODE:05d}", r,
-                                 RankSource.ENV), samples[id(stacks[r])])
-        for r in range(WORLD))
-    notes = [f"node{n:05d}: not counted as ranks (DataLoader/compile/multiprocessing workers): "
-             f"pid {60_000 + n} (child of rank {8 * n} (pid 40000)), {60_001 + n} (child of "
-             f"rank {8 * n + 1} (pid 40001))" for n in range(WORLD // PER_NODE)]
-    snap = JobSnapshot(spec="10.0.0.1:29500", ranks=ranks, world_size=WORLD, window_seconds=1.0,
-                       captured_at="2025-06-01T12:00:00Z", hangdoc_version="test",
-                       notes=("window extended from 2.0 s to 4.0 s", *notes))
+        RankSnapshot(
+            RankProcess(40_000 + r % PER_NODE, f"node{r // PER_NODE:05d}", r, RankSource.ENV), samples[id(stacks[r])]
+        )
+        for r in range(WORLD)
+    )
+    notes = [
+        f"node{n:05d}: not counted as ranks (DataLoader/compile/multiprocessing workers): "
+        f"pid {60_000 + n} (child of rank {8 * n} (pid 40000)), {60_001 + n} (child of "
+        f"rank {8 * n + 1} (pid 40001))"
+        for n in range(WORLD // PER_NODE)
+    ]
+    snap = JobSnapshot(
+        spec="10.0.0.1:29500",
+        ranks=ranks,
+        world_size=WORLD,
+        window_seconds=1.0,
+        captured_at="2025-06-01T12:00:00Z",
+        hangdoc_version="test",
+        notes=("window extended from 2.0 s to 4.0 s", *notes),
+    )
     ar, bar = make_op("all_reduce", STEP), make_op("barrier", EVAL)
 
     def analysed(r: int, op: DistOp) -> RankAnalysis:
-        return RankAnalysis(r, 40_000 + r % PER_NODE, f"node{r // PER_NODE:05d}",
-                            RankState.WAITING, op, "MainThread", None, "")
+        return RankAnalysis(
+            r, 40_000 + r % PER_NODE, f"node{r // PER_NODE:05d}", RankState.WAITING, op, "MainThread", None, ""
+        )
 
     diagnosis = Diagnosis(
-        verdict=Verdict.COLLECTIVE_MISMATCH, culprit_ranks=CULPRITS,
+        verdict=Verdict.COLLECTIVE_MISMATCH,
+        culprit_ranks=CULPRITS,
         summary="ranks 50000-50007 are in barrier (train.py:48) while ranks "
-                "0-49999,50008-99999 are in all_reduce (train.py:30)",
+        "0-49999,50008-99999 are in all_reduce (train.py:30)",
         evidence=tuple(f"rank {r} is in barrier (train.py:48)" for r in CULPRITS),
         next_steps=("Make every rank issue the same collectives in the same order.",),
         ranks=tuple(analysed(r, bar if r in CULPRITS else ar) for r in range(WORLD)),
-        groups=(), observed_seconds=1.0, tree=build_tree(stacks),
+        groups=(),
+        observed_seconds=1.0,
+        tree=build_tree(stacks),
     )
     return diagnosis, snap
 
@@ -185,7 +207,7 @@ def test_the_hand_checked_report_fits(by_hand: list[str]) -> None:
 
 def test_the_hand_checked_tree(by_hand: list[str]) -> None:
     start = by_hand.index("Merged stacks of 100,000 ranks [0-99999], 11 distinct stacks")
-    tree = by_hand[start + 1: by_hand.index("", start)]
+    tree = by_hand[start + 1 : by_hand.index("", start)]
     # 13 trunk frames in 12 lines (the two runpy frames are one): the first line, then the
     # two above the split; hidden: <module>, main, level0-level6 (9 frames)
     assert tree[:4] == [
@@ -203,31 +225,40 @@ def test_the_hand_checked_tree(by_hand: list[str]) -> None:
     # wait_0 to wait_4 by lowest rank) and wait_5 to wait_7 fold into one line
     branches = [line for line in tree[8:] if "── " in line]
     shown = [line.split("] (")[0].split("── [")[1] for line in branches[:7]]
-    assert shown == ["0,10,20,30,40,50,60,70,…", "1,11,21,31,41,51,61,71,…",
-                     "2,12,22,32,42,52,62,72,…", "3,13,23,33,43,53,63,73,…",
-                     "4,14,24,34,44,54,64,74,…", "8,18,28,38,48,58,68,78,…",
-                     "9,19,29,39,49,59,69,79,…"]
-    assert [line.split("(")[1].split(")")[0] for line in branches[:7]] == \
-        ["9,999"] * 5 + ["10,000"] * 2
-    assert branches[7] == (
-        "        └── … 3 more branches: ranks [5-7,15-17,25-27,35-37,…] (29,997) (all in --html)")
+    assert shown == [
+        "0,10,20,30,40,50,60,70,…",
+        "1,11,21,31,41,51,61,71,…",
+        "2,12,22,32,42,52,62,72,…",
+        "3,13,23,33,43,53,63,73,…",
+        "4,14,24,34,44,54,64,74,…",
+        "8,18,28,38,48,58,68,78,…",
+        "9,19,29,39,49,59,69,79,…",
+    ]
+    assert [line.split("(")[1].split(")")[0] for line in branches[:7]] == ["9,999"] * 5 + ["10,000"] * 2
+    assert branches[7] == ("        └── … 3 more branches: ranks [5-7,15-17,25-27,35-37,…] (29,997) (all in --html)")
     assert not any("◀" in line for line in tree[6:])
 
 
 def test_the_hand_checked_table_notes_and_evidence(by_hand: list[str]) -> None:
     assert line_with(by_hand, "[50000-50007] *  ").split("│") == [
-        "[50000-50007] *       ", "      8 ", " node06250    ", " waiting ", " barrier    ",
-        " train.py:48"]
+        "[50000-50007] *       ",
+        "      8 ",
+        " node06250    ",
+        " waiting ",
+        " barrier    ",
+        " train.py:48",
+    ]
     assert line_with(by_hand, "[0-49999,50008-99999] │") == (
-        "[0-49999,50008-99999] │ 99,992 │ 12,499 hosts │ waiting │ all_reduce │ train.py:30")
+        "[0-49999,50008-99999] │ 99,992 │ 12,499 hosts │ waiting │ all_reduce │ train.py:30"
+    )
     assert "100,000 ranks in 2 classes · * culprit" in by_hand
-    assert "• rank 50000 is in barrier (train.py:48) (the same for 7 more ranks: 50001-50007)" \
-        in by_hand
-    notes = " ".join(by_hand[by_hand.index("Notes") + 1:])
+    assert "• rank 50000 is in barrier (train.py:48) (the same for 7 more ranks: 50001-50007)" in by_hand
+    notes = " ".join(by_hand[by_hand.index("Notes") + 1 :])
     assert notes == (
         "• observed for 1.0 s over 1 sample • window extended from 2.0 s to 4.0 s • not counted "
         "as ranks (DataLoader/compile/multiprocessing workers): 25,000 processes on 12,500 "
-        "nodes (node00000, node00001, …); --json lists every pid")
+        "nodes (node00000, node00001, …); --json lists every pid"
+    )
 
 
 # ----------------------------------------------------- both sides of each threshold
@@ -240,7 +271,7 @@ def test_one_row_a_rank_up_to_32_ranks_then_one_a_class(world: int, per_rank: bo
     snap = make_snapshot({r: AR4 for r in range(world)})
     op = make_op("all_reduce", "train.py:main:5")
     lines = rendered(make_diagnosis(snap, ops={r: op for r in range(world)}), snap)
-    table = lines[lines.index(line_with(lines, "┃")):]
+    table = lines[lines.index(line_with(lines, "┃")) :]
     if per_rank:
         assert table[0].startswith("rank ┃ host") and table[2].startswith("0 ")
         assert table[world + 1].startswith(f"{world - 1} ")
@@ -252,14 +283,21 @@ def test_one_row_a_rank_up_to_32_ranks_then_one_a_class(world: int, per_rank: bo
 
 @pytest.mark.parametrize(("nodes", "merged"), [(4, False), (5, True)])
 def test_per_node_notes_merge_from_five_nodes(nodes: int, merged: bool) -> None:
-    notes = [f"node{n}: not counted as ranks (DataLoader/compile/multiprocessing workers): "
-             f"pid {900 + n} (child of rank {n} (pid {100 + n}))" for n in range(nodes)]
+    notes = [
+        f"node{n}: not counted as ranks (DataLoader/compile/multiprocessing workers): "
+        f"pid {900 + n} (child of rank {n} (pid {100 + n}))"
+        for n in range(nodes)
+    ]
     snap = make_snapshot({0: AR4}, notes=notes)
     lines = rendered(make_diagnosis(snap), snap, width=200)
-    said = lines[lines.index("Notes") + 2:]
+    said = lines[lines.index("Notes") + 2 :]
     if merged:
-        assert said == [("• not counted as ranks (DataLoader/compile/multiprocessing workers): 5 "
-                        "processes on 5 nodes (node0, node1, …); --json lists every pid")]
+        assert said == [
+            (
+                "• not counted as ranks (DataLoader/compile/multiprocessing workers): 5 "
+                "processes on 5 nodes (node0, node1, …); --json lists every pid"
+            )
+        ]
     else:
         assert said == [f"• {note}" for note in notes]
 
@@ -270,11 +308,12 @@ def test_evidence_said_of_one_rank_each_merges_from_five(alike: int, merged: boo
     snap = make_snapshot({0: AR4})
     diagnosis = make_diagnosis(snap, evidence=["ranks 10-20 wait in all_reduce", *said])
     lines = rendered(diagnosis, snap, width=200)
-    bullets = lines[lines.index("Evidence") + 1: lines.index("", lines.index("Evidence"))]
+    bullets = lines[lines.index("Evidence") + 1 : lines.index("", lines.index("Evidence"))]
     if merged:
-        assert bullets == ["• ranks 10-20 wait in all_reduce",
-                           ("• rank 0 is on a cleanup path: teardown (ddp.py:432) (the same for "
-                           "4 more ranks: 1-4)")]
+        assert bullets == [
+            "• ranks 10-20 wait in all_reduce",
+            ("• rank 0 is on a cleanup path: teardown (ddp.py:432) (the same for 4 more ranks: 1-4)"),
+        ]
     else:
         assert bullets == ["• ranks 10-20 wait in all_reduce", *(f"• {s}" for s in said)]
 
@@ -283,21 +322,23 @@ def test_evidence_is_cut_at_24_bullets() -> None:
     snap = make_snapshot({0: AR4})
     diagnosis = make_diagnosis(snap, evidence=[f"fact {i}" for i in range(30)])
     lines = rendered(diagnosis, snap)
-    bullets = lines[lines.index("Evidence") + 1: lines.index("", lines.index("Evidence"))]
+    bullets = lines[lines.index("Evidence") + 1 : lines.index("", lines.index("Evidence"))]
     assert len(bullets) == 24 and bullets[-1] == "• … and 7 more (--json lists them all)"
 
 
 @pytest.mark.parametrize(("agents", "grouped"), [(8, False), (9, True)])
 def test_unreachable_agents_group_by_reason_past_eight(agents: int, grouped: bool) -> None:
-    down = [Unreachable(f"node{n}:7420", "deadline exceeded after 5.0 s",
-                        tuple(range(8 * n, 8 * n + 8))) for n in range(1, agents + 1)]
-    snap = make_snapshot({r: AR4 for r in range(8)}, unreachable=down,
-                         world_size=8 * (agents + 1))
+    down = [
+        Unreachable(f"node{n}:7420", "deadline exceeded after 5.0 s", tuple(range(8 * n, 8 * n + 8)))
+        for n in range(1, agents + 1)
+    ]
+    snap = make_snapshot({r: AR4 for r in range(8)}, unreachable=down, world_size=8 * (agents + 1))
     lines = rendered(make_diagnosis(snap), snap, width=200)
     listed = [line for line in lines if line.startswith("✗ ")]
     if grouped:
-        assert listed == [("✗ 9 agents (node1:7420, node2:7420, …): deadline exceeded after 5.0 s "
-                          "(ranks [8-79] (72) unknown)")]
+        assert listed == [
+            ("✗ 9 agents (node1:7420, node2:7420, …): deadline exceeded after 5.0 s (ranks [8-79] (72) unknown)")
+        ]
     else:
         assert listed[0] == "✗ node1:7420: deadline exceeded after 5.0 s (ranks [8-15] unknown)"
         assert len(listed) == 8
@@ -318,11 +359,15 @@ def test_a_small_tree_keeps_every_line_and_marks_the_outlier_once() -> None:
     trunk = ["train.py:a:1", "train.py:b:2", "train.py:c:3", "train.py:d:4", "train.py:e:5"]
     inner = [*trunk, "train.py:save:9", f"{C10D}:broadcast:2900"]
     outer = [*trunk, "train.py:save:9", f"{C10D}:barrier:4100"]
-    snap = make_snapshot({0: [*trunk, *AR4], 1: [*trunk, *AR4], 2: [*trunk, *AR4],
-                          3: inner, 4: outer})
+    snap = make_snapshot({0: [*trunk, *AR4], 1: [*trunk, *AR4], 2: [*trunk, *AR4], 3: inner, 4: outer})
     lines = rendered(make_diagnosis(snap), snap)
-    assert [line.strip(" └─") for line in lines[lines.index(line_with(lines, "Merged")) + 1:][:5]] \
-        == ["a (train.py:1)", "b (train.py:2)", "c (train.py:3)", "d (train.py:4)", "e (train.py:5)"]
+    assert [line.strip(" └─") for line in lines[lines.index(line_with(lines, "Merged")) + 1 :][:5]] == [
+        "a (train.py:1)",
+        "b (train.py:2)",
+        "c (train.py:3)",
+        "d (train.py:4)",
+        "e (train.py:5)",
+    ]
     marked = [line for line in lines if "◀" in line]
     assert len(marked) == 1 and "[3-4] save (train.py:9)" in marked[0]
 
@@ -340,11 +385,18 @@ def test_the_majority_is_never_marked_even_when_split() -> None:
 def test_a_tree_of_thousands_of_distinct_stacks_still_fits() -> None:
     # 6,000 ranks in 50 groups of 120, each split 40 ways below (2,000 distinct stacks), and
     # 6,000 more in group 0's first way: the majority; rank 0 alone at another line
-    stacks = {r: [*TRUNK, f"train.py:group{r % 50}:{1 + (r == 0)}",
-                  f"train.py:inner{(r // 50) % 40}:3", f"{C10D}:all_reduce:2800"]
-              for r in range(6_000)}
-    stacks.update({r: [*TRUNK, "train.py:group0:1", "train.py:inner0:3", f"{C10D}:all_reduce:2800"]
-                   for r in range(6_000, 12_000)})
+    stacks = {
+        r: [
+            *TRUNK,
+            f"train.py:group{r % 50}:{1 + (r == 0)}",
+            f"train.py:inner{(r // 50) % 40}:3",
+            f"{C10D}:all_reduce:2800",
+        ]
+        for r in range(6_000)
+    }
+    stacks.update(
+        {r: [*TRUNK, "train.py:group0:1", "train.py:inner0:3", f"{C10D}:all_reduce:2800"] for r in range(6_000, 12_000)}
+    )
     snap = make_snapshot({r: ["train.py:main:1"] for r in range(2)})  # the tree is what is read
     tree = build_tree({r: _stack(s) for r, s in stacks.items()})
     diagnosis = dataclasses.replace(make_diagnosis(snap), tree=tree)

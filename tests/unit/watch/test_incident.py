@@ -21,8 +21,9 @@ TRIGGER = Trigger(Signal.OUTPUT, 5.0, 3.0, "--stall-after", 1.0, 3, None, "2025-
 def test_the_summary_quotes_the_job_s_names_as_they_are(tmp_path: Path) -> None:
     diagnosis, snap = hostile()
     said = Said()
-    where = write_incident(tmp_path, snap, diagnosis, TRIGGER, f"confirmed by diagnosis: {diagnosis.summary}",
-                           warn=said)
+    where = write_incident(
+        tmp_path, snap, diagnosis, TRIGGER, f"confirmed by diagnosis: {diagnosis.summary}", warn=said
+    )
     assert where is not None and said == []
     text = (where / HUMAN).read_text()
     first = " ".join(text.split("\n\n")[0].split())  # the watchdog's reason, wrapped at 120 columns
@@ -50,5 +51,6 @@ def test_a_reporter_that_fails_costs_its_file_only(tmp_path: Path, monkeypatch: 
     assert json.loads((where / REPORT).read_text())["verdict"] == "straggler"
     ((level, line),) = said
     assert level is Level.ERROR
-    assert line.startswith("internal error: report.txt left out of the report: RuntimeError: a bug in the text "
-                           "report (test_incident.py:")
+    assert line.startswith(
+        "internal error: report.txt left out of the report: RuntimeError: a bug in the text report (test_incident.py:"
+    )

@@ -36,12 +36,19 @@ IDENTITY = {"hostname": "node7", "slurm_job_id": "4242", "slurm_job": "train"}
 # every family and its type, as the text format (0.0.4) says it: an info metric is a gauge
 # there, named with its _info suffix; counters are named without _total
 FAMILIES = {
-    "hangdoc_watch_info": "gauge", "hangdoc_watch_steps_seen": "gauge", "hangdoc_watch_last_step": "gauge",
-    "hangdoc_watch_last_step_timestamp_seconds": "gauge", "hangdoc_watch_steps_per_second": "gauge",
-    "hangdoc_watch_step_rate": "gauge", "hangdoc_watch_silence_seconds": "gauge",
-    "hangdoc_watch_stall_timeout_seconds": "gauge", "hangdoc_watch_stalled": "gauge",
-    "hangdoc_watch_suspected": "counter", "hangdoc_watch_dismissed": "counter",
-    "hangdoc_watch_reports": "counter", "hangdoc_watch_diagnoses": "counter",
+    "hangdoc_watch_info": "gauge",
+    "hangdoc_watch_steps_seen": "gauge",
+    "hangdoc_watch_last_step": "gauge",
+    "hangdoc_watch_last_step_timestamp_seconds": "gauge",
+    "hangdoc_watch_steps_per_second": "gauge",
+    "hangdoc_watch_step_rate": "gauge",
+    "hangdoc_watch_silence_seconds": "gauge",
+    "hangdoc_watch_stall_timeout_seconds": "gauge",
+    "hangdoc_watch_stalled": "gauge",
+    "hangdoc_watch_suspected": "counter",
+    "hangdoc_watch_dismissed": "counter",
+    "hangdoc_watch_reports": "counter",
+    "hangdoc_watch_diagnoses": "counter",
 }
 
 
@@ -61,8 +68,16 @@ def _one(samples: dict[str, list], name: str):
 
 def _board() -> MetricsBoard:
     board = MetricsBoard(IDENTITY)
-    board.update(signal="heartbeat", steps_seen=12, last_step=11, stalled=True, silence_seconds=4.5,
-                 last_step_time=1795330123.457, step_rate=2.5, stall_timeout_seconds=30.0)
+    board.update(
+        signal="heartbeat",
+        steps_seen=12,
+        last_step=11,
+        stalled=True,
+        silence_seconds=4.5,
+        last_step_time=1795330123.457,
+        step_rate=2.5,
+        stall_timeout_seconds=30.0,
+    )
     board.count_diagnosis("straggler")
     board.count_diagnosis("straggler")
     board.count_diagnosis("failed")
@@ -119,7 +134,7 @@ def test_identity_labels() -> None:
     assert identity("pid:42", env, "h") == {"hostname": "h", "slurm_job_id": "77", "slurm_job": "pretrain"}
     # a slurm: spec names the job, whatever the watch's own environment says; its step is no part of the id
     assert identity("slurm:1234.0", env, "h")["slurm_job_id"] == "1234"
-    assert identity(None, {}) ["hostname"] == HOST
+    assert identity(None, {})["hostname"] == HOST
 
 
 def test_registry_is_private() -> None:
@@ -147,8 +162,9 @@ def test_server_serves_the_registry_and_nothing_else() -> None:
             scraped = answer.read().decode()
         assert _one(_samples(scraped), "hangdoc_watch_dismissed_total").value == 1
         # a scraper that asks for OpenMetrics gets it: there, info is an info and _total a counter's
-        ask = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
-                                     headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        ask = urllib.request.Request(
+            f"http://127.0.0.1:{port}/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+        )
         with urllib.request.urlopen(ask, timeout=5) as answer:
             assert answer.headers["Content-Type"].startswith("application/openmetrics-text")
             om = {f.name: f.type for f in parse_openmetrics(answer.read().decode())}
@@ -167,10 +183,28 @@ def test_server_serves_the_registry_and_nothing_else() -> None:
 def _watch(tmp_path: Path, *args: str, job: str) -> subprocess.Popen[str]:
     env = dict(os.environ, SLURM_JOB_ID="31337", SLURM_JOB_NAME="metrics-test", HANGDOC_NO_HELP="1")
     return subprocess.Popen(
-        [sys.executable, "-m", "hangdoc", "watch", "--out", str(tmp_path / "hangs"), "--metrics-port", "0",
-         *args, "--", sys.executable, "-c", job],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
-        start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "hangdoc",
+            "watch",
+            "--out",
+            str(tmp_path / "hangs"),
+            "--metrics-port",
+            "0",
+            *args,
+            "--",
+            sys.executable,
+            "-c",
+            job,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
 
 
 def _port(watch: subprocess.Popen[str], lines: list[str]) -> int:
@@ -206,8 +240,10 @@ def _value(samples: dict[str, list], name: str) -> float | None:
 
 
 # a job that prints 6 steps, then goes silent (stuck) until it is ended
-STEPS_THEN_SILENCE = ("import time\nfor i in range(1, 7):\n    print(f'step {i} loss 0.5', flush=True)\n"
-                      "    time.sleep(0.05)\ntime.sleep(300)\n")
+STEPS_THEN_SILENCE = (
+    "import time\nfor i in range(1, 7):\n    print(f'step {i} loss 0.5', flush=True)\n"
+    "    time.sleep(0.05)\ntime.sleep(300)\n"
+)
 
 
 @pytest.mark.timeout(120)
@@ -217,15 +253,28 @@ def test_scrape_a_running_watch_through_a_stall(tmp_path: Path) -> None:
     the textfile holds the same; it is gone once the watch ends."""
     prom = tmp_path / "textfile" / "job.prom"
     prom.parent.mkdir()
-    watch = _watch(tmp_path, "--step-regex", r"step (\d+) loss", "--stall-after", "1.5",
-                   "--metrics-textfile", str(prom), job=STEPS_THEN_SILENCE)
+    watch = _watch(
+        tmp_path,
+        "--step-regex",
+        r"step (\d+) loss",
+        "--stall-after",
+        "1.5",
+        "--metrics-textfile",
+        str(prom),
+        job=STEPS_THEN_SILENCE,
+    )
     lines: list[str] = []
     try:
         port = _port(watch, lines)
         steps = _scrape_until(port, lambda s: _value(s, "hangdoc_watch_last_step") == 6)
         info = _one(steps, "hangdoc_watch_info")
-        assert info.labels == {"hostname": HOST, "slurm_job_id": "31337", "slurm_job": "metrics-test",
-                               "signal": "step_line", "version": __version__}
+        assert info.labels == {
+            "hostname": HOST,
+            "slurm_job_id": "31337",
+            "slurm_job": "metrics-test",
+            "signal": "step_line",
+            "version": __version__,
+        }
         assert _value(steps, "hangdoc_watch_steps_seen") == 6
         assert abs(_value(steps, "hangdoc_watch_last_step_timestamp_seconds") - time.time()) < 30
         assert _value(steps, "hangdoc_watch_stall_timeout_seconds") == 1.5
@@ -277,8 +326,9 @@ def test_textfile_parses_like_the_page_and_is_written_atomically(tmp_path: Path,
     textfile = Textfile(board, path, say=silent)
     textfile.open()
     assert path.read_text() == render(board)
-    assert renames and all(dst == str(path) and Path(src).parent == tmp_path and not src.endswith(".prom")
-                           for src, dst in renames)
+    assert renames and all(
+        dst == str(path) and Path(src).parent == tmp_path and not src.endswith(".prom") for src, dst in renames
+    )
     assert {f.name: f.type for f in text_string_to_metric_families(path.read_text())} == FAMILIES
     # readers racing many rewrites always find a whole file
     stop, torn = threading.Event(), []
@@ -359,9 +409,24 @@ def test_textfile_path_forms(tmp_path: Path) -> None:
 def test_cli_refuses_a_bad_textfile_before_starting_the_command(tmp_path: Path) -> None:
     marker = tmp_path / "started"
     done = subprocess.run(
-        [sys.executable, "-m", "hangdoc", "watch", "--out", str(tmp_path / "hangs"),
-         "--metrics-textfile", str(tmp_path / "metrics.txt"), "--", "touch", str(marker)],
-        capture_output=True, text=True, timeout=50, check=False)
+        [
+            sys.executable,
+            "-m",
+            "hangdoc",
+            "watch",
+            "--out",
+            str(tmp_path / "hangs"),
+            "--metrics-textfile",
+            str(tmp_path / "metrics.txt"),
+            "--",
+            "touch",
+            str(marker),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=False,
+    )
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("hangdoc: error: --metrics-textfile ") and "Traceback" not in done.stderr
     assert not marker.exists()

@@ -12,8 +12,13 @@ from hangdoc.watch.config import Level, Say, WatchConfig
 
 SHOWN_WHEN_QUIET = {Level.HANG, Level.ERROR, Level.STOP}
 # the same words at every level: whether a line shows may depend on its level only
-TEXTS = ("HANG collective_mismatch: rank 3", "watching pid:1", "could not diagnose: x",
-         "interrupted: ending the wrapped command", "a\nline with \x1b[31mcontrol\x1b[0m characters")
+TEXTS = (
+    "HANG collective_mismatch: rank 3",
+    "watching pid:1",
+    "could not diagnose: x",
+    "interrupted: ending the wrapped command",
+    "a\nline with \x1b[31mcontrol\x1b[0m characters",
+)
 
 
 def _printed(texts: tuple[str, ...] = TEXTS) -> str:
@@ -22,7 +27,8 @@ def _printed(texts: tuple[str, ...] = TEXTS) -> str:
 
 @pytest.mark.parametrize("level", list(Level))
 def test_quiet_shows_hangs_errors_and_early_stops_and_hides_the_rest_by_level(
-        level: Level, capsys: pytest.CaptureFixture[str]) -> None:
+    level: Level, capsys: pytest.CaptureFixture[str]
+) -> None:
     for text in TEXTS:
         cli._stderr_hang_only(level, text)
     out, err = capsys.readouterr()
@@ -38,8 +44,9 @@ def test_without_quiet_every_level_is_shown_as_one_line(level: Level, capsys: py
 
 
 @pytest.mark.parametrize("quiet", [False, True])
-def test_the_cli_hands_the_watch_a_say_that_filters_by_level(quiet: bool, monkeypatch: pytest.MonkeyPatch,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_hands_the_watch_a_say_that_filters_by_level(
+    quiet: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     def run_watch(config: WatchConfig, say: Say) -> int:
         for level in Level:
             say(level, f"a message at level {level.value}")

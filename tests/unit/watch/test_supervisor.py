@@ -179,8 +179,7 @@ def test_without_report_in_its_arguments_the_directory_is_appended(tmp_path: Pat
 def test_job_in_a_hook_is_the_scheduler_job_id(tmp_path: Path) -> None:
     """``ray job stop {job}``: the Ray job id, not the ``ray:`` spec; also in HANGDOC_JOB."""
     out = tmp_path / "out.txt"
-    hooks = Hooks(["sh", "-c", 'echo "$# $1 $HANGDOC_JOB" > "$0"', str(out), "stop={job}"], dict(os.environ),
-                  silent)
+    hooks = Hooks(["sh", "-c", 'echo "$# $1 $HANGDOC_JOB" > "$0"', str(out), "stop={job}"], dict(os.environ), silent)
     hooks.start(tmp_path / "hang-1", "raysubmit_Ab12")
     hooks.end()
     # no directory appended: `ray job stop {job}` takes one argument
@@ -209,8 +208,9 @@ def test_a_hook_that_cannot_run_is_one_line(tmp_path: Path) -> None:
     missing = str(tmp_path / "no-such-pager")
     hooks = Hooks([missing], dict(os.environ), said)
     hooks.start(tmp_path, "pid:1")
-    assert said == [(Level.ERROR,
-                     f"could not run the --on-hang exec command {missing!r}: No such file or directory; keeping watch")]
+    assert said == [
+        (Level.ERROR, f"could not run the --on-hang exec command {missing!r}: No such file or directory; keeping watch")
+    ]
     assert hooks.running == []
 
 
@@ -240,8 +240,10 @@ def test_on_hang_report_and_exec_without_a_directory_keep_watching() -> None:
     job = _job(None, said, "pid:1")
     assert job.on_hang(OnHang("report"), None) is None
     assert job.on_hang(OnHang("exec", ("true",)), None) is None
-    assert said == [(Level.INFO, "keeping watch (--on-hang report); the job is left as it is"),
-                    (Level.ERROR, "could not run the --on-hang exec command: no directory could take the report")]
+    assert said == [
+        (Level.INFO, "keeping watch (--on-hang report); the job is left as it is"),
+        (Level.ERROR, "could not run the --on-hang exec command: no directory could take the report"),
+    ]
 
 
 def test_a_second_signal_ends_the_job_at_short_notice(started) -> None:
@@ -251,11 +253,14 @@ def test_a_second_signal_ends_the_job_at_short_notice(started) -> None:
     assert said == [(Level.INFO, "second signal: ending the wrapped command and all its processes")]
 
 
-@pytest.mark.parametrize(("err", "cause"), [
-    (RuntimeError("a bug"), "internal error"),
-    (KeyboardInterrupt(), "interrupted"),
-    (UsageError("bad"), "stopping on an error"),
-])
+@pytest.mark.parametrize(
+    ("err", "cause"),
+    [
+        (RuntimeError("a bug"), "internal error"),
+        (KeyboardInterrupt(), "interrupted"),
+        (UsageError("bad"), "stopping on an error"),
+    ],
+)
 def test_abandon_ends_the_wrapped_job(err: BaseException, cause: str, started) -> None:
     said = Said()
     sup, line = started(IGNORE_TERM)
@@ -379,10 +384,12 @@ def test_a_silence_that_cannot_be_diagnosed_fires_unknown(tmp_path: Path, monkey
     monkeypatch.setattr("hangdoc.watch.respond.diagnose", diagnose)
     assert dog.loop.responder.on_stall(Signal.OUTPUT, clock, now) is None
     (hang,) = (tmp_path / "hangs").iterdir()
-    assert said[1:] == [(Level.ERROR, "could not diagnose: no rank process"),
-                        (Level.HANG, "HANG unknown: could not diagnose: no rank process"),
-                        (Level.HANG, f"report: {hang}/report.txt (json: {hang}/report.json)"),
-                        (Level.INFO, "keeping watch (--on-hang report); the job is left as it is")]
+    assert said[1:] == [
+        (Level.ERROR, "could not diagnose: no rank process"),
+        (Level.HANG, "HANG unknown: could not diagnose: no rank process"),
+        (Level.HANG, f"report: {hang}/report.txt (json: {hang}/report.json)"),
+        (Level.INFO, "keeping watch (--on-hang report); the job is left as it is"),
+    ]
     assert dog.loop.alarm.raised is not None and dog.board.value.stalled
     assert dog.board.value.reports_total == 1
 

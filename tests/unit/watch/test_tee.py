@@ -26,7 +26,7 @@ def _copy(pattern: StepPattern, data: bytes) -> tuple[bytes, Said, EventQueue]:
     with os.fdopen(read_end, "rb", buffering=0) as source:
         thread = tee(source, sink, pattern, queue, said)
         for start in range(0, len(data), 4096):  # many chunks, more than a pipe holds
-            os.write(write_end, data[start:start + 4096])
+            os.write(write_end, data[start : start + 4096])
         os.close(write_end)
         thread.join(10)
         assert not thread.is_alive()

@@ -227,7 +227,10 @@ def test_log_tail_waits_for_a_file_that_does_not_exist_yet(tmp_path: Path) -> No
 def _beat(directory: Path, code: str) -> int:
     proc = subprocess.run(
         [sys.executable, "-c", f"import hangdoc, os\n{code}\nprint(os.getpid())"],
-        env=dict(os.environ, HANGDOC_HEARTBEAT_DIR=str(directory)), capture_output=True, text=True, check=True,
+        env=dict(os.environ, HANGDOC_HEARTBEAT_DIR=str(directory)),
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return int(proc.stdout.split()[-1])
 
@@ -311,7 +314,9 @@ def test_hang_directories_never_collide(tmp_path: Path) -> None:
 def test_on_hang_forms() -> None:
     assert OnHang.parse("report") == OnHang("report")
     assert OnHang.parse("kill") == OnHang("kill")
-    assert OnHang.parse("exec ./page.sh --team ml '{report}'") == OnHang("exec", ("./page.sh", "--team", "ml", "{report}"))
+    assert OnHang.parse("exec ./page.sh --team ml '{report}'") == OnHang(
+        "exec", ("./page.sh", "--team", "ml", "{report}")
+    )
     for bad in ("exec", "restart", "", "exec 'x"):
         with pytest.raises(UsageError):
             OnHang.parse(bad)
@@ -338,8 +343,9 @@ def test_watch_usage_errors(argv: list[str], message: str, capsys: pytest.Captur
 
 def _watch_cli(*args: str) -> subprocess.CompletedProcess[str]:
     """A separate process: wrapping makes the watchdog a child subreaper, not for pytest."""
-    return subprocess.run([sys.executable, "-m", "hangdoc", "watch", *args], check=False, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "hangdoc", "watch", *args], check=False, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_wrapped_exit_status_passes_through(tmp_path: Path) -> None:
@@ -435,17 +441,27 @@ def test_ranks_found_through_a_source_a_running_job_without_workers_is_not_gone(
 
     said = Said()
     ranks = Ranks([], "ray:raysubmit_x", 5.0, said)
-    source = _Source([_one_rank_fleet(),
-                      JobNotFound("Ray job 02 (status RUNNING) has no live actor", running=True),
-                      JobNotFound("Ray job 02 (status RUNNING) has no live actor", running=True),
-                      _one_rank_fleet(),
-                      JobNotFound("Ray job 02 (status SUCCEEDED) has no live actor")])
+    source = _Source(
+        [
+            _one_rank_fleet(),
+            JobNotFound("Ray job 02 (status RUNNING) has no live actor", running=True),
+            JobNotFound("Ray job 02 (status RUNNING) has no live actor", running=True),
+            _one_rank_fleet(),
+            JobNotFound("Ray job 02 (status SUCCEEDED) has no live actor"),
+        ]
+    )
     with source(lambda _text: None) as ranks.finder:
         assert len(ranks.find().placed) == 1
         assert ranks.refresh() is False and ranks.refresh() is False  # workers restarting
         assert [m for m in said if "still runs" in m[1]] == [
-            (Level.INFO, ("no rank process now, the job still runs: Ray job 02 (status RUNNING) has no live actor; "
-                          "watching for its ranks"))]  # said once, not at every search
+            (
+                Level.INFO,
+                (
+                    "no rank process now, the job still runs: Ray job 02 (status RUNNING) has no live actor; "
+                    "watching for its ranks"
+                ),
+            )
+        ]  # said once, not at every search
         assert ranks.refresh() is False and ranks.absent is False  # back
         assert ranks.refresh() is True  # ended
     assert source.searches == ["ray:raysubmit_x"] * 5

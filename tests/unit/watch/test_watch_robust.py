@@ -86,8 +86,12 @@ def _kill(pids: list[int]) -> None:
 @pytest.mark.parametrize("kind", ["file", "under_a_file", "proc", "read_only"])
 def test_an_out_that_cannot_be_written_is_refused_before_the_command_starts(kind: str, tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("")
-    out = {"file": str(tmp_path / "afile"), "under_a_file": str(tmp_path / "afile" / "hangs"),
-           "proc": "/proc/hangdoc-no-such/hangs", "read_only": str(tmp_path / "ro" / "hangs")}[kind]
+    out = {
+        "file": str(tmp_path / "afile"),
+        "under_a_file": str(tmp_path / "afile" / "hangs"),
+        "proc": "/proc/hangdoc-no-such/hangs",
+        "read_only": str(tmp_path / "ro" / "hangs"),
+    }[kind]
     started = tmp_path / "started"
     argv = [*WATCH, "--out", out, "--", "touch", str(started)]
     if kind == "read_only" and os.geteuid() != 0:
@@ -100,8 +104,9 @@ def test_an_out_that_cannot_be_written_is_refused_before_the_command_starts(kind
     done = _run(argv, tmp_path)
     assert done.returncode == 2, done.stderr
     assert not started.exists(), "the command ran although --out was refused"
-    assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"hangdoc: error: --out {out}: cannot write"), \
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"hangdoc: error: --out {out}: cannot write"), (
         done.stderr
+    )
     assert "Traceback" not in done.stderr
 
 
@@ -127,7 +132,7 @@ def _report_on_stderr(stderr: str) -> dict:
     assert stderr.count(head) == 1, stderr
     line_end = stderr.index("\n", stderr.index(head))
     assert stderr[:line_end].endswith("not a directory; report follows on stderr"), stderr
-    report, _ = json.JSONDecoder().raw_decode(stderr[line_end + 1:])
+    report, _ = json.JSONDecoder().raw_decode(stderr[line_end + 1 :])
     return report
 
 
@@ -146,10 +151,13 @@ def test_a_report_that_cannot_be_written_goes_to_stderr_and_a_private_directory(
 
 
 @needs_mount
-@pytest.mark.parametrize(("options", "sabotage", "reason"), [
-    ("size=64k", "cat /dev/zero > fs/fill 2>/dev/null; ", "No space left on device"),
-    ("size=1m", "mount -o remount,ro fs; ", "Read-only file system"),
-])
+@pytest.mark.parametrize(
+    ("options", "sabotage", "reason"),
+    [
+        ("size=64k", "cat /dev/zero > fs/fill 2>/dev/null; ", "No space left on device"),
+        ("size=1m", "mount -o remount,ro fs; ", "Read-only file system"),
+    ],
+)
 def test_a_full_or_read_only_out_at_hang_time(options: str, sabotage: str, reason: str, tmp_path: Path) -> None:
     argv = [*WATCH, "--stall-after", "1", "--out", "fs/hangs", "--", "sh", "-c", f"echo start; {sabotage}sleep 3"]
     done = _run(_in_tmpfs(tmp_path, options, argv), tmp_path)
@@ -161,8 +169,24 @@ def test_a_full_or_read_only_out_at_hang_time(options: str, sabotage: str, reaso
 
 def test_on_hang_kill_still_kills_when_the_report_cannot_be_written(tmp_path: Path) -> None:
     t0 = time.monotonic()
-    done = _run([*WATCH, "--stall-after", "1", "--kill-grace", "1", "--on-hang", "kill", "--out", "hangs", "--",
-                 "sh", "-c", SABOTAGE + "sleep 60"], tmp_path)
+    done = _run(
+        [
+            *WATCH,
+            "--stall-after",
+            "1",
+            "--kill-grace",
+            "1",
+            "--on-hang",
+            "kill",
+            "--out",
+            "hangs",
+            "--",
+            "sh",
+            "-c",
+            SABOTAGE + "sleep 60",
+        ],
+        tmp_path,
+    )
     assert done.returncode == 124, done.stderr
     assert time.monotonic() - t0 < 45
     _report_on_stderr(done.stderr)
@@ -170,17 +194,20 @@ def test_on_hang_kill_still_kills_when_the_report_cannot_be_written(tmp_path: Pa
 
 
 def test_on_hang_exec_gets_the_fallback_directory(tmp_path: Path) -> None:
-    hook = "exec sh -c 'cp \"$HANGDOC_REPORT\" copied.json; echo \"$0\" > hook-arg'"
-    done = _run([*WATCH, "--stall-after", "1", "--on-hang", hook, "--out", "hangs", "--",
-                 "sh", "-c", SABOTAGE + "sleep 4"], tmp_path)
+    hook = 'exec sh -c \'cp "$HANGDOC_REPORT" copied.json; echo "$0" > hook-arg\''
+    done = _run(
+        [*WATCH, "--stall-after", "1", "--on-hang", hook, "--out", "hangs", "--", "sh", "-c", SABOTAGE + "sleep 4"],
+        tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     fallback = _fallback(tmp_path)
     assert (tmp_path / "hook-arg").read_text().strip() == str(fallback)
     assert json.loads((tmp_path / "copied.json").read_text()) == _report_on_stderr(done.stderr)
 
 
-def test_the_fallback_never_follows_a_planted_symlink(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_fallback_never_follows_a_planted_symlink(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     base, victim = tmp_path / "tmp", tmp_path / "victim"
     base.mkdir()
     victim.mkdir()
@@ -192,8 +219,9 @@ def test_the_fallback_never_follows_a_planted_symlink(tmp_path: Path, monkeypatc
         (base / f"{stamp}-2").symlink_to(victim / "nowhere")
     (tmp_path / "afile").write_text("")
     trigger = Trigger(Signal.OUTPUT, 2.0, 1.0, "--stall-after", 1.0, 3, None, now.isoformat())
-    path = write_failed_incident(tmp_path / "afile", "pid:1", trigger, "boom", "",
-                                 lambda _level, text: print(text, file=sys.stderr))
+    path = write_failed_incident(
+        tmp_path / "afile", "pid:1", trigger, "boom", "", lambda _level, text: print(text, file=sys.stderr)
+    )
     assert path is not None and path.parent == base and path.name.endswith("-3")
     assert not path.is_symlink() and stat.S_IMODE(path.lstat().st_mode) == 0o700
     assert list(victim.iterdir()) == []
@@ -203,8 +231,9 @@ def test_the_fallback_never_follows_a_planted_symlink(tmp_path: Path, monkeypatc
     assert json.loads(err.split("report follows on stderr\n", 1)[1]) == json.loads((path / "report.json").read_text())
 
 
-def test_a_report_nowhere_to_write_is_still_on_stderr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_report_nowhere_to_write_is_still_on_stderr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "afile").write_text("")
     monkeypatch.setenv("TMPDIR", str(tmp_path / "afile"))  # the fallback cannot be made either
     trigger = Trigger(Signal.OUTPUT, 2.0, 1.0, "--stall-after", 1.0, 3, None, "2026-11-22T00:00:00+00:00")
@@ -248,10 +277,25 @@ def _start_job(tmp: Path, watch: list[str], term: str) -> tuple[subprocess.Popen
     (tmp / "child.py").write_text(CHILD)
     (tmp / "tmp").mkdir(exist_ok=True)
     pidfile = tmp / "pids"
-    proc = subprocess.Popen([*watch, "--out", str(tmp / "hangs"), "--kill-grace", "1", "--",
-                             sys.executable, str(tmp / "child.py"), str(pidfile), term],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp,
-                            env=dict(os.environ, TMPDIR=str(tmp / "tmp"), HANGDOC_NO_HELP="1"))
+    proc = subprocess.Popen(
+        [
+            *watch,
+            "--out",
+            str(tmp / "hangs"),
+            "--kill-grace",
+            "1",
+            "--",
+            sys.executable,
+            str(tmp / "child.py"),
+            str(pidfile),
+            term,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp,
+        env=dict(os.environ, TMPDIR=str(tmp / "tmp"), HANGDOC_NO_HELP="1"),
+    )
     deadline = time.monotonic() + 30
     while not pidfile.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
@@ -274,11 +318,14 @@ ON_STALL = "hangdoc.watch.respond.Responder.on_stall"  # on a stall
 PUBLISH = "hangdoc.watch.metrics.MetricsBoard.publish"  # at every check
 
 
-@pytest.mark.parametrize(("exc", "method"), [
-    ("RuntimeError('a bug')", ON_STALL),
-    ("RuntimeError('a bug')", PUBLISH),
-    ("OSError(5, 'Input/output error')", ON_STALL),
-])
+@pytest.mark.parametrize(
+    ("exc", "method"),
+    [
+        ("RuntimeError('a bug')", ON_STALL),
+        ("RuntimeError('a bug')", PUBLISH),
+        ("OSError(5, 'Input/output error')", ON_STALL),
+    ],
+)
 def test_an_error_in_the_watch_loop_stops_the_watching_not_the_job(exc: str, method: str, tmp_path: Path) -> None:
     module, _, attribute = method.rpartition(".")
     module, _, cls = module.rpartition(".")
@@ -288,9 +335,11 @@ def test_an_error_in_the_watch_loop_stops_the_watching_not_the_job(exc: str, met
     try:
         assert err.wait_for("no longer watching for hangs"), err.text()
         line = err.line_with("internal error: ")
-        assert line.endswith(f"{exc.split('(')[0]}: {'a bug' if 'bug' in exc else '[Errno 5] Input/output error'} "
-                             "(<string>:7); no longer watching for hangs: the job is left running, its output and "
-                             "signals passed through until it exits"), line
+        assert line.endswith(
+            f"{exc.split('(')[0]}: {'a bug' if 'bug' in exc else '[Errno 5] Input/output error'} "
+            "(<string>:7); no longer watching for hangs: the job is left running, its output and "
+            "signals passed through until it exits"
+        ), line
         time.sleep(1.5)  # a check or two later: the job is still there, nothing signalled it
         assert [pid for pid in pids if _alive(pid)] == pids
         _kill(pids)  # the command ends, and its grandchild that holds its output pipes
@@ -301,8 +350,7 @@ def test_an_error_in_the_watch_loop_stops_the_watching_not_the_job(exc: str, met
 
 
 def test_an_interrupt_that_reaches_the_watch_ends_the_wrapped_job(tmp_path: Path) -> None:
-    script = BROKEN_WATCH.format(exc="KeyboardInterrupt()", module="hangdoc.watch.respond",
-                                 method="Responder.on_stall")
+    script = BROKEN_WATCH.format(exc="KeyboardInterrupt()", module="hangdoc.watch.respond", method="Responder.on_stall")
     # the child ignores SIGTERM: ended by SIGKILL after --kill-grace
     proc, pids = _start_job(tmp_path, [sys.executable, "-c", script, "watch", "--stall-after", "1"], "ignore-term")
     try:
@@ -331,10 +379,13 @@ def diagnose(*args, **kwargs):
     raise RuntimeError("a bug")
 respond.diagnose = diagnose"""
 MARKUP_NAMES = "respond.diagnose = lambda *args, **kwargs: hostile()[::-1]  # (snapshot, diagnosis)"
-REPORT_BUG = MARKUP_NAMES + """
+REPORT_BUG = (
+    MARKUP_NAMES
+    + """
 def write_incident(*args, **kwargs):
     raise RuntimeError("a bug in the report")
 respond.write_incident = write_incident"""
+)
 
 
 class _Stderr:
@@ -369,8 +420,9 @@ class _Stderr:
 
 def _patched(tmp: Path, patch: str, on_hang: str) -> tuple[subprocess.Popen[str], list[int], _Stderr]:
     script = PATCHED_WATCH.format(tests=str(TESTS), patch=patch)
-    proc, pids = _start_job(tmp, [sys.executable, "-c", script, "watch", "--stall-after", "1", "--on-hang", on_hang],
-                            "default")
+    proc, pids = _start_job(
+        tmp, [sys.executable, "-c", script, "watch", "--stall-after", "1", "--on-hang", on_hang], "default"
+    )
     return proc, pids, _Stderr(proc)
 
 
@@ -392,7 +444,9 @@ def test_an_internal_error_in_the_diagnosis_reports_the_stall_and_leaves_the_job
         said = "ran --on-hang exec" if on_hang == "exec" else "keeping watch (--on-hang report)"
         assert err.wait_for(said), err.text()
         line = err.line_with("could not diagnose: ")
-        assert line.startswith("hangdoc watch: could not diagnose: internal error: RuntimeError: a bug (<string>:"), line
+        assert line.startswith("hangdoc watch: could not diagnose: internal error: RuntimeError: a bug (<string>:"), (
+            line
+        )
         (hang,) = list((tmp_path / "hangs").iterdir())
         report = json.loads((hang / "report.json").read_text())
         assert report["verdict"] == "unknown" and "internal error: RuntimeError: a bug" in report["summary"]
@@ -422,8 +476,12 @@ def test_names_that_look_like_markup_are_reported_as_they_are(tmp_path: Path) ->
         (hang,) = list((tmp_path / "hangs").iterdir())
         text = (hang / "report.txt").read_text()
         assert all(name in text for name in NAMES), text
-        assert sorted(p.name for p in hang.iterdir()) == ["report.html", "report.json", "report.txt",
-                                                           "snapshot.json.gz"]
+        assert sorted(p.name for p in hang.iterdir()) == [
+            "report.html",
+            "report.json",
+            "report.txt",
+            "snapshot.json.gz",
+        ]
         assert "internal error" not in err.text()
         _left_running(proc, pids, err)
     finally:
@@ -482,16 +540,20 @@ def test_sigterm_to_the_watchdog_ends_the_job_in_every_session(tmp_path: Path) -
 # ------------------------------------------------------------------- --on-hang
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("exec 'x", "cannot split it like a shell command line: no closing quotation"),
-    ("exec x\\", "no escaped character"),
-    ("exec", "exec needs a command"),
-    ("  exec  ", "exec needs a command"),
-    ("reboot", "expected report, kill or 'exec CMD [ARGS]'"),
-    ("", "expected report, kill"),
-])
-def test_bad_on_hang_is_a_one_line_usage_error(text: str, message: str, capsys: pytest.CaptureFixture[str],
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("exec 'x", "cannot split it like a shell command line: no closing quotation"),
+        ("exec x\\", "no escaped character"),
+        ("exec", "exec needs a command"),
+        ("  exec  ", "exec needs a command"),
+        ("reboot", "expected report, kill or 'exec CMD [ARGS]'"),
+        ("", "expected report, kill"),
+    ],
+)
+def test_bad_on_hang_is_a_one_line_usage_error(
+    text: str, message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(UsageError, match="--on-hang"):
         OnHang.parse(text)
     monkeypatch.setenv("HANGDOC_NO_HELP", "1")
@@ -502,12 +564,31 @@ def test_bad_on_hang_is_a_one_line_usage_error(text: str, message: str, capsys: 
 
 def test_an_exec_hook_that_cannot_run_is_one_line_and_the_watch_goes_on(tmp_path: Path) -> None:
     missing = str(tmp_path / "no-such-pager")
-    done = _run([*WATCH, "-q", "--stall-after", "1", "--on-hang", f"exec {missing} --now", "--out", "hangs", "--",
-                 "sh", "-c", "echo start; sleep 3; echo done"], tmp_path)
+    done = _run(
+        [
+            *WATCH,
+            "-q",
+            "--stall-after",
+            "1",
+            "--on-hang",
+            f"exec {missing} --now",
+            "--out",
+            "hangs",
+            "--",
+            "sh",
+            "-c",
+            "echo start; sleep 3; echo done",
+        ],
+        tmp_path,
+    )
     assert done.returncode == 0 and done.stdout == "start\ndone\n", done.stderr
     lines = [line for line in done.stderr.splitlines() if "--on-hang exec" in line]
-    assert lines == [(f"hangdoc watch: could not run the --on-hang exec command {missing!r}: "
-                      "No such file or directory; keeping watch")]
+    assert lines == [
+        (
+            f"hangdoc watch: could not run the --on-hang exec command {missing!r}: "
+            "No such file or directory; keeping watch"
+        )
+    ]
     assert "Traceback" not in done.stderr
 
 
@@ -553,13 +634,24 @@ def test_no_nan_reaches_the_stall_comparison(field: str, value: float) -> None:
         clock.activity(float(t))
 
 
-@pytest.mark.parametrize("argv", [
-    ["--stall-after", "nan"], ["--stall-after", "inf"], ["--warmup-timeout", "nan"], ["--stall-factor", "nan"],
-    ["--min-stall", "nan"], ["--check-interval", "nan"], ["--check-interval", "inf"], ["--kill-grace", "nan"],
-    ["--kill-grace", "inf"], ["--metrics-port", "70000"],
-])
-def test_bad_numbers_are_refused_before_the_command_starts(argv: list[str], tmp_path: Path,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--stall-after", "nan"],
+        ["--stall-after", "inf"],
+        ["--warmup-timeout", "nan"],
+        ["--stall-factor", "nan"],
+        ["--min-stall", "nan"],
+        ["--check-interval", "nan"],
+        ["--check-interval", "inf"],
+        ["--kill-grace", "nan"],
+        ["--kill-grace", "inf"],
+        ["--metrics-port", "70000"],
+    ],
+)
+def test_bad_numbers_are_refused_before_the_command_starts(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     started = tmp_path / "started"
     assert main(["watch", *argv, "--out", str(tmp_path / "hangs"), "--", "touch", str(started)]) == 2
     err = capsys.readouterr().err

@@ -52,8 +52,7 @@ def test_sglang_tp0_extra_all_reduce_is_a_mismatch_naming_tp0(capsys) -> None:
     assert "-> ranks 1-3" in notes and "ranks seen: 0-3" in notes
     assert "line 1 (text that is neither a frame nor the label of a stack)" in notes
     assert snapshot.world_size is None and snapshot.stacks_may_be_cut
-    assert snapshot.ranks[2].process.rank_evidence.startswith(
-        "the label 'while TP1-3 had already moved on")
+    assert snapshot.ranks[2].process.rank_evidence.startswith("the label 'while TP1-3 had already moved on")
 
 
 def test_lightning_rank0_pystack_alone_names_no_culprit(capsys) -> None:
@@ -62,8 +61,7 @@ def test_lightning_rank0_pystack_alone_names_no_culprit(capsys) -> None:
     assert report["culprit_ranks"] == [] and report["confidence"] in ("low", None)
     assert report["verdict"] in ("unknown", "nccl_timeout")
     (rank,) = report["ranks"]
-    assert (rank["rank"], rank["state"], rank["op"]["name"]) == (0, "waiting",
-                                                                 "broadcast_object_list")
+    assert (rank["rank"], rank["state"], rank["op"]["name"]) == (0, "waiting", "broadcast_object_list")
     snapshot = load_evidence(CONDENSED / "lightning_11267_rank0_broadcast_pystack.txt")
     frames = snapshot.ranks[0].samples[0].threads[0].frames
     assert frames[0].function == "run" and frames[-1].function == "broadcast"
@@ -97,8 +95,11 @@ def test_sglang_every_tp_rank_at_one_host_sync_names_no_culprit(capsys) -> None:
     assert len({r.samples[0].threads for r in snapshot.ranks}) == 1  # one stack, 8 ranks
     assert frames[0].function == "event_loop_overlap"
     assert [f.function for f in frames[-6:-2]] == [
-        "torch::autograd::THPVariable_getitem", "at::_ops::index_Tensor::call",
-        "at::native::nonzero_cuda", "at::native::nonzero_cuda_out_impl<bool>"]
+        "torch::autograd::THPVariable_getitem",
+        "at::_ops::index_Tensor::call",
+        "at::native::nonzero_cuda",
+        "at::native::nonzero_cuda_out_impl<bool>",
+    ]
     assert all(f.native for f in frames[-6:]) and not frames[-7].native
     notes = " | ".join(snapshot.notes)
     assert "-> ranks 0-7 (TP rank, taken as the global rank)" in notes
@@ -129,24 +130,28 @@ def test_function_only_fingerprints_are_refused_saying_what_is_read() -> None:
 # ------------------------------------------------------------------- labels
 
 
-@pytest.mark.parametrize(("label", "ranks", "kind"), [
-    ("TP0 stuck in:", (0,), LabelIndex.TP),
-    ("rank 3:", (3,), LabelIndex.RANK),
-    ("[rank3]:", (3,), LabelIndex.RANK),
-    ("ranks 1-3 had moved on to:", (1, 2, 3), LabelIndex.RANK),
-    ("ranks [0, 2, 3] stopped at", (0, 2, 3), LabelIndex.RANK),
-    ("GPU 5", (5,), LabelIndex.LOCAL),
-    ("worker-2:", (2,), LabelIndex.WORKER),
-    ("node 1 rank 9:", (9,), LabelIndex.RANK),
-    ("local rank 2:", (2,), LabelIndex.LOCAL),
-])
+@pytest.mark.parametrize(
+    ("label", "ranks", "kind"),
+    [
+        ("TP0 stuck in:", (0,), LabelIndex.TP),
+        ("rank 3:", (3,), LabelIndex.RANK),
+        ("[rank3]:", (3,), LabelIndex.RANK),
+        ("ranks 1-3 had moved on to:", (1, 2, 3), LabelIndex.RANK),
+        ("ranks [0, 2, 3] stopped at", (0, 2, 3), LabelIndex.RANK),
+        ("GPU 5", (5,), LabelIndex.LOCAL),
+        ("worker-2:", (2,), LabelIndex.WORKER),
+        ("node 1 rank 9:", (9,), LabelIndex.RANK),
+        ("local rank 2:", (2,), LabelIndex.LOCAL),
+    ],
+)
 def test_labels_that_name_ranks(label: str, ranks: tuple[int, ...], kind: LabelIndex) -> None:
     found = label_ranks(label)
     assert found is not None and (found.ranks, found.kind) == (ranks, kind)
 
 
-@pytest.mark.parametrize("label", ["Node 48:", "PP2 TP1", "node 3 GPU 5", "3 processes in:",
-                                   "the others:", "ranks 5-2", "rank 99999999"])
+@pytest.mark.parametrize(
+    "label", ["Node 48:", "PP2 TP1", "node 3 GPU 5", "3 processes in:", "the others:", "ranks 5-2", "rank 99999999"]
+)
 def test_labels_that_do_not_say_which_rank(label: str) -> None:
     assert label_ranks(label) is None
 
@@ -162,8 +167,10 @@ def test_counts_and_world_sizes() -> None:
 
 
 def test_frame_lines_under_labels_innermost_first() -> None:
-    result = read(f"rank 0:\n    all_reduce ({C10D}:2501)\n    train (train.py:40)\n\n"
-                  f"ranks 1-2:\n  barrier ({C10D}:3000)\n  train (train.py:44)\n")
+    result = read(
+        f"rank 0:\n    all_reduce ({C10D}:2501)\n    train (train.py:40)\n\n"
+        f"ranks 1-2:\n  barrier ({C10D}:3000)\n  train (train.py:44)\n"
+    )
     assert [d.rank for d in result.dumps] == [0, 1, 2]
     assert functions(result.dumps[0]) == ["train", "all_reduce"]
     assert result.dumps[1].threads == result.dumps[2].threads
@@ -171,49 +178,58 @@ def test_frame_lines_under_labels_innermost_first() -> None:
 
 
 def test_native_frames_without_library_and_cut_marks_inside_a_stack() -> None:
-    result = read(f"rank 1:\n  cudaStreamSynchronize (libcudart.so.13)\n"
-                  "  at::native::nonzero_cuda_out_impl<bool>\n  c10::cuda::stream_synchronize\n"
-                  f"  …\n  train (t.py:2)\n\nrank 2:\n  all_reduce ({C10D}:1)\n  [...]\n"
-                  "  main (t.py:9)\n")
+    result = read(
+        f"rank 1:\n  cudaStreamSynchronize (libcudart.so.13)\n"
+        "  at::native::nonzero_cuda_out_impl<bool>\n  c10::cuda::stream_synchronize\n"
+        f"  …\n  train (t.py:2)\n\nrank 2:\n  all_reduce ({C10D}:1)\n  [...]\n"
+        "  main (t.py:9)\n"
+    )
     assert [(d.rank, functions(d)) for d in result.dumps] == [
-        (1, ["train", "c10::cuda::stream_synchronize",
-             "at::native::nonzero_cuda_out_impl<bool>", "cudaStreamSynchronize"]),
-        (2, ["main", "all_reduce"])]
+        (
+            1,
+            [
+                "train",
+                "c10::cuda::stream_synchronize",
+                "at::native::nonzero_cuda_out_impl<bool>",
+                "cudaStreamSynchronize",
+            ],
+        ),
+        (2, ["main", "all_reduce"]),
+    ]
     assert [f.native for f in result.dumps[0].threads[0].frames] == [False, True, True, True]
-    assert dict(result.skipped) == {
-        "a mark of frames left out inside a stack: the stack is cut there": (5, 10)}
+    assert dict(result.skipped) == {"a mark of frames left out inside a stack: the stack is cut there": (5, 10)}
 
 
 def test_symbols_and_dots_outside_a_stack_are_text() -> None:
     result = read("std::thread::join\n...\nrank 0:\n  get (queue.py:171)\n")
     (dump,) = result.dumps
     assert (dump.rank, functions(dump)) == (0, ["get"])
-    assert dict(result.skipped) == {
-        "text that is neither a frame nor the label of a stack": (1, 2)}
+    assert dict(result.skipped) == {"text that is neither a frame nor the label of a stack": (1, 2)}
 
 
 def test_top_frame_summaries() -> None:
-    result = read(f"rank 0: all_reduce ({C10D}:2501)\nrank 1: barrier ({C10D}:3000)\n"
-                  "rank 2 -> get (queue.py:171)\n")
-    assert [(d.rank, functions(d)) for d in result.dumps] == [
-        (0, ["all_reduce"]), (1, ["barrier"]), (2, ["get"])]
+    result = read(f"rank 0: all_reduce ({C10D}:2501)\nrank 1: barrier ({C10D}:3000)\nrank 2 -> get (queue.py:171)\n")
+    assert [(d.rank, functions(d)) for d in result.dumps] == [(0, ["all_reduce"]), (1, ["barrier"]), (2, ["get"])]
 
 
 def test_unlabelled_stacks_are_one_process_each_and_count_labels_repeat() -> None:
-    result = read(f"all_reduce ({C10D}:1)\ntrain (t.py:2)\n\nbarrier ({C10D}:3)\n\n"
-                  f"3 processes in:\n  get (queue.py:171)\n")
+    result = read(
+        f"all_reduce ({C10D}:1)\ntrain (t.py:2)\n\nbarrier ({C10D}:3)\n\n3 processes in:\n  get (queue.py:171)\n"
+    )
     assert [functions(d)[-1] for d in result.dumps] == ["all_reduce", "barrier"] + ["get"] * 3
     assert all(d.rank is None for d in result.dumps)
 
 
 def test_python_traceback_is_outermost_first_with_source_lines() -> None:
-    result = read('Traceback (most recent call last):\n'
-                  '  File "/x/train.py", line 40, in <module>\n    main()\n'
-                  '  File "/x/train.py", line 12, in main\n    dist.barrier()\n'
-                  '               ^^^^^^^^^^^^^^\n'
-                  '  File "/usr/lib/python3.11/site-packages/torch/distributed/'
-                  'distributed_c10d.py", line 3696, in barrier\n'
-                  '    work = default_pg.barrier(opts=opts)\n')
+    result = read(
+        "Traceback (most recent call last):\n"
+        '  File "/x/train.py", line 40, in <module>\n    main()\n'
+        '  File "/x/train.py", line 12, in main\n    dist.barrier()\n'
+        "               ^^^^^^^^^^^^^^\n"
+        '  File "/usr/lib/python3.11/site-packages/torch/distributed/'
+        'distributed_c10d.py", line 3696, in barrier\n'
+        "    work = default_pg.barrier(opts=opts)\n"
+    )
     (dump,) = result.dumps
     assert functions(dump) == ["<module>", "main", "barrier"]
     assert dump.threads[0].frames[1].code == "dist.barrier()"
@@ -221,18 +237,19 @@ def test_python_traceback_is_outermost_first_with_source_lines() -> None:
 
 
 def test_print_stack_without_header_is_outermost_first() -> None:
-    (dump,) = read('  File "/x/t.py", line 3, in <module>\n    f()\n'
-                   '  File "/x/t.py", line 2, in f\n    g()\n').dumps
+    (dump,) = read('  File "/x/t.py", line 3, in <module>\n    f()\n  File "/x/t.py", line 2, in f\n    g()\n').dumps
     assert functions(dump) == ["<module>", "f"]
 
 
 def test_faulthandler_threads_of_one_process() -> None:
-    result = read("Fatal Python error: Aborted\n\n"
-                  "Thread 0x00007f0000000002 (most recent call first):\n"
-                  '  File "/x/threading.py", line 320 in wait\n\n'
-                  "Current thread 0x00007f0000000001 (most recent call first):\n"
-                  '  File "/x/torch/distributed/distributed_c10d.py", line 9 in all_reduce\n'
-                  '  File "/x/t.py", line 4 in <module>\n')
+    result = read(
+        "Fatal Python error: Aborted\n\n"
+        "Thread 0x00007f0000000002 (most recent call first):\n"
+        '  File "/x/threading.py", line 320 in wait\n\n'
+        "Current thread 0x00007f0000000001 (most recent call first):\n"
+        '  File "/x/torch/distributed/distributed_c10d.py", line 9 in all_reduce\n'
+        '  File "/x/t.py", line 4 in <module>\n'
+    )
     (dump,) = result.dumps
     assert [t.thread_id for t in dump.threads] == [0x7F0000000002, 0x7F0000000001]
     assert [t.is_main for t in dump.threads] == [False, True]
@@ -241,29 +258,34 @@ def test_faulthandler_threads_of_one_process() -> None:
 
 def replace_first(dump):  # type: ignore[no-untyped-def]
     from dataclasses import replace
+
     return replace(dump, threads=dump.threads[1:])
 
 
 def test_torchrun_prefixes_and_markdown_are_read_through() -> None:
-    result = read("```\n"
-                  "[rank1]:Thread 0x0000000000000001 (most recent call first):\n"
-                  '[rank0]:Thread 0x0000000000000002 (most recent call first):\n'
-                  '[rank1]:  File "/x/t.py", line 2 in f\n'
-                  '[rank0]:  File "/x/t.py", line 3 in g\n'
-                  "```\n> rank 2:\n> h (t.py:4)\n")
-    assert sorted((d.rank, functions(d)[0]) for d in result.dumps) == [
-        (0, "g"), (1, "f"), (2, "h")]
+    result = read(
+        "```\n"
+        "[rank1]:Thread 0x0000000000000001 (most recent call first):\n"
+        "[rank0]:Thread 0x0000000000000002 (most recent call first):\n"
+        '[rank1]:  File "/x/t.py", line 2 in f\n'
+        '[rank0]:  File "/x/t.py", line 3 in g\n'
+        "```\n> rank 2:\n> h (t.py:4)\n"
+    )
+    assert sorted((d.rank, functions(d)[0]) for d in result.dumps) == [(0, "g"), (1, "f"), (2, "h")]
 
 
 def test_py_spy_variables_are_passed_over_and_prose_is_said() -> None:
-    result = read(f"some words here\nmore words\n\nrank 4:\n  all_reduce ({C10D}:1)\n"
-                  "      Arguments:\n          tensor: <Tensor>\n  train (t.py:2)\n"
-                  "that is all\n")
+    result = read(
+        f"some words here\nmore words\n\nrank 4:\n  all_reduce ({C10D}:1)\n"
+        "      Arguments:\n          tensor: <Tensor>\n  train (t.py:2)\n"
+        "that is all\n"
+    )
     (dump,) = result.dumps
     assert (dump.rank, functions(dump)) == (4, ["train", "all_reduce"])
     assert dict(result.skipped) == {
         "text that is neither a frame nor the label of a stack": (1, 2),
-        "text after the last stack": (9,)}
+        "text after the last stack": (9,),
+    }
 
 
 def test_world_size_the_text_says_reaches_the_snapshot(tmp_path) -> None:
@@ -286,10 +308,12 @@ def test_prose_alone_is_refused() -> None:
 
 def test_a_py_spy_dump_under_a_tp_label_takes_its_rank(tmp_path) -> None:
     path = tmp_path / "sglang.txt"
-    path.write_text("[2025-03-10 16:29:01 TP1] Pyspy dump for PID 4711:\n"
-                    "Process 4711: sglang::scheduler\n\n"
-                    'Thread 4711 (idle): "MainThread"\n'
-                    f"    broadcast ({C10D}:1)\n")
+    path.write_text(
+        "[2025-03-10 16:29:01 TP1] Pyspy dump for PID 4711:\n"
+        "Process 4711: sglang::scheduler\n\n"
+        'Thread 4711 (idle): "MainThread"\n'
+        f"    broadcast ({C10D}:1)\n"
+    )
     (rank,) = load_evidence(path).ranks
     assert rank.process.rank == 1 and "TP rank" in rank.process.rank_evidence
 

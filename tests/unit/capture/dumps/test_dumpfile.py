@@ -39,18 +39,16 @@ def expected(job: str) -> tuple[str, list[int]]:
 RECORDED = [
     # (fixture, the corpus job it was recorded from, its format)
     ("mismatch_wrapper_two_callers.txt", "mismatch_wrapper_two_callers", DumpFormat.PYSPY_TEXT),
-    ("mismatch_wrapper_two_callers_locals.txt", "mismatch_wrapper_two_callers",
-     DumpFormat.PYSPY_TEXT),
-    ("mismatch_wrapper_two_callers_list.json", "mismatch_wrapper_two_callers",
-     DumpFormat.PYSPY_JSON),
-    ("straggler_forked_worker_lock_native.txt", "straggler_forked_worker_lock",
-     DumpFormat.PYSPY_TEXT),
-    ("straggler_forked_worker_lock_all_processes.txt", "straggler_forked_worker_lock",
-     DumpFormat.PYSPY_TEXT),
-    ("mismatch_pipeline_short_last_batch_p2p_labelled.txt",
-     "mismatch_pipeline_short_last_batch_p2p", DumpFormat.PYSPY_TEXT),
-    ("mismatch_pipeline_short_last_batch_p2p.json", "mismatch_pipeline_short_last_batch_p2p",
-     DumpFormat.PYSPY_JSON),
+    ("mismatch_wrapper_two_callers_locals.txt", "mismatch_wrapper_two_callers", DumpFormat.PYSPY_TEXT),
+    ("mismatch_wrapper_two_callers_list.json", "mismatch_wrapper_two_callers", DumpFormat.PYSPY_JSON),
+    ("straggler_forked_worker_lock_native.txt", "straggler_forked_worker_lock", DumpFormat.PYSPY_TEXT),
+    ("straggler_forked_worker_lock_all_processes.txt", "straggler_forked_worker_lock", DumpFormat.PYSPY_TEXT),
+    (
+        "mismatch_pipeline_short_last_batch_p2p_labelled.txt",
+        "mismatch_pipeline_short_last_batch_p2p",
+        DumpFormat.PYSPY_TEXT,
+    ),
+    ("mismatch_pipeline_short_last_batch_p2p.json", "mismatch_pipeline_short_last_batch_p2p", DumpFormat.PYSPY_JSON),
     ("not_hung_fast_steps_two_rounds.txt", "not_hung_fast_steps", DumpFormat.PYSPY_TEXT),
 ]
 
@@ -179,20 +177,24 @@ def ray_stack_text() -> str:
     --native`` of its pid, then ``echo``) around the recorded ``--native`` dumps, plus an
     idle worker and one py-spy could not read (the recorded one has neither)."""
     native = (DUMPS / "straggler_forked_worker_lock_native.txt").read_text()
-    blocks = sorted(re.split(r"(?m)^(?=Process \d+:)", native)[1:],
-                    key=lambda b: int(b.split()[1].rstrip(":")))
+    blocks = sorted(re.split(r"(?m)^(?=Process \d+:)", native)[1:], key=lambda b: int(b.split()[1].rstrip(":")))
     out = []
     for block in blocks:
         pid = block.split()[1].rstrip(":")
-        out.append(f"Stack dump for root     {pid}  0.3  1.1 4372120 612064 ?   Sl   10:54   "
-                   f"0:04 ray::Worker.train\n{block}\n")
-    out.append("Stack dump for root     3600  0.0  0.4 2120044 160512 ?   Sl   10:53   0:01 "
-               "ray::IDLE\nProcess 3600: ray::IDLE\nPython v3.11.7 (/usr/bin/python3.11)\n\n"
-               'Thread 3600 (idle): "MainThread"\n    main_loop (ray/_private/worker.py:946)\n'
-               "    <module> (ray/_private/workers/default_worker.py:330)\n\n")
-    out.append("Stack dump for root     3601  0.0  0.4 2120044 160512 ?   Sl   10:53   0:01 "
-               "ray::Worker.train\nError: Permission Denied: Try running again with elevated "
-               "permissions\n\n")
+        out.append(
+            f"Stack dump for root     {pid}  0.3  1.1 4372120 612064 ?   Sl   10:54   0:04 ray::Worker.train\n{block}\n"
+        )
+    out.append(
+        "Stack dump for root     3600  0.0  0.4 2120044 160512 ?   Sl   10:53   0:01 "
+        "ray::IDLE\nProcess 3600: ray::IDLE\nPython v3.11.7 (/usr/bin/python3.11)\n\n"
+        'Thread 3600 (idle): "MainThread"\n    main_loop (ray/_private/worker.py:946)\n'
+        "    <module> (ray/_private/workers/default_worker.py:330)\n\n"
+    )
+    out.append(
+        "Stack dump for root     3601  0.0  0.4 2120044 160512 ?   Sl   10:53   0:01 "
+        "ray::Worker.train\nError: Permission Denied: Try running again with elevated "
+        "permissions\n\n"
+    )
     return "".join(out)
 
 
@@ -262,8 +264,10 @@ def _cli_error(capsys, path, needle: str, json_out: bool = False) -> str:
         ("[1, 2, 3]\n", "is a list of numbers, not a py-spy dump"),
         ('[[{"thread_id": 1}], "x"]', "is a list of lists and strings, not a py-spy dump"),
         ('[{"thread_id": "x", "frames": []}]', "thread 0: 'thread_id' is 'x'"),
-        ('[{"thread_id": 1, "frames": [{"name": "f", "filename": 3}]}]',
-         "frame 0: 'filename' is a number, not a string"),
+        (
+            '[{"thread_id": 1, "frames": [{"name": "f", "filename": 3}]}]',
+            "frame 0: 'filename' is a number, not a string",
+        ),
         ('[{"thread_id": 1, "frames": [', "not valid JSON (truncated?)"),
         ("[" * 200_000, "nested too deeply"),
         ('[{"thread_id": 1, "pid": 5}, {"thread_id": 2, "pid": 6}]', "several processes"),
@@ -305,8 +309,7 @@ def test_dump_errors_are_bundle_errors() -> None:
 
 def test_a_process_without_threads_is_unreadable_not_an_error(tmp_path) -> None:
     path = tmp_path / "cut.txt"
-    path.write_text((DUMPS / "mismatch_wrapper_two_callers.txt").read_text()
-                    + "Process 2600: python x.py\n")
+    path.write_text((DUMPS / "mismatch_wrapper_two_callers.txt").read_text() + "Process 2600: python x.py\n")
     snapshot = load_evidence(path)
     last = snapshot.ranks[-1].samples[0]
     assert last.error is not None and "shows no thread" in last.error.message
@@ -321,18 +324,32 @@ def _mutations(text: str, rng) -> list[str]:  # type: ignore[no-untyped-def]
     cut = rng.randrange(len(text) + 1)
     out = [text[:cut], text[cut:]]  # truncated, and the rest only
     drop = rng.randrange(len(lines))
-    out.append("".join(lines[:drop] + lines[drop + 1:]))
+    out.append("".join(lines[:drop] + lines[drop + 1 :]))
     chars = list(text)
     for _ in range(8):
-        chars[rng.randrange(len(chars))] = rng.choice("()[]{}:\"0x9 \n\t,-…\x00\udcff")
+        chars[rng.randrange(len(chars))] = rng.choice('()[]{}:"0x9 \n\t,-…\x00\udcff')
     out.append("".join(chars))
     k = rng.randrange(len(lines))
-    out.append("".join(lines[:k] + [rng.choice(["Thread 1" + "9" * 30 + " (idle)\n",
-                                                "Process 99999999999: x\n",
-                                                "    f (a.py:" + "9" * 12 + ")\n",
-                                                "        Locals:\n", "Error: \n",
-                                                "Stack dump for x\n", "[\n", "Caused by:\n"])]
-                       + lines[k:]))
+    out.append(
+        "".join(
+            lines[:k]
+            + [
+                rng.choice(
+                    [
+                        "Thread 1" + "9" * 30 + " (idle)\n",
+                        "Process 99999999999: x\n",
+                        "    f (a.py:" + "9" * 12 + ")\n",
+                        "        Locals:\n",
+                        "Error: \n",
+                        "Stack dump for x\n",
+                        "[\n",
+                        "Caused by:\n",
+                    ]
+                )
+            ]
+            + lines[k:]
+        )
+    )
     return out
 
 
@@ -364,8 +381,7 @@ def test_one_pid_on_two_nodes_is_two_processes_when_their_ranks_show(tmp_path) -
     path = tmp_path / "two_nodes.txt"
     path.write_text(f"== rank 0 ==\n{node}== rank 1 ==\n{node}")
     snapshot = load_evidence(path)
-    assert [(r.rank, r.process.pid, len(r.samples)) for r in snapshot.ranks] == [
-        (0, 2497, 1), (1, 2497, 1)]
+    assert [(r.rank, r.process.pid, len(r.samples)) for r in snapshot.ranks] == [(0, 2497, 1), (1, 2497, 1)]
     path.write_text(f"{node}{node}")  # no rank shown: a second sample of the same process
     assert [len(r.samples) for r in load_evidence(path).ranks] == [2]
 
@@ -373,8 +389,9 @@ def test_one_pid_on_two_nodes_is_two_processes_when_their_ranks_show(tmp_path) -
 def test_py_spy_errors_between_json_dumps(tmp_path) -> None:
     values = _json_values((DUMPS / "mismatch_pipeline_short_last_batch_p2p.json").read_text())
     path = tmp_path / "with_error.json"
-    path.write_text(json.dumps(values[0]) + "\n== pid 4242 ==\nError: Permission Denied\n"
-                    + json.dumps(values[1]) + "\n")
+    path.write_text(
+        json.dumps(values[0]) + "\n== pid 4242 ==\nError: Permission Denied\n" + json.dumps(values[1]) + "\n"
+    )
     snapshot = load_evidence(path)
     assert [r.process.pid for r in snapshot.ranks] == [3955, 4242, 3956]
     error = snapshot.ranks[1].samples[0].error

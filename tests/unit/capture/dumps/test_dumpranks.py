@@ -31,8 +31,7 @@ from hangdoc.model import RankSource, ThreadStack
 )
 def test_hints_from_command_line_and_label(cmdline, label, rank, env, local, world) -> None:
     found = hint(cmdline, label)
-    assert (found.rank, found.rank_is_env, found.local_rank, found.world_size) == (
-        rank, env, local, world)
+    assert (found.rank, found.rank_is_env, found.local_rank, found.world_size) == (rank, env, local, world)
 
 
 def test_label_names_a_pid() -> None:
@@ -84,13 +83,27 @@ def _thread(*frames: tuple[str, str], name: str = "MainThread") -> ThreadStack:
 @pytest.mark.parametrize(
     ("thread", "cmdline", "why"),
     [
-        (_thread(("_worker_loop", "torch/utils/data/_utils/worker.py"), ("run", "process.py")),
-         "python t.py", "a DataLoader worker"),
-        (_thread(("_invoke_run", "torch/distributed/elastic/agent/server/api.py"),
-                 ("main", "torch/distributed/run.py")), "torchrun t.py", "torchrun"),
-        (_thread(("ProcessContext.join", "torch/multiprocessing/spawn.py"),
-                 ("start_processes", "torch/multiprocessing/spawn.py"), ("main", "t.py")),
-         "python t.py", "mp.spawn's parent"),
+        (
+            _thread(("_worker_loop", "torch/utils/data/_utils/worker.py"), ("run", "process.py")),
+            "python t.py",
+            "a DataLoader worker",
+        ),
+        (
+            _thread(
+                ("_invoke_run", "torch/distributed/elastic/agent/server/api.py"), ("main", "torch/distributed/run.py")
+            ),
+            "torchrun t.py",
+            "torchrun",
+        ),
+        (
+            _thread(
+                ("ProcessContext.join", "torch/multiprocessing/spawn.py"),
+                ("start_processes", "torch/multiprocessing/spawn.py"),
+                ("main", "t.py"),
+            ),
+            "python t.py",
+            "mp.spawn's parent",
+        ),
         (_thread(("main_loop", "ray/_private/worker.py")), "ray::IDLE", "idle Ray worker"),
     ],
 )
@@ -99,8 +112,11 @@ def test_processes_that_are_not_ranks(thread, cmdline, why) -> None:
 
 
 def test_ranks_are_ranks() -> None:
-    spawned = _thread(("all_reduce", "torch/distributed/distributed_c10d.py"), ("fn", "t.py"),
-                      ("_wrap", "torch/multiprocessing/spawn.py"))
+    spawned = _thread(
+        ("all_reduce", "torch/distributed/distributed_c10d.py"),
+        ("fn", "t.py"),
+        ("_wrap", "torch/multiprocessing/spawn.py"),
+    )
     assert not_a_rank([spawned], "python -c from multiprocessing.spawn import spawn_main") is None
     assert ray_actor("ray::RayTrainWorker._RayTrainWorker__execute") == "RayTrainWorker"
     assert ray_actor("python t.py") is None

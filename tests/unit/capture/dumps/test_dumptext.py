@@ -44,8 +44,7 @@ Thread 102 (active): "MainThread"
 
 def test_processes_threads_and_frames_outermost_first() -> None:
     first, second = parse(TWO)
-    assert (first.pid, first.cmdline, first.python) == (
-        101, "/usr/bin/python3 train.py --local_rank=0", "3.10.12")
+    assert (first.pid, first.cmdline, first.python) == (101, "/usr/bin/python3 train.py --local_rank=0", "3.10.12")
     main, side = first.threads
     assert [f.function for f in main.frames] == ["<module>", "train", "all_reduce"]
     assert main.frames[-1].line == 2050 and main.is_main
@@ -54,8 +53,9 @@ def test_processes_threads_and_frames_outermost_first() -> None:
 
 
 def test_decimal_thread_ids_are_os_ids_and_hex_ones_pthread_ids() -> None:
-    (dump,) = parse('Thread 4711 (idle): "MainThread"\n    f (a.py:1)\n'
-                    'Thread 0x7F12AB3C4740 (idle): "worker"\n    g (a.py:2)\n')
+    (dump,) = parse(
+        'Thread 4711 (idle): "MainThread"\n    f (a.py:1)\nThread 0x7F12AB3C4740 (idle): "worker"\n    g (a.py:2)\n'
+    )
     decimal, hexadecimal = dump.threads
     assert (decimal.thread_id, decimal.native_id) == (4711, 4711)
     assert (hexadecimal.thread_id, hexadecimal.native_id) == (0x7F12AB3C4740, None)
@@ -69,8 +69,10 @@ def test_a_thread_id_beyond_64_bits_is_one_error() -> None:
 
 
 def test_unnamed_main_thread_is_named_by_its_pid() -> None:
-    (dump,) = parse("Process 55: python job.py\nPython v3.11.7 (/usr/bin/python3)\n\n"
-                    "Thread 55 (idle)\n    f (job.py:3)\nThread 56 (idle)\n    g (job.py:9)\n")
+    (dump,) = parse(
+        "Process 55: python job.py\nPython v3.11.7 (/usr/bin/python3)\n\n"
+        "Thread 55 (idle)\n    f (job.py:3)\nThread 56 (idle)\n    g (job.py:9)\n"
+    )
     assert [t.name for t in dump.threads] == ["MainThread", None]
 
 
@@ -102,8 +104,10 @@ Thread 7 (idle): "MainThread"
 
 def test_locals_in_the_format_of_py_spy_before_0_4() -> None:
     """py-spy 0.3 printed the block headers with a doubled colon."""
-    text = ('Thread 7 (idle): "MainThread"\n    send (torch/distributed/distributed_c10d.py:1)\n'
-            "        Arguments::\n            dst: 2\n    main (x.py:5)\n")
+    text = (
+        'Thread 7 (idle): "MainThread"\n    send (torch/distributed/distributed_c10d.py:1)\n'
+        "        Arguments::\n            dst: 2\n    main (x.py:5)\n"
+    )
     (dump,) = parse(text)
     (kept,) = dump.threads[0].locals
     assert kept.get("dst") == "2"
@@ -129,10 +133,12 @@ Thread 3542 (idle): "MainThread"
 
 def test_old_tab_indented_format_with_hex_ids() -> None:
     """py-spy before 0.2 (as `ray stack` printed it in 2018) indented frames with a tab."""
-    text = ("Thread 0x7F4AACDE7700 (active)\n"
-            "\t _get_next_task_from_local_scheduler (ray/worker.py:988)\n"
-            "\t main_loop (ray/worker.py:1005)\n"
-            "\t <module> (ray/workers/default_worker.py:105)\n")
+    text = (
+        "Thread 0x7F4AACDE7700 (active)\n"
+        "\t _get_next_task_from_local_scheduler (ray/worker.py:988)\n"
+        "\t main_loop (ray/worker.py:1005)\n"
+        "\t <module> (ray/workers/default_worker.py:105)\n"
+    )
     (dump,) = parse(text)
     (thread,) = dump.threads
     assert thread.native_id is None and thread.active
@@ -141,18 +147,21 @@ def test_old_tab_indented_format_with_hex_ids() -> None:
 
 def test_threads_without_frames_and_pasted_stacks_without_headers() -> None:
     """Without `Process` lines, a second MainThread starts another process."""
-    text = ('Thread 4888 (idle): "MainThread"\n    train (t.py:411)\n'
-            "Thread 8283 (idle)\nThread 8284 (idle)\n"
-            'Thread 4886 (idle): "MainThread"\n    train (t.py:411)\n')
+    text = (
+        'Thread 4888 (idle): "MainThread"\n    train (t.py:411)\n'
+        "Thread 8283 (idle)\nThread 8284 (idle)\n"
+        'Thread 4886 (idle): "MainThread"\n    train (t.py:411)\n'
+    )
     first, second = parse(text)
     assert first.pid is None and len(first.threads) == 3
     assert first.threads[1].frames == () and len(second.threads) == 1
 
 
 def test_labels_are_kept_for_the_dump_that_follows() -> None:
-    text = ("$ for p in 101 102; do echo \"== rank $p ==\"; py-spy dump --pid $p; done\n"
-            "== rank 3 ==\n" + TWO.split("Process 102")[0] + "== rank 1 ==\nProcess 102"
-            + TWO.split("Process 102")[1])
+    text = (
+        '$ for p in 101 102; do echo "== rank $p =="; py-spy dump --pid $p; done\n'
+        "== rank 3 ==\n" + TWO.split("Process 102")[0] + "== rank 1 ==\nProcess 102" + TWO.split("Process 102")[1]
+    )
     first, second = parse(text)
     assert first.label.endswith("== rank 3 ==") and second.label == "== rank 1 =="
 
@@ -178,17 +187,18 @@ Caused by:
     assert not_python.error is not None and not_python.error.kind is CaptureErrorKind.NOT_PYTHON
     assert gone.error is not None and gone.error.kind is CaptureErrorKind.PROCESS_GONE
     assert "backtrace" not in not_python.error.message
-    assert [d.label for d in (denied, not_python, gone)] == ["== pid 9 ==", "== pid 10 ==",
-                                                             "== pid 11 =="]
+    assert [d.label for d in (denied, not_python, gone)] == ["== pid 9 ==", "== pid 10 ==", "== pid 11 =="]
 
 
 def test_ray_stack_lines_name_the_process_before_py_spys_header() -> None:
-    text = ("Stack dump for ubuntu  2787  5.3  0.0 4421976 332512 pts/0  Sl   03:50   0:15 "
-            "ray::Worker.train\nProcess 2787: ray::Worker.train\n"
-            "Python v3.11.7 (/usr/bin/python3.11)\n\n"
-            'Thread 2787 (idle): "MainThread"\n    train (w.py:3)\n\n'
-            "Stack dump for ubuntu  2788  0.0  0.0 4421976 332512 pts/0  Sl   03:50   0:15 "
-            "ray::IDLE\nError: Permission Denied\n\n")
+    text = (
+        "Stack dump for ubuntu  2787  5.3  0.0 4421976 332512 pts/0  Sl   03:50   0:15 "
+        "ray::Worker.train\nProcess 2787: ray::Worker.train\n"
+        "Python v3.11.7 (/usr/bin/python3.11)\n\n"
+        'Thread 2787 (idle): "MainThread"\n    train (w.py:3)\n\n'
+        "Stack dump for ubuntu  2788  0.0  0.0 4421976 332512 pts/0  Sl   03:50   0:15 "
+        "ray::IDLE\nError: Permission Denied\n\n"
+    )
     worker, idle = parse(text)
     assert (worker.pid, worker.cmdline, len(worker.threads)) == (2787, "ray::Worker.train", 1)
     assert (idle.pid, idle.cmdline) == (2788, "ray::IDLE") and idle.error is not None
@@ -216,15 +226,16 @@ def test_what_counts_as_a_text_dump() -> None:
         ("ray/_private/worker.py", Origin.LIBRARY, "ray"),
         ("train.py", Origin.USER, ""),
         ("fairseq_cli/train.py", Origin.USER, ""),
-        ("/opt/venv/lib/python3.11/site-packages/torch/nn/modules/module.py", Origin.TORCH,
-         "torch"),
+        ("/opt/venv/lib/python3.11/site-packages/torch/nn/modules/module.py", Origin.TORCH, "torch"),
     ],
 )
 def test_short_file_names_keep_their_origin(shown: str, kind: Origin, package: str) -> None:
     frame = text_frame("f", shown, 3, "3.10.12")
     assert (frame.origin.kind, frame.origin.package) == (kind, package)
-    assert frame.short_filename == shown.rsplit("site-packages/", 1)[-1].rsplit("/lib/", 1)[-1] \
+    assert (
+        frame.short_filename == shown.rsplit("site-packages/", 1)[-1].rsplit("/lib/", 1)[-1]
         or frame.short_filename == shown.rsplit("/", 1)[-1]
+    )
 
 
 def test_python_filename_marks_what_py_spy_left_out() -> None:

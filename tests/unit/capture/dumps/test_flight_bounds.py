@@ -46,8 +46,9 @@ def billion_laughs(levels: int = 40, where: str = "version") -> bytes:
 
 def deep(depth: int = 200_000) -> bytes:
     """``{"entries": [{"process_group": [[[...]]]}]}``, nested ``depth`` lists deep."""
-    return (b"\x80\x04}" + _text("entries") + b"]}" + _text("process_group") + b"]" * depth
-            + b"a" * (depth - 1) + b"sas.")
+    return (
+        b"\x80\x04}" + _text("entries") + b"]}" + _text("process_group") + b"]" * depth + b"a" * (depth - 1) + b"sas."
+    )
 
 
 def deep_tuple_key(depth: int = 1_000_000) -> bytes:
@@ -64,15 +65,30 @@ def shared_tuple_key(levels: int = 40) -> bytes:
 
 
 def entry(seq: int, **fields: object) -> dict[str, object]:
-    return {"record_id": seq, "process_group": ["0", "default_pg"], "collective_seq_id": seq,
-            "p2p_seq_id": 0, "profiling_name": "nccl:all_reduce", "input_sizes": [[4]],
-            "input_dtypes": ["Float"], "output_sizes": [[4]], "output_dtypes": ["Float"],
-            "is_p2p": False, "state": "completed", "retired": True, **fields}
+    return {
+        "record_id": seq,
+        "process_group": ["0", "default_pg"],
+        "collective_seq_id": seq,
+        "p2p_seq_id": 0,
+        "profiling_name": "nccl:all_reduce",
+        "input_sizes": [[4]],
+        "input_dtypes": ["Float"],
+        "output_sizes": [[4]],
+        "output_dtypes": ["Float"],
+        "is_p2p": False,
+        "state": "completed",
+        "retired": True,
+        **fields,
+    }
 
 
 def dump(*entries: dict[str, object], **top: object) -> dict[str, object]:
-    return {"version": "2.10", "entries": list(entries),
-            "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2]"}}, **top}
+    return {
+        "version": "2.10",
+        "entries": list(entries),
+        "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2]"}},
+        **top,
+    }
 
 
 def refused(raw: bytes, needle: str) -> str:
@@ -106,8 +122,9 @@ def test_billion_laughs_is_a_few_hundred_bytes_and_refused_unread() -> None:
     assert read_flight_record(billion_laughs(where="pg_status")).entries == ()
 
 
-@pytest.mark.parametrize("field", ["process_group", "profiling_name", "state", "input_sizes",
-                                   "input_dtypes", "collective_seq_id", "is_p2p"])
+@pytest.mark.parametrize(
+    "field", ["process_group", "profiling_name", "state", "input_sizes", "input_dtypes", "collective_seq_id", "is_p2p"]
+)
 def test_billion_laughs_in_any_field_of_an_entry(field: str) -> None:
     shared: list[object] = ["lol"]
     for _ in range(40):
@@ -129,17 +146,22 @@ def test_dict_keys_are_scalars_so_loading_never_hashes_a_container() -> None:
     refused(shared_tuple_key(), "a dict key is a tuple")  # pickle.loads: never returns
 
 
-@pytest.mark.parametrize(("raw", "needle"), [
-    # find_class used to allow builtins: bytes(10**10) would fill 10 GB as it loaded
-    (b"\x80\x04}" + _text("entries") + b"\x8c\x08builtins\x8c\x05bytes\x93\x8a\x05\x00\xe4\x0bT\x02\x85R.",
-     "the pickle names builtins.bytes: a dump holds plain data only"),
-    (pickle.dumps({"entries": [], "x": {1, 2}}), "EMPTY_SET"),
-    (pickle.dumps({"entries": [], "x": b"raw"}), "SHORT_BINBYTES"),
-    (pickle.dumps({"entries": [], "x": 2**4000}), "an integer of 501 bytes"),
-    (pickle.dumps(dump(entry(1)))[:-20], "a broken pickle"),
-    (pickle.dumps(dump(entry(1)), protocol=0), "neither JSON nor a pickle"),
-    (pickle.dumps(dump(entry(1)), protocol=2).replace(b"\x88", b"I01\n", 1), "the pickle uses INT at byte"),
-])
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        # find_class used to allow builtins: bytes(10**10) would fill 10 GB as it loaded
+        (
+            b"\x80\x04}" + _text("entries") + b"\x8c\x08builtins\x8c\x05bytes\x93\x8a\x05\x00\xe4\x0bT\x02\x85R.",
+            "the pickle names builtins.bytes: a dump holds plain data only",
+        ),
+        (pickle.dumps({"entries": [], "x": {1, 2}}), "EMPTY_SET"),
+        (pickle.dumps({"entries": [], "x": b"raw"}), "SHORT_BINBYTES"),
+        (pickle.dumps({"entries": [], "x": 2**4000}), "an integer of 501 bytes"),
+        (pickle.dumps(dump(entry(1)))[:-20], "a broken pickle"),
+        (pickle.dumps(dump(entry(1)), protocol=0), "neither JSON nor a pickle"),
+        (pickle.dumps(dump(entry(1)), protocol=2).replace(b"\x88", b"I01\n", 1), "the pickle uses INT at byte"),
+    ],
+)
 def test_a_pickle_builds_plain_data_only(raw: bytes, needle: str) -> None:
     refused(raw, needle)
 
@@ -153,15 +175,18 @@ def test_torch_pickles_of_every_protocol_read_like_json() -> None:
     assert real.entries and real.groups
 
 
-@pytest.mark.parametrize(("fields", "needle"), [
-    ({"state": {"a": ["b"]}}, "entry 0: 'state' is a dict, where a dump holds a string"),
-    ({"profiling_name": ["nccl:all_reduce"]}, "'profiling_name' is a list"),
-    ({"process_group": [["0"], "default_pg"]}, "'process_group' is a list"),
-    ({"input_dtypes": [{"Float": 1}]}, "a dtype is a dict"),
-    ({"retired": "yes"}, "'retired' is a str, where a dump holds true or false"),
-    ({"input_sizes": [[{"4": 4}]]}, "expected an integer, got a dict"),
-    ({"collective_seq_id": "9" * 5000}, "a number of 5,000 digits is out of range"),
-])
+@pytest.mark.parametrize(
+    ("fields", "needle"),
+    [
+        ({"state": {"a": ["b"]}}, "entry 0: 'state' is a dict, where a dump holds a string"),
+        ({"profiling_name": ["nccl:all_reduce"]}, "'profiling_name' is a list"),
+        ({"process_group": [["0"], "default_pg"]}, "'process_group' is a list"),
+        ({"input_dtypes": [{"Float": 1}]}, "a dtype is a dict"),
+        ({"retired": "yes"}, "'retired' is a str, where a dump holds true or false"),
+        ({"input_sizes": [[{"4": 4}]]}, "expected an integer, got a dict"),
+        ({"collective_seq_id": "9" * 5000}, "a number of 5,000 digits is out of range"),
+    ],
+)
 def test_only_scalars_where_scalars_belong(fields: dict[str, object], needle: str) -> None:
     refused(json.dumps(dump(entry(1, **fields))).encode(), needle)
 
@@ -216,8 +241,9 @@ def _swap_after_listing(monkeypatch: pytest.MonkeyPatch, swap) -> None:
 
 
 @pytest.mark.timeout(30)
-def test_a_fifo_is_refused_at_once_even_when_swapped_in_after_listing(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_fifo_is_refused_at_once_even_when_swapped_in_after_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = good_dir(tmp_path)
     os.mkfifo(out / "nccl_trace_rank_5")  # there when listed
     victim = out / "nccl_trace_rank_2"
@@ -229,12 +255,13 @@ def test_a_fifo_is_refused_at_once_even_when_swapped_in_after_listing(tmp_path: 
     _swap_after_listing(monkeypatch, swap)
     snap = read_flight_dir(out)
     assert [r.rank for r in snap.ranks] == [0, 1]
-    assert not_read(snap) == ("not read as dumps: nccl_trace_rank_2 (a FIFO (named pipe), not a regular file), "
-                              "nccl_trace_rank_5 (a FIFO (named pipe), not a regular file)")
+    assert not_read(snap) == (
+        "not read as dumps: nccl_trace_rank_2 (a FIFO (named pipe), not a regular file), "
+        "nccl_trace_rank_5 (a FIFO (named pipe), not a regular file)"
+    )
 
 
-def test_a_symlink_swapped_in_after_listing_is_not_followed(tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_symlink_swapped_in_after_listing_is_not_followed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = good_dir(tmp_path)
     victim = out / "nccl_trace_rank_2"
 
@@ -304,9 +331,14 @@ print(f"\\nexit {done.returncode} peak_kb {resource.getrusage(resource.RUSAGE_CH
 
 def _analyze(path: Path) -> tuple[int, str, str, int]:
     """``hangdoc analyze path`` as a child of a fresh process that reports the child's peak RSS."""
-    done = subprocess.run([sys.executable, "-c", _MEASURED, sys.executable, "-m", "hangdoc", "analyze",
-                           str(path), "--width", "200"], check=True, capture_output=True, text=True, timeout=90,
-                          cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-c", _MEASURED, sys.executable, "-m", "hangdoc", "analyze", str(path), "--width", "200"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=REPO,
+    )
     *out, last = done.stdout.rstrip("\n").split("\n")
     _, code, _, peak_kb = last.split()
     return int(code), "\n".join(out), done.stderr, int(peak_kb)

@@ -54,8 +54,12 @@ def culprit_pids(report: dict) -> list[int]:
 def test_each_public_dump_says_where_it_comes_from_and_what_to_expect(name: str) -> None:
     note = (PUBLIC / name).with_suffix(".md").read_text()
     assert re.search(r"<https://github\.com/[\w.-]+/[\w.-]+/blob/[0-9a-f]{40}/", note), name
-    for section in ("## Source", "## What was taken, what was removed",
-                    "## What the investigation established", "## Expected"):
+    for section in (
+        "## Source",
+        "## What was taken, what was removed",
+        "## What the investigation established",
+        "## Expected",
+    ):
         assert section in note, (name, section)
 
 
@@ -74,8 +78,7 @@ def test_bloom176b_eval_hang_names_the_rank_in_its_dataloader(capsys) -> None:
     waiting = {pid: r["op"]["name"] for pid, r in ranks.items() if pid != 688514}
     assert all(r["state"] == "waiting" for pid, r in ranks.items() if pid != 688514)
     assert sorted(set(waiting.values())) == ["all_reduce", "broadcast", "recv"]
-    assert [pid for pid, op in waiting.items() if op == "recv"] == [686185, 686186, 686187,
-                                                                     686188]
+    assert [pid for pid, op in waiting.items() if op == "recv"] == [686185, 686186, 686187, 686188]
 
 
 # ------------------------------------------------------------------- m4 tr_141
@@ -105,20 +108,24 @@ def test_m4_wait_for_everyone_barrier_is_not_cleanup(capsys) -> None:
 # ------------------------------------------------------------------- BLOOM prequel
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "hangdoc says straggler with culprit rank 0 (pid 835990, 'idle outside any distributed "
-    "op' at train (megatron/training.py:915)). The logbook established the 6 processes there "
-    "had finished train_step and wait in all_reduce(done_cuda) (line 915 is "
-    "`done = done_cuda.item()`, a host sync after the NCCL all_reduce), while the 2 in "
-    "DeepSpeed's _aggregate_total_loss broadcast never finished train_step: a "
-    "collective_mismatch in which rank 0 is not the culprit. analysis/device.py cannot see "
-    "it: rule 1 needs a torch synchronize frame, rule 2 native frames, rule 3 the line's "
-    "code, and a dump file has none of them. A likely fix: with no source lines, a rank "
-    "whose innermost frame is the job's own code in the same function that issues the "
-    "others' collectives (here `train`, the caller of train_step) should not be a "
-    "high/medium-confidence straggler culprit; report it as possibly at a host sync "
-    "(straggler at low confidence, or unknown, naming both readings), or read the line "
-    "when the job's source is at hand"))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "hangdoc says straggler with culprit rank 0 (pid 835990, 'idle outside any distributed "
+        "op' at train (megatron/training.py:915)). The logbook established the 6 processes there "
+        "had finished train_step and wait in all_reduce(done_cuda) (line 915 is "
+        "`done = done_cuda.item()`, a host sync after the NCCL all_reduce), while the 2 in "
+        "DeepSpeed's _aggregate_total_loss broadcast never finished train_step: a "
+        "collective_mismatch in which rank 0 is not the culprit. analysis/device.py cannot see "
+        "it: rule 1 needs a torch synchronize frame, rule 2 native frames, rule 3 the line's "
+        "code, and a dump file has none of them. A likely fix: with no source lines, a rank "
+        "whose innermost frame is the job's own code in the same function that issues the "
+        "others' collectives (here `train`, the caller of train_step) should not be a "
+        "high/medium-confidence straggler culprit; report it as possibly at a host sync "
+        "(straggler at low confidence, or unknown, naming both readings), or read the line "
+        "when the job's source is at hand"
+    ),
+)
 def test_bloom_prequel_rank_at_a_host_sync_is_not_the_culprit(capsys) -> None:
     """bigscience tr11-176B-ml prequel, "Hanging Issue": one node's 8 TP processes, posted
     as one stack per group; 6 at ``train (megatron/training.py:915)``, 2 in ``broadcast``
@@ -129,7 +136,6 @@ def test_bloom_prequel_rank_at_a_host_sync_is_not_the_culprit(capsys) -> None:
     assert 835990 not in culprit_pids(report)
 
 
-
 def test_bloom_prequel_straggler_reading_is_doubted_in_words(capsys) -> None:
     """What hangdoc can soundly say of this file: with no source line and no native frames,
     rank 0's line may be a host sync, so its straggler reading is low confidence and the
@@ -137,9 +143,12 @@ def test_bloom_prequel_straggler_reading_is_doubted_in_words(capsys) -> None:
     report = analyze(capsys, BLOOM_PREQUEL)
     assert (report["verdict"], report["confidence"]) == ("straggler", "low")
     basis = " · ".join(report["basis"])
-    assert ("rank 0 is on a line of the job that capture does not show (training.py:915): if it "
-            "waits for a GPU (`.item()`, `.cpu()`, `synchronize()`), the rank has issued its "
-            "collective and waits, and is no straggler") in basis
+    assert (
+        "rank 0 is on a line of the job that capture does not show (training.py:915): if it "
+        "waits for a GPU (`.item()`, `.cpu()`, `synchronize()`), the rank has issued its "
+        "collective and waits, and is no straggler"
+    ) in basis
+
 
 # ------------------------------------------------------------------- parser variants
 
@@ -182,12 +191,15 @@ def test_a_public_grouped_post_reads_as_one_process_per_header() -> None:
     assert {r.process.pid for r in snapshot.ranks} >= {688510, 688511, 599212, 599213, 686188}
 
 
-@pytest.mark.parametrize("text", [
-    # a blank line between two headers: two pasted main threads, the first without frames
-    'Thread 201 (idle): "MainThread"\n\nThread 202 (idle): "MainThread"\n    f (a.py:1)\n',
-    # a line of prose between them
-    'Thread 201 (idle): "MainThread"\nthen:\nThread 202 (idle): "MainThread"\n    f (a.py:1)\n',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        # a blank line between two headers: two pasted main threads, the first without frames
+        'Thread 201 (idle): "MainThread"\n\nThread 202 (idle): "MainThread"\n    f (a.py:1)\n',
+        # a line of prose between them
+        'Thread 201 (idle): "MainThread"\nthen:\nThread 202 (idle): "MainThread"\n    f (a.py:1)\n',
+    ],
+)
 def test_main_thread_headers_apart_are_not_grouped(text: str) -> None:
     first, second = parse(text)
     assert first.threads[0].frames == () and len(second.threads[0].frames) == 1
@@ -197,34 +209,40 @@ def test_frameless_side_threads_of_one_process_take_no_frames() -> None:
     """py-spy prints threads without Python frames as bare headers (DeepSpeed#6524's dumps:
     ``Thread 4076 (idle)`` lines above ``Thread 4079 (active)`` and its frames): they are
     threads of the process above, not grouped processes."""
-    dumps = parse('Thread 40 (idle): "MainThread"\n    main (t.py:9)\n'
-                  "Thread 4076 (idle)\nThread 4077 (idle)\nThread 4079 (active)\n"
-                  "    all_gather_into_tensor (torch/distributed/distributed_c10d.py:2709)\n")
+    dumps = parse(
+        'Thread 40 (idle): "MainThread"\n    main (t.py:9)\n'
+        "Thread 4076 (idle)\nThread 4077 (idle)\nThread 4079 (active)\n"
+        "    all_gather_into_tensor (torch/distributed/distributed_c10d.py:2709)\n"
+    )
     (dump,) = dumps
-    assert [(t.thread_id, len(t.frames)) for t in dump.threads] == [(40, 1), (4076, 0),
-                                                                    (4077, 0), (4079, 1)]
+    assert [(t.thread_id, len(t.frames)) for t in dump.threads] == [(40, 1), (4076, 0), (4077, 0), (4079, 1)]
 
 
 def test_grouped_headers_after_a_process_line_stay_one_process() -> None:
-    dumps = parse('Process 300: python t.py\nThread 300 (idle): "MainThread"\n'
-                  'Thread 301 (idle): "MainThread"\n    f (t.py:1)\n')
+    dumps = parse(
+        'Process 300: python t.py\nThread 300 (idle): "MainThread"\nThread 301 (idle): "MainThread"\n    f (t.py:1)\n'
+    )
     (dump,) = dumps
     assert dump.pid == 300 and [len(t.frames) for t in dump.threads] == [0, 1]
 
 
 def test_py_spy_reason_lines_are_part_of_its_error() -> None:
     """py-spy 0.3 prints each cause of an error on a ``Reason:`` line (as in m4-logs)."""
-    (dump,) = parse("py-spy dump --pid 280058\nProcess 280058: ...\n"
-                    "Error: Failed to suspend process\n"
-                    "Reason: EPERM: Operation not permitted\n"
-                    "Reason: EPERM: Operation not permitted\n")
+    (dump,) = parse(
+        "py-spy dump --pid 280058\nProcess 280058: ...\n"
+        "Error: Failed to suspend process\n"
+        "Reason: EPERM: Operation not permitted\n"
+        "Reason: EPERM: Operation not permitted\n"
+    )
     assert dump.pid == 280058 and not dump.threads
     assert dump.error is not None and dump.error.kind is CaptureErrorKind.PTRACE_DENIED
     assert dump.error.message == "Failed to suspend process; EPERM: Operation not permitted"
 
 
 def test_a_label_after_a_reason_line_starts_no_error() -> None:
-    dumps = parse("Error: Failed to suspend process\nReason: EPERM: Operation not permitted\n"
-                  'rank 1:\nThread 7 (idle): "MainThread"\n    f (t.py:1)\n')
+    dumps = parse(
+        "Error: Failed to suspend process\nReason: EPERM: Operation not permitted\n"
+        'rank 1:\nThread 7 (idle): "MainThread"\n    f (t.py:1)\n'
+    )
     assert [bool(d.error) for d in dumps] == [True, False]
     assert dumps[1].label == "rank 1:"

@@ -73,16 +73,20 @@ def test_python_launcher_with_slurm_rank_above_torch_ranks_is_a_launcher() -> No
 
 def test_rank_variables_in_priority_order() -> None:
     tab = table(
-        proc(30, 1, (PY, "a.py"), {"SLURM_PROCID": "4", "SLURM_NTASKS": "8",
-                                    "SLURM_LOCALID": "0"}),
-        proc(31, 1, (PY, "b.py"), {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8",
-                                    "OMPI_COMM_WORLD_LOCAL_RANK": "1"}),
+        proc(30, 1, (PY, "a.py"), {"SLURM_PROCID": "4", "SLURM_NTASKS": "8", "SLURM_LOCALID": "0"}),
+        proc(
+            31,
+            1,
+            (PY, "b.py"),
+            {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1"},
+        ),
         proc(32, 1, (PY, "c.py"), {"PMI_RANK": "6", "PMI_SIZE": "8"}),
         proc(33, 1, (PY, "d.py"), {"PMIX_RANK": "7", "RANK": "x"}),
         proc(34, 1, (PY, "e.py"), {"RANK": "3", "SLURM_PROCID": "0", "WORLD_SIZE": "8"}),
     )
-    chosen = {r.proc.pid: (r.rank, r.evidence, r.world_size, r.local_rank)
-              for r in select_ranks(tab, list(tab.procs)).ranks}
+    chosen = {
+        r.proc.pid: (r.rank, r.evidence, r.world_size, r.local_rank) for r in select_ranks(tab, list(tab.procs)).ranks
+    }
     assert chosen == {
         30: (4, "SLURM_PROCID=4", 8, 0),
         31: (5, "OMPI_COMM_WORLD_RANK=5", 8, 1),
@@ -159,14 +163,10 @@ def test_ranks_are_sorted_with_unknown_last_and_duplicates_noted() -> None:
 
 def test_endpoint_spec_compares_local_names_loosely() -> None:
     tab = table(
-        proc(90, 1, (PY, "x.py"), {"RANK": "0", "MASTER_ADDR": "localhost",
-                                   "MASTER_PORT": "29500"}),
-        proc(91, 1, (PY, "x.py"), {"RANK": "1", "MASTER_ADDR": "127.0.0.1",
-                                   "MASTER_PORT": "29500"}),
-        proc(92, 1, (PY, "x.py"), {"RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                                   "MASTER_PORT": "29501"}),
-        proc(93, 1, (PY, "x.py"), {"RANK": "0", "MASTER_ADDR": "10.255.1.2",
-                                   "MASTER_PORT": "29500"}),
+        proc(90, 1, (PY, "x.py"), {"RANK": "0", "MASTER_ADDR": "localhost", "MASTER_PORT": "29500"}),
+        proc(91, 1, (PY, "x.py"), {"RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}),
+        proc(92, 1, (PY, "x.py"), {"RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29501"}),
+        proc(93, 1, (PY, "x.py"), {"RANK": "0", "MASTER_ADDR": "10.255.1.2", "MASTER_PORT": "29500"}),
     )
     import socket
 
@@ -184,14 +184,27 @@ def test_same_host() -> None:
 
 
 def test_env_is_selected_and_redacted() -> None:
-    env = {"RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "9", "NCCL_DEBUG": "INFO",
-           "HF_TOKEN": "hf_secret", "HOME": "/root", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-           "NCCL_IB_AUTH_KEY": "k", "LS_COLORS": "x"}
+    env = {
+        "RANK": "0",
+        "MASTER_ADDR": "h",
+        "MASTER_PORT": "9",
+        "NCCL_DEBUG": "INFO",
+        "HF_TOKEN": "hf_secret",
+        "HOME": "/root",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "NCCL_IB_AUTH_KEY": "k",
+        "LS_COLORS": "x",
+    }
     tab = table(proc(95, 1, (PY, "x.py", "--hf-token", "abc"), env))
     (rank,) = discover(parse_job_spec("h:9"), table=tab).ranks
-    assert dict(rank.env) == {"RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "9",
-                              "NCCL_DEBUG": "INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-                              "NCCL_IB_AUTH_KEY": "<redacted>"}
+    assert dict(rank.env) == {
+        "RANK": "0",
+        "MASTER_ADDR": "h",
+        "MASTER_PORT": "9",
+        "NCCL_DEBUG": "INFO",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "NCCL_IB_AUTH_KEY": "<redacted>",
+    }
     assert rank.cmdline == (PY, "x.py", "--hf-token", "<redacted>")
 
 
@@ -200,19 +213,23 @@ def test_matches_without_ranks_explain_why() -> None:
         proc(100, 1, ("/bin/bash", "run.sh"), {"MASTER_ADDR": "h", "MASTER_PORT": "9"}),
         proc(101, 100, TORCHRUN, {"MASTER_ADDR": "h", "MASTER_PORT": "9"}),
     )
-    with pytest.raises(JobNotFound, match=r"matched 2 processes but none is a rank: "
-                                          r"pid 100 \(bash\): not Python; pid 101"):
+    with pytest.raises(
+        JobNotFound,
+        match=r"matched 2 processes but none is a rank: "
+        r"pid 100 \(bash\): not Python; pid 101",
+    ):
         discover(parse_job_spec("h:9"), table=tab)
 
 
 def test_no_match_says_what_was_searched_and_what_exists() -> None:
-    tab = table(proc(110, 1, (PY, "x.py"), {"RANK": "0", "MASTER_ADDR": "h",
-                                             "MASTER_PORT": "9"}))
+    tab = table(proc(110, 1, (PY, "x.py"), {"RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "9"}))
     tab.unreadable = 3
     with pytest.raises(JobNotFound) as info:
         discover(parse_job_spec("h:10"), host="n1", table=tab)
-    assert str(info.value) == ("no process has MASTER_ADDR=h MASTER_PORT=10; searched 1 "
-                               "processes, 3 unreadable on n1; endpoints seen here: h:9 (1)")
+    assert str(info.value) == (
+        "no process has MASTER_ADDR=h MASTER_PORT=10; searched 1 "
+        "processes, 3 unreadable on n1; endpoints seen here: h:9 (1)"
+    )
 
 
 def test_ray_jobs_are_found_only_by_agents_placed_as_ray_actors(monkeypatch) -> None:
@@ -224,14 +241,17 @@ def test_ray_jobs_are_found_only_by_agents_placed_as_ray_actors(monkeypatch) -> 
         discover(parse_job_spec("ray:02000000"), table=table())
 
 
-@pytest.mark.parametrize(("cmdline", "target"), [
-    ((PY, "train.py", "--x"), "train.py"),
-    ((PY, "-u", "-W", "ignore", "train.py"), "train.py"),
-    ((PY, "-m", "torch.distributed.run", "x.py"), "-m torch.distributed.run"),
-    ((PY, "-mtorch.distributed.run"), "-m torch.distributed.run"),
-    ((PY, "-B", "-c", "pass"), "-c"),
-    ((PY,), None),
-])
+@pytest.mark.parametrize(
+    ("cmdline", "target"),
+    [
+        ((PY, "train.py", "--x"), "train.py"),
+        ((PY, "-u", "-W", "ignore", "train.py"), "train.py"),
+        ((PY, "-m", "torch.distributed.run", "x.py"), "-m torch.distributed.run"),
+        ((PY, "-mtorch.distributed.run"), "-m torch.distributed.run"),
+        ((PY, "-B", "-c", "pass"), "-c"),
+        ((PY,), None),
+    ],
+)
 def test_python_target(cmdline: tuple[str, ...], target: str | None) -> None:
     assert python_target(cmdline) == target
 
@@ -251,8 +271,7 @@ def test_unused_endpoint_is_job_not_found() -> None:
     with pytest.raises(JobNotFound) as info:
         discover(parse_job_spec(f"127.0.0.1:{port}"))
     message = str(info.value)
-    assert message.startswith(f"no process has MASTER_ADDR=127.0.0.1 MASTER_PORT={port}; "
-                              "searched ")
+    assert message.startswith(f"no process has MASTER_ADDR=127.0.0.1 MASTER_PORT={port}; searched ")
     assert "unreadable" in message
     assert "\n" not in message
 

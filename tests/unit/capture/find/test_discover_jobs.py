@@ -69,8 +69,9 @@ def two_torchrun_jobs(shell: ProcInfo) -> list[ProcInfo]:
     for launcher, port in ((11, 29500), (21, 29501)):
         procs.append(proc(launcher, shell.pid, TORCHRUN, endpoint(port)))
         for rank in (0, 1):
-            procs.append(proc(launcher + 1 + rank, launcher, (PY, "train.py"),
-                              endpoint(port, RANK=str(rank), WORLD_SIZE="2")))
+            procs.append(
+                proc(launcher + 1 + rank, launcher, (PY, "train.py"), endpoint(port, RANK=str(rank), WORLD_SIZE="2"))
+            )
     return procs
 
 
@@ -82,13 +83,15 @@ def test_pid_of_a_shell_with_two_torchrun_jobs_is_refused_naming_each_job() -> N
     with pytest.raises(MultipleJobs) as info:
         discover(parse_job_spec("pid:10"), table=tab)
     err = info.value
-    assert str(err) == ("pid:10 holds the ranks of 2 jobs: 127.0.0.1:29500 (2 ranks, launcher "
-                        "pid 11), 127.0.0.1:29501 (2 ranks, launcher pid 21)")
+    assert str(err) == (
+        "pid:10 holds the ranks of 2 jobs: 127.0.0.1:29500 (2 ranks, launcher "
+        "pid 11), 127.0.0.1:29501 (2 ranks, launcher pid 21)"
+    )
     assert err.jobs == ("127.0.0.1:29500", "127.0.0.1:29501")
     assert "`hangdoc diagnose 127.0.0.1:29500`" in err.help
     assert isinstance(err, HangdocError) and err.exit_code == 2
     # each listed spec names its job alone
-    for spec, launcher in zip(err.jobs, (11, 21)):
+    for spec, launcher in zip(err.jobs, (11, 21), strict=False):
         found = discover(parse_job_spec(spec), table=tab)
         assert [(r.rank, r.launcher_pid) for r in found.ranks] == [(0, launcher), (1, launcher)]
         assert found.world_size == 2
@@ -96,8 +99,7 @@ def test_pid_of_a_shell_with_two_torchrun_jobs_is_refused_naming_each_job() -> N
 
 def test_pid_1_of_a_container_with_two_jobs_is_refused() -> None:
     # PID 1 is an init; ancestry stops below it, the scope still takes in everything
-    tab = table(proc(1, 0, ("/sbin/tini", "--", "bash")),
-                *two_torchrun_jobs(proc(10, 1, ("/bin/bash",))))
+    tab = table(proc(1, 0, ("/sbin/tini", "--", "bash")), *two_torchrun_jobs(proc(10, 1, ("/bin/bash",))))
     with pytest.raises(MultipleJobs, match=r"^pid:1 holds the ranks of 2 jobs"):
         discover(parse_job_spec("pid:1"), table=tab)
 
@@ -106,8 +108,8 @@ def test_slurm_job_with_two_steps_is_refused_and_each_step_found() -> None:
     def step(launcher: int, step_id: str) -> list[ProcInfo]:
         env = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": step_id, "SLURM_NTASKS": "2"}
         return [proc(launcher, 1, ("/usr/sbin/slurmstepd", f"[77.{step_id}]"), env)] + [
-            proc(launcher + 1 + r, launcher, (PY, "train.py"), {**env, "SLURM_PROCID": str(r)})
-            for r in (0, 1)]
+            proc(launcher + 1 + r, launcher, (PY, "train.py"), {**env, "SLURM_PROCID": str(r)}) for r in (0, 1)
+        ]
 
     tab = table(*step(30, "0"), *step(40, "1"))
     with pytest.raises(MultipleJobs) as info:
@@ -142,10 +144,12 @@ def test_ranks_without_a_rendezvous_do_not_make_a_second_job() -> None:
 
 
 def test_ranks_without_a_rendezvous_are_counted_when_jobs_are_refused() -> None:
-    tab = table(*two_torchrun_jobs(proc(10, 1, ("/bin/bash",))),
-                proc(99, 10, (PY, "monitor.py"), {}))
-    with pytest.raises(MultipleJobs, match=r"launcher pid 21\); and 1 rank process with no "
-                                           r"rendezvous variables \(pid 99\)$"):
+    tab = table(*two_torchrun_jobs(proc(10, 1, ("/bin/bash",))), proc(99, 10, (PY, "monitor.py"), {}))
+    with pytest.raises(
+        MultipleJobs,
+        match=r"launcher pid 21\); and 1 rank process with no "
+        r"rendezvous variables \(pid 99\)$",
+    ):
         discover(parse_job_spec("pid:10"), table=tab)
 
 
@@ -165,8 +169,13 @@ def test_endpoint_spec_is_never_split() -> None:
 
 
 def test_rendezvous_key_preference() -> None:
-    both = {"MASTER_ADDR": "Node1.", "MASTER_PORT": " 29500", "SLURM_JOB_ID": "7",
-            "SLURM_STEP_ID": "0", "TORCHELASTIC_RUN_ID": "r"}
+    both = {
+        "MASTER_ADDR": "Node1.",
+        "MASTER_PORT": " 29500",
+        "SLURM_JOB_ID": "7",
+        "SLURM_STEP_ID": "0",
+        "TORCHELASTIC_RUN_ID": "r",
+    }
     key = rendezvous_key(both)
     assert key == RendezvousKey(("MASTER_ADDR", "MASTER_PORT"), ("node1", "29500"))
     assert key is not None and key.spec() == "node1:29500"
@@ -216,20 +225,23 @@ def wait_for(check: Callable[[], bool], timeout: float = 30) -> None:
         time.sleep(0.05)
 
 
-LAUNCHER = ("import os, subprocess, sys\n"
-            "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],\n"
-            "        env={**os.environ, 'RANK': str(r), 'WORLD_SIZE': '2'}) for r in (0, 1)]\n"
-            "[k.wait() for k in kids]\n")
+LAUNCHER = (
+    "import os, subprocess, sys\n"
+    "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],\n"
+    "        env={**os.environ, 'RANK': str(r), 'WORLD_SIZE': '2'}) for r in (0, 1)]\n"
+    "[k.wait() for k in kids]\n"
+)
 
 
 @pytest.mark.timeout(60)
 def test_real_shell_with_two_jobs_is_refused() -> None:
     ports = free_port(), free_port()
-    script = " & ".join(
-        f"MASTER_ADDR=127.0.0.1 MASTER_PORT={p} {sys.executable} -c \"{LAUNCHER}\"" for p in ports)
+    script = " & ".join(f'MASTER_ADDR=127.0.0.1 MASTER_PORT={p} {sys.executable} -c "{LAUNCHER}"' for p in ports)
     with started(["bash", "-c", f"{script} & wait"]) as shell:
+
         def grandchildren() -> int:
             return sum(len(c.children()) for c in psutil.Process(shell).children())
+
         wait_for(lambda: grandchildren() == 4)
         launchers = sorted(c.pid for c in psutil.Process(shell).children())
         with pytest.raises(MultipleJobs) as info:
@@ -242,26 +254,36 @@ def test_real_shell_with_two_jobs_is_refused() -> None:
             assert [r.rank for r in found.ranks] == [0, 1]
             assert {r.launcher_pid for r in found.ranks} == {launcher}
         # the command line: exit code 2, the jobs on one line, how to go on
-        run = subprocess.run([sys.executable, "-m", "hangdoc", "diagnose", f"pid:{shell}"],
-                             capture_output=True, text=True, timeout=60, check=False,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+        run = subprocess.run(
+            [sys.executable, "-m", "hangdoc", "diagnose", f"pid:{shell}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         assert run.returncode == 2, run.stderr
         error, advice = run.stderr.splitlines()[:2]
         assert error == f"hangdoc: error: {info.value}"
-        assert advice.startswith("  help: Diagnose each job on its own") and \
-            f"`hangdoc diagnose {info.value.jobs[0]}`" in advice
+        assert (
+            advice.startswith("  help: Diagnose each job on its own")
+            and f"`hangdoc diagnose {info.value.jobs[0]}`" in advice
+        )
 
 
 # ------------------------------------------------------------------ hangdoc's own processes
 
 
-@pytest.mark.parametrize("cmdline", [
-    (PY, "/venv/bin/hangdoc", "agent", "--port", "7420"),
-    ("/venv/bin/hangdoc", "diagnose", "127.0.0.1:29500"),
-    (PY, "-m", "hangdoc", "watch", "--", "torchrun", "train.py"),
-    (PY, "-u", "-m", "hangdoc.cli", "diagnose", "pid:1"),
-    ("/venv/bin/py-spy", "dump", "--pid", "12"),
-])
+@pytest.mark.parametrize(
+    "cmdline",
+    [
+        (PY, "/venv/bin/hangdoc", "agent", "--port", "7420"),
+        ("/venv/bin/hangdoc", "diagnose", "127.0.0.1:29500"),
+        (PY, "-m", "hangdoc", "watch", "--", "torchrun", "train.py"),
+        (PY, "-u", "-m", "hangdoc.cli", "diagnose", "pid:1"),
+        ("/venv/bin/py-spy", "dump", "--pid", "12"),
+    ],
+)
 def test_hangdoc_and_py_spy_are_never_candidates(cmdline: tuple[str, ...]) -> None:
     tab = table(proc(80, 1, cmdline, endpoint(29500, RANK="0")))
     selection = select_ranks(tab, [80])
@@ -304,8 +326,9 @@ def test_kernel_threads_are_told_by_their_flag() -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
-                    reason="needs root and unshare for a pid namespace")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare for a pid namespace"
+)
 def test_children_of_pid_2_in_a_container_are_processes() -> None:
     # In a new pid namespace the first child of PID 1 is PID 2: an ordinary process, as in
     # a container; its own child has parent 2. Neither is a kernel thread.
@@ -313,7 +336,7 @@ def test_children_of_pid_2_in_a_container_are_processes() -> None:
         "import json, subprocess, sys, time, psutil\n"
         "from hangdoc.capture.find.processes import read_process_table\n"
         f"child = subprocess.Popen([sys.executable, '-c', 'import subprocess, sys; "
-        f"subprocess.run([sys.executable, \"-c\", \"{SLEEP}\"])'])\n"
+        f'subprocess.run([sys.executable, "-c", "{SLEEP}"])\'])\n'
         "deadline = time.monotonic() + 20\n"
         "while not psutil.Process(child.pid).children() and time.monotonic() < deadline:\n"
         "    time.sleep(0.05)\n"
@@ -322,9 +345,14 @@ def test_children_of_pid_2_in_a_container_are_processes() -> None:
         "for p in tab.procs.values()}}))\n"
         "child.kill()\n"
     )
-    out = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
-                          inner], capture_output=True, text=True, timeout=50, check=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", inner],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     seen = json.loads(out.stdout)
     assert seen["child"] == 2
     ppids = {int(pid): ppid for pid, ppid in seen["ppids"].items()}
@@ -346,8 +374,10 @@ def sleeper(**env: str) -> Iterator[int]:
 def test_pid_withheld_by_the_callers_policy_is_permission_denied() -> None:
     port = free_port()
     with sleeper(**endpoint(port, RANK="0", WORLD_SIZE="1")) as pid:
+
         def readable(p: int) -> bool:
             return p != pid
+
         tab = read_process_table(readable=readable)
         assert tab.procs[pid].env is None and tab.withheld == {pid}
         assert tab.procs[pid].ppid == os.getpid() or tab.procs[pid].ppid in tab.procs
@@ -361,8 +391,7 @@ def test_pid_withheld_by_the_callers_policy_is_permission_denied() -> None:
         with pytest.raises(PermissionDenied):
             discover(parse_job_spec(f"pid:{pid}"), table=read_process_table(), readable=readable)
         # and readable to all: found as before
-        assert [r.pid for r in discover(parse_job_spec(f"pid:{pid}"),
-                                        readable=lambda p: True).ranks] == [pid]
+        assert [r.pid for r in discover(parse_job_spec(f"pid:{pid}"), readable=lambda p: True).ranks] == [pid]
 
 
 @pytest.mark.timeout(60)
@@ -376,6 +405,7 @@ def test_withheld_rank_stays_in_the_tree_but_is_no_rank() -> None:
 
         def readable(p: int) -> bool:
             return p != rank1
+
         tab = read_process_table(readable=readable)
         assert sorted(c.pid for c in tab.children(launcher)) == kids
         assert next(a.pid for a in tab.ancestors(rank1)) == launcher
@@ -412,8 +442,7 @@ def importable_by_nobody() -> Iterator[str]:
         return
     copy = tempfile.mkdtemp(prefix="hangdoc-nobody-")
     try:
-        shutil.copytree(ROOT / "hangdoc", Path(copy) / "hangdoc",
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(ROOT / "hangdoc", Path(copy) / "hangdoc", ignore=shutil.ignore_patterns("__pycache__"))
         for folder, _, files in os.walk(copy):
             os.chmod(folder, 0o755)
             for name in files:
@@ -424,26 +453,26 @@ def importable_by_nobody() -> Iterator[str]:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                    reason="needs root (to start a process nobody may read) and setpriv")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="needs root (to start a process nobody may read) and setpriv",
+)
 def test_unprivileged_user_is_told_permission_denied_first() -> None:
     port = free_port()
-    with sleeper(**endpoint(port, RANK="0", WORLD_SIZE="1")) as pid, \
-            importable_by_nobody() as path:
+    with sleeper(**endpoint(port, RANK="0", WORLD_SIZE="1")) as pid, importable_by_nobody() as path:
         env = {"PATH": os.environ["PATH"], "PYTHONPATH": path}
         searched = {
             f"pid:{pid}": f"searched pid {pid} and its 0 descendants on ",
-            f"127.0.0.1:{port}": (f"no process has MASTER_ADDR=127.0.0.1 MASTER_PORT={port} "
-                                  "among the others"),
+            f"127.0.0.1:{port}": (f"no process has MASTER_ADDR=127.0.0.1 MASTER_PORT={port} among the others"),
         }
         for spec, rest in searched.items():
             argv = [*_as_nobody(), sys.executable, "-m", "hangdoc", "diagnose", spec]
-            run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60,
-                                 cwd="/", check=False)
+            run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, cwd="/", check=False)
             assert run.returncode == 5, run.stderr
             first = run.stderr.splitlines()[0]
-            assert first.startswith("hangdoc: error: permission denied reading the environment "
-                                    "of "), first  # first: not "no process has ..."
+            assert first.startswith("hangdoc: error: permission denied reading the environment of "), (
+                first
+            )  # first: not "no process has ..."
             assert rest in first, first
             if spec.startswith("pid:"):  # other Python processes may be listed for the other
                 assert f"1 Python process (pid {pid})" in first, first
@@ -453,14 +482,28 @@ def test_unprivileged_user_is_told_permission_denied_first() -> None:
 # ------------------------------------------------------------------ strict rank and size values
 
 
-@pytest.mark.parametrize(("name", "value", "number"), [
-    ("RANK", "3", 3), ("RANK", " 07 ", 7), ("RANK", "0", 0), ("WORLD_SIZE", "8", 8),
-    ("RANK", "²", None), ("RANK", "٣", None), ("RANK", "-1", None), ("RANK", "+1", None),
-    ("RANK", "1e3", None), ("RANK", "2000000000", None), ("RANK", str(MAX_WORLD_SIZE), None),
-    ("LOCAL_WORLD_SIZE", "0", None), ("LOCAL_WORLD_SIZE", "²", None),
-    ("WORLD_SIZE", "2000000000", None), ("WORLD_SIZE", str(MAX_WORLD_SIZE), MAX_WORLD_SIZE),
-    ("WORLD_SIZE", "9" * 5000, None), ("WORLD_SIZE", "0" * 5000 + "4", 4),
-])
+@pytest.mark.parametrize(
+    ("name", "value", "number"),
+    [
+        ("RANK", "3", 3),
+        ("RANK", " 07 ", 7),
+        ("RANK", "0", 0),
+        ("WORLD_SIZE", "8", 8),
+        ("RANK", "²", None),
+        ("RANK", "٣", None),
+        ("RANK", "-1", None),
+        ("RANK", "+1", None),
+        ("RANK", "1e3", None),
+        ("RANK", "2000000000", None),
+        ("RANK", str(MAX_WORLD_SIZE), None),
+        ("LOCAL_WORLD_SIZE", "0", None),
+        ("LOCAL_WORLD_SIZE", "²", None),
+        ("WORLD_SIZE", "2000000000", None),
+        ("WORLD_SIZE", str(MAX_WORLD_SIZE), MAX_WORLD_SIZE),
+        ("WORLD_SIZE", "9" * 5000, None),
+        ("WORLD_SIZE", "0" * 5000 + "4", 4),
+    ],
+)
 def test_parse_env_int_is_strict(name: str, value: str, number: int | None) -> None:
     assert "²".isdigit()  # why str.isdigit() will not do
     parsed, why = parse_env_int(name, value)
@@ -469,8 +512,13 @@ def test_parse_env_int_is_strict(name: str, value: str, number: int | None) -> N
 
 
 def test_bad_values_are_ignored_noted_and_left_out_downstream() -> None:
-    bad = {"WORLD_SIZE": "2000000000", "LOCAL_WORLD_SIZE": "0", "GROUP_RANK": "²",
-           "MASTER_ADDR": "h", "MASTER_PORT": "9"}
+    bad = {
+        "WORLD_SIZE": "2000000000",
+        "LOCAL_WORLD_SIZE": "0",
+        "GROUP_RANK": "²",
+        "MASTER_ADDR": "h",
+        "MASTER_PORT": "9",
+    }
     tab = table(
         proc(110, 1, (PY, "t.py"), {**bad, "RANK": "²", "SLURM_PROCID": "0"}),
         proc(111, 1, (PY, "t.py"), {**bad, "RANK": "1", "LOCAL_WORLD_SIZE": "²"}),
@@ -478,12 +526,16 @@ def test_bad_values_are_ignored_noted_and_left_out_downstream() -> None:
     )
     found = discover(parse_job_spec("h:9"), table=tab)
     assert [(r.pid, r.rank, r.rank_evidence) for r in found.ranks] == [
-        (110, 0, "SLURM_PROCID=0"), (111, 1, "RANK=1"),
-        (112, None, "no rank in its start-up environment")]
+        (110, 0, "SLURM_PROCID=0"),
+        (111, 1, "RANK=1"),
+        (112, None, "no rank in its start-up environment"),
+    ]
     assert found.world_size is None and {r.world_size for r in found.ranks} == {None}
     notes = "\n".join(found.notes)
-    assert "WORLD_SIZE='2000000000' ignored and left out of the rank's environment (not a " \
-           f"size from 1 to {MAX_WORLD_SIZE:,}): pid 110, 111, 112" in notes
+    assert (
+        "WORLD_SIZE='2000000000' ignored and left out of the rank's environment (not a "
+        f"size from 1 to {MAX_WORLD_SIZE:,}): pid 110, 111, 112" in notes
+    )
     assert "LOCAL_WORLD_SIZE='0' ignored" in notes and "LOCAL_WORLD_SIZE='²' ignored" in notes
     assert "RANK='²' ignored" in notes and "RANK='-1' ignored" in notes
     for r in found.ranks:
@@ -497,9 +549,14 @@ def test_bad_values_are_ignored_noted_and_left_out_downstream() -> None:
 
 
 def test_absurd_world_size_from_several_variables_keeps_the_valid_one() -> None:
-    tab = table(proc(120, 1, (PY, "t.py"), {"RANK": "0", "WORLD_SIZE": "0",
-                                            "SLURM_NTASKS": "4", "MASTER_ADDR": "h",
-                                            "MASTER_PORT": "9"}))
+    tab = table(
+        proc(
+            120,
+            1,
+            (PY, "t.py"),
+            {"RANK": "0", "WORLD_SIZE": "0", "SLURM_NTASKS": "4", "MASTER_ADDR": "h", "MASTER_PORT": "9"},
+        )
+    )
     (rank,) = discover(parse_job_spec("h:9"), table=tab).ranks
     assert rank.world_size == 4
     assert dict(rank.env)["SLURM_NTASKS"] == "4"

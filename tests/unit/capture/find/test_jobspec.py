@@ -16,26 +16,22 @@ from hangdoc.errors import UsageError
 
 GOOD = [
     ("127.0.0.1:29500", JobSpec(JobKind.ENDPOINT, "127.0.0.1:29500", host="127.0.0.1", port=29500)),
-    ("node-01.cluster.local:1234",
-     JobSpec(JobKind.ENDPOINT, "node-01.cluster.local:1234", host="node-01.cluster.local",
-             port=1234)),
+    (
+        "node-01.cluster.local:1234",
+        JobSpec(JobKind.ENDPOINT, "node-01.cluster.local:1234", host="node-01.cluster.local", port=1234),
+    ),
     ("Node01:1", JobSpec(JobKind.ENDPOINT, "Node01:1", host="node01", port=1)),
-    ("localhost:65535", JobSpec(JobKind.ENDPOINT, "localhost:65535", host="localhost",
-                                port=65535)),
+    ("localhost:65535", JobSpec(JobKind.ENDPOINT, "localhost:65535", host="localhost", port=65535)),
     ("[::1]:29500", JobSpec(JobKind.ENDPOINT, "[::1]:29500", host="::1", port=29500)),
     ("[fe80::1:2]:80", JobSpec(JobKind.ENDPOINT, "[fe80::1:2]:80", host="fe80::1:2", port=80)),
-    ("  10.0.0.5:29500\n", JobSpec(JobKind.ENDPOINT, "10.0.0.5:29500", host="10.0.0.5",
-                                   port=29500)),
+    ("  10.0.0.5:29500\n", JobSpec(JobKind.ENDPOINT, "10.0.0.5:29500", host="10.0.0.5", port=29500)),
     ("pid:4242", JobSpec(JobKind.PID, "pid:4242", pid=4242)),
     ("PID:7", JobSpec(JobKind.PID, "PID:7", pid=7)),
     ("slurm:123456", JobSpec(JobKind.SLURM, "slurm:123456", slurm_job="123456")),
-    ("slurm:123456.0", JobSpec(JobKind.SLURM, "slurm:123456.0", slurm_job="123456",
-                               slurm_step="0")),
-    ("slurm:77_3.batch", JobSpec(JobKind.SLURM, "slurm:77_3.batch", slurm_job="77_3",
-                                 slurm_step="batch")),
+    ("slurm:123456.0", JobSpec(JobKind.SLURM, "slurm:123456.0", slurm_job="123456", slurm_step="0")),
+    ("slurm:77_3.batch", JobSpec(JobKind.SLURM, "slurm:77_3.batch", slurm_job="77_3", slurm_step="batch")),
     ("ray:02000000", JobSpec(JobKind.RAY, "ray:02000000", ray_job="02000000")),
-    ("ray:raysubmit_AbC123", JobSpec(JobKind.RAY, "ray:raysubmit_AbC123",
-                                     ray_job="raysubmit_AbC123")),
+    ("ray:raysubmit_AbC123", JobSpec(JobKind.RAY, "ray:raysubmit_AbC123", ray_job="raysubmit_AbC123")),
 ]
 
 
@@ -44,13 +40,16 @@ def test_accepted_forms(text: str, expected: JobSpec) -> None:
     assert parse_job_spec(text) == expected
 
 
-@pytest.mark.parametrize(("text", "canonical"), [
-    ("LOCALHOST:29500", "localhost:29500"),
-    ("[::1]:29500", "[::1]:29500"),
-    ("pid:0042", "pid:42"),
-    ("slurm:5.1", "slurm:5.1"),
-    ("ray:abc", "ray:abc"),
-])
+@pytest.mark.parametrize(
+    ("text", "canonical"),
+    [
+        ("LOCALHOST:29500", "localhost:29500"),
+        ("[::1]:29500", "[::1]:29500"),
+        ("pid:0042", "pid:42"),
+        ("slurm:5.1", "slurm:5.1"),
+        ("ray:abc", "ray:abc"),
+    ],
+)
 def test_canonical_spelling(text: str, canonical: str) -> None:
     assert str(parse_job_spec(text)) == canonical
 
@@ -115,38 +114,41 @@ def test_malformed_specs_raise_one_line_usage_error(text: str, reason: str) -> N
 
 
 @pytest.mark.timeout(10)
-@pytest.mark.parametrize(("text", "suggestion", "help_part"), [
-    # a slip of a scheme, whose value fits it: not a host called pdi
-    ("pdi:2282", "pid:2282", "Write it with a trailing dot: pdi.:2282"),
-    ("PDI:2282", "pid:2282", "PDI.:2282"),
-    ("pd:2282", "pid:2282", None),
-    ("piid:2282", "pid:2282", None),
-    ("ppid:2282", "pid:2282", None),
-    ("slrum:1234.0", "slurm:1234.0", None),
-    ("slurn:1234", "slurm:1234", None),
-    ("srun:1234.0", "slurm:1234.0", None),
-    ("rya:raysubmit_AbC123", "ray:raysubmit_AbC123", None),
-    # a bare value, or a scheme and its value glued with something other than ':'
-    ("2282", "pid:2282", "If 2282 is the ranks' MASTER_PORT, name their host too: HOST:2282"),
-    ("pid 2282", "pid:2282", None),
-    ("pid=2282", "pid:2282", None),
-    ("pid2282", "pid:2282", None),
-    ("process 2282", "pid:2282", None),
-    ("pid: 2282", "pid:2282", None),
-    ("pid:'2282'", "pid:2282", None),
-    ("pid:#2282", "pid:2282", None),
-    ("1234.0", "slurm:1234.0", None),
-    ("1234_7", "slurm:1234_7", None),
-    ("slurm 1234.batch", "slurm:1234.batch", None),
-    ("raysubmit_AbC123", "ray:raysubmit_AbC123", None),
-    ("02000000", "ray:02000000", None),  # Ray's hex job id: no pid starts with 0
-    # endpoints
-    ("tcp://10.0.0.1:29500", "10.0.0.1:29500", None),
-    ("env://node1:29500/", "node1:29500", None),
-    ("::1:29500", "[::1]:29500", None),
-    ("node01", "node01:29500", "29500 is torchrun's default"),
-    (":29500", "127.0.0.1:29500", "MASTER_ADDR"),
-])
+@pytest.mark.parametrize(
+    ("text", "suggestion", "help_part"),
+    [
+        # a slip of a scheme, whose value fits it: not a host called pdi
+        ("pdi:2282", "pid:2282", "Write it with a trailing dot: pdi.:2282"),
+        ("PDI:2282", "pid:2282", "PDI.:2282"),
+        ("pd:2282", "pid:2282", None),
+        ("piid:2282", "pid:2282", None),
+        ("ppid:2282", "pid:2282", None),
+        ("slrum:1234.0", "slurm:1234.0", None),
+        ("slurn:1234", "slurm:1234", None),
+        ("srun:1234.0", "slurm:1234.0", None),
+        ("rya:raysubmit_AbC123", "ray:raysubmit_AbC123", None),
+        # a bare value, or a scheme and its value glued with something other than ':'
+        ("2282", "pid:2282", "If 2282 is the ranks' MASTER_PORT, name their host too: HOST:2282"),
+        ("pid 2282", "pid:2282", None),
+        ("pid=2282", "pid:2282", None),
+        ("pid2282", "pid:2282", None),
+        ("process 2282", "pid:2282", None),
+        ("pid: 2282", "pid:2282", None),
+        ("pid:'2282'", "pid:2282", None),
+        ("pid:#2282", "pid:2282", None),
+        ("1234.0", "slurm:1234.0", None),
+        ("1234_7", "slurm:1234_7", None),
+        ("slurm 1234.batch", "slurm:1234.batch", None),
+        ("raysubmit_AbC123", "ray:raysubmit_AbC123", None),
+        ("02000000", "ray:02000000", None),  # Ray's hex job id: no pid starts with 0
+        # endpoints
+        ("tcp://10.0.0.1:29500", "10.0.0.1:29500", None),
+        ("env://node1:29500/", "node1:29500", None),
+        ("::1:29500", "[::1]:29500", None),
+        ("node01", "node01:29500", "29500 is torchrun's default"),
+        (":29500", "127.0.0.1:29500", "MASTER_ADDR"),
+    ],
+)
 def test_errors_suggest_the_closest_valid_spec(text: str, suggestion: str, help_part: str | None) -> None:
     with pytest.raises(UsageError) as info:
         parse_job_spec(text)
@@ -159,14 +161,24 @@ def test_errors_suggest_the_closest_valid_spec(text: str, suggestion: str, help_
 
 
 @pytest.mark.timeout(10)
-@pytest.mark.parametrize("text", [
-    # real host names stay hosts: a changed letter in a 3-letter scheme is a word, not a slip
-    "pit:8080", "pig:80", "rat:29500", "bay:1", "node-pid:29500", "ipd:4",
-    # a slip of ray: whose value is no Ray job id (hex, or raysubmit_...) is a host too
-    "rya:29500",
-    # the way to name a host called like a scheme or a slip of one: a trailing dot
-    "pdi.:2282", "pid.:2282", "slurm.:6817",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        # real host names stay hosts: a changed letter in a 3-letter scheme is a word, not a slip
+        "pit:8080",
+        "pig:80",
+        "rat:29500",
+        "bay:1",
+        "node-pid:29500",
+        "ipd:4",
+        # a slip of ray: whose value is no Ray job id (hex, or raysubmit_...) is a host too
+        "rya:29500",
+        # the way to name a host called like a scheme or a slip of one: a trailing dot
+        "pdi.:2282",
+        "pid.:2282",
+        "slurm.:6817",
+    ],
+)
 def test_host_names_near_a_scheme_still_parse_as_endpoints(text: str) -> None:
     spec = parse_job_spec(text)
     assert spec.kind is JobKind.ENDPOINT
@@ -196,13 +208,16 @@ def test_long_spec_is_shown_cut_and_escaped() -> None:
     assert len(message) < 400 and "\x1b" not in message and "(1048580 characters)" in message
 
 
-@pytest.mark.parametrize(("text", "job_id"), [
-    ("ray:raysubmit_Ab12", "raysubmit_Ab12"),
-    ("ray:02000000", "02000000"),
-    ("slurm:1234.0", "1234.0"),
-    ("slurm:1234_7", "1234_7"),
-    ("pid:42", "pid:42"),
-    ("node1:29500", "node1:29500"),
-])
+@pytest.mark.parametrize(
+    ("text", "job_id"),
+    [
+        ("ray:raysubmit_Ab12", "raysubmit_Ab12"),
+        ("ray:02000000", "02000000"),
+        ("slurm:1234.0", "1234.0"),
+        ("slurm:1234_7", "1234_7"),
+        ("pid:42", "pid:42"),
+        ("node1:29500", "node1:29500"),
+    ],
+)
 def test_job_id_is_what_the_scheduler_calls_the_job(text: str, job_id: str) -> None:
     assert parse_job_spec(text).job_id == job_id

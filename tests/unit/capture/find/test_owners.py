@@ -33,9 +33,11 @@ def test_the_listener_on_master_port_decides() -> None:
         store.listen()
         port = store.getsockname()[1]
         assert listening_uids(port) == {os.geteuid()}
-        t = table(proc(10, 1, (PY, "a.py"), _env(port, 0), uid=NOBODY),
-                  proc(11, 1, (PY, "a.py"), _env(port, 1), uid=NOBODY),
-                  proc(12, 1, (PY, "a.py"), _env(port, 1), uid=os.geteuid()))
+        t = table(
+            proc(10, 1, (PY, "a.py"), _env(port, 0), uid=NOBODY),
+            proc(11, 1, (PY, "a.py"), _env(port, 1), uid=NOBODY),
+            proc(12, 1, (PY, "a.py"), _env(port, 1), uid=os.geteuid()),
+        )
         owner = job_owner(t, [10, 11, 12], [None] * 3)
         assert owner is not None and owner.uid == os.geteuid()
         assert "listening on MASTER_PORT" in owner.how  # two of three ranks are no majority here
@@ -50,9 +52,12 @@ def test_the_named_pid_decides_without_a_listener() -> None:
 
 
 def test_a_launcher_decides_only_when_every_rank_has_one() -> None:
-    t = table(proc(9, 1, TORCHRUN, uid=ROOT),
-              proc(10, 9, (PY, "a.py"), _env(1, 0), uid=ROOT), proc(11, 1, (PY, "a.py"), _env(1, 1), uid=NOBODY),
-              proc(12, 9, (PY, "a.py"), _env(1, 1), uid=NOBODY))
+    t = table(
+        proc(9, 1, TORCHRUN, uid=ROOT),
+        proc(10, 9, (PY, "a.py"), _env(1, 0), uid=ROOT),
+        proc(11, 1, (PY, "a.py"), _env(1, 1), uid=NOBODY),
+        proc(12, 9, (PY, "a.py"), _env(1, 1), uid=NOBODY),
+    )
     owner = job_owner(t, [10, 12], [9, 9], port=1)  # nobody's process below root's launcher
     assert owner is not None and owner.uid == ROOT
     assert job_owner(t, [10, 11], [9, None], port=1) is None  # one rank below no launcher
@@ -66,8 +71,11 @@ def test_discovery_refuses_two_users_it_cannot_tell_apart() -> None:
 
 
 def test_discovery_of_a_pid_leaves_the_other_users_process_out_and_says_so() -> None:
-    t = table(proc(9, 1, TORCHRUN, uid=ROOT),
-              proc(10, 9, (PY, "a.py"), _env(1, 0), uid=ROOT), proc(11, 9, (PY, "a.py"), _env(1, 1), uid=NOBODY))
+    t = table(
+        proc(9, 1, TORCHRUN, uid=ROOT),
+        proc(10, 9, (PY, "a.py"), _env(1, 0), uid=ROOT),
+        proc(11, 9, (PY, "a.py"), _env(1, 1), uid=NOBODY),
+    )
     found = discover(parse_job_spec("pid:9"), "n1", t)
     assert [r.pid for r in found.ranks] == [10]
     (note,) = [n for n in found.notes if "another user" in n]

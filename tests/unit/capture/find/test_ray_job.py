@@ -83,15 +83,27 @@ class FakeDashboard:
 
 
 NO_STATE = (500, "Train state data is not available. Please make sure Ray Train is running")
-LOG_ACTORS = [CONTROLLER, actor("w0", pid=100, ip="10.0.0.1"), actor("w1", pid=101, ip="10.0.0.2"),
-              actor("w2", pid=102, ip="10.0.0.2")]
+LOG_ACTORS = [
+    CONTROLLER,
+    actor("w0", pid=100, ip="10.0.0.1"),
+    actor("w1", pid=101, ip="10.0.0.2"),
+    actor("w2", pid=102, ip="10.0.0.2"),
+]
 
 
 def test_train_ranks_prefer_the_run_state() -> None:
     import json
 
-    payload = {"train_runs": [{"name": "r", "job_id": JOB, "start_time_ns": 1, "attempts": [
-        {"start_time_ns": 1, "workers": [v2_worker("w0", 0, 100)]}]}]}
+    payload = {
+        "train_runs": [
+            {
+                "name": "r",
+                "job_id": JOB,
+                "start_time_ns": 1,
+                "attempts": [{"start_time_ns": 1, "workers": [v2_worker("w0", 0, 100)]}],
+            }
+        ]
+    }
     api = FakeDashboard({"/api/train/v2/runs/v1": (200, json.dumps(payload))})
     found = ray_job.train_ranks(api, JOB, LOG_ACTORS)  # type: ignore[arg-type]
     assert found.ranks == {"w0": TrainRank(0, 0, 1, "run state")}
@@ -99,17 +111,22 @@ def test_train_ranks_prefer_the_run_state() -> None:
 
 
 def test_train_ranks_fall_back_to_the_controller_log() -> None:
-    api = FakeDashboard({"/api/train/v2/runs/v1": NO_STATE, "/api/train/v2/runs": NO_STATE,
-                         "/api/v0/logs/file": (200, CONTROLLER_LOG)})
+    api = FakeDashboard(
+        {"/api/train/v2/runs/v1": NO_STATE, "/api/train/v2/runs": NO_STATE, "/api/v0/logs/file": (200, CONTROLLER_LOG)}
+    )
     found = ray_job.train_ranks(api, JOB, LOG_ACTORS)  # type: ignore[arg-type]
     assert {a: r.world_rank for a, r in found.ranks.items()} == {"w1": 0, "w0": 1, "w2": 2}
     assert "controller's log" in found.note and "RAY_TRAIN_ENABLE_STATE_TRACKING=1" in found.note
 
 
 def test_train_ranks_missing_everywhere_cost_the_ranks_not_the_discovery() -> None:
-    api = FakeDashboard({"/api/train/v2/runs/v1": RayUnreachable("timed out"),
-                         "/api/train/v2/runs": (200, "not json"),
-                         "/api/v0/logs/file": RayUnreachable("no log")})
+    api = FakeDashboard(
+        {
+            "/api/train/v2/runs/v1": RayUnreachable("timed out"),
+            "/api/train/v2/runs": (200, "not json"),
+            "/api/v0/logs/file": RayUnreachable("no log"),
+        }
+    )
     found = ray_job.train_ranks(api, JOB, LOG_ACTORS)  # type: ignore[arg-type]
     assert found.ranks == {}
     assert "run state was not found" in found.note

@@ -46,13 +46,16 @@ pytestmark = pytest.mark.timeout(30)
 # ------------------------------------------------------------------ patterns
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("RayTrainWorker", ("RayTrainWorker",)),
-    (" RayTrainWorker , Trainer* ,", ("RayTrainWorker", "Trainer*")),
-    ("a,,b", ("a", "b")),
-    ("", ()),
-    (" , ", ()),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("RayTrainWorker", ("RayTrainWorker",)),
+        (" RayTrainWorker , Trainer* ,", ("RayTrainWorker", "Trainer*")),
+        ("a,,b", ("a", "b")),
+        ("", ()),
+        (" , ", ()),
+    ],
+)
 def test_parse_patterns(text: str, expected: tuple[str, ...]) -> None:
     assert parse_patterns(text) == expected
 
@@ -96,11 +99,16 @@ def test_actor_order_is_natural_by_name_then_class_and_id() -> None:
 
 
 def test_ranks_from_ray_train() -> None:
-    train = TrainRanks({"w0": TrainRank(2, 0, 3, "run state"), "w1": TrainRank(0, 0, 3, "run state"),
-                        "w2": TrainRank(1, 1, 3, "run state")}, "world ranks read from X")
+    train = TrainRanks(
+        {
+            "w0": TrainRank(2, 0, 3, "run state"),
+            "w1": TrainRank(0, 0, 3, "run state"),
+            "w2": TrainRank(1, 1, 3, "run state"),
+        },
+        "world ranks read from X",
+    )
     workers, notes = number_workers([W0, W1, W2], train, train_job=True)
-    assert [(w.actor_id, w.world_rank, w.local_rank) for w in workers] == [
-        ("w1", 0, 0), ("w2", 1, 1), ("w0", 2, 0)]
+    assert [(w.actor_id, w.world_rank, w.local_rank) for w in workers] == [("w1", 0, 0), ("w2", 1, 1), ("w0", 2, 0)]
     assert {w.rank_source for w in workers} == {RankSource.RAY}
     assert workers[2].rank_evidence == "Ray Train world rank 2 (run state)"
     assert all(w.world_size == 3 for w in workers)
@@ -130,18 +138,35 @@ def test_selected_actors_outside_the_run_have_no_rank() -> None:
     train = TrainRanks({"w0": TrainRank(0, 0, 1, "controller log")}, "from the log")
     workers, notes = number_workers([extra, W0], train, train_job=True)
     assert [(w.actor_id, w.world_rank, w.rank_source) for w in workers] == [
-        ("w0", 0, RankSource.RAY), ("x", None, None)]
+        ("w0", 0, RankSource.RAY),
+        ("x", None, None),
+    ]
     assert "Evaluator 'eval'" in notes[1]
 
 
 def test_to_rank_process() -> None:
-    worker = RayWorker(pid=4242, node_id=NODE_B, node_ip="10.0.0.2", actor_id="w", actor_class="C",
-                       actor_name="", world_rank=3, world_size=4, local_rank=1,
-                       rank_evidence="Ray Train world rank 3 (run state)",
-                       rank_source=RankSource.RAY)
+    worker = RayWorker(
+        pid=4242,
+        node_id=NODE_B,
+        node_ip="10.0.0.2",
+        actor_id="w",
+        actor_class="C",
+        actor_name="",
+        world_rank=3,
+        world_size=4,
+        local_rank=1,
+        rank_evidence="Ray Train world rank 3 (run state)",
+        rank_source=RankSource.RAY,
+    )
     assert worker.to_rank_process("node-b") == RankProcess(
-        pid=4242, host="node-b", rank=3, rank_source=RankSource.RAY,
-        rank_evidence="Ray Train world rank 3 (run state)", world_size=4, local_rank=1)
+        pid=4242,
+        host="node-b",
+        rank=3,
+        rank_source=RankSource.RAY,
+        rank_evidence="Ray Train world rank 3 (run state)",
+        world_size=4,
+        local_rank=1,
+    )
 
 
 def test_actors_outside_a_known_run_are_numbered_in_actor_order() -> None:
@@ -155,34 +180,52 @@ def test_actors_outside_a_known_run_are_numbered_in_actor_order() -> None:
 
 
 def test_train_v2_run_state_takes_the_latest_attempt_of_the_live_run() -> None:
-    old_attempt = {"attempt_id": "a1", "start_time_ns": 1,
-                   "workers": [v2_worker("dead0", 0, 1), v2_worker("dead1", 1, 2)]}
-    new_attempt = {"attempt_id": "a2", "start_time_ns": 2,
-                   "workers": [v2_worker("w1", 0, 101), v2_worker("w0", 1, 100)]}
-    payload = {"train_runs": [
-        {"id": "r1", "name": "mine", "job_id": JOB.upper(), "start_time_ns": 5,
-         "attempts": [new_attempt, old_attempt]},
-        {"id": "r0", "name": "other-job", "job_id": "03000000", "start_time_ns": 9,
-         "attempts": [{"start_time_ns": 3, "workers": [v2_worker("w0", 7, 100)]}]},
-    ]}
+    old_attempt = {
+        "attempt_id": "a1",
+        "start_time_ns": 1,
+        "workers": [v2_worker("dead0", 0, 1), v2_worker("dead1", 1, 2)],
+    }
+    new_attempt = {
+        "attempt_id": "a2",
+        "start_time_ns": 2,
+        "workers": [v2_worker("w1", 0, 101), v2_worker("w0", 1, 100)],
+    }
+    payload = {
+        "train_runs": [
+            {
+                "id": "r1",
+                "name": "mine",
+                "job_id": JOB.upper(),
+                "start_time_ns": 5,
+                "attempts": [new_attempt, old_attempt],
+            },
+            {
+                "id": "r0",
+                "name": "other-job",
+                "job_id": "03000000",
+                "start_time_ns": 9,
+                "attempts": [{"start_time_ns": 3, "workers": [v2_worker("w0", 7, 100)]}],
+            },
+        ]
+    }
     found = ranks_from_train_runs(payload, JOB, ["w0", "w1", "ctl"], "/api/train/v2/runs/v1")
-    assert found.ranks == {"w1": TrainRank(0, 0, 2, "run state"),
-                           "w0": TrainRank(1, 1, 2, "run state")}
+    assert found.ranks == {"w1": TrainRank(0, 0, 2, "run state"), "w0": TrainRank(1, 1, 2, "run state")}
     assert "/api/train/v2/runs/v1" in found.note and "mine" in found.note
 
 
 def test_train_v1_run_state_and_finished_runs() -> None:
-    finished = {"name": "first", "job_id": JOB, "start_time_ms": 1,
-                "workers": [v2_worker("gone", 0, 1)]}
-    running = {"name": "second", "job_id": JOB, "start_time_ms": 2,
-               "workers": [v2_worker("w0", 0, 100), v2_worker("w1", 1, 101)]}
+    finished = {"name": "first", "job_id": JOB, "start_time_ms": 1, "workers": [v2_worker("gone", 0, 1)]}
+    running = {
+        "name": "second",
+        "job_id": JOB,
+        "start_time_ms": 2,
+        "workers": [v2_worker("w0", 0, 100), v2_worker("w1", 1, 101)],
+    }
     found = ranks_from_train_runs({"train_runs": [running, finished]}, JOB, ["w0", "w1"])
     assert {k: v.world_rank for k, v in found.ranks.items()} == {"w0": 0, "w1": 1}
     assert "second" in found.note
     assert ranks_from_train_runs({"train_runs": [finished]}, JOB, ["w0"]).ranks == {}
     assert ranks_from_train_runs({}, JOB, ["w0"]).ranks == {}
-
-
 
 
 def test_controller_log_uses_the_last_worker_group_and_matches_ip_and_pid() -> None:
@@ -191,24 +234,31 @@ def test_controller_log_uses_the_last_worker_group_and_matches_ip_and_pid() -> N
     w2 = actor("w2", pid=102, ip="10.0.0.2")
     same_pid_other_ip = actor("other", pid=102, ip="10.0.0.1")
     ranks = ranks_from_controller_log(CONTROLLER_LOG, [w0, w1, w2, same_pid_other_ip])
-    assert ranks == {"w1": TrainRank(0, 0, 3, "controller log"),
-                     "w0": TrainRank(1, 0, 3, "controller log"),
-                     "w2": TrainRank(2, 1, 3, "controller log")}
+    assert ranks == {
+        "w1": TrainRank(0, 0, 3, "controller log"),
+        "w0": TrainRank(1, 0, 3, "controller log"),
+        "w2": TrainRank(2, 1, 3, "controller log"),
+    }
     assert ranks_from_controller_log("nothing here\n", [w0]) == {}
 
 
 def test_controller_log_of_train_v1() -> None:
-    text = ("Started distributed worker processes: \n"
-            f"- (node_id={NODE_A}, ip=10.0.0.1, pid=100) world_rank=0, local_rank=0, "
-            "node_rank=0\n")
+    text = (
+        "Started distributed worker processes: \n"
+        f"- (node_id={NODE_A}, ip=10.0.0.1, pid=100) world_rank=0, local_rank=0, "
+        "node_rank=0\n"
+    )
     assert ranks_from_controller_log(text, [actor("w0", pid=100)])["w0"].world_rank == 0
 
 
 # ------------------------------------------------------------------ jobs and errors
 
 
-JOBS = [JobInfo("01000000", None, "SUCCEEDED"), JobInfo(JOB, "raysubmit_AbC123", "RUNNING"),
-        JobInfo(None, "raysubmit_pending", "PENDING")]
+JOBS = [
+    JobInfo("01000000", None, "SUCCEEDED"),
+    JobInfo(JOB, "raysubmit_AbC123", "RUNNING"),
+    JobInfo(None, "raysubmit_pending", "PENDING"),
+]
 
 
 def test_resolve_job_by_submission_or_hex_id() -> None:
@@ -244,14 +294,18 @@ def test_no_workers_error_names_the_job_s_actor_classes() -> None:
 
 
 def test_ray_job_of_numbers_the_workers_and_says_who_was_left_out() -> None:
-    train = TrainRanks({"w0": TrainRank(1, 0, 2, "run state"), "w1": TrainRank(0, 0, 2, "run state")},
-                       "world ranks read from the run state")
+    train = TrainRanks(
+        {"w0": TrainRank(1, 0, 2, "run state"), "w1": TrainRank(0, 0, 2, "run state")},
+        "world ranks read from the run state",
+    )
     job = ray_job_of(JOBS[1], [CONTROLLER, W0, SYNC, W1], [], train)
     assert (job.job_id, job.submission_id) == (JOB, "raysubmit_AbC123")
     assert [(w.actor_id, w.world_rank) for w in job.workers] == [("w1", 0), ("w0", 1)]
     assert job.node_ids == (NODE_B, NODE_A)
-    assert job.notes == ("world ranks read from the run state",
-                         "actors of the job left out: SynchronizationActor, TrainController")
+    assert job.notes == (
+        "world ranks read from the run state",
+        "actors of the job left out: SynchronizationActor, TrainController",
+    )
 
 
 def test_ray_job_of_without_a_worker_is_an_error() -> None:
@@ -263,6 +317,11 @@ def test_actor_processes_are_the_node_s_own_but_the_asker() -> None:
     asker = actor("agent", "HangdocAgent", pid=7, node=NODE_B)
     found = actor_processes([W0, W1, W2, asker], JOB, NODE_B, "node-b", own_pid=7)
     assert found == tuple(
-        RankProcess(pid=a.pid, host="node-b", rank=None,
-                    rank_evidence=f"actor RayTrainWorker of Ray job {JOB} on node {NODE_B[:12]}")
-        for a in (W1, W2))
+        RankProcess(
+            pid=a.pid,
+            host="node-b",
+            rank=None,
+            rank_evidence=f"actor RayTrainWorker of Ray job {JOB} on node {NODE_B[:12]}",
+        )
+        for a in (W1, W2)
+    )

@@ -32,10 +32,12 @@ AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/" + "bPxRfiCYEXAMPLEKEY"
 SLACK = "xoxb-" + "123456789012-abcdefABCDEF"
 SLACK_USER = "xoxp-" + "123456789012-123456789012-abcdef0123456789"
 GITLAB = "glpat-" + "xY9zAbCdEfGhIjKlMnOp"
-JWT = ("eyJ" + "hbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0."
-       "dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U")
-PEM = ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n"
-       "-----END OPENSSH PRIVATE KEY-----")
+JWT = (
+    "eyJ" + "hbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"
+)
+PEM = (
+    "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n-----END OPENSSH PRIVATE KEY-----"
+)
 UUID = "3f1c9a7e-5b2d-4c8f-9e6a-1d2b3c4d5e6f"
 
 # ------------------------------------------------------------------ environment
@@ -112,8 +114,7 @@ ENV_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("name", "value", "expected"), ENV_CASES,
-                         ids=[f"{c[0]}={c[1][:20]}" for c in ENV_CASES])
+@pytest.mark.parametrize(("name", "value", "expected"), ENV_CASES, ids=[f"{c[0]}={c[1][:20]}" for c in ENV_CASES])
 def test_redact_env(name: str, value: str, expected: str) -> None:
     assert redact_env([(name, value)]) == ((name, expected),)
 
@@ -123,12 +124,27 @@ def test_redact_env_keeps_order_and_names() -> None:
     assert redact_env(items) == (("Z_TOKEN", REDACTED), ("RANK", "1"), ("M_KEY", REDACTED))
 
 
-@pytest.mark.parametrize(("name", "secret"), [
-    ("GITHUB_TOKEN", True), ("api-key", True), ("ApiKey", True), ("HFTOKEN", True),
-    ("wandb.api_key", True), ("X-Api-Key", True), ("Authorization", True), ("db_pw", True),
-    ("KEYBOARD", False), ("TOKENIZERS_PARALLELISM", False), ("PASSTHROUGH", False),
-    ("AUTHOR", False), ("RANK", False), ("OLDPWD", False), ("PWD", False), ("port", False),
-])
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("GITHUB_TOKEN", True),
+        ("api-key", True),
+        ("ApiKey", True),
+        ("HFTOKEN", True),
+        ("wandb.api_key", True),
+        ("X-Api-Key", True),
+        ("Authorization", True),
+        ("db_pw", True),
+        ("KEYBOARD", False),
+        ("TOKENIZERS_PARALLELISM", False),
+        ("PASSTHROUGH", False),
+        ("AUTHOR", False),
+        ("RANK", False),
+        ("OLDPWD", False),
+        ("PWD", False),
+        ("port", False),
+    ],
+)
 def test_is_secret_name(name: str, secret: bool) -> None:
     assert is_secret_name(name) is secret
 
@@ -173,14 +189,12 @@ VALUE_CASES = [
     (f"token={V},{V}; lr=3", f"token={REDACTED}; lr=3"),
     (json.dumps({"api_key": V, "lr": 0.1}), f'{{"api_key": "{REDACTED}", "lr": 0.1}}'),
     (repr({"password": V, "epochs": 3}), f"{{'password': '{REDACTED}', 'epochs': 3}}"),
-    (json.dumps({"credentials": {"user": "u", "pw": V}, "lr": 1}),
-     f'{{"credentials": {REDACTED}, "lr": 1}}'),
+    (json.dumps({"credentials": {"user": "u", "pw": V}, "lr": 1}), f'{{"credentials": {REDACTED}, "lr": 1}}'),
     (json.dumps({"tokens": [V, V]}), f'{{"tokens": {REDACTED}}}'),
     ("os.environ['HF_TOKEN'] = 'abc'", f"os.environ['HF_TOKEN'] = '{REDACTED}'"),
     (f"Authorization: Bearer {V}", f"Authorization: {REDACTED}"),
     (f"Proxy-Authorization: Basic {V}", f"Proxy-Authorization: {REDACTED}"),
-    (f"curl -H 'Authorization: Basic {V}' https://h",
-     f"curl -H 'Authorization: {REDACTED}' https://h"),
+    (f"curl -H 'Authorization: Basic {V}' https://h", f"curl -H 'Authorization: {REDACTED}' https://h"),
     (f"Cookie: a=1; session={V}", f"Cookie: {REDACTED}"),
     (f"X-Api-Key: {V}", f"X-Api-Key: {REDACTED}"),
     (f"send Bearer {V}", f"send Bearer {REDACTED}"),
@@ -200,68 +214,205 @@ def test_redact_value(value: str, expected: str) -> None:
 
 ARGV_CASES = [
     # (argv, expected)
-    (["python", "train.py", "--hf-token", "abc", "--lr", "3e-4"],
-     ("python", "train.py", "--hf-token", REDACTED, "--lr", "3e-4")),
-    (["python", "train.py", "--api_key=abc", "--epochs=3"],
-     ("python", "train.py", f"--api_key={REDACTED}", "--epochs=3")),
-    (["python", "-m", "x", "--password", "--verbose"],  # flag without value: nothing hidden
-     ("python", "-m", "x", "--password", "--verbose")),
+    (
+        ["python", "train.py", "--hf-token", "abc", "--lr", "3e-4"],
+        ("python", "train.py", "--hf-token", REDACTED, "--lr", "3e-4"),
+    ),
+    (
+        ["python", "train.py", "--api_key=abc", "--epochs=3"],
+        ("python", "train.py", f"--api_key={REDACTED}", "--epochs=3"),
+    ),
+    (
+        ["python", "-m", "x", "--password", "--verbose"],  # flag without value: nothing hidden
+        ("python", "-m", "x", "--password", "--verbose"),
+    ),
     (["x.py", "--password", f"-Xy7{V}"], ("x.py", "--password", REDACTED)),  # value starts with -
     (["x.py", "--db", f"mysql://u:{V}@h/db"], ("x.py", "--db", f"mysql://u:{REDACTED}@h/db")),
     (["python", "x.py", GH], ("python", "x.py", REDACTED)),
     # hydra overrides
-    (["train.py", f"wandb.api_key={V}", f"+db.password={V}", f"++trainer.secret={V}",
-      f"model.hf_token={V}", "trainer.max_epochs=3", "+model.tokenizer=gpt2"],
-     ("train.py", f"wandb.api_key={REDACTED}", f"+db.password={REDACTED}",
-      f"++trainer.secret={REDACTED}", f"model.hf_token={REDACTED}", "trainer.max_epochs=3",
-      "+model.tokenizer=gpt2")),
+    (
+        [
+            "train.py",
+            f"wandb.api_key={V}",
+            f"+db.password={V}",
+            f"++trainer.secret={V}",
+            f"model.hf_token={V}",
+            "trainer.max_epochs=3",
+            "+model.tokenizer=gpt2",
+        ],
+        (
+            "train.py",
+            f"wandb.api_key={REDACTED}",
+            f"+db.password={REDACTED}",
+            f"++trainer.secret={REDACTED}",
+            f"model.hf_token={REDACTED}",
+            "trainer.max_epochs=3",
+            "+model.tokenizer=gpt2",
+        ),
+    ),
     # headers
-    (["x.py", "--header", f"Authorization: Bearer {V}", "-H", f"X-Api-Key: {V}",
-      "-H", "Accept: application/json"],
-     ("x.py", "--header", f"Authorization: {REDACTED}", "-H", f"X-Api-Key: {REDACTED}",
-      "-H", "Accept: application/json")),
+    (
+        ["x.py", "--header", f"Authorization: Bearer {V}", "-H", f"X-Api-Key: {V}", "-H", "Accept: application/json"],
+        (
+            "x.py",
+            "--header",
+            f"Authorization: {REDACTED}",
+            "-H",
+            f"X-Api-Key: {REDACTED}",
+            "-H",
+            "Accept: application/json",
+        ),
+    ),
     ([f"--header=Authorization: Basic {V}"], (f"--header=Authorization: {REDACTED}",)),
     # short, abbreviated and password-ish options
     (["mysql", "-u", "root", "-p", V], ("mysql", "-u", "root", "-p", REDACTED)),
     (["mysql", f"-p{V}", "db"], ("mysql", f"-p{REDACTED}", "db")),
     (["sshpass", f"-p={V}"], ("sshpass", f"-p={REDACTED}")),
-    (["x.py", "-p", "29500", "-p8080", "-p", "/data/run1"],  # ports and paths stay
-     ("x.py", "-p", "29500", "-p8080", "-p", "/data/run1")),
-    (["x.py", f"--api-k={V}", f"--pw={V}", "--pwd", V, "--passwd", V, f"--token={V}",
-      "--toke", V, "--secr", V],
-     ("x.py", f"--api-k={REDACTED}", f"--pw={REDACTED}", "--pwd", REDACTED, "--passwd",
-      REDACTED, f"--token={REDACTED}", "--toke", REDACTED, "--secr", REDACTED)),
-    (["x.py", "-password", V, "-passwd=" + V],
-     ("x.py", "-password", REDACTED, f"-passwd={REDACTED}")),
-    (["x.py", "--pwd", "/home/me/run", "--key-file", "/etc/ssl/key.pem",
-      "--token-path", "~/.cache/hf/token", "--password-file", "./pw.txt"],
-     ("x.py", "--pwd", "/home/me/run", "--key-file", "/etc/ssl/key.pem",
-      "--token-path", "~/.cache/hf/token", "--password-file", "./pw.txt")),
-    (["x.py", "--key-file", V, "--key-file=key.pem"],  # not evidently a path
-     ("x.py", "--key-file", REDACTED, f"--key-file={REDACTED}")),
+    (
+        ["x.py", "-p", "29500", "-p8080", "-p", "/data/run1"],  # ports and paths stay
+        ("x.py", "-p", "29500", "-p8080", "-p", "/data/run1"),
+    ),
+    (
+        ["x.py", f"--api-k={V}", f"--pw={V}", "--pwd", V, "--passwd", V, f"--token={V}", "--toke", V, "--secr", V],
+        (
+            "x.py",
+            f"--api-k={REDACTED}",
+            f"--pw={REDACTED}",
+            "--pwd",
+            REDACTED,
+            "--passwd",
+            REDACTED,
+            f"--token={REDACTED}",
+            "--toke",
+            REDACTED,
+            "--secr",
+            REDACTED,
+        ),
+    ),
+    (["x.py", "-password", V, "-passwd=" + V], ("x.py", "-password", REDACTED, f"-passwd={REDACTED}")),
+    (
+        [
+            "x.py",
+            "--pwd",
+            "/home/me/run",
+            "--key-file",
+            "/etc/ssl/key.pem",
+            "--token-path",
+            "~/.cache/hf/token",
+            "--password-file",
+            "./pw.txt",
+        ],
+        (
+            "x.py",
+            "--pwd",
+            "/home/me/run",
+            "--key-file",
+            "/etc/ssl/key.pem",
+            "--token-path",
+            "~/.cache/hf/token",
+            "--password-file",
+            "./pw.txt",
+        ),
+    ),
+    (
+        ["x.py", "--key-file", V, "--key-file=key.pem"],  # not evidently a path
+        ("x.py", "--key-file", REDACTED, f"--key-file={REDACTED}"),
+    ),
     # JSON, dicts and key=value lists in one argument
-    (["x.py", "--cfg", json.dumps({"api_key": V, "lr": 0.1})],
-     ("x.py", "--cfg", f'{{"api_key": "{REDACTED}", "lr": 0.1}}')),
+    (
+        ["x.py", "--cfg", json.dumps({"api_key": V, "lr": 0.1})],
+        ("x.py", "--cfg", f'{{"api_key": "{REDACTED}", "lr": 0.1}}'),
+    ),
     (["x.py", repr({"password": V})], ("x.py", f"{{'password': '{REDACTED}'}}")),
     (["x.py", "--extra", f"token={V},lr=3"], ("x.py", "--extra", f"token={REDACTED},lr=3")),
     # a command line inside one argument
-    (["bash", "-c", f"sshpass -p {V} ssh h && python x.py --hf-token {V} --lr 3"],
-     ("bash", "-c", f"sshpass -p {REDACTED} ssh h && python x.py --hf-token {REDACTED} --lr 3")),
+    (
+        ["bash", "-c", f"sshpass -p {V} ssh h && python x.py --hf-token {V} --lr 3"],
+        ("bash", "-c", f"sshpass -p {REDACTED} ssh h && python x.py --hf-token {REDACTED} --lr 3"),
+    ),
     # an AWS secret access key in an argument next to the one with its key id
     (["aws-login", AWS, AWS_SECRET], ("aws-login", REDACTED, REDACTED)),
     # what diagnosis needs stays
-    (["python", "train.py", "--lr", "3e-4", "--batch-size", "32", "--master-port", "29500",
-      "--config", "conf/x.yaml", "--port", "29500", "--top-k", "50", "--timeout-sec", "600",
-      "--tokenizer", "gpt2", "--num-passes", "2"],
-     ("python", "train.py", "--lr", "3e-4", "--batch-size", "32", "--master-port", "29500",
-      "--config", "conf/x.yaml", "--port", "29500", "--top-k", "50", "--timeout-sec", "600",
-      "--tokenizer", "gpt2", "--num-passes", "2")),
-    (["torchrun", "--nproc-per-node", "8", "--nnodes=2", "--rdzv-endpoint", "host:29400",
-      "--rdzv-id", UUID, "--rdzv-backend=c10d", "train.py", "--rank", "3"],
-     ("torchrun", "--nproc-per-node", "8", "--nnodes=2", "--rdzv-endpoint", "host:29400",
-      "--rdzv-id", UUID, "--rdzv-backend=c10d", "train.py", "--rank", "3")),
-    (["python", "-u", "-X", "faulthandler", "-W", "ignore", "/opt/app/train.py", "--seed", "1"],
-     ("python", "-u", "-X", "faulthandler", "-W", "ignore", "/opt/app/train.py", "--seed", "1")),
+    (
+        [
+            "python",
+            "train.py",
+            "--lr",
+            "3e-4",
+            "--batch-size",
+            "32",
+            "--master-port",
+            "29500",
+            "--config",
+            "conf/x.yaml",
+            "--port",
+            "29500",
+            "--top-k",
+            "50",
+            "--timeout-sec",
+            "600",
+            "--tokenizer",
+            "gpt2",
+            "--num-passes",
+            "2",
+        ],
+        (
+            "python",
+            "train.py",
+            "--lr",
+            "3e-4",
+            "--batch-size",
+            "32",
+            "--master-port",
+            "29500",
+            "--config",
+            "conf/x.yaml",
+            "--port",
+            "29500",
+            "--top-k",
+            "50",
+            "--timeout-sec",
+            "600",
+            "--tokenizer",
+            "gpt2",
+            "--num-passes",
+            "2",
+        ),
+    ),
+    (
+        [
+            "torchrun",
+            "--nproc-per-node",
+            "8",
+            "--nnodes=2",
+            "--rdzv-endpoint",
+            "host:29400",
+            "--rdzv-id",
+            UUID,
+            "--rdzv-backend=c10d",
+            "train.py",
+            "--rank",
+            "3",
+        ],
+        (
+            "torchrun",
+            "--nproc-per-node",
+            "8",
+            "--nnodes=2",
+            "--rdzv-endpoint",
+            "host:29400",
+            "--rdzv-id",
+            UUID,
+            "--rdzv-backend=c10d",
+            "train.py",
+            "--rank",
+            "3",
+        ),
+    ),
+    (
+        ["python", "-u", "-X", "faulthandler", "-W", "ignore", "/opt/app/train.py", "--seed", "1"],
+        ("python", "-u", "-X", "faulthandler", "-W", "ignore", "/opt/app/train.py", "--seed", "1"),
+    ),
 ]
 
 

@@ -55,17 +55,20 @@ def test_parse_dump_orders_frames_outermost_first() -> None:
     threads = parse_dump(fixture("pyspy_rank0_allreduce.json"))
     assert [t.name for t in threads] == ["QueueFeederThread", "MainThread"]
     main = main_thread(threads)
-    assert (main.thread_id, main.native_id, main.active, main.owns_gil) == \
-        (140138407709568, 10805, False, False)
+    assert (main.thread_id, main.native_id, main.active, main.owns_gil) == (140138407709568, 10805, False, False)
     assert [f.function for f in main.frames] == [
-        "<module>", "main", "run", "_exception_logger.<locals>.wrapper", "all_reduce"]
+        "<module>",
+        "main",
+        "run",
+        "_exception_logger.<locals>.wrapper",
+        "all_reduce",
+    ]
     assert main.innermost == main.frames[-1]
     assert main.innermost.short_filename == C10D
     assert main.innermost.line == 3252
     assert not any(f.native for f in main.frames)
     feeder = threads[0]
-    assert (feeder.frames[0].function, feeder.innermost.function) == \
-        ("Thread._bootstrap", "Condition.wait")
+    assert (feeder.frames[0].function, feeder.innermost.function) == ("Thread._bootstrap", "Condition.wait")
     assert all(t.locals == () for t in threads)  # dumped without --locals
 
 
@@ -93,24 +96,30 @@ def test_parse_dump_keeps_selected_locals_by_frame_index() -> None:
     # the tensor and the Work handle are dropped; the wrapper says no group was given
     assert main.locals == (
         FrameLocals(recv_index - 1, (("group", DEFAULT_GROUP),)),
-        FrameLocals(recv_index, (("src", "1"), ("group", "None"), ("tag", "7"),
-                                 ("group_src", "None"))),
+        FrameLocals(recv_index, (("src", "1"), ("group", "None"), ("tag", "7"), ("group_src", "None"))),
     )
     assert main.locals_at(recv_index).get("src") == "1"
     assert main.locals_at(0) is None
 
 
-@pytest.mark.parametrize(("name", "call_group", "kept"), [
-    # real dumps of one hung 4-rank gloo job (py-spy 0.4.3 --locals, torch 2.13)
-    ("pyspy_locals_subgroup_allreduce.json", "<ProcessGroup>",
-     (("group", "<ProcessGroup>"), ("async_op", "False"))),
-    ("pyspy_locals_world_allreduce.json", DEFAULT_GROUP,
-     (("group", "<ProcessGroup>"), ("async_op", "False"))),
-    ("pyspy_locals_send_world.json", DEFAULT_GROUP,
-     (("dst", "2"), ("group", "<ProcessGroup>"), ("tag", "0"), ("group_dst", "2"))),
-])
-def test_parse_dump_tells_a_given_group_from_the_default_one(name: str, call_group: str,
-                                                            kept: tuple) -> None:
+@pytest.mark.parametrize(
+    ("name", "call_group", "kept"),
+    [
+        # real dumps of one hung 4-rank gloo job (py-spy 0.4.3 --locals, torch 2.13)
+        (
+            "pyspy_locals_subgroup_allreduce.json",
+            "<ProcessGroup>",
+            (("group", "<ProcessGroup>"), ("async_op", "False")),
+        ),
+        ("pyspy_locals_world_allreduce.json", DEFAULT_GROUP, (("group", "<ProcessGroup>"), ("async_op", "False"))),
+        (
+            "pyspy_locals_send_world.json",
+            DEFAULT_GROUP,
+            (("dst", "2"), ("group", "<ProcessGroup>"), ("tag", "0"), ("group_dst", "2")),
+        ),
+    ],
+)
+def test_parse_dump_tells_a_given_group_from_the_default_one(name: str, call_group: str, kept: tuple) -> None:
     # c10d replaces group=None with the default group before it blocks: only the call
     # wrapper's args/kwargs still say whether the caller passed a group
     main = main_thread(parse_dump(fixture(name)))
@@ -120,43 +129,78 @@ def test_parse_dump_tells_a_given_group_from_the_default_one(name: str, call_gro
 
 
 def _one_frame_dump(filename: str, variables: list[dict]) -> str:
-    return json.dumps([{"pid": 9, "thread_id": 1, "thread_name": "MainThread",
-                        "os_thread_id": 9, "active": False, "owns_gil": False,
-                        "frames": [{"name": "f", "filename": filename, "module": None,
-                                    "line": 3, "locals": variables}]}])
+    return json.dumps(
+        [
+            {
+                "pid": 9,
+                "thread_id": 1,
+                "thread_name": "MainThread",
+                "os_thread_id": 9,
+                "active": False,
+                "owns_gil": False,
+                "frames": [{"name": "f", "filename": filename, "module": None, "line": 3, "locals": variables}],
+            }
+        ]
+    )
 
 
 _C10D_PATH = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 
 
-@pytest.mark.parametrize(("filename", "variables", "kept"), [
-    # a user's frame: nothing is kept, whatever its names
-    ("/home/u/train.py", [{"name": "src", "repr": '"s3://bucket/key?token=abc"'},
-                          {"name": "rank", "repr": "3"}], ()),
-    # a c10d frame: strings, floats and containers are dropped, numbers and types kept
-    (_C10D_PATH, [{"name": "src", "repr": '"/secret/path"'},
-                  {"name": "tag", "repr": "[1, 2]"},
-                  {"name": "world_size", "repr": "4"},
-                  {"name": "rank", "repr": "-1"},
-                  {"name": "group", "repr": "<torch._C._distributed_c10d.ProcessGroup at 0x7f00>"},
-                  {"name": "group_name", "repr": '"tp:1"'},
-                  {"name": "store", "repr": "<TCPStore at 0x1>"}],
-     (("world_size", "4"), ("rank", "-1"), ("group", "<ProcessGroup>"), ("group_name", "tp:1"))),
-    (_C10D_PATH, [{"name": "group_name", "repr": '"has space"'}], ()),
-])
+@pytest.mark.parametrize(
+    ("filename", "variables", "kept"),
+    [
+        # a user's frame: nothing is kept, whatever its names
+        (
+            "/home/u/train.py",
+            [{"name": "src", "repr": '"s3://bucket/key?token=abc"'}, {"name": "rank", "repr": "3"}],
+            (),
+        ),
+        # a c10d frame: strings, floats and containers are dropped, numbers and types kept
+        (
+            _C10D_PATH,
+            [
+                {"name": "src", "repr": '"/secret/path"'},
+                {"name": "tag", "repr": "[1, 2]"},
+                {"name": "world_size", "repr": "4"},
+                {"name": "rank", "repr": "-1"},
+                {"name": "group", "repr": "<torch._C._distributed_c10d.ProcessGroup at 0x7f00>"},
+                {"name": "group_name", "repr": '"tp:1"'},
+                {"name": "store", "repr": "<TCPStore at 0x1>"},
+            ],
+            (("world_size", "4"), ("rank", "-1"), ("group", "<ProcessGroup>"), ("group_name", "tp:1")),
+        ),
+        (_C10D_PATH, [{"name": "group_name", "repr": '"has space"'}], ()),
+    ],
+)
 def test_parse_dump_keeps_only_clean_values_of_torch_distributed_frames(
-        filename: str, variables: list[dict], kept: tuple) -> None:
+    filename: str, variables: list[dict], kept: tuple
+) -> None:
     (thread,) = parse_dump(_one_frame_dump(filename, variables))
     assert (thread.locals[0].values if thread.locals else ()) == kept
 
 
 def test_parse_dump_names_the_main_thread_when_threading_was_never_imported() -> None:
-    raw = [{"pid": 77, "thread_id": 1, "thread_name": None, "os_thread_id": 77,
-            "active": True, "owns_gil": True,
-            "frames": [{"name": "f", "filename": "/nonexistent/x.py", "module": None,
-                        "line": 3, "locals": None}]},
-           {"pid": 77, "thread_id": 2, "thread_name": None, "os_thread_id": 78,
-            "active": False, "owns_gil": False, "frames": []}]
+    raw = [
+        {
+            "pid": 77,
+            "thread_id": 1,
+            "thread_name": None,
+            "os_thread_id": 77,
+            "active": True,
+            "owns_gil": True,
+            "frames": [{"name": "f", "filename": "/nonexistent/x.py", "module": None, "line": 3, "locals": None}],
+        },
+        {
+            "pid": 77,
+            "thread_id": 2,
+            "thread_name": None,
+            "os_thread_id": 78,
+            "active": False,
+            "owns_gil": False,
+            "frames": [],
+        },
+    ]
     threads = parse_dump(json.dumps(raw))
     assert [t.name for t in threads] == ["MainThread", None]
     assert threads[0].frames == (Frame("f", "/nonexistent/x.py", 3, False, None),)
@@ -172,9 +216,16 @@ def test_parse_dump_rejects_other_text(text: str) -> None:
 def test_source_lines_follow_file_changes(tmp_path: Path) -> None:
     src = tmp_path / "train.py"
     src.write_text("import os\n    loss = step()  \n")
-    raw = json.dumps([{"thread_id": 1, "thread_name": "MainThread", "os_thread_id": 1,
-                       "frames": [{"name": "f", "filename": str(src), "module": None,
-                                   "line": 2, "locals": None}]}])
+    raw = json.dumps(
+        [
+            {
+                "thread_id": 1,
+                "thread_name": "MainThread",
+                "os_thread_id": 1,
+                "frames": [{"name": "f", "filename": str(src), "module": None, "line": 2, "locals": None}],
+            }
+        ]
+    )
     assert parse_dump(raw)[0].frames[0].code == "loss = step()"
     src.write_text("import os\n    dist.barrier()  # changed, longer\n")
     assert parse_dump(raw)[0].frames[0].code == "dist.barrier()  # changed, longer"
@@ -184,13 +235,17 @@ def test_source_lines_follow_file_changes(tmp_path: Path) -> None:
 
 
 def test_clean_message_drops_the_backtrace() -> None:
-    stderr = ("Error: Failed to get process executable name. Check that the process is "
-              "running.\n\nCaused by:\n    0: No such file or directory (os error 2)\n"
-              "    1: No such file or directory (os error 2)\n\nStack backtrace:\n"
-              "   0: anyhow::error\n   1: py_spy::main\n")
-    assert clean_message(stderr) == ("Failed to get process executable name. Check that the "
-                                     "process is running.; 0: No such file or directory "
-                                     "(os error 2); 1: No such file or directory (os error 2)")
+    stderr = (
+        "Error: Failed to get process executable name. Check that the process is "
+        "running.\n\nCaused by:\n    0: No such file or directory (os error 2)\n"
+        "    1: No such file or directory (os error 2)\n\nStack backtrace:\n"
+        "   0: anyhow::error\n   1: py_spy::main\n"
+    )
+    assert clean_message(stderr) == (
+        "Failed to get process executable name. Check that the "
+        "process is running.; 0: No such file or directory "
+        "(os error 2); 1: No such file or directory (os error 2)"
+    )
 
 
 @pytest.mark.timeout(60)
@@ -203,10 +258,12 @@ def test_classify_failure_by_process_and_message() -> None:
     try:
         cases = [
             (gone.pid, "Error: Permission denied (os error 13)", CaptureErrorKind.PROCESS_GONE),
-            (me, "Permission Denied: Try running again with elevated permissions",
-             CaptureErrorKind.PTRACE_DENIED),
-            (me, ("Error: Failed to get stack traces\n\nCaused by:\n    0: Operation not "
-                 "permitted (os error 1)"), CaptureErrorKind.PTRACE_DENIED),
+            (me, "Permission Denied: Try running again with elevated permissions", CaptureErrorKind.PTRACE_DENIED),
+            (
+                me,
+                ("Error: Failed to get stack traces\n\nCaused by:\n    0: Operation not permitted (os error 1)"),
+                CaptureErrorKind.PTRACE_DENIED,
+            ),
             (sleeper.pid, no_version, CaptureErrorKind.NOT_PYTHON),
             (sleeper.pid, "Error: Bad address (os error 14)", CaptureErrorKind.NOT_PYTHON),
             (me, no_version, CaptureErrorKind.PYSPY_FAILED),  # Python, interpreter not found
@@ -219,8 +276,7 @@ def test_classify_failure_by_process_and_message() -> None:
         sleeper.wait()
     assert kinds == [kind for _, _, kind in cases]
     assert "still starting" in hint
-    assert pyspy.classify_failure(me, 3, "Error: something new").message == \
-        "exit code 3: something new"
+    assert pyspy.classify_failure(me, 3, "Error: something new").message == "exit code 3: something new"
 
 
 # ------------------------------------------------------------------ finding py-spy
@@ -233,22 +289,27 @@ def test_find_pyspy_prefers_the_one_next_to_the_interpreter() -> None:
 @pytest.mark.timeout(60)
 def test_find_pyspy_from_a_venv_that_is_not_activated(tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-c",
-                          "from hangdoc.capture.read.pyspy import find_pyspy; print(find_pyspy())"],
-                         env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", "from hangdoc.capture.read.pyspy import find_pyspy; print(find_pyspy())"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == str(Path(sys.executable).parent / "py-spy")
 
 
-def test_find_pyspy_missing_raises_with_the_places_searched(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_find_pyspy_missing_raises_with_the_places_searched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
     monkeypatch.setattr(sys, "prefix", str(tmp_path / "prefix"))
     monkeypatch.setattr(pyspy.sysconfig, "get_path", lambda *a: str(tmp_path / "scripts"))
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(PySpyMissing) as info:
         find_pyspy()
-    assert str(info.value) == (f"py-spy not found in {tmp_path}/bin, {tmp_path}/prefix/bin, "
-                               f"{tmp_path}/scripts or on PATH")
+    assert str(info.value) == (
+        f"py-spy not found in {tmp_path}/bin, {tmp_path}/prefix/bin, {tmp_path}/scripts or on PATH"
+    )
     procs = [RankProcess(pid=os.getpid(), host="h", rank=0)]
     (sample,) = sample_round(procs, 0.0)
     assert sample.error is not None and sample.error.kind is CaptureErrorKind.PYSPY_MISSING
@@ -359,8 +420,7 @@ def test_process_held_by_another_tracer_is_read_without_pausing_it() -> None:
     if shutil.which("strace") is None:
         pytest.skip("needs strace to hold the process")
     with python_sleeper() as proc:
-        tracer = subprocess.Popen(["strace", "-p", str(proc.pid), "-o", "/dev/null"],
-                                  stderr=subprocess.DEVNULL)
+        tracer = subprocess.Popen(["strace", "-p", str(proc.pid), "-o", "/dev/null"], stderr=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + 10
             while tracer_of(proc.pid) != tracer.pid and time.monotonic() < deadline:
@@ -379,8 +439,9 @@ def test_pyspy_without_ptrace_rights_is_ptrace_denied(tmp_path: Path) -> None:
     if os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists():
         pytest.skip("needs root and setpriv to run py-spy as another user")
     wrapper = tmp_path / "py-spy-as-nobody"
-    wrapper.write_text("#!/bin/sh\nexec /usr/bin/setpriv --reuid=65534 --regid=65534 "
-                       f"--clear-groups {find_pyspy()} \"$@\"\n")
+    wrapper.write_text(
+        f'#!/bin/sh\nexec /usr/bin/setpriv --reuid=65534 --regid=65534 --clear-groups {find_pyspy()} "$@"\n'
+    )
     wrapper.chmod(0o755)
     with python_sleeper() as proc:
         result = dump(proc.pid, pyspy=str(wrapper))
@@ -394,7 +455,7 @@ def test_parse_ss_sums_received_and_acked_bytes_per_owner() -> None:
         '("python",pid=42,fd=20))\n'
         "\t bbr wscale:10,10 bytes_sent:1000 bytes_retrans:4 bytes_acked:900 "
         "bytes_received:300 segs_out:2\n"
-        'ESTAB 0 0 [::ffff:127.0.0.1]:39028 [::ffff:127.0.0.1]:29612 '
+        "ESTAB 0 0 [::ffff:127.0.0.1]:39028 [::ffff:127.0.0.1]:29612 "
         'users:(("python",pid=41,fd=13))\n'
         "\t cubic bytes_acked:5 bytes_received:7\n"
         'LISTEN 0 0 0.0.0.0:29612 0.0.0.0:* users:(("python",pid=43,fd=3))\n'
@@ -499,22 +560,53 @@ def test_stat_cpu_counts_fields_after_the_last_parenthesis() -> None:
     assert _stat_cpu("42 (truncated") is None
 
 
-@pytest.mark.parametrize(("variables", "kept"), [
-    # real py-spy 0.4.3 reprs of __exit__(self, exc_type, exc, tb) during `raise ValueError`
-    ([{"name": "self", "arg": True, "repr": "<T at 0x7f4900ccc9d0>"},
-      {"name": "exc_type", "arg": True, "repr": "<type at 0x7f490164e900>"},
-      {"name": "exc", "arg": True, "repr": "<ValueError at 0x7f4900c6b940>"},
-      {"name": "tb", "arg": True, "repr": "<traceback at 0x7f4900cccf40>"},
-      {"name": "token", "arg": False, "repr": '"secret"'}], (("exception", "<ValueError>"),)),
-    ([{"name": "self", "arg": True, "repr": "<T at 0x1>"}, {"name": "t", "arg": True, "repr": "None"},
-      {"name": "v", "arg": True, "repr": "None"}, {"name": "b", "arg": True, "repr": "None"}],
-     (("exception", "None"),)),
-    ([{"name": "self", "arg": True, "repr": "<T at 0x1>"}], ()),  # __exit__(self, *args)
-])
+@pytest.mark.parametrize(
+    ("variables", "kept"),
+    [
+        # real py-spy 0.4.3 reprs of __exit__(self, exc_type, exc, tb) during `raise ValueError`
+        (
+            [
+                {"name": "self", "arg": True, "repr": "<T at 0x7f4900ccc9d0>"},
+                {"name": "exc_type", "arg": True, "repr": "<type at 0x7f490164e900>"},
+                {"name": "exc", "arg": True, "repr": "<ValueError at 0x7f4900c6b940>"},
+                {"name": "tb", "arg": True, "repr": "<traceback at 0x7f4900cccf40>"},
+                {"name": "token", "arg": False, "repr": '"secret"'},
+            ],
+            (("exception", "<ValueError>"),),
+        ),
+        (
+            [
+                {"name": "self", "arg": True, "repr": "<T at 0x1>"},
+                {"name": "t", "arg": True, "repr": "None"},
+                {"name": "v", "arg": True, "repr": "None"},
+                {"name": "b", "arg": True, "repr": "None"},
+            ],
+            (("exception", "None"),),
+        ),
+        ([{"name": "self", "arg": True, "repr": "<T at 0x1>"}], ()),  # __exit__(self, *args)
+    ],
+)
 def test_an_exit_keeps_only_the_type_of_its_exception(variables: list[dict], kept: tuple) -> None:
-    raw = json.dumps([{"pid": 9, "thread_id": 1, "thread_name": "MainThread", "os_thread_id": 9,
-                       "active": False, "owns_gil": False,
-                       "frames": [{"name": "Trainer.__exit__", "filename": "/job/trainer.py",
-                                   "module": None, "line": 55, "locals": variables}]}])
+    raw = json.dumps(
+        [
+            {
+                "pid": 9,
+                "thread_id": 1,
+                "thread_name": "MainThread",
+                "os_thread_id": 9,
+                "active": False,
+                "owns_gil": False,
+                "frames": [
+                    {
+                        "name": "Trainer.__exit__",
+                        "filename": "/job/trainer.py",
+                        "module": None,
+                        "line": 55,
+                        "locals": variables,
+                    }
+                ],
+            }
+        ]
+    )
     (thread,) = parse_dump(raw)
     assert (thread.locals[0].values if thread.locals else ()) == kept

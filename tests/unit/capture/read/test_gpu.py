@@ -59,8 +59,9 @@ class FakeNvml:
             super().__init__(f"NVML error {value}")
             self.value = value
 
-    def __init__(self, node: dict[str, Any], *, init_error: int | None = None, lost: tuple[int, ...] = (),
-                 no_v3: bool = False) -> None:
+    def __init__(
+        self, node: dict[str, Any], *, init_error: int | None = None, lost: tuple[int, ...] = (), no_v3: bool = False
+    ) -> None:
         self.node, self.init_error, self.lost, self.no_v3 = node, init_error, lost, no_v3
         self.events = list(node.get("xid_events", ()))
         self.shut = False
@@ -98,8 +99,11 @@ class FakeNvml:
 
     def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:
         g = self._gpu(handle)
-        return type("Memory", (), {"used": g["memory_used"], "total": g["memory_total"],
-                                   "free": g["memory_total"] - g["memory_used"]})()
+        return type(
+            "Memory",
+            (),
+            {"used": g["memory_used"], "total": g["memory_total"], "free": g["memory_total"] - g["memory_used"]},
+        )()
 
     def nvmlDeviceGetTotalEccErrors(self, handle: int, kind: int, counter: int) -> int:
         value = self._gpu(handle)["ecc_uncorrected"]
@@ -113,8 +117,9 @@ class FakeNvml:
         return self.nvmlDeviceGetComputeRunningProcesses_v2(handle)
 
     def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: int) -> list[Any]:
-        return [type("Process", (), {"pid": pid, "usedGpuMemory": mem})()
-                for pid, mem in self._gpu(handle)["processes"]]
+        return [
+            type("Process", (), {"pid": pid, "usedGpuMemory": mem})() for pid, mem in self._gpu(handle)["processes"]
+        ]
 
     def nvmlEventSetCreate(self) -> str:
         return "event-set"
@@ -127,8 +132,7 @@ class FakeNvml:
             time.sleep(min(timeout_ms, 50) / 1000)
             raise self.NVMLError(self.NVML_ERROR_TIMEOUT)
         index, xid = self.events.pop(0)
-        return type("Event", (), {"device": index, "eventType": self.nvmlEventTypeXidCriticalError,
-                                  "eventData": xid})()
+        return type("Event", (), {"device": index, "eventType": self.nvmlEventTypeXidCriticalError, "eventData": xid})()
 
     def nvmlEventSetFree(self, events: str) -> None:
         pass
@@ -161,9 +165,11 @@ def test_a_cuda_process_is_told_why_there_is_no_gpu_state(monkeypatch: pytest.Mo
 
 
 def test_without_nvidia_ml_py_hangdoc_still_imports_and_runs() -> None:
-    code = ("import sys; sys.modules['pynvml'] = None\n"
-            "from hangdoc.capture.read.gpu import read_gpus\n"
-            "print(repr(read_gpus([1]).reason))")
+    code = (
+        "import sys; sys.modules['pynvml'] = None\n"
+        "from hangdoc.capture.read.gpu import read_gpus\n"
+        "print(repr(read_gpus([1]).reason))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""  # no traceback, no warning
@@ -173,7 +179,9 @@ def test_without_nvidia_ml_py_hangdoc_still_imports_and_runs() -> None:
 def test_a_hung_nvml_call_costs_its_deadline_once_then_is_said_to_be_stuck() -> None:
     release = threading.Event()
     t0 = time.monotonic()
-    assert in_worker(lambda: (release.wait(30), ())[1], 0.3) == "NVML did not answer within 0.3 s: a hung GPU or driver?"
+    assert (
+        in_worker(lambda: (release.wait(30), ())[1], 0.3) == "NVML did not answer within 0.3 s: a hung GPU or driver?"
+    )
     assert time.monotonic() - t0 < 2.0
     assert in_worker(lambda: (), 0.2).startswith("NVML is still stuck in an earlier call")
     release.set()  # the driver "returns": the next call runs again
@@ -186,9 +194,11 @@ def test_a_hung_nvml_call_costs_its_deadline_once_then_is_said_to_be_stuck() -> 
 def test_libraries_are_read_from_the_process_maps(tmp_path: Path) -> None:
     lib = tmp_path / "libnccl.so.2"
     lib.write_bytes(b"\0" * 4096)
-    code = ("import mmap, sys, time\n"
-            "f = open(sys.argv[1], 'rb'); m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\n"
-            "print('ready', flush=True); time.sleep(60)\n")
+    code = (
+        "import mmap, sys, time\n"
+        "f = open(sys.argv[1], 'rb'); m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\n"
+        "print('ready', flush=True); time.sleep(60)\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code, str(lib)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
@@ -242,12 +252,15 @@ def test_no_xid_listening_when_no_gpu_runs_a_process() -> None:
     assert all(g.state.xids == () for g in gpus)
 
 
-@pytest.mark.parametrize(("code", "said"), [
-    (12, "no NVIDIA driver on this node (libnvidia-ml.so.1 not found)"),
-    (9, "the NVIDIA driver is not loaded on this node"),
-    (4, "NVML refused this agent (no permission to the GPUs)"),
-    (999, "NVML did not start: NVML error 999"),
-])
+@pytest.mark.parametrize(
+    ("code", "said"),
+    [
+        (12, "no NVIDIA driver on this node (libnvidia-ml.so.1 not found)"),
+        (9, "the NVIDIA driver is not loaded on this node"),
+        (4, "NVML refused this agent (no permission to the GPUs)"),
+        (999, "NVML did not start: NVML error 999"),
+    ],
+)
 def test_nvml_that_cannot_start_says_why(code: int, said: str) -> None:
     with pytest.raises(NvmlUnavailable) as err:
         read_nvml(FakeNvml(NODE, init_error=code), 0.0)  # type: ignore[arg-type]
@@ -290,8 +303,9 @@ def test_an_agent_in_another_pid_namespace_falls_back_to_gpu_uuids_and_says_so()
 
 
 def test_no_uuid_fallback_while_nvml_s_pids_are_processes_the_agent_sees() -> None:
-    reading = attribute(_states(), {11: (11,)}, {11: ("GPU-5b3a2f4c-9d1e-4a7b-8c6d-0e1f2a3b4c53",)},
-                        exists=lambda p: True)
+    reading = attribute(
+        _states(), {11: (11,)}, {11: ("GPU-5b3a2f4c-9d1e-4a7b-8c6d-0e1f2a3b4c53",)}, exists=lambda p: True
+    )
     assert reading.gpus == {} and reading.reason == ""
 
 

@@ -34,14 +34,17 @@ def wait_for(predicate, timeout: float = 30.0):
 
 
 def test_steps_advance_then_stall(tmp_path) -> None:
-    proc = run_loop(tmp_path, """
+    proc = run_loop(
+        tmp_path,
+        """
         import time, hangdoc
         for i in range(30):
             with hangdoc.step(i):
                 time.sleep(0.01)
         with hangdoc.step(30):
             time.sleep(60)   # the hang: inside step 30
-    """)
+    """,
+    )
     try:
         beat = wait_for(lambda: (h := read_heartbeats(tmp_path / "hb").get(proc.pid)) and h.step == 30 and h)
         assert beat.in_step and beat.beats == 61
@@ -54,7 +57,9 @@ def test_steps_advance_then_stall(tmp_path) -> None:
 
 
 def test_forked_child_writes_its_own_record(tmp_path) -> None:
-    proc = run_loop(tmp_path, """
+    proc = run_loop(
+        tmp_path,
+        """
         import os, time, hangdoc
         hangdoc.heartbeat(5)
         pid = os.fork()
@@ -64,7 +69,8 @@ def test_forked_child_writes_its_own_record(tmp_path) -> None:
         os.waitpid(pid, 0)
         print(pid, flush=True)
         time.sleep(60)
-    """)
+    """,
+    )
     try:
         beats = wait_for(lambda: len(read_heartbeats(tmp_path / "hb")) == 2 and read_heartbeats(tmp_path / "hb"))
         assert beats[proc.pid].step == 5  # the child's beat did not overwrite the parent's record
@@ -78,15 +84,25 @@ def test_unwritable_directory_drops_beats_silently(tmp_path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     env = dict(os.environ, HANGDOC_HEARTBEAT_DIR=str(blocker / "sub"), PYTHONPATH=str(REPO))
-    out = subprocess.run([sys.executable, "-c", "import hangdoc; hangdoc.heartbeat(1); print('ok')"],
-                         env=env, capture_output=True, text=True, timeout=60, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", "import hangdoc; hangdoc.heartbeat(1); print('ok')"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 0 and out.stdout.strip() == "ok" and out.stderr == ""
 
 
 def _beating(env: dict[str, str], argv_prefix: list[str] = ()) -> subprocess.Popen:
     code = "import hangdoc, os, sys, time; hangdoc.heartbeat(42); print(os.getpid(), flush=True); time.sleep(60)"
-    return subprocess.Popen([*argv_prefix, sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO), **env),
-                            stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [*argv_prefix, sys.executable, "-c", code],
+        env=dict(os.environ, PYTHONPATH=str(REPO), **env),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_read_process_finds_the_record_by_the_process_own_view(tmp_path) -> None:
@@ -159,13 +175,16 @@ def test_a_heartbeat_directory_named_by_the_process_is_read_only_as_it_could(tmp
     real.mkdir()
     (tmp_path / "via-link").symlink_to(real)
     as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    cases = [(str(tmp_path / "via-link"), real, []),  # root could read it, but not via a link
-             (f"/proc/self/../..{private}", private, []),  # nor by climbing with ..
-             (str(private), private, as_nobody)]  # nobody may not read root's 0700 directory
+    cases = [
+        (str(tmp_path / "via-link"), real, []),  # root could read it, but not via a link
+        (f"/proc/self/../..{private}", private, []),  # nor by climbing with ..
+        (str(private), private, as_nobody),
+    ]  # nobody may not read root's 0700 directory
     try:
         for directory, holder, user in cases:
-            sleeper = subprocess.Popen([*user, "sleep", "60"],
-                                       env={"HANGDOC_HEARTBEAT_DIR": directory, "PATH": os.environ["PATH"]})
+            sleeper = subprocess.Popen(
+                [*user, "sleep", "60"], env={"HANGDOC_HEARTBEAT_DIR": directory, "PATH": os.environ["PATH"]}
+            )
             try:
                 wait_for(lambda p=sleeper.pid: Path(f"/proc/{p}/exe").resolve().name == "sleep")  # setpriv is done
                 (holder / f"hb-{sleeper.pid}.bin").write_bytes(record)

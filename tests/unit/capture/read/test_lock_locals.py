@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hangdoc.capture.read.pyspy import parse_dump
 
-SOURCE = '''import threading
+SOURCE = """import threading
 GLOBAL_LOCK = threading.Lock()
 
 
@@ -34,16 +34,32 @@ class Loader:
         cb = lambda: self._lock
         with self._lock:
             pass
-'''
+"""
 
 
 def _dump(path: Path, function: str, line: int, variables: list[dict]) -> str:
-    return json.dumps([{
-        "pid": 4242, "thread_id": 1, "thread_name": "MainThread", "os_thread_id": 4242,
-        "active": False, "owns_gil": False,
-        "frames": [{"name": function, "filename": str(path), "module": None, "short_filename": path.name,
-                    "line": line, "locals": variables}],
-    }])
+    return json.dumps(
+        [
+            {
+                "pid": 4242,
+                "thread_id": 1,
+                "thread_name": "MainThread",
+                "os_thread_id": 4242,
+                "active": False,
+                "owns_gil": False,
+                "frames": [
+                    {
+                        "name": function,
+                        "filename": str(path),
+                        "module": None,
+                        "short_filename": path.name,
+                        "line": line,
+                        "locals": variables,
+                    }
+                ],
+            }
+        ]
+    )
 
 
 def _var(name: str, text: str, arg: bool = False) -> dict:
@@ -53,14 +69,15 @@ def _var(name: str, text: str, arg: bool = False) -> dict:
 def test_the_roots_of_lock_expressions_keep_their_address_and_lock_type(tmp_path: Path) -> None:
     src = tmp_path / "loader.py"
     src.write_text(SOURCE)
-    variables = [_var("self", "<Loader at 0x7f642e110690>", True),
-                 _var("other", "<Loader at 0x7F642E0E9950>", True),
-                 _var("label", '"rank0 secret path /data/x"', True),
-                 _var("lock", "<_thread.lock at 0x7f642e1106c0>")]
+    variables = [
+        _var("self", "<Loader at 0x7f642e110690>", True),
+        _var("other", "<Loader at 0x7F642E0E9950>", True),
+        _var("label", '"rank0 secret path /data/x"', True),
+        _var("lock", "<_thread.lock at 0x7f642e1106c0>"),
+    ]
     (thread,) = parse_dump(_dump(src, "Loader.produce", 9, variables))
     assert thread.locals_at(0) is not None
-    assert thread.locals_at(0).values == (("@lock", "0x7f642e1106c0 _thread.lock"),
-                                          ("@other", "0x7f642e0e9950"))
+    assert thread.locals_at(0).values == (("@lock", "0x7f642e1106c0 _thread.lock"), ("@other", "0x7f642e0e9950"))
     assert "secret" not in repr(thread.locals)  # a string is never kept, whatever its name
 
 
@@ -77,8 +94,14 @@ def test_a_module_global_is_marked_and_an_unknown_name_left_out(tmp_path: Path) 
 def test_a_cell_variable_has_no_identity(tmp_path: Path) -> None:
     src = tmp_path / "loader.py"
     src.write_text(SOURCE)
-    (thread,) = parse_dump(_dump(src, "Loader.cells", 20, [
-        _var("self", "<cell at 0x7f974a28c400>", True), _var("cb", "<function at 0x7f974a50df80>")]))
+    (thread,) = parse_dump(
+        _dump(
+            src,
+            "Loader.cells",
+            20,
+            [_var("self", "<cell at 0x7f974a28c400>", True), _var("cb", "<function at 0x7f974a50df80>")],
+        )
+    )
     assert thread.locals == ()
 
 

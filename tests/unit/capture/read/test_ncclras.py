@@ -60,12 +60,26 @@ def test_the_user_guide_sample() -> None:
     (comm,) = report.communicators
     assert (comm.hash, comm.size) == ("0xae94423cfbb2ef4a", 2)
     present, missing = comm.ranks
-    assert present == RasRank(comm_rank=0, host="172.16.64.245", pid=1524344, cuda_dev=0, nvml_dev=0,
-                              init_state=0, async_error=0,
-                              collectives=(("Broadcast", 0), ("Reduce", 0), ("AllGather", 0),
-                                           ("ReduceScatter", 0), ("AllReduce", 0)))
-    assert missing == RasRank(comm_rank=1, host="172.16.64.245", pid=1524345, cuda_dev=1, nvml_dev=1,
-                              missing=True, unresponsive=True, dead=False)
+    assert present == RasRank(
+        comm_rank=0,
+        host="172.16.64.245",
+        pid=1524344,
+        cuda_dev=0,
+        nvml_dev=0,
+        init_state=0,
+        async_error=0,
+        collectives=(("Broadcast", 0), ("Reduce", 0), ("AllGather", 0), ("ReduceScatter", 0), ("AllReduce", 0)),
+    )
+    assert missing == RasRank(
+        comm_rank=1,
+        host="172.16.64.245",
+        pid=1524345,
+        cuda_dev=1,
+        nvml_dev=1,
+        missing=True,
+        unresponsive=True,
+        dead=False,
+    )
     assert comm.missing == (missing,)
     assert (report.timeouts, report.collection_seconds) == (0, 0.0)
 
@@ -74,8 +88,7 @@ def test_nccl_2_28_9_json_is_malformed_and_repaired() -> None:
     with pytest.raises(json.JSONDecodeError, match="Expecting ',' delimiter"):
         json.loads(DEAD)  # the fixture carries the defect, as 2.28.9 prints it
     report = read_ras_report(DEAD, source="ncclras on n1")
-    assert report.source == ("ncclras on n1; malformed NCCL 2.28 JSON repaired: a missing rank's comma "
-                             "after nvml_dev")
+    assert report.source == ("ncclras on n1; malformed NCCL 2.28 JSON repaired: a missing rank's comma after nvml_dev")
     world, pair = report.communicators
     assert world.size == 4 and [r.comm_rank for r in world.ranks] == [0, 1, 2, 3]
     (gone,) = world.missing
@@ -100,16 +113,19 @@ def test_valid_2_28_9_output_needs_no_repair() -> None:
     assert counts == [1533, 1533, 1532, 1533]
 
 
-@pytest.mark.parametrize(("text", "said"), [
-    ("NCCL version 2.27.3 compiled with CUDA 12.9", "not JSON"),
-    ("[]", "no 'communicators' list"),
-    ('{"communicators": [{"ranks": [{"pid": 4}]}]}', r"communicators\[0\].ranks\[0\] has no rank number"),
-    ('{"communicators": [{"ranks": [{"rank": -2}]}]}', "not a whole number"),
-    ('{"communicators": [{"ranks": [{"rank": true}]}]}', "not a whole number"),
-    ('{"communicators": [{"ranks": "all"}]}', "is not a list"),
-    ('{"communicators": [{"size": 1e300}]}', "not a whole number"),
-    ("[" * 100_000, "not JSON"),
-])
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("NCCL version 2.27.3 compiled with CUDA 12.9", "not JSON"),
+        ("[]", "no 'communicators' list"),
+        ('{"communicators": [{"ranks": [{"pid": 4}]}]}', r"communicators\[0\].ranks\[0\] has no rank number"),
+        ('{"communicators": [{"ranks": [{"rank": -2}]}]}', "not a whole number"),
+        ('{"communicators": [{"ranks": [{"rank": true}]}]}', "not a whole number"),
+        ('{"communicators": [{"ranks": "all"}]}', "is not a list"),
+        ('{"communicators": [{"size": 1e300}]}', "not a whole number"),
+        ("[" * 100_000, "not JSON"),
+    ],
+)
 def test_what_is_not_a_report_is_refused_in_one_line(text: str, said: str) -> None:
     with pytest.raises(RasReportInvalid, match=said) as err:
         read_ras_report(text)
@@ -139,9 +155,11 @@ def nccl_process(tmp_path: Path) -> Iterator[int]:
     lib = tmp_path / "lib" / "libnccl.so.2"
     lib.parent.mkdir()
     lib.write_bytes(b"\0" * 4096)
-    code = ("import mmap, sys, time\n"
-            "f = open(sys.argv[1], 'rb'); m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\n"
-            "print('ready', flush=True); time.sleep(60)\n")
+    code = (
+        "import mmap, sys, time\n"
+        "f = open(sys.argv[1], 'rb'); m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\n"
+        "print('ready', flush=True); time.sleep(60)\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code, str(lib)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
@@ -157,7 +175,7 @@ def _client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> Pat
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
     client = bindir / "ncclras"
-    client.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/args\n{script}\n")
+    client.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/args\n{script}\n')
     client.chmod(client.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     return client
@@ -175,8 +193,9 @@ def test_no_client_installed_is_quiet(nccl_process: int, monkeypatch: pytest.Mon
     assert query.report is None and query.quiet and "no ncclras client on PATH" in query.reason
 
 
-def test_the_client_s_malformed_report_is_read(nccl_process: int, tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_client_s_malformed_report_is_read(
+    nccl_process: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _client(tmp_path, monkeypatch, f"cat {DATA / 'ncclras_2.28.9_dead_rank.json'}")
     query = query_ras([nccl_process], timeout=3.0, host="n1")
     assert query.report is not None, query.reason
@@ -187,17 +206,18 @@ def test_the_client_s_malformed_report_is_read(nccl_process: int, tmp_path: Path
 def test_the_ras_address_the_job_set_is_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     lib = tmp_path / "libnccl.so.2"
     lib.write_bytes(b"\0" * 4096)
-    code = ("import mmap, sys, time\n"
-            "f = open(sys.argv[1], 'rb'); m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\n"
-            "print('ready', flush=True); time.sleep(60)\n")
+    code = (
+        "import mmap, sys, time\n"
+        "f = open(sys.argv[1], 'rb'); m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\n"
+        "print('ready', flush=True); time.sleep(60)\n"
+    )
     env = dict(os.environ, NCCL_RAS_ADDR="127.0.0.1:28100")
     proc = subprocess.Popen([sys.executable, "-c", code, str(lib)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         _client(tmp_path, monkeypatch, f"cat {DATA / 'ncclras_doc_sample.json'}")
         assert query_ras([proc.pid], timeout=2.0).report is not None
-        assert (tmp_path / "args").read_text().split() == ["-f", "json", "-t", "2", "-h", "127.0.0.1",
-                                                             "-p", "28100"]
+        assert (tmp_path / "args").read_text().split() == ["-f", "json", "-t", "2", "-h", "127.0.0.1", "-p", "28100"]
     finally:
         proc.kill()
         proc.wait()
@@ -212,11 +232,14 @@ def test_a_job_that_disabled_ras_is_not_asked(tmp_path: Path, monkeypatch: pytes
     assert client.exists() and not (tmp_path / "args").exists()  # never run
 
 
-def test_no_ras_service_listening_is_quiet(nccl_process: int, tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_ras_service_listening_is_quiet(nccl_process: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # what 2.28.9's client prints when nothing listens on the RAS port (client.cc connectToNCCL)
-    _client(tmp_path, monkeypatch, "echo 'Connecting to 127.0.0.1:28028: Connection refused' >&2; "
-                                   "echo 'Failed to connect to the NCCL RAS service!' >&2; exit 1")
+    _client(
+        tmp_path,
+        monkeypatch,
+        "echo 'Connecting to 127.0.0.1:28028: Connection refused' >&2; "
+        "echo 'Failed to connect to the NCCL RAS service!' >&2; exit 1",
+    )
     query = query_ras([nccl_process])
     assert query.report is None and query.quiet
 
@@ -229,8 +252,9 @@ def test_an_older_nccl_s_refusal_is_said(nccl_process: int, tmp_path: Path, monk
     assert query.reason == "ncclras gave no report: Unexpected response from NCCL: ERROR: Unknown command"
 
 
-def test_a_client_that_hangs_is_killed_at_its_deadline(nccl_process: int, tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_client_that_hangs_is_killed_at_its_deadline(
+    nccl_process: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(ncclras, "_NSENTER_SLACK", 0.5)
     _client(tmp_path, monkeypatch, "exec sleep 30")
     t0 = time.monotonic()
@@ -239,16 +263,18 @@ def test_a_client_that_hangs_is_killed_at_its_deadline(nccl_process: int, tmp_pa
     assert query.report is None and query.reason == "ncclras did not answer within 2 s"
 
 
-def test_text_output_is_not_taken_for_a_report(nccl_process: int, tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_text_output_is_not_taken_for_a_report(
+    nccl_process: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _client(tmp_path, monkeypatch, "echo 'Job summary'; echo '==========='")
     query = query_ras([nccl_process])
     assert query.report is None and query.reason.startswith("ncclras printed no report hangdoc can read: not JSON")
 
 
 @pytest.mark.parametrize("address", ["203.0.113.7:28028", "ras.example.com:28028", "[2001:db8::1]:28028"])
-def test_a_ras_address_off_the_node_is_never_connected_to(address: str, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_ras_address_off_the_node_is_never_connected_to(
+    address: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """NCCL_RAS_ADDR is the job's word: hangdoc runs the client only for the node's own
     addresses (loopback, or one of the interfaces in the ranks' network namespace)."""
     monkeypatch.setattr(ncclras, "loaded_library", lambda pid, marker: True)

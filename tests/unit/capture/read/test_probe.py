@@ -61,8 +61,9 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _spawn(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[subprocess.Popen[str], list[str]]:
     """Start ``argv`` and read its first line ("ready" and what it says about itself)."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=cwd, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd, stdin=subprocess.DEVNULL
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line:
@@ -149,15 +150,18 @@ def test_a_directory_others_may_write_is_never_read(serving: tuple[int, str]) ->
     try:
         answer = probe_state(pid)
         assert answer.status is ProbeStatus.FAILED
-        assert answer.reason == f"probe directory {directory} is not private to the process's user (uid {UID}): not read"
+        assert (
+            answer.reason == f"probe directory {directory} is not private to the process's user (uid {UID}): not read"
+        )
     finally:
         os.chmod(directory, 0o700)
     assert probe_state(pid).status is ProbeStatus.ANSWERED
 
 
 @pytest.mark.parametrize("serving", ["idle"], indirect=True)
-def test_a_link_or_another_process_s_socket_in_place_of_the_socket_is_never_read(serving: tuple[int, str],
-                                                                                  tmp_path: Path) -> None:
+def test_a_link_or_another_process_s_socket_in_place_of_the_socket_is_never_read(
+    serving: tuple[int, str], tmp_path: Path
+) -> None:
     pid, path = serving
     other = subprocess.Popen([sys.executable, "-c", SERVE, "idle"], stdout=subprocess.PIPE, text=True)
     moved = Path(path).with_suffix(".moved")
@@ -167,13 +171,17 @@ def test_a_link_or_another_process_s_socket_in_place_of_the_socket_is_never_read
         os.rename(path, moved)  # the process still listens on it; the name now holds...
         os.symlink(other_path, path)  # ...a link to another probe
         answer = probe_state(pid)
-        assert answer.status is ProbeStatus.FAILED and answer.reason == f"{path} is not a socket of the process's user: not read"
+        assert (
+            answer.status is ProbeStatus.FAILED
+            and answer.reason == f"{path} is not a socket of the process's user: not read"
+        )
         os.unlink(path)
         os.link(other_path, path)  # the other process's socket itself, under the name
         answer = probe_state(pid)
         assert answer.status is ProbeStatus.FAILED
-        assert answer.reason == (f"its probe socket is listened on by pid {other.pid} of uid {UID}, not by the process: "
-                                 "not read")
+        assert answer.reason == (
+            f"its probe socket is listened on by pid {other.pid} of uid {UID}, not by the process: not read"
+        )
         os.replace(moved, path)
         assert probe_state(pid).status is ProbeStatus.ANSWERED
     finally:
@@ -198,13 +206,16 @@ def test_a_probe_of_an_older_hangdoc_under_the_old_name_is_still_read(monkeypatc
     legacy = Path(f"/tmp/hangdoc-probe-{UID}")  # where a job's older hangdoc listens
     if legacy.exists() and (legacy.lstat().st_uid != UID or legacy.lstat().st_mode & 0o077):
         pytest.skip(f"{legacy} is not this user's private directory here")
-    fake = subprocess.Popen([sys.executable, str(FAKE_PROBE), "--dir", str(legacy), "--answer", "quiet"],
-                            stdout=subprocess.PIPE, text=True)
+    fake = subprocess.Popen(
+        [sys.executable, str(FAKE_PROBE), "--dir", str(legacy), "--answer", "quiet"], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert fake.stdout is not None and fake.stdout.readline().startswith("ready")
         assert probe_state(fake.pid).reason == NOT_INITIALISED  # among its own sockets
+
         def unlisted(pid: int, inner: int) -> list[str]:
             raise PermissionError("its descriptors cannot be listed")
+
         monkeypatch.setattr(probe_client, "_listening", unlisted)
         assert probe_state(fake.pid).reason == NOT_INITIALISED  # by the old name, under the same checks
     finally:
@@ -216,8 +227,10 @@ def test_the_runtime_directory_is_used_when_it_is_private_and_else_a_fresh_one(t
     runtime.mkdir(mode=0o700)
     # SIGINT's handler set anew: a test run in the background of a shell (CI's) starts its
     # children with SIGINT ignored, and Python then installs none
-    code = ("import hangdoc.probe, signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); "
-            "print(hangdoc.probe.start(), flush=True); time.sleep(60)")
+    code = (
+        "import hangdoc.probe, signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "print(hangdoc.probe.start(), flush=True); time.sleep(60)"
+    )
     private, (path,) = _spawn([sys.executable, "-c", code], _env(XDG_RUNTIME_DIR=str(runtime)), tmp_path)
     try:
         assert path == f"{runtime}/hangdoc-probe/{private.pid}.sock"
@@ -236,13 +249,18 @@ def test_the_runtime_directory_is_used_when_it_is_private_and_else_a_fresh_one(t
 
 
 def test_a_probe_that_cannot_listen_says_why_once_even_when_quiet(tmp_path: Path) -> None:
-    code = ("import os, hangdoc.probe as p; p._TMP = '/nonexistent-hangdoc'; os.environ['HANGDOC_PROBE'] = '1'; "
-            "print(p.start_from_environment(), p.start_from_environment())")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False,
-                          env=_env(), cwd=tmp_path)
+    code = (
+        "import os, hangdoc.probe as p; p._TMP = '/nonexistent-hangdoc'; os.environ['HANGDOC_PROBE'] = '1'; "
+        "print(p.start_from_environment(), p.start_from_environment())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False, env=_env(), cwd=tmp_path
+    )
     assert done.stdout == "None None\n"
-    assert done.stderr == (f"hangdoc.probe: not started: no private directory to listen in for uid {UID} "
-                           "(/nonexistent-hangdoc: No such file or directory)\n")
+    assert done.stderr == (
+        f"hangdoc.probe: not started: no private directory to listen in for uid {UID} "
+        "(/nonexistent-hangdoc: No such file or directory)\n"
+    )
 
 
 # ------------------------------------------------------------------ started without the script
@@ -255,7 +273,9 @@ def _installed_pth() -> Path:
     return installed
 
 
-SAYS_IF_LOADED = "import os, sys, time\nprint(os.getpid(), 'hangdoc.probe' in sys.modules, flush=True)\ntime.sleep(60)\n"
+SAYS_IF_LOADED = (
+    "import os, sys, time\nprint(os.getpid(), 'hangdoc.probe' in sys.modules, flush=True)\ntime.sleep(60)\n"
+)
 
 
 def test_the_pth_hook_starts_the_probe_when_the_environment_asks_and_only_then(tmp_path: Path) -> None:
@@ -276,17 +296,23 @@ def test_the_hook_is_silent_where_hangdoc_cannot_be_imported(tmp_path: Path) -> 
     site_dir = tmp_path / "site"
     site_dir.mkdir()
     shutil.copy(_installed_pth(), site_dir / PTH_NAME)
-    script = ("import site, sys; site.addsitedir(sys.argv[1]); print(sorted(m for m in sys.modules "
-              "if 'hangdoc' in m))")
+    script = "import site, sys; site.addsitedir(sys.argv[1]); print(sorted(m for m in sys.modules if 'hangdoc' in m))"
     for mode, said in (("1", ""), ("verbose", "hangdoc.probe: not started: ModuleNotFoundError")):
         # -S: no site-packages, so no hangdoc: only the hook's own line is processed
-        done = subprocess.run([sys.executable, "-S", "-c", script, str(site_dir)], capture_output=True, text=True,
-                              env=_env(HANGDOC_PROBE=mode), cwd=tmp_path, timeout=30, check=False)
+        done = subprocess.run(
+            [sys.executable, "-S", "-c", script, str(site_dir)],
+            capture_output=True,
+            text=True,
+            env=_env(HANGDOC_PROBE=mode),
+            cwd=tmp_path,
+            timeout=30,
+            check=False,
+        )
         assert (done.returncode, done.stdout) == (0, "[]\n")
         assert done.stderr.startswith(said) and done.stderr.count("\n") == (1 if said else 0), done.stderr
 
 
-RAISING = textwrap.dedent('''\
+RAISING = textwrap.dedent("""\
     import os, sys, threading, time
 
 
@@ -315,7 +341,7 @@ RAISING = textwrap.dedent('''\
     finally:
         print(os.getpid(), threading.get_ident(), worker.ident, flush=True)
         time.sleep(60)
-''')
+""")
 
 
 def test_live_exceptions_are_served_by_type_and_place_never_by_message(tmp_path: Path) -> None:
@@ -336,7 +362,7 @@ def test_live_exceptions_are_served_by_type_and_place_never_by_message(tmp_path:
     assert raw["exceptions_left_out"] == 0
 
 
-BEATING = textwrap.dedent('''\
+BEATING = textwrap.dedent("""\
     import os, time
     import hangdoc
 
@@ -345,20 +371,25 @@ BEATING = textwrap.dedent('''\
     with hangdoc.step(42):
         print(os.getpid(), flush=True)
         time.sleep(60)
-''')
+""")
 
 
 def test_the_heartbeat_is_served_and_stands_in_for_a_record_out_of_sight(tmp_path: Path) -> None:
     script = tmp_path / "beat.py"
     script.write_text(BEATING)
     beats = tmp_path / "beats"
-    proc, (pid,) = _spawn([sys.executable, str(script)], _env(HANGDOC_PROBE="1", HANGDOC_HEARTBEAT_DIR=str(beats)),
-                          tmp_path)
+    proc, (pid,) = _spawn(
+        [sys.executable, str(script)], _env(HANGDOC_PROBE="1", HANGDOC_HEARTBEAT_DIR=str(beats)), tmp_path
+    )
     try:
         answer = probe_state(int(pid))
         assert answer.heartbeat is not None
-        assert (answer.heartbeat.pid, answer.heartbeat.step, answer.heartbeat.beats, answer.heartbeat.in_step) == \
-            (int(pid), 42, 42, True)
+        assert (answer.heartbeat.pid, answer.heartbeat.step, answer.heartbeat.beats, answer.heartbeat.in_step) == (
+            int(pid),
+            42,
+            42,
+            True,
+        )
         assert 0 <= answer.heartbeat.age_seconds < 30
         polled = probe_heartbeat(int(pid)).heartbeat  # the cheap request a watch polls with
         assert polled is not None and (polled.step, polled.beats, polled.in_step) == (42, 42, True)
@@ -371,7 +402,7 @@ def test_the_heartbeat_is_served_and_stands_in_for_a_record_out_of_sight(tmp_pat
         _end(proc)
 
 
-FORKING = textwrap.dedent('''\
+FORKING = textwrap.dedent("""\
     import os, time
 
     r, w = os.pipe()
@@ -383,7 +414,7 @@ FORKING = textwrap.dedent('''\
     os.read(r, 1)
     print(os.getpid(), child, flush=True)
     time.sleep(60)
-''')
+""")
 
 
 def test_a_forked_child_never_answers_as_its_parent(tmp_path: Path) -> None:
@@ -409,25 +440,44 @@ def test_a_forked_child_never_answers_as_its_parent(tmp_path: Path) -> None:
 
 
 HANGDOC = [sys.executable, "-m", "hangdoc"]
-PARENT_AND_CHILD = textwrap.dedent('''\
+PARENT_AND_CHILD = textwrap.dedent("""\
     import os, subprocess, sys
     code = "import os, sys, time; print(os.getpid(), flush=True); time.sleep(60)"
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     print(os.getpid(), child.stdout.readline().strip(), [p for p in sys.path if "probe_hook" in p], flush=True)
     child.wait()
-''')
+""")
 
 
 def test_hangdoc_run_becomes_the_command_and_passes_its_status_through(tmp_path: Path) -> None:
-    done = subprocess.run([*HANGDOC, "run", "--", "sh", "-c", "echo $$; exit 7"], capture_output=True, text=True,
-                          env=_env(), cwd=tmp_path, timeout=30, check=False)
+    done = subprocess.run(
+        [*HANGDOC, "run", "--", "sh", "-c", "echo $$; exit 7"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=tmp_path,
+        timeout=30,
+        check=False,
+    )
     assert (done.returncode, done.stderr) == (7, "")  # nothing of its own on either stream
-    proc = subprocess.Popen([*HANGDOC, "run", "sh", "-c", "echo $$; kill -TERM $$"], stdout=subprocess.PIPE,
-                            text=True, env=_env(), cwd=tmp_path)
+    proc = subprocess.Popen(
+        [*HANGDOC, "run", "sh", "-c", "echo $$; kill -TERM $$"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        cwd=tmp_path,
+    )
     out, _ = proc.communicate(timeout=30)
     assert int(out) == proc.pid and proc.returncode == -signal.SIGTERM  # exec: same pid, same death
-    done = subprocess.run([*HANGDOC, "run", "--", "no-such-command-x"], capture_output=True, text=True,
-                          env=_env(), cwd=tmp_path, timeout=30, check=False)
+    done = subprocess.run(
+        [*HANGDOC, "run", "--", "no-such-command-x"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=tmp_path,
+        timeout=30,
+        check=False,
+    )
     assert done.returncode == 2 and done.stderr.startswith("hangdoc: error: cannot run 'no-such-command-x'")
 
 
@@ -438,10 +488,12 @@ def test_hangdoc_run_starts_the_probe_in_every_python_process(tmp_path: Path) ->
     user_site.mkdir()  # a sitecustomize of the job's own: it must still run
     (user_site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITECUSTOMIZE'] = 'ran'\n")
     code = "import os, time; print(os.getpid(), os.environ.get('USER_SITECUSTOMIZE'), flush=True); time.sleep(60)"
-    proc, (parent, child, *path_left) = _spawn([*HANGDOC, "run", "--", sys.executable, str(script)],
-                                               _env(PYTHONPATH=str(user_site)), tmp_path)
-    own, (own_pid, sitecustomize) = _spawn([*HANGDOC, "run", sys.executable, "-c", code],
-                                           _env(PYTHONPATH=str(user_site)), tmp_path)
+    proc, (parent, child, *path_left) = _spawn(
+        [*HANGDOC, "run", "--", sys.executable, str(script)], _env(PYTHONPATH=str(user_site)), tmp_path
+    )
+    own, (own_pid, sitecustomize) = _spawn(
+        [*HANGDOC, "run", sys.executable, "-c", code], _env(PYTHONPATH=str(user_site)), tmp_path
+    )
     try:
         assert path_left == ["[]"]  # the hook's directory left sys.path
         for pid in (parent, child, own_pid):
@@ -455,10 +507,16 @@ def test_hangdoc_run_starts_the_probe_in_every_python_process(tmp_path: Path) ->
 def test_hangdoc_run_serves_a_python_that_cannot_import_hangdoc(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True, timeout=60)
     bare = str(tmp_path / "bare" / "bin" / "python")
-    code = ("import os, sys, time; print(os.getpid(), sorted(m for m in sys.modules if 'probe' in m), flush=True); "
-            "time.sleep(60)")
-    assert subprocess.run([bare, "-c", "import hangdoc"], capture_output=True, env=_env(), cwd=tmp_path,
-                          timeout=30, check=False).returncode == 1
+    code = (
+        "import os, sys, time; print(os.getpid(), sorted(m for m in sys.modules if 'probe' in m), flush=True); "
+        "time.sleep(60)"
+    )
+    assert (
+        subprocess.run(
+            [bare, "-c", "import hangdoc"], capture_output=True, env=_env(), cwd=tmp_path, timeout=30, check=False
+        ).returncode
+        == 1
+    )
     proc, (pid, modules) = _spawn([*HANGDOC, "run", "--", bare, "-c", code], _env(), tmp_path)
     plain, (plain_pid, _) = _spawn([bare, "-c", code], _env(HANGDOC_PROBE="1"), tmp_path)
     try:
@@ -478,23 +536,28 @@ def _with_probe_answers(stacks: dict[int, list[str]]):
     raised = Frame("step", "/job/train.py", 40)
     ranks = list(snap.ranks)
     ranks[1] = dataclasses.replace(
-        ranks[1], exceptions=(ThreadException(1001, "MainThread", "RuntimeError", raised),),
-        heartbeat=Heartbeat(ranks[1].process.pid, 3, 9, False, 12.04))
+        ranks[1],
+        exceptions=(ThreadException(1001, "MainThread", "RuntimeError", raised),),
+        heartbeat=Heartbeat(ranks[1].process.pid, 3, 9, False, 12.04),
+    )
     ranks[0] = dataclasses.replace(ranks[0], heartbeat=Heartbeat(ranks[0].process.pid, 3, 9, False, 12.0))
     return dataclasses.replace(snap, ranks=tuple(ranks))
 
 
 def test_probe_answers_are_evidence_and_never_change_the_verdict() -> None:
-    stacks = {0: ["train.py:main:10", "torch/distributed/distributed_c10d.py:all_reduce:2800"],
-              1: ["train.py:main:50", "torch/distributed/distributed_c10d.py:destroy_process_group:2100"]}
+    stacks = {
+        0: ["train.py:main:10", "torch/distributed/distributed_c10d.py:all_reduce:2800"],
+        1: ["train.py:main:50", "torch/distributed/distributed_c10d.py:destroy_process_group:2100"],
+    }
     told = analyse(_with_probe_answers(stacks))
     plain = analyse(make_snapshot(stacks))
-    assert (told.verdict, told.culprit_ranks, told.confidence) == (plain.verdict, plain.culprit_ranks,
-                                                                    plain.confidence)
-    added = told.evidence[len(plain.evidence):]
+    assert (told.verdict, told.culprit_ranks, told.confidence) == (plain.verdict, plain.culprit_ranks, plain.confidence)
+    added = told.evidence[len(plain.evidence) :]
     assert added == (
-        ("rank 1's main thread is handling RuntimeError raised at train.py:40 while in destroy_process_group "
-         "(train.py:50) (its probe)"),
+        (
+            "rank 1's main thread is handling RuntimeError raised at train.py:40 while in destroy_process_group "
+            "(train.py:50) (its probe)"
+        ),
         "ranks 0-1 last beat at step 3, 12.0 s before hangdoc asked (their probes)",
     )
 
@@ -510,7 +573,7 @@ def test_bundles_keep_probe_answers_and_old_bundles_still_load() -> None:
     assert all(r.exceptions == () and r.heartbeat is None for r in old.ranks)
 
 
-MANY = textwrap.dedent('''\
+MANY = textwrap.dedent("""\
     import os, threading, time
 
     def hold(ready):
@@ -527,7 +590,7 @@ MANY = textwrap.dedent('''\
         ready.acquire()
     print(os.getpid(), flush=True)
     time.sleep(60)
-''')
+""")
 
 
 def test_an_answer_is_bounded_and_says_what_it_left_out(tmp_path: Path) -> None:

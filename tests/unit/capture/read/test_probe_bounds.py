@@ -40,16 +40,28 @@ FAKE = TESTS / "support" / "fake_probe.py"
 # ------------------------------------------------------------------ the budgeted parsers
 
 
-@pytest.mark.parametrize("text", [
-    "{}", "[]", '"x"', "0", "-0.5e3", "true", "null", "[NaN, Infinity, -Infinity]", ' { "a" : [ 1 , 2 ] } ',
-    '{"a": [1, 2.5, -3e2, true, false, null, "x\\u00e9\\ud83d\\ude00\\n"], "b": {"c": {}}, "a": 2}',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{}",
+        "[]",
+        '"x"',
+        "0",
+        "-0.5e3",
+        "true",
+        "null",
+        "[NaN, Infinity, -Infinity]",
+        ' { "a" : [ 1 , 2 ] } ',
+        '{"a": [1, 2.5, -3e2, true, false, null, "x\\u00e9\\ud83d\\ude00\\n"], "b": {"c": {}}, "a": 2}',
+    ],
+)
 def test_the_small_reader_reads_what_json_reads(text: str) -> None:
     assert json.dumps(loads_small(text, 100)) == json.dumps(json.loads(text))
 
 
-@pytest.mark.parametrize("text", ["", "{", "[1,]", '{"a" 1}', '{"a": 1,}', "01", "[1 2]", '"abc', "tru", "{1: 2}",
-                                  "[1]x", '"a\x01"'])
+@pytest.mark.parametrize(
+    "text", ["", "{", "[1,]", '{"a" 1}', '{"a": 1,}', "01", "[1 2]", '"abc', "tru", "{1: 2}", "[1]x", '"a\x01"']
+)
 def test_the_small_reader_refuses_what_json_refuses(text: str) -> None:
     with pytest.raises(ValueError):
         json.loads(text)
@@ -59,8 +71,11 @@ def test_the_small_reader_refuses_what_json_refuses(text: str) -> None:
 
 def test_the_small_reader_stops_at_the_first_value_past_its_budget() -> None:
     assert loads_small('{"a": [1, 2]}', 5) == {"a": [1, 2]}  # the object, a key, the list, two numbers
-    for text, said in (('{"a": [1, 2]}', "more than 3 values"), ("[" * 17 + "]" * 17, "nested more than 16 deep"),
-                       ("1" * 65, "a number of 65 characters")):
+    for text, said in (
+        ('{"a": [1, 2]}', "more than 3 values"),
+        ("[" * 17 + "]" * 17, "nested more than 16 deep"),
+        ("1" * 65, "a number of 65 characters"),
+    ):
         with pytest.raises(JsonTooBig, match=said):
             loads_small(text, 3 if text.startswith("{") else 100)
     long = '{"dump": "' + "x" * 1_000_000 + '"}'  # one long string is one value
@@ -69,8 +84,13 @@ def test_the_small_reader_stops_at_the_first_value_past_its_budget() -> None:
 
 def test_the_count_before_json_builds_the_dump() -> None:
     check_counts(b'{"entries": [' + b"{}," * 99 + b"{}]}", 103)  # 101 dicts, one list, one string
-    for raw in (b'{"entries": [' + b"{}," * 100 + b"{}]}", b"[" + b"1000," * 200 + b"1]", b"[" + b"[]," * 200 + b"[]]",
-                b"[" + b'"ab",' * 200 + b'"ab"]', b"[" + b"NaN," * 200 + b"NaN]"):
+    for raw in (
+        b'{"entries": [' + b"{}," * 100 + b"{}]}",
+        b"[" + b"1000," * 200 + b"1]",
+        b"[" + b"[]," * 200 + b"[]]",
+        b"[" + b'"ab",' * 200 + b'"ab"]',
+        b"[" + b"NaN," * 200 + b"NaN]",
+    ):
         with pytest.raises(JsonTooBig):
             check_counts(raw, 103)
     with pytest.raises(JsonTooDeep, match="nested too deeply"):
@@ -97,8 +117,11 @@ def private_dir() -> Iterator[str]:
 
 
 def _fake(directory: str, answer: str, size: int = 1000, drip: float = 0.0) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, str(FAKE), "--dir", directory, "--answer", answer, "--size", str(size),
-                             "--drip", str(drip)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(FAKE), "--dir", directory, "--answer", answer, "--size", str(size), "--drip", str(drip)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
     return proc
 
@@ -129,19 +152,29 @@ def test_an_answer_past_the_cap_is_refused_unread(private_dir: str) -> None:
         proc.stdout.close()
     size = len(fake_answer("entries", MAX_ANSWER_BYTES))
     assert answer.status is ProbeStatus.FAILED
-    assert answer.reason == (f"its probe sent an answer hangdoc cannot read: an answer of {size:,} bytes, more than "
-                             f"{MAX_ANSWER_BYTES:,}")
+    assert answer.reason == (
+        f"its probe sent an answer hangdoc cannot read: an answer of {size:,} bytes, more than {MAX_ANSWER_BYTES:,}"
+    )
 
 
-@pytest.mark.parametrize(("kind", "said"), [
-    ("entries", ("its probe sent a flight recorder dump hangdoc cannot read: JSON of more than 524,288 objects, lists, "
-                "strings and numbers (a ring of more than ~11,155 entries: a smaller TORCH_FR_BUFFER_SIZE fits)")),
-    ("dump-lists", "its probe sent a flight recorder dump hangdoc cannot read: JSON of 2,"),
-    ("exceptions", "its probe sent an answer hangdoc cannot read: more than 4,096 values"),
-    ("strings", "its probe sent an answer hangdoc cannot read: more than 4,096 values"),
-])
-def test_an_answer_of_countless_values_is_refused_within_its_memory_bound(private_dir: str, kind: str,
-                                                                          said: str) -> None:
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [
+        (
+            "entries",
+            (
+                "its probe sent a flight recorder dump hangdoc cannot read: JSON of more than 524,288 objects, lists, "
+                "strings and numbers (a ring of more than ~11,155 entries: a smaller TORCH_FR_BUFFER_SIZE fits)"
+            ),
+        ),
+        ("dump-lists", "its probe sent a flight recorder dump hangdoc cannot read: JSON of 2,"),
+        ("exceptions", "its probe sent an answer hangdoc cannot read: more than 4,096 values"),
+        ("strings", "its probe sent an answer hangdoc cannot read: more than 4,096 values"),
+    ],
+)
+def test_an_answer_of_countless_values_is_refused_within_its_memory_bound(
+    private_dir: str, kind: str, said: str
+) -> None:
     proc = _fake(private_dir, kind, size=MAX_ANSWER_BYTES - 1000)
     try:
         tracemalloc.start()
@@ -158,8 +191,10 @@ def test_an_answer_of_countless_values_is_refused_within_its_memory_bound(privat
 
 def test_the_probe_leaves_out_a_dump_past_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(probe, "MAX_ANSWER_BYTES", 1000)
-    for answer, keys in (({"ok": True, "flight": {"dump": "x" * 2000}, "exceptions": []}, {"ok", "flight", "exceptions"}),
-                         ({"ok": True, "dump": "x" * 2000}, {"ok", "error"})):
+    for answer, keys in (
+        ({"ok": True, "flight": {"dump": "x" * 2000}, "exceptions": []}, {"ok", "flight", "exceptions"}),
+        ({"ok": True, "dump": "x" * 2000}, {"ok", "error"}),
+    ):
         left, right = socket.socketpair()
         with left, right:
             probe._send(left, answer)
@@ -167,7 +202,7 @@ def test_the_probe_leaves_out_a_dump_past_the_cap(monkeypatch: pytest.MonkeyPatc
             data = b""
             while chunk := right.recv(65536):
                 data += chunk
-        told = json.loads(data[probe.LENGTH.size:])
+        told = json.loads(data[probe.LENGTH.size :])
         assert set(told) == keys and len(data) < 1000
         error = told["flight"]["error"] if "flight" in told else told["error"]
         assert error.startswith("the flight recorder dump makes an answer of 2,0") and "(1,000)" in error

@@ -199,8 +199,15 @@ def test_a_user_may_read_only_its_own_dumpable_processes() -> None:
     import subprocess
     import sys
 
-    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                 sys.executable, "-c", "import time; time.sleep(60)"]
+    as_nobody = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        sys.executable,
+        "-c",
+        "import time; time.sleep(60)",
+    ]
     procs = [subprocess.Popen(as_nobody) for _ in range(2)]
     try:
         for _ in range(200):  # both switched user and exec'd python (dumpable again after exec)
