@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-PYTEST_ARGS ?=
+PYTEST_ARGS ?=  # a subset: make test PYTEST_ARGS="--no-cov -k NAME" (the coverage floor is for the whole suite)
 
 .DEFAULT_GOAL := help
 
@@ -29,8 +29,8 @@ demo: $(STAMP)  ## start a real 4-rank hung torch.distributed job, diagnose it, 
 watch-demo: $(STAMP)  ## run the demo job under `hangdoc watch --on-hang kill`: it notices the hang, reports it in hangs/, ends the job
 	$(BIN)/python examples/watch_demo.py hangs
 
-test: $(STAMP)  ## run the whole test suite (real jobs, real py-spy)
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+test: $(STAMP)  ## run the whole test suite (real jobs, real py-spy), with its coverage report and floor
+	$(BIN)/python -m pytest -q -p no:cacheprovider --cov=hangdoc --cov-report=term $(PYTEST_ARGS)
 
 test-fast: $(STAMP)  ## the unit tests only (tests/unit: no job started)
 	$(BIN)/python -m pytest -q -m "not live and not netns" $(PYTEST_ARGS)
