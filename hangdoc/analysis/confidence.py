@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from ..model import GIVEN_GROUP, Confidence, Origin, RankState, Verdict
 from ..rankranges import rank_phrase
+from . import settle
 from .classify import IN_OP, OUTSIDE
 from .device import sync_call, waits_for_device
 from .facts import (
@@ -702,7 +703,6 @@ ALONE_UNSURE = "no stacks: one dump per rank cannot show whether the ranks still
 # RAS's launch counts turned a transport hang into a straggler: one reading, and the stacks
 # could not see which host sync the ranks behind wait at
 RAS_BEHIND = Confidence.MEDIUM
-RAS_BEHIND_BASIS = "NCCL RAS: the culprits launched fewer collectives than the others"
 
 
 def settled(result: Classification, stacks: Judgement) -> tuple[Confidence, list[str]]:
@@ -721,7 +721,7 @@ def settled(result: Classification, stacks: Judgement) -> tuple[Confidence, list
     if devices is not None:
         basis = [*devices.agreeing, *basis]
         if devices.role is DeviceRole.BEHIND:
-            basis.insert(0, RAS_BEHIND_BASIS)
+            basis.insert(0, settle.RAS_BEHIND)
             level = RAS_BEHIND
         elif devices.role is DeviceRole.NAMED:
             basis.insert(0, f"culprits named by transport evidence: {'; '.join(devices.named_how)}")

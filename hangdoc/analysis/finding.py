@@ -73,7 +73,6 @@ class DeviceRole(enum.Enum):
 @dataclass(frozen=True)
 class DevicesSaid:
     role: DeviceRole
-    findings: DeviceFindings
     agreeing: tuple[str, ...] = ()  # basis phrases of evidence that agrees with the culprits
     named_how: tuple[str, ...] = ()  # NAMED: how the transport evidence named the culprits
 

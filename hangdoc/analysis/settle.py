@@ -21,6 +21,10 @@ from .finding import Classification, DeviceRole, DevicesSaid, FlightRole, Flight
 from .flight import FlightFinding, FlightKind
 from .gpu_state import DeviceFindings
 
+# what the basis says where the GPUs or RAS agree with the culprits (or, for RAS, name them)
+RAS_BEHIND = "NCCL RAS: the culprits launched fewer collectives than the others"
+NVML_IDLE = "NVML: the culprits' GPUs are idle while the others' run"
+
 
 def by_flight(stacks: Classification, finding: FlightFinding | None, had_stacks: bool) -> Classification:
     """The stacks' classification, sharpened or overridden by what the dumps say. Without
@@ -112,13 +116,12 @@ def by_devices(result: Classification, found: DeviceFindings | None, not_seen: t
     evidence = (*result.evidence, *said)
     next_steps = (*result.next_steps, *(s for s in found.next_steps if s not in result.next_steps))
     behind, lag = found.behind(progressing)
-    agreeing = []
     culprits = set(result.culprits)
-    if culprits and found.idle and culprits == set(found.idle) and found.busy:
-        agreeing.append("NVML: the culprits' GPUs are idle while the others' run")
-    if culprits and culprits == set(behind):
-        agreeing.append("NCCL RAS: the culprits launched fewer collectives than the others")
-    plain = DevicesSaid(DeviceRole.EVIDENCE, found, tuple(reversed(agreeing)))
+    agreeing = (
+        *((RAS_BEHIND,) if culprits and culprits == set(behind) else ()),
+        *((NVML_IDLE,) if culprits and found.idle and culprits == set(found.idle) and found.busy else ()),
+    )
+    plain = DevicesSaid(DeviceRole.EVIDENCE, agreeing)
     # every rank seen waits in one op and the ranks not seen decide (``unknown``): RAS sees
     # every rank of the communicator, so one it cannot reach among them decides it
     unseen_named = (
@@ -156,6 +159,6 @@ def by_devices(result: Classification, found: DeviceFindings | None, not_seen: t
             summary=f"{result.summary}; {'; '.join(how)}",
             evidence=evidence,
             next_steps=next_steps,
-            devices=DevicesSaid(DeviceRole.NAMED, found, plain.agreeing, tuple(how)),
+            devices=DevicesSaid(DeviceRole.NAMED, plain.agreeing, tuple(how)),
         )
     return dataclasses.replace(result, evidence=evidence, next_steps=next_steps, devices=plain)

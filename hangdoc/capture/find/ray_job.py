@@ -95,22 +95,22 @@ def _tcp_check(address: str, host: str, port: int) -> None:
 def _with_deadline(fn: Callable[[], T], seconds: float, what: str) -> T:
     """``fn()`` in a daemon thread, given up after ``seconds`` (Ray's GCS client retries
     for about 40 s on its own)."""
-    box: dict[str, Any] = {}
     value: list[T] = []
+    error: list[BaseException] = []
 
     def run() -> None:
         try:
             value.append(fn())
         except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
-            box["error"] = exc
+            error.append(exc)
 
     thread = threading.Thread(target=run, name="hangdoc-ray", daemon=True)
     thread.start()
     thread.join(seconds)
     if thread.is_alive():
         raise RayUnreachable(f"{what}: no answer within {seconds:.0f} s")
-    if "error" in box:
-        raise box["error"]
+    if error:
+        raise error[0]
     return value[0]
 
 
