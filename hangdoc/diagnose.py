@@ -29,7 +29,7 @@ from .fleet.coordinator import Fleet, find_ranks
 from .fleet.devices import JobDevices
 from .fleet.gather import Gather
 from .fleet.node import LocalNode, Node
-from .model import Diagnosis, JobSnapshot
+from .model import Diagnosis, JobSnapshot, Note, NoteKind
 
 Progress = Callable[[str], None]
 
@@ -144,7 +144,7 @@ def observe(
         if taken.refused is not None:
             raise taken.refused
         if not taken.live:
-            gather.note(f"every rank process exited during the window ({elapsed:.1f} s)")
+            gather.note(Note(f"every rank process exited during the window ({elapsed:.1f} s)"))
             snapshot = gather.snapshot(elapsed)
             tell(Step.ANALYSING)
             return snapshot, analyse(snapshot)
@@ -165,13 +165,16 @@ def observe(
         if not diagnosis.ambiguous or elapsed >= options.max_window:
             if diagnosis.ambiguous:
                 # analysis reads no notes: the diagnosis of these samples stands as it is
-                note = f"evidence still ambiguous after {elapsed:.1f} s (max window)"
+                note = Note(f"evidence still ambiguous after {elapsed:.1f} s (max window)", NoteKind.WINDOW)
                 snapshot = dataclasses.replace(snapshot, notes=(*snapshot.notes, note))
             return snapshot, diagnosis
         if not extended:
             extended = True
             gather.note(
-                f"window extended beyond {options.window:.1f} s: {diagnosis.summary.split(':')[0]} is not yet certain"
+                Note(
+                    f"window extended beyond {options.window:.1f} s: {diagnosis.verdict.value} is not yet certain",
+                    NoteKind.WINDOW,
+                )
             )
             say("evidence ambiguous (a rank is busy while others wait): observing longer")
         tell(Step.SAMPLING, window=options.max_window)

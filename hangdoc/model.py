@@ -556,6 +556,43 @@ class Unreachable:
     ranks: tuple[int, ...] = ()
 
 
+class NoteKind(enum.Enum):
+    """What a note is about. Reporters group the alike notes of many nodes by it (never by
+    their words); a kind other than ``OTHER`` says the same thing on every node, whatever
+    the numbers in it."""
+
+    OTHER = "other"  # said once, or alike only where the words are the same
+    NOT_RANKS = "not_ranks"  # processes below ranks (DataLoader, compile workers): ``pids``
+    LOCAL_RANKS = "local_ranks"  # ranks read from LOCAL_RANK under one parent: ``pids``
+    NO_RANK = "no_rank"  # a process of the job with no rank in its start-up environment
+    SPAWN_ORDER = "spawn_order"  # ranks inferred from the spawn children's start order
+    RANK_CLAIMED = "rank_claimed"  # one rank claimed by several processes
+    BAD_ENV = "bad_env"  # a rank or size variable with no valid number
+    UNREADABLE = "unreadable"  # processes the caller may not read
+    OTHER_USER = "other_user"  # processes of another user left out
+    WIDENED = "widened"  # a rank's pid widened to its job on the node
+    NO_RANK_THERE = "no_rank_there"  # a node that answered and holds no rank of the job
+    WINDOW = "window"  # the observation window extended, or ended still ambiguous
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """How capture went, as a value: its words (``text``), what it is about (``kind``), the
+    node that said it ("" for the job as a whole, or a job of one node), and the processes
+    it lists: ``pids`` all of them, ``listed`` the words that list them (cut where long)."""
+
+    text: str
+    kind: NoteKind = NoteKind.OTHER
+    node: str = ""
+    pids: tuple[int, ...] = ()
+    listed: str = ""
+
+    def words(self) -> str:
+        """The note as one line: ``node7: not counted as ranks (…): pid 4242 (…)``."""
+        said = f"{self.text}: {self.listed}" if self.listed else self.text
+        return f"{self.node}: {said}" if self.node else said
+
+
 @dataclass(frozen=True, slots=True)
 class JobSnapshot:
     """The merged capture of one job: the input of every analysis function."""
@@ -567,7 +604,7 @@ class JobSnapshot:
     window_seconds: float = 0.0
     captured_at: str = ""  # UTC ISO-8601
     hangdoc_version: str = ""
-    notes: tuple[str, ...] = ()  # how capture went: window extended, samples failed, ...
+    notes: tuple[Note, ...] = ()  # how capture went: window extended, samples failed, ...
     sources: tuple[SourceFile, ...] = ()
     ras: NcclRasReport | None = None  # NCCL's RAS report of the job, where one was had
     # stacks read from text a person may have cut (a pasted ``py-spy dump``): a main thread
@@ -799,6 +836,19 @@ class Scope:
         return self.world_size is not None and not self.not_seen
 
 
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """One thing a verdict rests on, as a value: its words, and the rank they are said of
+    where they are said of one rank (``rank 3`` + ``is on a cleanup path: …``), so that a
+    reporter can say alike evidence of many ranks once, without reading the words."""
+
+    text: str
+    rank: int | None = None
+
+    def words(self) -> str:
+        return f"rank {self.rank} {self.text}" if self.rank is not None else self.text
+
+
 @dataclass(frozen=True)
 class Diagnosis:
     """The result of analysis: a verdict, its culprits and the evidence."""
@@ -806,7 +856,7 @@ class Diagnosis:
     verdict: Verdict
     culprit_ranks: tuple[int, ...]
     summary: str
-    evidence: tuple[str, ...]
+    evidence: tuple[Evidence, ...]
     next_steps: tuple[str, ...]
     ranks: tuple[RankAnalysis, ...]
     groups: tuple[StackGroup, ...]

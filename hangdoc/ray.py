@@ -34,7 +34,7 @@ from .errors import RayNotInstalled, RayUnreachable, UsageError, one_line
 from .fleet.client import AgentAuth, RemoteNode
 from .fleet.coordinator import Fleet, fan_out
 from .fleet.ray_agents import ray_agents
-from .model import Diagnosis, JobSnapshot, RankProcess, Unreachable
+from .model import Diagnosis, JobSnapshot, Note, RankProcess, Unreachable
 
 FIND_TIMEOUT = 30.0  # seconds for every agent to list the job's processes on its node
 
@@ -130,13 +130,13 @@ def _fleet(found: RayJob, nodes: dict[str, _RayNode], failed: dict[str, str], sp
         else:
             unreachable.append(Unreachable(asked.name, one_line(str(error)), _ranks(found.workers, asked.node_id)))
     placed: list[tuple[RemoteNode, RankProcess]] = []
-    notes = list(found.notes)
+    notes = [Note(n) for n in found.notes]
     for worker in found.workers:
         agent = nodes.get(worker.node_id)
         if agent is None or worker.node_id not in listed:
             continue
         if worker.pid not in listed[worker.node_id]:
-            notes.append(f"worker pid {worker.pid} ({worker.actor_class}) was gone when its node's agent looked")
+            notes.append(Note(f"worker pid {worker.pid} ({worker.actor_class}) was gone when its node's agent looked"))
             continue
         placed.append((agent, worker.to_rank_process(agent.name)))
     sizes = {w.world_size for w in found.workers if w.world_size}

@@ -17,7 +17,7 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
 
-from ..model import GIVEN_GROUP, WORLD_GROUP, DistOp, Frame, OpKind, RankState, Verdict
+from ..model import GIVEN_GROUP, WORLD_GROUP, DistOp, Evidence, Frame, OpKind, RankState, Verdict
 from . import phrases, settle, wording
 from .device import waits_for_device
 from .facts import (
@@ -77,19 +77,20 @@ def classify(
     stacks' own evidence."""
     found = decide(views, missing, unknown, others_unseen=others_unseen)
     summary, evidence = wording.words(found.facts)
+    lines: list[str] = []
     if found.quiet_over is not None:
-        evidence.append(phrases.quiet_line(found.quiet_over))
+        lines.append(phrases.quiet_line(found.quiet_over))
     culprits = set(found.culprits)
     unreadable = [v for v in views if v.state is RankState.UNREADABLE and v.rank not in culprits]
-    evidence += wording.notes(unknown, unreadable)
-    evidence += phrases.lock_notes(views, evidence)
+    lines += wording.notes(unknown, unreadable)
+    lines += phrases.lock_notes(views, [e.words() for e in evidence] + lines)
     device = [v for v in views if v.state in IN_OP and waits_for_device(v.op)]
     if device and isinstance(found.facts, Mismatch):
         # the mismatch is among the ops stacks name; the ranks at host syncs are in neither
-        evidence += phrases.op_lines(device) + [wording.NOT_VISIBLE]
+        lines += phrases.op_lines(device) + [wording.NOT_VISIBLE]
     if unknown and found.verdict is not Verdict.NOT_HUNG:
         summary += wording.partial_suffix(unknown)
-    evidence += notes
+    evidence += map(Evidence, [*lines, *notes])
     result = Classification(
         found,
         found.verdict,
@@ -104,7 +105,7 @@ def classify(
     seen = {v.rank for v in views}
     result = settle.by_devices(result, told.devices, tuple(sorted(set(unknown) - seen)))
     probed = probe_lines(views)
-    return dataclasses.replace(result, evidence=(*result.evidence, *probed)) if probed else result
+    return dataclasses.replace(result, evidence=(*result.evidence, *map(Evidence, probed))) if probed else result
 
 
 def decide(

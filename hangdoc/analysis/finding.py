@@ -8,7 +8,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..model import Verdict
+from ..model import Evidence, Verdict
 from .facts import Facts
 from .flight import FlightFinding
 from .gpu_state import DeviceFindings
@@ -96,7 +96,7 @@ class Classification:
     verdict: Verdict
     culprits: tuple[int, ...]
     summary: str
-    evidence: tuple[str, ...]
+    evidence: tuple[Evidence, ...]
     next_steps: tuple[str, ...]
     ambiguous: bool
     flight: FlightSaid | None = None

@@ -9,7 +9,7 @@ from collections import defaultdict
 from collections.abc import Collection, Sequence
 
 from ..memo import once_per_object
-from ..model import CaptureErrorKind, DistOp, Frame, RankState, ThreadStack
+from ..model import CaptureErrorKind, DistOp, Evidence, Frame, RankState, ThreadStack
 from ..rankranges import rank_phrase
 from .device import waits_for_device
 from .locks import REENTRANT, LockEdge, LockGraph
@@ -233,16 +233,17 @@ def cleanup_short(v: RankView) -> str:
     return f"{activity(v)} in {v.cleanup.location if v.cleanup else '?'}" + (f" at {inner.function}" if inner else "")
 
 
-def progress_line(v: RankView) -> str:
+def progress_line(v: RankView) -> Evidence:
     """Why a rank counts as progressing."""
     m = v.move
     if m is not None and not (m.op_changed or m.left_op) and m.wakeups is not None:
-        return (
-            f"rank {v.rank} was seen only in {describe_rank(v)}, but its main thread woke "
+        return Evidence(
+            f"was seen only in {describe_rank(v)}, but its main thread woke "
             f"{m.wakeups} times on its own over {m.seconds:.1f} s: the call keeps completing "
-            "and being issued again"
+            "and being issued again",
+            v.rank,
         )
-    return f"rank {v.rank} went through different operations between samples (last: {describe_rank(v)})"
+    return Evidence(f"went through different operations between samples (last: {describe_rank(v)})", v.rank)
 
 
 def frame_tail(v: RankView) -> str:
@@ -295,16 +296,16 @@ def op_lines(views: Sequence[RankView]) -> list[str]:
     return [f"{rank_phrase(r)} {verb_for(r, 'waits', 'wait')} {k}{tails[k]}" for k, r in classes.items()]
 
 
-def move_line(v: RankView) -> str:
+def move_line(v: RankView) -> Evidence:
     """A communicating rank's counters."""
     m = v.move
     if m is None:
-        return f"rank {v.rank}: no counters"
+        return Evidence(f"rank {v.rank}: no counters")
     cpu = f"{m.cpu_fraction:.0%} CPU" if m.cpu_fraction is not None else "CPU unknown"
     io = ""
     if m.bytes_per_second is not None:
         io = f"{m.bytes_per_second / 1e6:.1f} MB/s read+written"
-    return f"rank {v.rank} in {describe_rank(v)}: {cpu}, {io} over {m.seconds:.1f} s"
+    return Evidence(f"in {describe_rank(v)}: {cpu}, {io} over {m.seconds:.1f} s", v.rank)
 
 
 def quiet_line(waiting: Sequence[RankView]) -> str:

@@ -14,8 +14,9 @@ reasons are in ``gpu_state``'s module doc).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
-from ..model import Verdict
+from ..model import Evidence, Verdict
 from ..rankranges import rank_phrase
 from .finding import Classification, DeviceRole, DevicesSaid, FlightRole, FlightSaid
 from .flight import FlightFinding, FlightKind
@@ -35,9 +36,9 @@ def by_flight(stacks: Classification, finding: FlightFinding | None, had_stacks:
         return _dumps_alone(stacks, finding)
     if stacks.verdict is Verdict.NOT_HUNG:
         note = f"flight recorder (not weighed: the stacks saw progress): {finding.summary}"
-        return _said(stacks, FlightRole.NOT_WEIGHED, finding, evidence=(*stacks.evidence, note))
+        return _said(stacks, FlightRole.NOT_WEIGHED, finding, evidence=(*stacks.evidence, Evidence(note)))
     if finding.kind in (FlightKind.IDLE, FlightKind.UNPAIRED):  # consistent with any wait: evidence only
-        return _said(stacks, FlightRole.EVIDENCE, finding, evidence=(*stacks.evidence, *finding.evidence))
+        return _said(stacks, FlightRole.EVIDENCE, finding, evidence=(*stacks.evidence, *_lines(finding.evidence)))
     cleared = sorted(set(finding.cleared) & set(stacks.culprits))
     if finding.verdict is None and cleared:
         # the stacks blame ranks the dumps show past the collective the others wait in
@@ -54,16 +55,16 @@ def by_flight(stacks: Classification, finding: FlightFinding | None, had_stacks:
             verdict=Verdict.UNKNOWN,
             culprits=(),
             summary=finding.summary,
-            evidence=(*finding.evidence, overruled, *stacks.evidence),
+            evidence=(*_lines(finding.evidence), Evidence(overruled), *stacks.evidence),
             ambiguous=False,
         )
     if finding.verdict is None:
-        return _said(stacks, FlightRole.NOTED, finding, evidence=(*stacks.evidence, *finding.evidence))
+        return _said(stacks, FlightRole.NOTED, finding, evidence=(*stacks.evidence, *_lines(finding.evidence)))
     verdict = finding.verdict
     if verdict is Verdict.STRAGGLER and stacks.verdict is Verdict.COLLECTIVE_MISMATCH:
         verdict = Verdict.COLLECTIVE_MISMATCH  # the ranks behind wait in some other collective
     if stacks.verdict is verdict and (not finding.culprits or tuple(sorted(finding.culprits)) == stacks.culprits):
-        return _said(stacks, FlightRole.AGREES, finding, evidence=(*finding.evidence, *stacks.evidence))
+        return _said(stacks, FlightRole.AGREES, finding, evidence=(*_lines(finding.evidence), *stacks.evidence))
     overridden = (
         f"the stacks alone read {stacks.verdict.value}"
         + (f" (culprits {', '.join(map(str, stacks.culprits))})" if stacks.culprits else "")
@@ -76,7 +77,7 @@ def by_flight(stacks: Classification, finding: FlightFinding | None, had_stacks:
         verdict=verdict,
         culprits=tuple(sorted(finding.culprits)),
         summary=finding.summary,
-        evidence=(*finding.evidence, overridden, *stacks.evidence),
+        evidence=(*_lines(finding.evidence), Evidence(overridden), *stacks.evidence),
         ambiguous=False,
     )
 
@@ -88,7 +89,7 @@ def _dumps_alone(stacks: Classification, finding: FlightFinding) -> Classificati
             if finding.kind is FlightKind.ALL_IN
             else finding.summary
         )
-        return _said(stacks, FlightRole.ALONE_SAYS, finding, summary=summary, evidence=finding.evidence)
+        return _said(stacks, FlightRole.ALONE_SAYS, finding, summary=summary, evidence=_lines(finding.evidence))
     return _said(
         stacks,
         FlightRole.ALONE,
@@ -96,9 +97,13 @@ def _dumps_alone(stacks: Classification, finding: FlightFinding) -> Classificati
         verdict=finding.verdict,
         culprits=tuple(sorted(finding.culprits)),
         summary=finding.summary,
-        evidence=finding.evidence,
+        evidence=_lines(finding.evidence),
         ambiguous=False,
     )
+
+
+def _lines(texts: Iterable[str]) -> tuple[Evidence, ...]:
+    return tuple(map(Evidence, texts))
 
 
 def _said(stacks: Classification, role: FlightRole, finding: FlightFinding, **changes: object) -> Classification:
@@ -110,7 +115,7 @@ def by_devices(result: Classification, found: DeviceFindings | None, not_seen: t
     if found is None:
         return result
     progressing = result.verdict is Verdict.NOT_HUNG
-    said = found.evidence(progressing)
+    said = _lines(found.evidence(progressing))
     if not said:
         return result
     evidence = (*result.evidence, *said)
@@ -141,7 +146,7 @@ def by_devices(result: Classification, found: DeviceFindings | None, not_seen: t
                 f"{rank_phrase(behind)} launched fewer NCCL collectives than the other ranks of "
                 "their communicator (NCCL RAS): the others wait for them"
             ),
-            evidence=(lag, overridden, *(e for e in evidence if e != lag)),
+            evidence=(Evidence(lag), Evidence(overridden), *(e for e in evidence if e != Evidence(lag))),
             next_steps=next_steps,
             ambiguous=False,
             devices=dataclasses.replace(plain, role=DeviceRole.BEHIND),

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 from ..memo import once_per_object
 from ..model import (
     DistOp,
+    Evidence,
     ThreadStack,
     Verdict,
 )
@@ -140,12 +141,13 @@ NEXT_STEPS: dict[Verdict, tuple[str, ...]] = {
 
 class Words(NamedTuple):
     summary: str
-    evidence: list[str]
+    evidence: Sequence[str | Evidence]  # plain words, or said of one rank (``Evidence.rank``)
 
 
-def words(facts: Facts) -> Words:
-    """The summary and the evidence lines of one rule's facts (without the quiet line or notes)."""
-    return _SAY[type(facts)](facts)
+def words(facts: Facts) -> tuple[str, list[Evidence]]:
+    """The summary and the evidence of one rule's facts (without the quiet line or notes)."""
+    summary, lines = _SAY[type(facts)](facts)
+    return summary, [line if isinstance(line, Evidence) else Evidence(line) for line in lines]
 
 
 SEE_THE_REST = (
@@ -235,7 +237,7 @@ def _working(f: Working) -> Words:
     return Words(
         f"not hung: no rank waits in a distributed operation; {rank_phrase(ranks_of(f.busy))} "
         f"{verb_for(f.busy, 'is', 'are')} working (CPU, I/O or changing stacks)",
-        [f"rank {v.rank} is {describe_rank(v)}" for v in f.busy[:4]],
+        [Evidence(f"is {describe_rank(v)}", v.rank) for v in f.busy[:4]],
     )
 
 
@@ -255,7 +257,10 @@ def _ranks_gone(f: RanksGone) -> Words:
 
 def _init_split(f: InitSplit) -> Words:
     init_ranks, other_ranks = ranks_of(f.init), ranks_of(f.others)
-    evidence = op_lines(f.init) + [f"rank {v.rank} is {describe_rank(v)}" for v in f.others]
+    evidence: list[str | Evidence] = [
+        *op_lines(f.init),
+        *(Evidence(f"is {describe_rank(v)}", v.rank) for v in f.others),
+    ]
     return Words(
         f"init deadlock: {rank_phrase(init_ranks)} {verb_for(init_ranks, 'waits', 'wait')} in "
         f"{op_summary(f.init)} while "
@@ -282,8 +287,8 @@ def env_line(env: EnvSplit) -> str:
 def _cleanup_stuck(f: CleanupStuck) -> Words:
     culprits, training = ranks_of(f.cleanup), f.training
     where, short = once_per_object(cleanup_op), once_per_object(DistOp.describe)
-    evidence = [
-        f"rank {v.rank} is on a cleanup path: {where(v.op) if v.op is not None else cleanup_where(v)}"
+    evidence: list[str | Evidence] = [
+        Evidence(f"is on a cleanup path: {where(v.op) if v.op is not None else cleanup_where(v)}", v.rank)
         for v in f.cleanup
     ]
     evidence += op_lines(training)
@@ -336,7 +341,7 @@ def _thread_in_op(thread: ThreadStack, op: DistOp) -> str:
 
 def _straggling(f: Straggling) -> Words:
     culprits, waiting = ranks_of(f.outside), f.waiting
-    evidence = [f"rank {v.rank} is {describe_rank(v)}" for v in f.outside]
+    evidence: list[str | Evidence] = [Evidence(f"is {describe_rank(v)}", v.rank) for v in f.outside]
     evidence += op_lines(waiting)
     doing = sorted({activity(v) for v in f.outside})
     return Words(
@@ -349,7 +354,9 @@ def _straggling(f: Straggling) -> Words:
 # what a process's kernel state says about why py-spy could not read it
 def _unseen(f: Unseen) -> Words:
     unseen, waiting = ranks_of(f.unseen), f.waiting
-    evidence = [f"rank {v.rank} (pid {v.snap.process.pid}) could not be read: {unseen_reason(v)}" for v in f.unseen]
+    evidence: list[str | Evidence] = [
+        Evidence(f"(pid {v.snap.process.pid}) could not be read: {unseen_reason(v)}", v.rank) for v in f.unseen
+    ]
     evidence += op_lines(waiting)
     evidence.append(
         f"every rank that could be read waits {in_ops(waiting)}; "

@@ -21,7 +21,7 @@ from operator import itemgetter
 from typing import Any
 
 from ..errors import shown
-from ..model import Frame
+from ..model import Frame, Note
 from .columns import (
     _NONE,
     Ints,
@@ -52,6 +52,8 @@ def _codec(tp: Any, mode: str = "v1") -> tuple[Encoder, Decoder]:
     """
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
+    if tp is Note:
+        return _note_codec(mode)
     if mode != "plain" and tp is Frame:
         return (lambda v, t: t.frame_id(v)), (lambda v, t: t.frame_at(v))
     if mode != "plain" and tp == _STACK:
@@ -70,6 +72,23 @@ def _codec(tp: Any, mode: str = "v1") -> tuple[Encoder, Decoder]:
     if tp in (str, int, float, bool):
         return _scalar_codec(tp)
     raise TypeError(f"bundle cannot convert values of type {tp!r}")
+
+
+def _note_codec(mode: str) -> tuple[Encoder, Decoder]:
+    """A note with nothing but words is written as its words, as every bundle before notes
+    were values wrote every note (and such bundles still load); others as objects."""
+    encode_fields, decode_fields = _dataclass_codec(Note, mode)
+
+    def encode(v: Note, t: Any) -> Any:
+        return v.text if v == Note(v.text) else encode_fields(v, t)
+
+    def decode(v: Any, t: _Tables) -> Note:
+        if type(v) is str:
+            return Note(v)
+        note: Note = decode_fields(v, t)
+        return note
+
+    return encode, decode
 
 
 def _optional_codec(tp: Any, mode: str) -> tuple[Encoder, Decoder]:

@@ -21,7 +21,7 @@ from ..capture.find.jobspec import JobKind, JobSpec, parse_job_spec
 from ..capture.find.jobsplit import MultipleJobs, rendezvous_key
 from ..capture.find.wholejob import Elsewhere, elsewhere_note
 from ..errors import HangdocError, JobNotFound
-from ..model import RankProcess, Sample, Unreachable
+from ..model import Note, NoteKind, RankProcess, Sample, Unreachable
 from .node import LocalNode, Node
 
 MAX_IN_FLIGHT = 64
@@ -36,7 +36,7 @@ class Fleet:
 
     placed: tuple[tuple[Node, RankProcess], ...]
     world_size: int | None
-    notes: tuple[str, ...] = ()
+    notes: tuple[Note, ...] = ()
     unreachable: tuple[Unreachable, ...] = ()
 
     @property
@@ -182,7 +182,7 @@ def _find_by_pid(nodes: Sequence[Node], spec: JobSpec, deadline: float | None) -
         note = f"{spec} is on {anchor}, a rank of {job}; the other node(s) were asked for {job}"
         rest = _fan_out_caught(others, lambda n: n.find_ranks(job_spec), deadline)
     fleet = _assemble(nodes, spec, kept + rest)
-    return dataclasses.replace(fleet, notes=(note, *fleet.notes))
+    return dataclasses.replace(fleet, notes=(Note(note), *fleet.notes))
 
 
 def _job_of(found: Discovery) -> str | None:
@@ -208,25 +208,25 @@ def _assemble(
     nodes: Sequence[Node], spec: JobSpec, results: list[tuple[Node, Discovery | None, BaseException | None]]
 ) -> Fleet:
     placed: list[tuple[Node, RankProcess]] = []
-    notes: list[str] = []
+    notes: list[Note] = []
     unreachable: list[Unreachable] = []
     worlds: set[int] = set()
-    empty: list[str] = []
+    empty: list[tuple[str, JobNotFound]] = []
     elsewhere: list[Elsewhere] = []
     for node, found, exc in results:
         if isinstance(found, Discovery):
             placed += [(node, p) for p in found.ranks]
-            notes += [f"{node.name}: {n}" if len(nodes) > 1 else n for n in found.notes]
+            notes += [dataclasses.replace(n, node=node.name) if len(nodes) > 1 else n for n in found.notes]
             if found.world_size:
                 worlds.add(found.world_size)
             if found.elsewhere is not None:
                 elsewhere.append(found.elsewhere)
         elif isinstance(exc, JobNotFound):
-            empty.append(f"{node.name}: {exc}")  # the node answered: none of the job there
+            empty.append((node.name, exc))  # the node answered: none of the job there
         elif exc is not None:
             unreachable.append(Unreachable(node.name, _reason(exc)))
     if not placed:
-        detail = "; ".join(empty + [f"{u.target}: {u.reason}" for u in unreachable])
+        detail = "; ".join([f"{name}: {exc}" for name, exc in empty] + [f"{u.target}: {u.reason}" for u in unreachable])
         failures = [exc for _, _, exc in results if exc is not None and not isinstance(exc, JobNotFound)]
         first = failures[0] if failures else None
         if not empty and isinstance(first, HangdocError) and {type(e) for e in failures} == {type(first)}:
@@ -236,14 +236,14 @@ def _assemble(
         raise JobNotFound(
             f"no node has a rank of {spec}: {detail}", unreachable=tuple(f"{u.target}: {u.reason}" for u in unreachable)
         )
-    notes += [f"{e} (no rank there)" for e in empty]
+    notes += [Note(f"{exc} (no rank there)", NoteKind.NO_RANK_THERE, node=name) for name, exc in empty]
     placed.sort(key=lambda np: (np[1].rank is None, np[1].rank if np[1].rank is not None else 0))
     world = max(worlds) if worlds else None
     local = len(nodes) == 1 and isinstance(nodes[0], LocalNode)
     if note := elsewhere_note(
         elsewhere, [p.rank for _, p in placed], world, [n.name for n in nodes], str(spec), agents=not local
     ):
-        notes.append(note)
+        notes.append(Note(note))
     return Fleet(tuple(placed), world, tuple(notes), tuple(unreachable))
 
 

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
-from ..model import GpuState, JobSnapshot, NcclRasReport
+from ..model import GpuState, JobSnapshot, NcclRasReport, Note
 from .coordinator import Fleet, NodeAnswer, fan_out_pids
 from .node import Node, NodeDevices
 
@@ -29,7 +29,7 @@ class JobDevices:
 
     gpus: Mapping[int, tuple[GpuState, ...]]
     ras: NcclRasReport | None = None
-    notes: tuple[str, ...] = ()
+    notes: tuple[Note, ...] = ()
 
     def apply(self, snapshot: JobSnapshot) -> JobSnapshot:
         """``snapshot`` (whose ranks are in ``Fleet.placed`` order) with these in it."""
@@ -85,7 +85,7 @@ def gather_devices(
         notes.append(f"NCCL RAS report ({ras.source or 'ncclras'}): {len(ras.communicators)} communicator(s)")
     elif ras_reason:
         notes.append(f"no NCCL RAS report: {ras_reason}")
-    return JobDevices(gpus, ras, tuple(notes))
+    return JobDevices(gpus, ras, tuple(map(Note, notes)))
 
 
 def _answer(told: NodeAnswer[NodeDevices], ras: bool) -> NodeDevices:

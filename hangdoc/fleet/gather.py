@@ -21,6 +21,7 @@ from ..model import (
     CaptureErrorKind,
     Frame,
     JobSnapshot,
+    Note,
     RankProcess,
     RankSnapshot,
     Sample,
@@ -61,7 +62,7 @@ class Gather:
         self.timeout = timeout  # per py-spy dump
         self.samples: list[list[Sample]] = [[] for _ in fleet.placed]
         self.sources: dict[str, dict[int, str]] = {}
-        self.notes: list[str] = []  # said while gathering, after the fleet's
+        self.notes: list[Note] = []  # said while gathering, after the fleet's
         self.unreachable: list[Unreachable] = list(fleet.unreachable)
         self.asked: set[tuple[int, str, int | None]] = set()  # (node, file, line) sources asked for
         self.deepened: set[int] = set()  # ranks given their one native sample
@@ -107,11 +108,11 @@ class Gather:
         self.deepened |= want
         self._add(Round({i: s for i, s in taken.samples.items() if s.error is None}, taken.lost))
         pids = tuple(self.fleet.placed[i][1].pid for i in sorted(want))
-        self.notes.append(f"native frames taken of pid(s) {', '.join(map(str, pids))}")
+        self.notes.append(Note(f"native frames taken of pid(s) {', '.join(map(str, pids))}", pids=pids))
         return pids
 
-    def note(self, text: str) -> None:
-        self.notes.append(text)
+    def note(self, note: Note) -> None:
+        self.notes.append(note)
 
     def snapshot(self, elapsed: float) -> JobSnapshot:
         """What was gathered in ``elapsed`` seconds, with the probes' answers."""

@@ -30,6 +30,7 @@ from ..model import (
     Heartbeat,
     JobSnapshot,
     NcclRasReport,
+    Note,
     ProbeAnswer,
     ProbeStatus,
     RankProcess,
@@ -245,7 +246,9 @@ class ReplayNode:
             )
             for r in self.snapshot.ranks
         )
-        return Discovery(procs, self.world, (f"replaying a snapshot of {self.snapshot.spec}",), "a saved snapshot")
+        return Discovery(
+            procs, self.world, (Note(f"replaying a snapshot of {self.snapshot.spec}"),), "a saved snapshot"
+        )
 
     def sample(self, procs: Sequence[RankProcess], t: float, *, native: bool, timeout: float) -> list[Sample]:
         out = []

@@ -12,7 +12,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from ..errors import one_line
-from ..model import ProbeAnswer, ProbeStatus
+from ..model import Note, ProbeAnswer, ProbeStatus
 from .coordinator import Fleet, NodeAnswer, fan_out_pids
 from .node import ProbeAnswers
 
@@ -26,7 +26,7 @@ class JobProbes:
     answered), and notes that say how it went."""
 
     answers: Mapping[int, ProbeAnswer]
-    notes: tuple[str, ...] = ()
+    notes: tuple[Note, ...] = ()
 
 
 def ask_probes(
@@ -56,7 +56,7 @@ def ask_probes(
     for what, which in (("no answer from the probe of ", failed), ("no flight recorder dump from ", no_dump)):
         if which:
             notes.append(what + "; ".join(which[:4]) + (f"; and {len(which) - 4} more" if len(which) > 4 else ""))
-    return JobProbes(answers, tuple(notes))
+    return JobProbes(answers, tuple(map(Note, notes)))
 
 
 def _answers(told: NodeAnswer[ProbeAnswers]) -> ProbeAnswers:

@@ -23,12 +23,16 @@ from ..capture.find.wholejob import Elsewhere
 from ..errors import HangdocError
 from ..model import (
     MAX_WORLD_SIZE,
+    PID_MAX,
+    PID_MIN,
     CaptureError,
     CaptureErrorKind,
     Frame,
     FrameLocals,
     GpuState,
     Heartbeat,
+    Note,
+    NoteKind,
     ProcessState,
     RankProcess,
     RankSource,
@@ -154,13 +158,14 @@ def discovery_to_proto(found: Discovery) -> pb.Discovery:
     return pb.Discovery(
         ranks=[rank_process_to_proto(p) for p in found.ranks],
         world_size=found.world_size,
-        notes=found.notes,
+        notes=[n.words() for n in found.notes],
         searched=found.searched,
         elsewhere=None
         if found.elsewhere is None
         else pb.Elsewhere(
             host=found.elsewhere.host, why=found.elsewhere.why, nodes=found.elsewhere.nodes, job=found.elsewhere.job
         ),
+        noted=[pb.Note(text=n.text, kind=n.kind.value, pids=n.pids, listed=n.listed) for n in found.notes],
     )
 
 
@@ -168,10 +173,21 @@ def discovery_from_proto(msg: pb.Discovery) -> Discovery:
     return Discovery(
         ranks=tuple(rank_process_from_proto(p) for p in msg.ranks),
         world_size=_rank_count(msg, "world_size"),
-        notes=tuple(msg.notes),
+        notes=tuple(map(_note, msg.noted)) if msg.noted else tuple(Note(n) for n in msg.notes),
         searched=msg.searched,
         elsewhere=_elsewhere(msg.elsewhere) if msg.HasField("elsewhere") else None,
     )
+
+
+def _note(msg: pb.Note) -> Note:
+    """A note an agent sent; a kind this coordinator does not know (a newer agent's) is
+    ``OTHER``, and pids no process can have are left out."""
+    try:
+        kind = NoteKind(msg.kind)
+    except ValueError:
+        kind = NoteKind.OTHER
+    pids = tuple(p for p in msg.pids if PID_MIN <= p <= PID_MAX)
+    return Note(msg.text, kind, pids=pids, listed=msg.listed)
 
 
 def _elsewhere(msg: pb.Elsewhere) -> Elsewhere:

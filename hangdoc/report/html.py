@@ -132,14 +132,14 @@ def _static(diagnosis: Diagnosis, snapshot: JobSnapshot) -> str:
     samples = max((len(rs.samples) for rs in snapshot.ranks), default=0)
     notes = [
         (f"observed for {diagnosis.observed_seconds:.1f} s over {samples} sample{'s' if samples != 1 else ''}"),
-        *snapshot.notes,
+        *(note.words() for note in snapshot.notes),
     ]
     unreachable = [
         f"{u.target}: {u.reason}" + (f" (ranks {ranges_text(sorted(set(u.ranks)))} unknown)" if u.ranks else "")
         for u in snapshot.unreachable
     ]
     body = [
-        _list("evidence", "Evidence", diagnosis.evidence, "ul"),
+        _list("evidence", "Evidence", [e.words() for e in diagnosis.evidence], "ul"),
         _list("next-steps", "Next steps", diagnosis.next_steps, "ol"),
         (
             '<section id="tree-section"><h2>Merged stacks</h2>'

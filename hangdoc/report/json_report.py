@@ -130,7 +130,7 @@ def _report(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
         "summary": diagnosis.summary,
         "confidence": diagnosis.confidence.value,
         "basis": list(diagnosis.basis),
-        "evidence": list(diagnosis.evidence),
+        "evidence": [e.words() for e in diagnosis.evidence],
         "next_steps": list(diagnosis.next_steps),
         "ranks": [
             _with_gpus(_rank(ra, processes.of(ra), op_entry), gpus.get((ra.host, ra.pid or 0), ()))
@@ -144,7 +144,7 @@ def _report(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
         "partial": diagnosis.partial,
         "scope": _scope(diagnosis.scope),
         "captured_at": snapshot.captured_at,
-        "notes": list(snapshot.notes),
+        "notes": [note.words() for note in snapshot.notes],
         **({"nccl_ras": _ras(snapshot.ras)} if snapshot.ras is not None else {}),
         "hangdoc_version": __version__,
         "schema_version": SCHEMA_VERSION,

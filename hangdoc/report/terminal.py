@@ -38,6 +38,7 @@ most); what changes with size changes only where it helps:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -56,8 +57,11 @@ from ..model import (
     Confidence,
     Diagnosis,
     DistOp,
+    Evidence,
     Frame,
     JobSnapshot,
+    Note,
+    NoteKind,
     RankAnalysis,
     RankState,
     TreeNode,
@@ -633,31 +637,31 @@ def _text(text: str) -> str:
     return printable(_LONG_RANKS.sub(cut, text))
 
 
-_ONE_RANK = re.compile(r"rank (\d+) (.+)", re.DOTALL)
-
-
-def _evidence(items: Sequence[str]) -> list[str]:
-    """The evidence, where ``_ALIKE`` or more bullets say the same of one rank each
-    (``rank 512 is on a cleanup path: …``) one bullet for them all; at most ``_EVIDENCE``."""
+def _evidence(items: Sequence[Evidence]) -> list[str]:
+    """The evidence, where ``_ALIKE`` or more items say the same of one rank each (``rank
+    512`` + ``is on a cleanup path: …``) one bullet for them all; at most ``_EVIDENCE``."""
     alike: dict[str, list[int]] = {}
     for item in items:
-        if (m := _ONE_RANK.fullmatch(item)) is not None:
-            alike.setdefault(m.group(2), []).append(int(m.group(1)))
+        if item.rank is not None:
+            alike.setdefault(item.text, []).append(item.rank)
     out: list[str] = []
     for item in items:
-        m = _ONE_RANK.fullmatch(item)
-        ranks = alike.get(m.group(2), []) if m is not None else []
-        if m is None or len(ranks) < _ALIKE:
-            out.append(item)
-        elif int(m.group(1)) == ranks[0]:
+        ranks = alike.get(item.text, []) if item.rank is not None else []
+        if len(ranks) < _ALIKE:
+            out.append(item.words())
+        elif item.rank == ranks[0]:
             others = sorted(set(ranks[1:]))
             out.append(
-                f"{item} (the same for {count_text(len(others))} more ranks: {_label(others, 40, count=False)[1:-1]})"
+                f"{item.words()} (the same for {count_text(len(others))} more ranks: "
+                f"{_label(others, 40, count=False)[1:-1]})"
             )
     if len(out) > _EVIDENCE:
         more = count_text(len(out) - _EVIDENCE + 1)
         out = [*out[: _EVIDENCE - 1], f"… and {more} more (--json lists them all)"]
     return out
+
+
+_NUMBERS = re.compile(r"\d+")
 
 
 def _unreachable(snapshot: JobSnapshot) -> list[Text]:
@@ -714,56 +718,39 @@ def _notes(diagnosis: Diagnosis, snapshot: JobSnapshot) -> list[Text]:
     return [Text.assemble("• ", _text(line)) for line in lines]
 
 
-_NODE_NOTE = re.compile(r"(?P<node>[\w.\-\[\]]+(?::\d+)?): (?P<rest>.+)", re.DOTALL)
-_NUMBERS = re.compile(r"\d+")
-
-
-def _node_notes(notes: Sequence[str]) -> list[str]:
-    """The notes, where ``_ALIKE`` or more nodes said the same (``node7: not counted as ranks
-    (DataLoader/...): pid 4242 (child of rank 56 (pid 4100)), …``), one line for them all:
-    the count of processes listed and of nodes."""
-    groups: dict[str, list[tuple[str, str]]] = {}
+def _node_notes(notes: Sequence[Note]) -> list[str]:
+    """The notes, where ``_ALIKE`` or more nodes said a note alike (``node7: not counted as
+    ranks (DataLoader/...): pid 4242 (child of rank 56 (pid 4100)), …``), one line for them
+    all: the count of processes listed and of nodes."""
+    groups: dict[tuple[NoteKind, str], list[Note]] = {}
     for note in notes:
-        if (m := _NODE_NOTE.fullmatch(note)) is not None:
-            groups.setdefault(_kind(m.group("rest")), []).append((m.group("node"), m.group("rest")))
+        if note.node:
+            groups.setdefault(_alike(note), []).append(note)
     out: list[str] = []
-    done: set[str] = set()
+    done: set[tuple[NoteKind, str]] = set()
     for note in notes:
-        m = _NODE_NOTE.fullmatch(note)
-        kind = _kind(m.group("rest")) if m is not None else ""
-        said = groups.get(kind, []) if m is not None else []
+        key = _alike(note)
+        said = groups.get(key, []) if note.node else []
         if len(said) < _ALIKE:
-            out.append(note)
+            out.append(note.words())
             continue
-        if kind in done:
+        if key in done:
             continue
-        done.add(kind)
-        nodes = sorted({node for node, _ in said})
+        done.add(key)
+        nodes = sorted({n.node for n in said})
         where = f"{count_text(len(nodes))} nodes ({', '.join(nodes[:2])}, …)"
-        head, _, tail = said[0][1].partition(": ")
-        if tail.startswith("pid "):
-            processes = sum(_pid_count(rest.partition(": ")[2]) for _, rest in said)
-            out.append(f"{head}: {count_text(processes)} processes on {where}; --json lists every pid")
+        if note.listed:
+            processes = sum(len(n.pids) for n in said)
+            out.append(f"{note.text}: {count_text(processes)} processes on {where}; --json lists every pid")
         else:
-            out.append(f"{said[0][1]} (and alike on {count_text(len(said) - 1)} more of {where})")
+            first = dataclasses.replace(said[0], node="").words()
+            out.append(f"{first} (and alike on {count_text(len(said) - 1)} more of {where})")
     return out
 
 
-def _kind(rest: str) -> str:
-    """What a per-node note says, without its numbers and pid list."""
-    head, sep, tail = rest.partition(": ")
-    if sep and tail.startswith("pid "):
-        return head
-    return _NUMBERS.sub("#", rest)
-
-
-def _pid_count(listed: str) -> int:
-    """Processes in ``pid 3, 5 (child of rank 1 (pid 2)), 8 and 12 more``: 15."""
-    flat, nested = listed, ""
-    while flat != nested:  # drop the parenthesised asides, innermost first
-        nested, flat = flat, _ASIDE.sub("", flat)
-    more = re.search(r" and (\d+) more$", flat)
-    return flat.count(",") + 1 + (int(more.group(1)) if more else 0)
-
-
-_ASIDE = re.compile(r"\([^()]*\)")
+def _alike(note: Note) -> tuple[NoteKind, str]:
+    """What makes notes of several nodes one line: a note that lists processes by its words
+    without the list; any other by its kind, or its words where the kind is ``OTHER``."""
+    if note.listed or note.kind is NoteKind.OTHER:
+        return note.kind, note.text
+    return note.kind, ""

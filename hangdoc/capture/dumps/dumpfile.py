@@ -37,6 +37,7 @@ from ...model import (
     CaptureError,
     CaptureErrorKind,
     JobSnapshot,
+    Note,
     RankProcess,
     RankSnapshot,
     Sample,
@@ -234,7 +235,7 @@ def snapshot_of(
         ranks=tuple(ranks),
         world_size=numbering.world_size,
         hangdoc_version=__version__,
-        notes=tuple(notes),
+        notes=tuple(map(Note, notes)),
         stacks_may_be_cut=fmt in (DumpFormat.PYSPY_TEXT, DumpFormat.RAY_STACK, DumpFormat.CONDENSED),
         nodes_searched=False,  # the processes someone dumped, not every process of a node
     )

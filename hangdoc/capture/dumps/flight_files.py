@@ -28,7 +28,7 @@ from pathlib import Path
 from ... import __version__
 from ...bundle import read_at_most
 from ...errors import BundleError
-from ...model import FlightRecord, JobSnapshot, RankProcess, RankSnapshot, RankSource
+from ...model import FlightRecord, JobSnapshot, Note, RankProcess, RankSnapshot, RankSource
 from ..read.flight_recorder import MAX_ENTRIES, FlightRecordInvalid, read_dump
 
 # torch 2.13 (gloo, TORCH_FR_BUFFER_SIZE=2000, stacks on) writes 255 kB of pickle for a full
@@ -121,7 +121,7 @@ def _read_all(path: Path, dir_fd: int) -> JobSnapshot:
         spec=f"flight recorder dumps in {path.name}",
         ranks=tuple(ranks[r] for r in sorted(ranks)),
         hangdoc_version=__version__,
-        notes=tuple(notes),
+        notes=tuple(map(Note, notes)),
         nodes_searched=False,
     )
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ...errors import JobNotFound
-from ...model import RankProcess
+from ...model import Note, NoteKind, RankProcess
 from .hosts import endpoint_scope
 from .jobspec import JobKind, JobSpec
 from .jobsplit import Member, MultipleJobs, check_one_job, plural
@@ -55,7 +55,7 @@ class Discovery:
 
     ranks: tuple[RankProcess, ...]  # sorted by rank, unknown ranks last
     world_size: int | None
-    notes: tuple[str, ...]
+    notes: tuple[Note, ...]
     searched: str  # what was looked at, e.g. "MASTER_ADDR=h MASTER_PORT=p on vm: 213 processes"
     elsewhere: Elsewhere | None = None  # what the ranks say of the job's other nodes
 
@@ -100,17 +100,19 @@ def _check_one_job(spec: JobSpec, selection: Selection, launchers: Mapping[int, 
     check_one_job(str(spec), members)
 
 
-def _one_rank_note(spec: JobSpec, selection: Selection) -> list[str]:
+def _one_rank_note(spec: JobSpec, selection: Selection) -> list[Note]:
     if spec.kind is not JobKind.PID or len(selection.ranks) != 1:
         return []
     only = selection.ranks[0].proc
     if only.pid != spec.pid or not only.env or "MASTER_PORT" not in only.env:
         return []
     endpoint = f"{only.env.get('MASTER_ADDR', '?')}:{only.env['MASTER_PORT']}"
-    return [f"pid {spec.pid} is one rank; to see the whole job name it by {endpoint}"]
+    return [Note(f"pid {spec.pid} is one rank; to see the whole job name it by {endpoint}", NoteKind.WIDENED)]
 
 
-def _widen(spec: JobSpec, table: ProcessTable, scope: Scope, selection: Selection) -> tuple[Selection, str, str] | None:
+def _widen(
+    spec: JobSpec, table: ProcessTable, scope: Scope, selection: Selection
+) -> tuple[Selection, Note, str] | None:
     """A ``pid:``'s ranks widened to their job on this node (``wholejob.job_here``): the new
     selection, the note that says so and what was searched; None when the job has no other
     rank here, or the wider view would not keep the ranks the pid found."""
@@ -147,12 +149,12 @@ def _widen(spec: JobSpec, table: ProcessTable, scope: Scope, selection: Selectio
             f", not {plural(len(job.others), 'process', 'processes')} of other users "
             f"that name its rendezvous ({shown}{more})"
         )
-    return chosen, note, f"{scope.what}, widened to {job.name}"
+    return chosen, Note(note, NoteKind.WIDENED), f"{scope.what}, widened to {job.name}"
 
 
 def _keep_the_owners(
     spec: JobSpec, what: str, table: ProcessTable, selection: Selection, launchers: Mapping[int, int | None]
-) -> list[str]:
+) -> list[Note]:
     """Leave out of ``selection`` the ranks of any user but the job's (``owners``); the note
     that names them, or a refusal when the job's user cannot be told."""
     groups = by_owner(table, (r.proc.pid for r in selection.ranks))
@@ -186,7 +188,7 @@ def _keep_the_owners(
         f"name{'' if many else 's'} this job ({shown}{more}): the job belongs to uid "
         f"{owner.uid}, {owner.how}; they were not read as ranks"
     )
-    return [note]
+    return [Note(note, NoteKind.OTHER_USER, pids=tuple(others))]
 
 
 def _not_ranks_message(what: str, selection: Selection, table: ProcessTable) -> str:

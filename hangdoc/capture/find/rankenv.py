@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from ...digits import ASCII_DIGITS, bounded_int
-from ...model import MAX_WORLD_SIZE
+from ...model import MAX_WORLD_SIZE, Note, NoteKind
 from .jobsplit import pid_list
 from .processes import ProcInfo
 from .redact import redact_env
@@ -137,7 +137,7 @@ def select_env(env: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
     return redact_env(chosen)
 
 
-def env_int_notes(procs: Iterable[ProcInfo]) -> list[str]:
+def env_int_notes(procs: Iterable[ProcInfo]) -> list[Note]:
     """One note per bad rank/size value in the processes' environments: it was ignored."""
     bad: dict[tuple[str, str], list[int]] = {}
     for proc in procs:
@@ -148,7 +148,11 @@ def env_int_notes(procs: Iterable[ProcInfo]) -> list[str]:
     for (name, value), pids in bad.items():
         shown = repr(value[:_SHOWN_VALUE]) + ("..." if len(value) > _SHOWN_VALUE else "")
         notes.append(
-            f"{name}={shown} ignored and left out of the rank's environment "
-            f"({parse_env_int(name, value)[1]}): {pid_list(pids)}"
+            Note(
+                f"{name}={shown} ignored and left out of the rank's environment ({parse_env_int(name, value)[1]})",
+                NoteKind.BAD_ENV,
+                pids=tuple(sorted(pids)),
+                listed=pid_list(pids),
+            )
         )
     return notes

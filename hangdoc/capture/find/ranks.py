@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ...errors import PermissionDenied
-from ...model import RankProcess, RankSource
+from ...model import Note, NoteKind, RankProcess, RankSource
 from .jobsplit import pid_list, plural, rendezvous_key
 from .processes import (
     ProcessTable,
@@ -79,7 +79,7 @@ class Selection:
 
     ranks: list[FoundRank]
     launchers: set[int]
-    notes: list[str]
+    notes: list[Note]
     rejected: dict[int, str]  # pid -> why it is not a rank
 
 
@@ -282,7 +282,7 @@ def select_ranks(table: ProcessTable, scope: Iterable[int]) -> Selection:
     launchers |= {r.proc.ppid for r in inferred.values()}
     ranked: dict[int, FoundRank] = {**env_ranked, **local_ranked, **inferred}
 
-    notes: list[str] = []
+    notes: list[Note] = []
     for proc in candidates:
         if proc.pid in ranked or proc.pid in launchers:
             continue
@@ -295,25 +295,38 @@ def select_ranks(table: ProcessTable, scope: Iterable[int]) -> Selection:
             launchers.add(proc.pid)
         else:
             ranked[proc.pid] = FoundRank(proc, None, None, "no rank in its start-up environment", None, None)
-            notes.append(f"pid {proc.pid} has no rank in its start-up environment; its rank is unknown")
+            notes.append(
+                Note(f"pid {proc.pid} has no rank in its start-up environment; its rank is unknown", NoteKind.NO_RANK)
+            )
     for pid in launchers:
         if pid in table.procs and pid in scope:
             rejected.setdefault(pid, "launcher (starts ranks, has no rank itself)")
-    kids = [f"{pid} ({why})" for pid, why in rejected.items() if why.startswith("child of")]
+    kids = [(pid, why) for pid, why in rejected.items() if why.startswith("child of")]
     if kids:
-        notes.append(f"not counted as ranks (DataLoader/compile/multiprocessing workers): pid {', '.join(kids)}")
+        listed = "pid " + ", ".join(f"{pid} ({why})" for pid, why in kids)
+        notes.append(
+            Note(
+                "not counted as ranks (DataLoader/compile/multiprocessing workers)",
+                NoteKind.NOT_RANKS,
+                pids=tuple(pid for pid, _ in kids),
+                listed=listed,
+            )
+        )
     if inferred:
         notes.append(
-            f"ranks of {len(inferred)} spawn children were inferred from their start "
-            "order (they have no RANK in their start-up environment); on several "
-            "nodes these are local indices"
+            Note(
+                f"ranks of {len(inferred)} spawn children were inferred from their start "
+                "order (they have no RANK in their start-up environment); on several "
+                "nodes these are local indices",
+                NoteKind.SPAWN_ORDER,
+            )
         )
     if local_ranked:
         notes.append(_local_ranks_note(local_ranked))
     return Selection(sorted(ranked.values(), key=_rank_order), launchers, notes, rejected)
 
 
-def _local_ranks_note(found: Mapping[int, FoundRank]) -> str:
+def _local_ranks_note(found: Mapping[int, FoundRank]) -> Note:
     pids = sorted(found, key=lambda pid: (found[pid].rank or 0, pid))
     shown = ", ".join(f"{pid} (rank {found[pid].rank})" for pid in pids[:8])
     more = f" and {len(pids) - 8} more" if len(pids) > 8 else ""
@@ -323,7 +336,12 @@ def _local_ranks_note(found: Mapping[int, FoundRank]) -> str:
         if rank0
         else ""
     )
-    return f"ranks inferred from their local rank (no RANK in their start-up environment): pid {shown}{more}{launcher}"
+    return Note(
+        "ranks inferred from their local rank (no RANK in their start-up environment)",
+        NoteKind.LOCAL_RANKS,
+        pids=tuple(pids),
+        listed=f"pid {shown}{more}{launcher}",
+    )
 
 
 def _rank_order(rank: FoundRank) -> tuple[bool, int, int]:
@@ -357,23 +375,27 @@ def rank_process(found: FoundRank, host: str, launcher: int | None) -> RankProce
     )
 
 
-def world_size(ranks: list[FoundRank], notes: list[str]) -> int | None:
+def world_size(ranks: list[FoundRank], notes: list[Note]) -> int | None:
     """The largest world size the ranks give; a note in ``notes`` when they disagree."""
     sizes = sorted({r.world_size for r in ranks if r.world_size is not None})
     if len(sizes) > 1:
-        notes.append(f"ranks disagree on the world size: {', '.join(map(str, sizes))}")
+        notes.append(Note(f"ranks disagree on the world size: {', '.join(map(str, sizes))}"))
     return sizes[-1] if sizes else None
 
 
-def duplicate_notes(ranks: list[FoundRank]) -> list[str]:
+def duplicate_notes(ranks: list[FoundRank]) -> list[Note]:
     """One note per rank number that several processes claim."""
     by_rank: dict[int, list[int]] = {}
     for r in ranks:
         if r.rank is not None:
             by_rank.setdefault(r.rank, []).append(r.proc.pid)
     return [
-        f"rank {rank} is claimed by {len(pids)} processes (pids "
-        f"{', '.join(map(str, pids))}): does the spec match more than one job?"
+        Note(
+            f"rank {rank} is claimed by {len(pids)} processes (pids "
+            f"{', '.join(map(str, pids))}): does the spec match more than one job?",
+            NoteKind.RANK_CLAIMED,
+            pids=tuple(pids),
+        )
         for rank, pids in sorted(by_rank.items())
         if len(pids) > 1
     ]
@@ -410,7 +432,7 @@ def _python_processes(count: int) -> str:
     return plural(count, "Python process", "Python processes")
 
 
-def unreadable_notes(selection: Selection) -> list[str]:
+def unreadable_notes(selection: Selection) -> list[Note]:
     """Processes in scope that may be ranks of the job but could not be read."""
     unknown = {pid: why for pid, why in selection.rejected.items() if pid not in selection.launchers}
     denied = [pid for pid, why in unknown.items() if why == UNREADABLE_DENIED]
@@ -418,8 +440,15 @@ def unreadable_notes(selection: Selection) -> list[str]:
     notes = []
     if denied:
         notes.append(
-            f"not counted as ranks, their environment could not be read (permission denied): {pid_list(denied)}"
+            Note(
+                "not counted as ranks, their environment could not be read (permission denied)",
+                NoteKind.UNREADABLE,
+                pids=tuple(sorted(denied)),
+                listed=pid_list(denied),
+            )
         )
     if withheld:
-        notes.append(f"not counted as ranks: {_python_processes(withheld)} this caller may not read")
+        notes.append(
+            Note(f"not counted as ranks: {_python_processes(withheld)} this caller may not read", NoteKind.UNREADABLE)
+        )
     return notes

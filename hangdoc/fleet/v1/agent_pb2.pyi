@@ -79,18 +79,32 @@ class FindRanksRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ...) -> None: ...
 
 class Discovery(_message.Message):
-    __slots__ = ("ranks", "world_size", "notes", "searched", "elsewhere")
+    __slots__ = ("ranks", "world_size", "notes", "searched", "elsewhere", "noted")
     RANKS_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     NOTES_FIELD_NUMBER: _ClassVar[int]
     SEARCHED_FIELD_NUMBER: _ClassVar[int]
     ELSEWHERE_FIELD_NUMBER: _ClassVar[int]
+    NOTED_FIELD_NUMBER: _ClassVar[int]
     ranks: _containers.RepeatedCompositeFieldContainer[RankProcess]
     world_size: int
     notes: _containers.RepeatedScalarFieldContainer[str]
     searched: str
     elsewhere: Elsewhere
-    def __init__(self, ranks: _Optional[_Iterable[_Union[RankProcess, _Mapping]]] = ..., world_size: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., searched: _Optional[str] = ..., elsewhere: _Optional[_Union[Elsewhere, _Mapping]] = ...) -> None: ...
+    noted: _containers.RepeatedCompositeFieldContainer[Note]
+    def __init__(self, ranks: _Optional[_Iterable[_Union[RankProcess, _Mapping]]] = ..., world_size: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., searched: _Optional[str] = ..., elsewhere: _Optional[_Union[Elsewhere, _Mapping]] = ..., noted: _Optional[_Iterable[_Union[Note, _Mapping]]] = ...) -> None: ...
+
+class Note(_message.Message):
+    __slots__ = ("text", "kind", "pids", "listed")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PIDS_FIELD_NUMBER: _ClassVar[int]
+    LISTED_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    kind: str
+    pids: _containers.RepeatedScalarFieldContainer[int]
+    listed: str
+    def __init__(self, text: _Optional[str] = ..., kind: _Optional[str] = ..., pids: _Optional[_Iterable[int]] = ..., listed: _Optional[str] = ...) -> None: ...
 
 class Elsewhere(_message.Message):
     __slots__ = ("host", "why", "nodes", "job")
