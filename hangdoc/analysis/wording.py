@@ -139,15 +139,22 @@ NEXT_STEPS: dict[Verdict, tuple[str, ...]] = {
 # -- sentences from facts --------------------------------------------------------------
 
 
+class Said(NamedTuple):
+    """What one rule's sentences say: lines of plain words, or of words said of one rank."""
+
+    summary: str
+    evidence: Sequence[str | Evidence]
+
+
 class Words(NamedTuple):
     summary: str
-    evidence: Sequence[str | Evidence]  # plain words, or said of one rank (``Evidence.rank``)
+    evidence: list[Evidence]
 
 
-def words(facts: Facts) -> tuple[str, list[Evidence]]:
+def words(facts: Facts) -> Words:
     """The summary and the evidence of one rule's facts (without the quiet line or notes)."""
     summary, lines = _SAY[type(facts)](facts)
-    return summary, [line if isinstance(line, Evidence) else Evidence(line) for line in lines]
+    return Words(summary, [line if isinstance(line, Evidence) else Evidence(line) for line in lines])
 
 
 SEE_THE_REST = (
@@ -191,22 +198,22 @@ def partial_suffix(unknown: Sequence[int]) -> str:
     return f" (partial evidence: {rank_phrase(unknown)} unknown)"
 
 
-def _nothing_captured(_f: NothingCaptured) -> Words:
-    return Words("No rank could be captured.", [])
+def _nothing_captured(_f: NothingCaptured) -> Said:
+    return Said("No rank could be captured.", [])
 
 
-def _unexplained(f: Unexplained) -> Words:
-    return Words(
+def _unexplained(f: Unexplained) -> Said:
+    return Said(
         "No rank is in a distributed operation and nothing moves; hangdoc cannot tell why.",
         [f"rank {v.rank}: {describe_rank(v)}" for v in f.views],
     )
 
 
-def _progressing(f: Progressing) -> Words:
+def _progressing(f: Progressing) -> Said:
     evidence = [progress_line(v) for v in f.ranks[:4]]
     if len(f.waiting) > len(f.ranks):
         # a few moving among many stuck: say so, not "the job progresses"
-        return Words(
+        return Said(
             f"not hung, for now: only {rank_phrase(ranks_of(f.ranks))} completed distributed operations "
             f"during the window while {rank_phrase(ranks_of(f.waiting))} waited "
             f"{in_ops(f.waiting)} throughout",
@@ -219,49 +226,49 @@ def _progressing(f: Progressing) -> Words:
                 ),
             ],
         )
-    return Words(
+    return Said(
         f"not hung: {rank_phrase(ranks_of(f.ranks))} completed distributed operations during the window",
         evidence,
     )
 
 
-def _data_moving(f: DataMoving) -> Words:
-    return Words(
+def _data_moving(f: DataMoving) -> Said:
+    return Said(
         f"not hung: {rank_phrase(ranks_of(f.communicating))} are inside "
         f"{op_summary(f.communicating)} and data is moving",
         [move_line(v) for v in f.communicating[:4]],
     )
 
 
-def _working(f: Working) -> Words:
-    return Words(
+def _working(f: Working) -> Said:
+    return Said(
         f"not hung: no rank waits in a distributed operation; {rank_phrase(ranks_of(f.busy))} "
         f"{verb_for(f.busy, 'is', 'are')} working (CPU, I/O or changing stacks)",
         [Evidence(f"is {describe_rank(v)}", v.rank) for v in f.busy[:4]],
     )
 
 
-def _ranks_gone(f: RanksGone) -> Words:
+def _ranks_gone(f: RanksGone) -> Said:
     gone, waiting = f.gone, f.waiting
     evidence = [f"{rank_phrase(gone)} of world size {f.world} {verb_for(gone, 'has', 'have')} no process"]
     if f.exited:
         evidence.append(f"{rank_phrase(f.exited)} exited during the capture")
     evidence += op_lines(waiting)
     waiting_on = in_ops(waiting)
-    return Words(
+    return Said(
         f"rank missing: {rank_phrase(gone)} {verb_for(gone, 'has', 'have')} no process while "
         f"{rank_phrase(ranks_of(waiting))} {verb_for(waiting, 'waits', 'wait')} {waiting_on}",
         evidence,
     )
 
 
-def _init_split(f: InitSplit) -> Words:
+def _init_split(f: InitSplit) -> Said:
     init_ranks, other_ranks = ranks_of(f.init), ranks_of(f.others)
     evidence: list[str | Evidence] = [
         *op_lines(f.init),
         *(Evidence(f"is {describe_rank(v)}", v.rank) for v in f.others),
     ]
-    return Words(
+    return Said(
         f"init deadlock: {rank_phrase(init_ranks)} {verb_for(init_ranks, 'waits', 'wait')} in "
         f"{op_summary(f.init)} while "
         f"{rank_phrase(other_ranks)} {'went past it' if f.went_past else 'never reached it'}",
@@ -269,14 +276,14 @@ def _init_split(f: InitSplit) -> Words:
     )
 
 
-def _init_stuck(f: InitStuck) -> Words:
+def _init_stuck(f: InitStuck) -> Said:
     evidence = op_lines(f.init)
     if f.env is not None:
         evidence.insert(0, env_line(f.env))
     summary = f"init deadlock: every rank waits in {op_summary(f.init)}"
     if f.differ:
         summary += f"; {rank_phrase(f.differ)} differ"
-    return Words(summary, evidence)
+    return Said(summary, evidence)
 
 
 def env_line(env: EnvSplit) -> str:
@@ -284,7 +291,7 @@ def env_line(env: EnvSplit) -> str:
     return f"ranks disagree on the rendezvous: {desc}"
 
 
-def _cleanup_stuck(f: CleanupStuck) -> Words:
+def _cleanup_stuck(f: CleanupStuck) -> Said:
     culprits, training = ranks_of(f.cleanup), f.training
     where, short = once_per_object(cleanup_op), once_per_object(DistOp.describe)
     evidence: list[str | Evidence] = [
@@ -294,13 +301,13 @@ def _cleanup_stuck(f: CleanupStuck) -> Words:
     evidence += op_lines(training)
     shorts = {short(v.op) if v.op is not None else cleanup_short(v) for v in f.cleanup}
     if not training:
-        return Words(
+        return Said(
             f"cleanup seen from one side: {rank_phrase(culprits)} left the training loop and "
             f"{verb_for(culprits, 'waits', 'wait')} in cleanup ({' / '.join(sorted(shorts))}); "
             f"{_unseen_words(f.unseen)}: if they wait in the training loop, this is a cleanup deadlock",
             evidence,
         )
-    return Words(
+    return Said(
         f"cleanup deadlock: {rank_phrase(culprits)} left the training loop and "
         f"{verb_for(culprits, 'waits', 'wait')} in cleanup "
         f"({' / '.join(sorted(shorts))}) "
@@ -310,7 +317,7 @@ def _cleanup_stuck(f: CleanupStuck) -> Words:
     )
 
 
-def _threads_race(f: ThreadsRace) -> Words:
+def _threads_race(f: ThreadsRace) -> Said:
     culprits = ranks_of(f.raced)
     by_text: dict[str, list[int]] = {}
     for v in f.raced:
@@ -321,7 +328,7 @@ def _threads_race(f: ThreadsRace) -> Words:
     first = f.raced[0]
     pair = " and ".join(_thread_in_op(th, op) for th, op in _raced_ops(first)[:2])
     each = "each have" if len(culprits) > 1 else "has"
-    return Words(
+    return Said(
         f"collective mismatch: {rank_phrase(culprits)} {each} two threads in collectives on one process "
         f"group at once ({'on rank ' + str(first.rank) + ': ' if len(culprits) > 1 else ''}{pair}): "
         "the order in which a process's threads reach a group can differ between ranks, and "
@@ -339,12 +346,12 @@ def _thread_in_op(thread: ThreadStack, op: DistOp) -> str:
     return f"thread '{thread.name or thread.thread_id}' in {op.describe()}"
 
 
-def _straggling(f: Straggling) -> Words:
+def _straggling(f: Straggling) -> Said:
     culprits, waiting = ranks_of(f.outside), f.waiting
     evidence: list[str | Evidence] = [Evidence(f"is {describe_rank(v)}", v.rank) for v in f.outside]
     evidence += op_lines(waiting)
     doing = sorted({activity(v) for v in f.outside})
-    return Words(
+    return Said(
         f"straggler: {rank_phrase(culprits)} {verb_for(culprits, 'is', 'are')} {'/'.join(doing)} while "
         f"{rank_phrase(ranks_of(waiting))} {verb_for(waiting, 'waits', 'wait')} {in_ops(waiting)}",
         evidence,
@@ -352,7 +359,7 @@ def _straggling(f: Straggling) -> Words:
 
 
 # what a process's kernel state says about why py-spy could not read it
-def _unseen(f: Unseen) -> Words:
+def _unseen(f: Unseen) -> Said:
     unseen, waiting = ranks_of(f.unseen), f.waiting
     evidence: list[str | Evidence] = [
         Evidence(f"(pid {v.snap.process.pid}) could not be read: {unseen_reason(v)}", v.rank) for v in f.unseen
@@ -363,7 +370,7 @@ def _unseen(f: Unseen) -> Words:
         f"{rank_phrase(unseen)} {verb_for(unseen, 'is', 'are')} the only one{'' if len(unseen) == 1 else 's'} "
         "not seen there: the likely rank(s) the others wait for, by elimination, not by a stack"
     )
-    return Words(
+    return Said(
         f"straggler: {rank_phrase(unseen)} could not be read while {rank_phrase(ranks_of(waiting))} "
         f"{verb_for(waiting, 'waits', 'wait')} {in_ops(waiting)}: likely the rank(s) they wait for",
         evidence,
@@ -389,7 +396,7 @@ def _apart(groups: Sequence[Sequence[RankView]]) -> list[str]:
     return out
 
 
-def _mismatch(f: Mismatch) -> Words:
+def _mismatch(f: Mismatch) -> Said:
     groups, culprits = f.groups, f.culprits
     where = _apart(groups)
     evidence = [
@@ -456,7 +463,7 @@ def _mismatch(f: Mismatch) -> Words:
             )
     else:
         summary = "collective mismatch: point-to-point calls do not pair up: " + (p2p[0] if p2p else "")
-    return Words(summary, evidence)
+    return Said(summary, evidence)
 
 
 def _members_elsewhere(
@@ -510,7 +517,7 @@ def _left_structure(s: Structure, culprits: Sequence[int]) -> tuple[str, str]:
     return summary, evidence
 
 
-def _groups_apart(f: GroupsApart) -> Words:
+def _groups_apart(f: GroupsApart) -> Said:
     ranks = [v for vs in f.groups for v in vs]
     where = _apart(f.groups)
     evidence = [
@@ -522,7 +529,7 @@ def _groups_apart(f: GroupsApart) -> Words:
         f"{f.size} ranks: every place may hold whole groups; stacks do not show which "
         "ranks each group has, nor what a whole group waits for"
     )
-    return Words(
+    return Said(
         f"every rank in an op ({_count(ranks)}) waits on a group its caller passed, at "
         f"{len(f.groups)} places: ranks of different groups wait apart legitimately, and no small "
         "set of ranks is outside that structure, so no rank is named",
@@ -557,20 +564,20 @@ def p2p_line(p: P2PFact) -> str:
     )
 
 
-def _same_op(f: SameOp) -> Words:
+def _same_op(f: SameOp) -> Said:
     op = f.waiting[0].op
     assert op is not None
-    return Words(
+    return Said(
         f"transport hang: every rank ({rank_phrase(ranks_of(f.waiting))}) waits in the same {op_site(op)} "
         "and no data moves",
         op_lines(f.waiting),
     )
 
 
-def _seen_in_one_op(f: SeenInOneOp) -> Words:
+def _seen_in_one_op(f: SeenInOneOp) -> Said:
     op = f.waiting[0].op
     assert op is not None
-    return Words(
+    return Said(
         f"every rank seen ({rank_phrase(ranks_of(f.waiting))}) waits in the same {op_site(op)}, and "
         f"{_unseen_words(f.unseen)}: if they wait there too, suspect the transport "
         "(nccl_timeout); one that is elsewhere is what the others wait for",
@@ -584,10 +591,10 @@ def _unseen_words(unseen: Sequence[int]) -> str:
     return f"{rank_phrase(unseen)} {verb_for(unseen, 'was', 'were')} not seen"
 
 
-def _teardown(f: Teardown) -> Words:
+def _teardown(f: Teardown) -> Said:
     op = f.waiting[0].op
     assert op is not None
-    return Words(
+    return Said(
         f"teardown hang: every rank ({rank_phrase(ranks_of(f.waiting))}) waits in the same {op_site(op)} on "
         "its way out, and no data moves",
         op_lines(f.waiting),
@@ -600,7 +607,7 @@ NOT_VISIBLE = (
 )
 
 
-def _device_waits(f: DeviceWaits) -> Words:
+def _device_waits(f: DeviceWaits) -> Said:
     ranks = ranks_of([*f.device, *f.known])
     evidence = op_lines([*f.known, *f.device])
     evidence.append(
@@ -612,7 +619,7 @@ def _device_waits(f: DeviceWaits) -> Words:
     )
     if f.one_site:
         evidence.append(NOT_VISIBLE)
-        return Words(
+        return Said(
             f"transport hang?: every rank ({rank_phrase(ranks)}) waits for device work at the same "
             f"{op_site(f.device[0].op)} and nothing moves; {NOT_VISIBLE}",
             evidence,
@@ -622,7 +629,7 @@ def _device_waits(f: DeviceWaits) -> Words:
         "collective, so no mismatch is inferred from where they stopped"
     )
     apart = "; ".join(f"{rank_phrase(r)} {k}" for k, r in _by_where([*f.known, *f.device]).items())
-    return Words(
+    return Said(
         f"every rank waits, but not all in a collective stacks can name: {apart}; which "
         "collective each device waits in is not visible, so a transport hang cannot be told "
         "from a mismatch",
@@ -677,7 +684,7 @@ DEVICE_NEXT_STEPS = (
 
 
 # the sentences of each rule outcome
-_SAY: dict[type, Callable[[Any], Words]] = {
+_SAY: dict[type, Callable[[Any], Said]] = {
     NothingCaptured: _nothing_captured,
     Progressing: _progressing,
     DataMoving: _data_moving,

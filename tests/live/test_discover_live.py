@@ -13,7 +13,7 @@ from support.jobs import JOB, children_of, ready_pids, running
 from hangdoc.capture.find.discover import discover
 from hangdoc.capture.find.jobspec import parse_job_spec
 from hangdoc.errors import JobNotFound
-from hangdoc.model import RankSource
+from hangdoc.model import Note, NoteKind, RankSource
 
 # ------------------------------------------------------------------ real jobs
 
@@ -42,7 +42,8 @@ def test_torchrun_job_by_endpoint(torchrun_job: RunningJob) -> None:
     # rank 0's DataLoader worker and rank 1's subprocess are there, but not ranks
     workers = children_of(pids[0]) + children_of(pids[1])
     assert len(workers) == 2
-    assert all(str(w) in " ".join(found.notes) for w in workers)
+    assert all(str(w) in " ".join(n.words() for n in found.notes) for w in workers)
+    assert set(workers) <= {pid for n in found.notes if n.kind is NoteKind.NOT_RANKS for pid in n.pids}
     assert f"MASTER_PORT={torchrun_job.port}" in found.searched
 
 
@@ -69,8 +70,12 @@ def test_pid_of_one_rank_takes_in_its_job_on_this_node(torchrun_job: RunningJob)
     found = discover(parse_job_spec(f"pid:{pids[1]}"))
     assert [(r.rank, r.pid) for r in found.ranks] == [(0, pids[0]), (1, pids[1])]
     assert (
-        f"pid {pids[1]} is rank 1 of the job at 127.0.0.1:{torchrun_job.port}; took in its 2 ranks on this node"
-    ) in found.notes
+        Note(
+            f"pid {pids[1]} is rank 1 of the job at 127.0.0.1:{torchrun_job.port}; took in its 2 ranks on this node",
+            NoteKind.WIDENED,
+        )
+        in found.notes
+    )
 
 
 @pytest.mark.timeout(120)
@@ -111,8 +116,8 @@ def test_spawn_job_gets_inferred_ranks(tmp_path: Path) -> None:
         assert r.rank_evidence.startswith(f"inferred: spawn child #{r.rank} of pid {parent}")
         assert r.launcher_pid == parent
     assert len(helpers) == 3  # the resource tracker and the two ranks
-    assert any("inferred from their start order" in n for n in found.notes)
-    assert any("child of rank 0" in n for n in found.notes)  # rank 0's DataLoader worker
+    assert any("inferred from their start order" in n.words() for n in found.notes)
+    assert any("child of rank 0" in n.words() for n in found.notes)  # rank 0's DataLoader worker
 
 
 @pytest.mark.timeout(120)

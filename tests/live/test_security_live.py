@@ -561,7 +561,8 @@ def test_another_users_process_in_the_rendezvous_is_kept_apart(area, victims, ag
                 continue
             found = stub.FindRanks(pb.FindRanksRequest(job=f"127.0.0.1:{port}"), timeout=30)
             assert [r.pid for r in found.ranks] == [own.pid]
-            note = next(n for n in found.notes if "another user" in n)
+            note = next(n for n in found.notes if "another user" in n)  # the words, for older coordinators
             assert f"pid {foreign.pid} (uid {NOBODY})" in note and "the user listening on MASTER_PORT" in note
+            assert [list(n.pids) for n in found.noted if n.kind == "other_user"] == [[foreign.pid]]
             flight = stub.Flight(pb.FlightRequest(pids=[foreign.pid], timeout_seconds=2), timeout=30)
             assert list(flight.ranks) == []  # its probe is never asked for

@@ -4,7 +4,7 @@ quotes them, with ``[bold red]``, ``[link=http://x]`` and an emoji code besides.
 
 from __future__ import annotations
 
-from hangdoc.model import Diagnosis, Frame, JobSnapshot, RankState, Unreachable, Verdict
+from hangdoc.model import Diagnosis, Evidence, Frame, JobSnapshot, Note, NoteKind, RankState, Unreachable, Verdict
 
 from .factories import make_diagnosis, make_op, make_rank, make_snapshot
 
@@ -34,7 +34,11 @@ def hostile() -> tuple[Diagnosis, JobSnapshot]:
         world_size=4,
         spec=f"pid:1{EMOJI}",
         unreachable=[Unreachable(f"{STYLE}:7420", f"refused {FUNCTION}", (3,))],
-        notes=[f"node{STYLE}: not counted as ranks ({THREAD}): pid 77"],
+        notes=[
+            Note(
+                f"not counted as ranks ({THREAD})", NoteKind.NOT_RANKS, node=f"node{STYLE}", pids=(77,), listed="pid 77"
+            )
+        ],
     )
     said = f"rank 1 is blocked in {FUNCTION} ({THREAD}.py:5) on thread {THREAD} {STYLE} {LINK} {EMOJI}"
     diagnosis = make_diagnosis(
@@ -42,7 +46,7 @@ def hostile() -> tuple[Diagnosis, JobSnapshot]:
         verdict=Verdict.STRAGGLER,
         culprits=[1],
         summary=said,
-        evidence=[said],
+        evidence=[Evidence(said)],
         next_steps=[said],
         ops={0: make_op("all_reduce", AR[1]), 2: make_op("all_reduce", AR[1])},
         states={1: RankState.BLOCKED},

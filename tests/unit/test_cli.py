@@ -15,7 +15,7 @@ from support.factories import make_rank, make_snapshot
 from hangdoc import SCHEMA_VERSION, __version__, bundle
 from hangdoc.bundle import save_snapshot, snapshot_to_dict
 from hangdoc.cli import main
-from hangdoc.model import Frame
+from hangdoc.model import Frame, Note, NoteKind
 
 C10D = "torch/distributed/distributed_c10d.py"
 
@@ -342,7 +342,9 @@ def test_analyze_never_sends_escape_sequences_to_the_terminal(tmp_path, capsys) 
     frame = Frame(f"evil{ESCAPES}", f"/job/{ESCAPES}.py", 3, code=f"x = 1  # {ESCAPES}")
     snap = make_snapshot(
         [make_rank(r, ["train.py:main:1", frame], host=f"node{ESCAPES}") for r in (0, 1)],
-        notes=[f"note {ESCAPES}"],
+        notes=[
+            Note(f"note {ESCAPES}", NoteKind.NOT_RANKS, node=f"node{ESCAPES}", pids=(7,), listed=f"pid 7 {ESCAPES}")
+        ],
         spec=f"pid:{ESCAPES}",
     )
     path = tmp_path / "evil.json"
@@ -351,9 +353,12 @@ def test_analyze_never_sends_escape_sequences_to_the_terminal(tmp_path, capsys) 
     out = capsys.readouterr().out
     assert not {"\x1b", "\x07", "\r", "\u202e", "\x9b"} & set(out), repr(out)
     assert "evil\\x1b[2J\\x1b]0;pwned\\x07\\rback\\u202egnp.exe\\x9b31m" in out
+    shown = "\\x1b[2J\\x1b]0;pwned\\x07\\rback\\u202egnp.exe\\x9b31m"
+    assert f"• node{shown}: note {shown}: pid 7 {shown}" in out  # the note, node and list shown too
     assert main(["analyze", str(path), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["groups"][0]["stack"][-1]["function"] == f"evil{ESCAPES}"  # raw, JSON-escaped
+    assert report["notes"] == [f"node{ESCAPES}: note {ESCAPES}: pid 7 {ESCAPES}"]  # the note's words
 
 
 # ------------------------------------------------------------------ --json on failure

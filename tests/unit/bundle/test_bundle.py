@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from support.factories import make_frame, make_rank, make_snapshot
+from support.paths import TESTS
 
 from hangdoc import __version__, bundle
 from hangdoc.bundle import (
@@ -27,6 +28,8 @@ from hangdoc.model import (
     CaptureErrorKind,
     Frame,
     JobSnapshot,
+    Note,
+    NoteKind,
     RankSource,
     SourceFile,
     Unreachable,
@@ -34,6 +37,15 @@ from hangdoc.model import (
 
 TRUNK = ["<frozen runpy>:_run_module_as_main:198", "train.py:<module>:60", "train.py:main:55"]
 ALL_REDUCE = [*TRUNK, "train.py:step:30", "torch/distributed/distributed_c10d.py:all_reduce:2800"]
+
+
+_WORKERS = Note(
+    "not counted as ranks (DataLoader/compile/multiprocessing workers)",
+    NoteKind.NOT_RANKS,
+    node="node1",
+    pids=(4243, 4244),
+    listed="pid 4243 (child of rank 1 (pid 4100)), 4244 (child of rank 1 (pid 4100))",
+)
 
 
 def rich_snapshot() -> JobSnapshot:
@@ -53,7 +65,7 @@ def rich_snapshot() -> JobSnapshot:
         ranks,
         world_size=8,
         unreachable=[Unreachable("node3:50051", "deadline exceeded after 5.0 s", (6, 7))],
-        notes=["window extended to 4.0 s", "rank ? (pid 4242): ptrace denied"],
+        notes=[Note("window extended to 4.0 s"), Note("rank ? (pid 4242): ptrace denied"), _WORKERS],
         sources=[SourceFile("/job/train.py", ((47, "    try:"), (48, "        dist.barrier()")))],
     )
 
@@ -386,7 +398,7 @@ def test_nan_and_infinity_are_read_into_floats(tmp_path: Path) -> None:
 
 
 def test_lone_surrogates_round_trip(tmp_path: Path) -> None:
-    snap = make_snapshot({0: [make_frame("train.py:f\udcff:3")]}, notes=["bad \ud800 bytes"])
+    snap = make_snapshot({0: [make_frame("train.py:f\udcff:3")]}, notes=[Note("bad \ud800 bytes")])
     path = tmp_path / "s.json.gz"
     save_snapshot(snap, path)  # no UnicodeEncodeError
     assert load_snapshot(path) == snap
@@ -394,9 +406,66 @@ def test_lone_surrogates_round_trip(tmp_path: Path) -> None:
 
 def test_escape_sequences_load_as_they_are(tmp_path: Path) -> None:
     evil = "\x1b[2J\x1b]0;t\x07\r\u202e\x9b"
-    snap = make_snapshot({0: [make_frame(f"train.py:{evil}:3")]}, notes=[evil])
+    snap = make_snapshot({0: [make_frame(f"train.py:{evil}:3")]}, notes=[Note(evil)])
     save_snapshot(snap, tmp_path / "s.json")
     assert load_snapshot(tmp_path / "s.json") == snap
+
+
+# ------------------------------------------------------------------------- notes
+
+WORKERS = (
+    "not counted as ranks (DataLoader/compile/multiprocessing workers)",
+    "pid 4242 (child of rank 56 (pid 4100)), 4243 (child of rank 56 (pid 4100))",
+)
+NOTES = (
+    Note("window extended beyond 2.0 s: straggler is not yet certain"),
+    Note(WORKERS[0], NoteKind.NOT_RANKS, node="node7", pids=(4242, 4243), listed=WORKERS[1]),
+    Note("evidence still ambiguous after 12.0 s (max window)", NoteKind.WINDOW),
+)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_notes_of_words_and_notes_as_values_round_trip(tmp_path: Path, version: int) -> None:
+    snap = make_snapshot({0: ALL_REDUCE}, notes=NOTES)
+    data = json.loads(json.dumps(snapshot_to_dict(snap, schema_version=version)))
+    # a note of words alone is written as its words, as every bundle wrote notes before
+    # notes were values; a note that says more is an object, its defaults left out
+    assert data["snapshot"]["notes"] == [
+        "window extended beyond 2.0 s: straggler is not yet certain",
+        {"text": WORKERS[0], "kind": "not_ranks", "node": "node7", "pids": [4242, 4243], "listed": WORKERS[1]},
+        {"text": "evidence still ambiguous after 12.0 s (max window)", "kind": "window"},
+    ]
+    back = snapshot_from_dict(data)
+    assert back == snap and back.notes == NOTES
+    assert back.notes[1].kind is NoteKind.NOT_RANKS and back.notes[1].pids == (4242, 4243)
+    assert back.notes[1].words() == f"node7: {WORKERS[0]}: {WORKERS[1]}"
+    save_snapshot(snap, tmp_path / "notes.json.gz")
+    assert load_snapshot(tmp_path / "notes.json.gz").notes == NOTES
+
+
+def test_notes_written_as_words_load_into_note_values(tmp_path: Path) -> None:
+    words = [f"node7: {WORKERS[0]}: {WORKERS[1]}", "window extended beyond 2.0 s: straggler is not yet certain"]
+    data = snapshot_to_dict(make_snapshot({0: ALL_REDUCE}), schema_version=1)
+    data["snapshot"]["notes"] = words  # as hangdoc wrote every note before notes were values
+    back = load_snapshot(_write(tmp_path, json.dumps(data).encode()))
+    assert back.notes == (Note(words[0]), Note(words[1]))  # their words, nothing read into them
+    assert [note.words() for note in back.notes] == words
+    recorded = load_snapshot(TESTS / "data" / "bundles_v1" / "straggler_dead_prefetcher_metrics_thread.json.gz")
+    assert recorded.notes == (
+        Note("window extended beyond 2.0 s: straggler is not yet certain"),
+        Note("evidence still ambiguous after 12.0 s (max window)"),
+    )
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_note_pid_out_of_range_is_refused(tmp_path: Path, version: int) -> None:
+    snap = make_snapshot({0: ALL_REDUCE}, notes=NOTES[1:2])
+    data = json.loads(json.dumps(snapshot_to_dict(snap, schema_version=version)))
+    data["snapshot"]["notes"][0]["pids"][0] = 2**30
+    message = _error(_write(tmp_path, json.dumps(data).encode()))
+    assert "at snapshot.notes[0].pids[0]: 1073741824 is out of range (0 to 4194304)" in message
+    data["snapshot"]["notes"][0]["pids"] = [2**22, 0]  # the bounds themselves are pids
+    assert load_snapshot(_write(tmp_path, json.dumps(data).encode())).notes[0].pids == (2**22, 0)
 
 
 @pytest.mark.parametrize(

@@ -37,6 +37,8 @@ from hangdoc.model import (
     GpuState,
     Heartbeat,
     JobSnapshot,
+    Note,
+    NoteKind,
     RankSource,
     ThreadException,
     ThreadStack,
@@ -137,7 +139,12 @@ def varied_snapshot(ranks: int = 80) -> JobSnapshot:
     built[3] = dataclasses.replace(
         odd, samples=(dataclasses.replace(sample, threads=threads, state=state), *odd.samples[1:])
     )
-    return make_snapshot(built, world_size=ranks + 2, notes=["note \ud800"], stacks_may_be_cut=False)
+    return make_snapshot(
+        built,
+        world_size=ranks + 2,
+        notes=[Note("note \ud800"), Note("widened \ud800", NoteKind.WIDENED, pids=(2**22,))],
+        stacks_may_be_cut=False,
+    )
 
 
 def test_every_kind_of_field_round_trips(tmp_path: Path) -> None:

@@ -22,6 +22,8 @@ from hangdoc.fleet.client import AgentError
 from hangdoc.fleet.coordinator import Fleet, Round, find_ranks, sample_all
 from hangdoc.model import (
     Frame,
+    Note,
+    NoteKind,
     ProbeAnswer,
     ProbeStatus,
     RankProcess,
@@ -249,7 +251,8 @@ def test_a_loop_idle_in_backward_gets_its_native_frames_whatever_its_thread(loop
     fleet = find_ranks([node], SPEC)
     snapshot, _ = observe("x", fleet, CaptureOptions(window=0.2, interval=0.05), lambda m: None)
     assert sorted(node.native_for) == [100, 101]  # once per rank
-    assert any(n.startswith("native frames taken of pid(s) 100, 101") for n in snapshot.notes)
+    assert any(n.words().startswith("native frames taken of pid(s) 100, 101") for n in snapshot.notes)
+    assert [n.pids for n in snapshot.notes if n.text.startswith("native frames")] == [(100, 101)]
 
 
 class SourceServingNode(NativeAskingNode):
@@ -286,7 +289,8 @@ def test_a_rank_at_a_host_sync_by_its_python_frames_gets_its_native_frames(stack
     fleet = find_ranks([node], SPEC)
     snapshot, _ = observe("x", fleet, CaptureOptions(window=0.2, interval=0.05), lambda m: None)
     assert sorted(node.native_for) == ([100, 101] if asked else [])
-    assert any(n.startswith("native frames taken of pid(s) 100, 101") for n in snapshot.notes) == asked
+    assert any(n.words().startswith("native frames taken of pid(s) 100, 101") for n in snapshot.notes) == asked
+    assert [n.pids for n in snapshot.notes if n.text.startswith("native frames")] == ([(100, 101)] if asked else [])
 
 
 # ------------------------------------------------------------------ pid: over several nodes
@@ -322,9 +326,34 @@ def test_a_pid_is_looked_up_on_its_node_and_the_others_are_asked_for_its_job() -
     fleet = find_ranks([a, b], parse_job_spec("pid:4242"), deadline=5)
     assert [(n.name, p.rank) for n, p in fleet.placed] == [("a", 1), ("b", 2), ("b", 3)]
     assert b.asked == ["pid:4242", "10.0.0.1:29500"]  # never the pid, once it is known where it is
-    assert (
-        fleet.notes[0] == "pid:4242 is on a, a rank of 10.0.0.1:29500; the other node(s) were asked for 10.0.0.1:29500"
+    assert fleet.notes[0] == Note(
+        "pid:4242 is on a, a rank of 10.0.0.1:29500; the other node(s) were asked for 10.0.0.1:29500"
     )
+
+
+WORKERS = "not counted as ranks (DataLoader/compile/multiprocessing workers)"
+LISTED = "pid 91 (child of rank 0 (pid 11)), 92 (child of rank 0 (pid 11))"
+
+
+class NotingNode(PidNode):
+    """A node whose discovery says that two processes below its rank 0 are no ranks."""
+
+    def find_ranks(self, spec) -> Discovery:
+        found = super().find_ranks(spec)
+        return dataclasses.replace(found, notes=(Note(WORKERS, NoteKind.NOT_RANKS, pids=(91, 92), listed=LISTED),))
+
+
+def test_the_notes_of_several_nodes_name_their_node_as_a_value() -> None:
+    a = NotingNode("a:7420", {}, [_proc(11, 0, "a"), _proc(12, 1, "a")])
+    b = NotingNode("b:7420", {}, [])  # none of the job there
+    fleet = find_ranks([a, b], SPEC, deadline=5)
+    said, empty = fleet.notes
+    assert said == Note(WORKERS, NoteKind.NOT_RANKS, node="a:7420", pids=(91, 92), listed=LISTED)
+    assert said.words() == f"a:7420: {WORKERS}: {LISTED}"
+    assert (empty.kind, empty.node, empty.pids) == (NoteKind.NO_RANK_THERE, "b:7420", ())
+    assert empty.words() == "b:7420: no process has MASTER_ADDR=10.0.0.1 on b:7420 (no rank there)"
+    alone = find_ranks([a], SPEC, deadline=5)  # one node: no other to tell its notes from
+    assert alone.notes == (Note(WORKERS, NoteKind.NOT_RANKS, pids=(91, 92), listed=LISTED),)
 
 
 def test_one_pid_number_on_two_nodes_in_different_jobs_is_refused() -> None:
@@ -350,7 +379,7 @@ def test_the_other_nodes_note_is_made_once_for_the_nodes_asked() -> None:
     a = SpanningNode("a:7420", {}, [_proc(11, 0, "a"), _proc(12, 1, "a")])
     b = SpanningNode("b:7420", {}, [_proc(21, 2, "b"), _proc(22, 3, "b")])
     fleet = find_ranks([a, b], parse_job_spec("10.0.0.1:29500"), deadline=5)
-    (note,) = [n for n in fleet.notes if "other nodes" in n]
+    (note,) = [n.words() for n in fleet.notes if "other nodes" in n.words()]
     assert note.startswith("ranks 0-3 of 8 are on the nodes asked (a:7420, b:7420)")
     assert "other nodes (c, d), not asked" in note
     assert "--agents a:7420,b:7420,c:7420,d:7420 " in note
@@ -362,4 +391,4 @@ def test_no_other_nodes_note_when_the_nodes_asked_hold_the_world() -> None:
     ]
     fleet = find_ranks(nodes, parse_job_spec("10.0.0.1:29500"), deadline=5)
     assert len(fleet.placed) == 8
-    assert not any("other nodes" in n for n in fleet.notes)
+    assert not any("other nodes" in n.words() for n in fleet.notes)

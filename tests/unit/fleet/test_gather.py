@@ -12,7 +12,7 @@ from support.factories import make_rank
 from hangdoc.fleet.coordinator import Fleet, fan_out_pids
 from hangdoc.fleet.gather import Gather
 from hangdoc.fleet.probes import ask_probes
-from hangdoc.model import Heartbeat, ProbeAnswer, ProbeStatus, RankProcess, Sample
+from hangdoc.model import Heartbeat, Note, ProbeAnswer, ProbeStatus, RankProcess, Sample
 
 BACKWARD = ["train.py:main:30", "torch/autograd/graph.py:_engine_run_backward:823"]
 
@@ -93,8 +93,8 @@ def test_probes_say_what_answered_and_what_failed() -> None:
     probes = ask_probes(fleet_of((a, 7), (a, 8), (b, 9)), {0, 1, 2})
     assert probes.answers == {0: dumpless}
     assert probes.notes == (
-        "no answer from the probe of pid 9: agent b\\nunavailable",  # one line
-        "no flight recorder dump from pid 7: no TORCH_FR_BUFFER_SIZE",
+        Note("no answer from the probe of pid 9: agent b\\nunavailable"),  # one line
+        Note("no flight recorder dump from pid 7: no TORCH_FR_BUFFER_SIZE"),
     )
     assert ask_probes(fleet_of((a, 8)), {0}).notes == ()  # no probe anywhere: nothing to say
 
@@ -115,5 +115,6 @@ def test_gather_takes_native_frames_where_the_question_it_was_given_says_once_pe
     assert gather.take_native(1.0) == () and node.native_for == [101]
     assert asked == [100, 101, 100]  # a rank given its native sample is not asked of again
     snapshot = gather.snapshot(1.0)
-    assert snapshot.notes == ("native frames taken of pid(s) 101",)
+    assert snapshot.notes == (Note("native frames taken of pid(s) 101", pids=(101,)),)
+    assert snapshot.notes[0].words() == "native frames taken of pid(s) 101"
     assert [len(r.samples) for r in snapshot.ranks] == [1, 2]

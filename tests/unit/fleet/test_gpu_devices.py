@@ -24,7 +24,7 @@ from hangdoc.fleet.devices import gather_devices
 from hangdoc.fleet.node import LocalNode, NodeDevices
 from hangdoc.fleet.v1 import agent_pb2 as pb
 from hangdoc.fleet.wire import gpu_state_from_proto, gpu_state_to_proto
-from hangdoc.model import GpuState, JobSnapshot, RankProcess
+from hangdoc.model import GpuState, JobSnapshot, Note, RankProcess
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 pytestmark = [pytest.mark.timeout(60)]
@@ -131,10 +131,10 @@ def test_ras_is_asked_of_the_first_node_only_and_failures_become_notes() -> None
     assert a.asked == [((10, 11), True)] and b.asked == [((12,), False)] and c.asked == [((13,), False)]
     assert found.gpus == {0: (BUSY,)} and found.ras == REPORT
     assert found.notes == (
-        "GPU state (NVML) of 1 of 5 rank(s)",
-        "GPU state on b:7420: agent b:7420 unavailable",
-        "GPU state on c:7420: no NVIDIA driver on this node (libnvidia-ml.so.1 not found)",
-        (
+        Note("GPU state (NVML) of 1 of 5 rank(s)"),
+        Note("GPU state on b:7420: agent b:7420 unavailable"),
+        Note("GPU state on c:7420: no NVIDIA driver on this node (libnvidia-ml.so.1 not found)"),
+        Note(
             "NCCL RAS report (ncclras on node0; malformed NCCL 2.28 JSON repaired: a missing rank's comma "
             "after nvml_dev): 2 communicator(s)"
         ),

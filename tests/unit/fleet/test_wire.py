@@ -31,6 +31,8 @@ from hangdoc.model import (
     CaptureError,
     CaptureErrorKind,
     Frame,
+    Note,
+    NoteKind,
     ProcessState,
     RankProcess,
     RankSource,
@@ -95,12 +97,53 @@ def test_discovery_round_trip():
     found = Discovery(
         ranks=tuple(r.process for r in snap.ranks),
         world_size=None,
-        notes=("rank 3 has no process", ""),
+        notes=(Note("rank 3 has no process"), Note("")),
         searched="pid 5 and its descendants",
     )
     assert wire.discovery_from_proto(over_the_wire(wire.discovery_to_proto(found))) == found
     zero = dataclasses.replace(found, world_size=0, ranks=(), notes=())
     assert wire.discovery_from_proto(over_the_wire(wire.discovery_to_proto(zero))) == zero
+
+
+WORKERS = "not counted as ranks (DataLoader/compile/multiprocessing workers)"
+LISTED = "pid 4242 (child of rank 0 (pid 4100)), 4243 (child of rank 0 (pid 4100))"
+
+
+def test_notes_as_values_round_trip_beside_their_words():
+    notes = (
+        Note("ranks disagree on the world size: 4, 8"),
+        Note(WORKERS, NoteKind.NOT_RANKS, pids=(4242, 4243), listed=LISTED),
+        Note("pid 12 is one rank; to see the whole job name it by 127.0.0.1:29500", NoteKind.WIDENED),
+        Note("rank 1 is claimed by 2 processes (pids 80, 83)", NoteKind.RANK_CLAIMED, pids=(80, 83)),
+    )
+    found = Discovery(ranks=(), world_size=4, notes=notes, searched="x")
+    msg = over_the_wire(wire.discovery_to_proto(found))
+    back = wire.discovery_from_proto(msg)
+    assert back == found and back.notes == notes
+    assert back.notes[1].kind is NoteKind.NOT_RANKS and back.notes[1].pids == (4242, 4243)
+    assert list(msg.notes) == [n.words() for n in notes]  # what a coordinator before values reads
+    assert msg.notes[1] == f"{WORKERS}: {LISTED}"
+    assert [(n.kind, list(n.pids), n.listed) for n in msg.noted][1] == ("not_ranks", [4242, 4243], LISTED)
+
+
+def test_an_older_agent_s_notes_of_words_alone_are_notes_of_those_words():
+    old = pb.Discovery(notes=["ranks disagree on the world size: 4, 8", f"{WORKERS}: {LISTED}"], searched="x")
+    found = wire.discovery_from_proto(over_the_wire(old))
+    assert found.notes == (Note("ranks disagree on the world size: 4, 8"), Note(f"{WORKERS}: {LISTED}"))
+    assert all(n.kind is NoteKind.OTHER and n.pids == () and n.listed == "" for n in found.notes)
+
+
+def test_a_newer_agent_s_kind_is_other_and_impossible_pids_are_left_out():
+    newer = pb.Discovery(
+        notes=[f"{WORKERS}: {LISTED}"],
+        noted=[
+            pb.Note(text=WORKERS, kind="kind_of_a_later_hangdoc", pids=[4242, 0, -1, 2**22 + 1, 2**22], listed=LISTED)
+        ],
+        searched="x",
+    )
+    (note,) = wire.discovery_from_proto(over_the_wire(newer)).notes
+    assert note == Note(WORKERS, NoteKind.OTHER, pids=(4242, 2**22), listed=LISTED)
+    assert note.words() == f"{WORKERS}: {LISTED}"
 
 
 def test_samples_round_trip_threads_states_and_every_error_kind():
@@ -147,7 +190,12 @@ def test_frames_and_threads_with_unusual_values():
 
 def test_sample_response_can_carry_the_discovery():
     rs = make_rank(0, ["train.py:main:1"])
-    found = Discovery(ranks=(rs.process,), world_size=1, notes=(), searched="x")
+    found = Discovery(
+        ranks=(rs.process,),
+        world_size=1,
+        notes=(Note(WORKERS, NoteKind.NOT_RANKS, pids=(7,), listed="pid 7"),),
+        searched="x",
+    )
     msg = over_the_wire(wire.samples_to_proto({rs.process.pid: rs.samples[0]}, found))
     assert wire.discovery_from_proto(msg.discovery) == found
     assert not over_the_wire(wire.samples_to_proto({})).HasField("discovery")

@@ -21,7 +21,7 @@ from support.paths import REPO
 from hangdoc.analysis.analyse import analyse
 from hangdoc.bundle import load_snapshot
 from hangdoc.cli import main
-from hangdoc.model import Frame, RankState, ThreadStack, Verdict
+from hangdoc.model import Evidence, Frame, Note, NoteKind, RankState, ThreadStack, Verdict
 from hangdoc.report.html import render_html, report_data
 from hangdoc.watch.incident import HTML, write_incident
 from hangdoc.watch.stall import Signal, Trigger
@@ -64,7 +64,7 @@ def _mismatch() -> tuple[Any, Any]:
         verdict=Verdict.COLLECTIVE_MISMATCH,
         culprits=[2],
         summary="rank 2 is in barrier",
-        evidence=["ranks 0,1,3,5 wait in all_reduce"],
+        evidence=[Evidence("ranks 0,1,3,5 wait in all_reduce")],
         next_steps=["look at evaluate"],
         ops={r: make_op("barrier" if r == 2 else "all_reduce") for r in (0, 1, 2, 3, 5)},
     )
@@ -92,12 +92,15 @@ def test_the_page_is_self_contained_and_says_the_verdict() -> None:
 def test_hostile_names_are_data_not_markup() -> None:
     evil = "</script><script>alert(1)</script><!--"
     stack = (Frame("<module>", "/job/train.py", 1), Frame(evil, "/job/x\u202e.py", 2))
-    snap = make_snapshot({0: list(stack), 1: list(stack)}, spec="<b>job</b>", notes=[f"note {evil}"])
+    note = Note(f"note {evil}", NoteKind.NOT_RANKS, node="node7", pids=(7,), listed=f"pid 7 ({evil})")
+    snap = make_snapshot({0: list(stack), 1: list(stack)}, spec="<b>job</b>", notes=[note])
     diag = make_diagnosis(snap, verdict=Verdict.NCCL_TIMEOUT, summary=f"summary {evil}")
     page = render_html(diag, snap)
     head, _, tail = page.partition('<script type="application/json"')
     assert "<script>alert(1)" not in page and "<b>job</b>" not in page
     assert "&lt;/script&gt;&lt;script&gt;alert(1)" in head  # escaped in the static part
+    escaped = "&lt;/script&gt;&lt;script&gt;alert(1)&lt;/script&gt;&lt;!--"
+    assert f"node7: note {escaped}: pid 7 ({escaped})" in head  # the note's words: node, text, list
     data = tail.split(">", 1)[1].split("</script>", 1)[0]
     assert "<" not in data  # the embedded JSON cannot end its script element early
     frames = _payload(page)["frames"]

@@ -15,7 +15,10 @@ from hangdoc import SCHEMA_VERSION, __version__
 from hangdoc.model import (
     Confidence,
     Diagnosis,
+    Evidence,
     JobSnapshot,
+    Note,
+    NoteKind,
     OpKind,
     RankAnalysis,
     RankSource,
@@ -47,6 +50,15 @@ RANK_KEYS = {"rank", "pid", "host", "state", "op", "thread", "group", "detail",
 OP_KEYS = {"kind", "name", "call_site", "function", "via", "peer", "in_cleanup", "cleanup_site"}
 
 
+WORKERS = Note(
+    "not counted as ranks (DataLoader/compile/multiprocessing workers)",
+    NoteKind.NOT_RANKS,
+    node="node1",
+    pids=(4242, 4243),
+    listed="pid 4242 (child of rank 4 (pid 1004)), 4243 (child of rank 4 (pid 1004))",
+)
+
+
 def scenario() -> tuple[Diagnosis, JobSnapshot]:
     ranks = [make_rank(r, AR) for r in (0, 1, 2, 5)] + [
         make_rank(3, BAR, rank_source=RankSource.INFERRED, rank_evidence="spawn index 3"),
@@ -56,7 +68,7 @@ def scenario() -> tuple[Diagnosis, JobSnapshot]:
         ranks,
         world_size=8,
         unreachable=[Unreachable("node2:50051", "connection refused", (7, 6))],
-        notes=["window extended to 4.0 s"],
+        notes=[Note("window extended to 4.0 s"), WORKERS],
     )
     ar = make_op("all_reduce", "train.py:step:30")
     bar = make_op("barrier", "train.py:evaluate:48", in_cleanup=True,
@@ -66,7 +78,7 @@ def scenario() -> tuple[Diagnosis, JobSnapshot]:
         verdict=Verdict.COLLECTIVE_MISMATCH,
         culprits=[4, 3],
         summary="Ranks [3-4] wait in barrier while [0-2,5] wait in all_reduce — “mismatch”.",
-        evidence=["ranks [0-2,5] in all_reduce (train.py:30)"],
+        evidence=[Evidence("ranks [0-2,5] in all_reduce (train.py:30)"), Evidence("is in barrier (train.py:48)", 4)],
         next_steps=["export TORCH_DISTRIBUTED_DEBUG=DETAIL"],
         ops={0: ar, 1: ar, 2: ar, 5: ar, 3: bar, 4: bar},
         details={4: "in barrier (train.py:48), thread 'MainThread'"},
@@ -84,7 +96,14 @@ def test_required_keys_and_types() -> None:
     assert data["schema_version"] == SCHEMA_VERSION
     assert data["world_size"] == 8 and data["observed_seconds"] == 4.2
     assert data["partial"] is True  # the snapshot has an unreachable node
-    assert data["notes"] == ["window extended to 4.0 s"]
+    # notes and evidence are written as their words: the node and pids a note lists, the
+    # rank evidence is said of, in the words as they always were
+    assert data["notes"] == [
+        "window extended to 4.0 s",
+        "node1: not counted as ranks (DataLoader/compile/multiprocessing workers): "
+        "pid 4242 (child of rank 4 (pid 1004)), 4243 (child of rank 4 (pid 1004))",
+    ]
+    assert data["evidence"] == ["ranks [0-2,5] in all_reduce (train.py:30)", "rank 4 is in barrier (train.py:48)"]
     assert data["captured_at"] == "2025-01-01T12:00:00Z"
 
 
@@ -326,7 +345,7 @@ EVIL = "\x1b[2J\x1b]0;t\x07\r\x7f\x9b\u202e\u2028\ud800 ünï ✓"
 
 
 def test_strings_stay_raw_but_the_text_is_escaped() -> None:
-    snap = make_snapshot({0: [*TRUNK, f"train.py:{EVIL}:3"], 1: AR}, notes=[EVIL])
+    snap = make_snapshot({0: [*TRUNK, f"train.py:{EVIL}:3"], 1: AR}, notes=[Note(EVIL)])
     diagnosis = make_diagnosis(snap, summary=EVIL)
     text = render_json(diagnosis, snap)
     assert not set(text) & set("\x1b\x07\r\x7f\x9b\u202e\u2028\ud800"), repr(text)

@@ -23,8 +23,11 @@ from hangdoc.model import (
     CaptureErrorKind,
     Confidence,
     Diagnosis,
+    Evidence,
     Frame,
     JobSnapshot,
+    Note,
+    NoteKind,
     RankAnalysis,
     RankState,
     Unreachable,
@@ -53,8 +56,8 @@ def mismatch() -> tuple[Diagnosis, JobSnapshot]:
         culprits=[3],
         summary="Rank 3 waits in barrier (train.py:48) while ranks [0-2,5] wait in all_reduce (train.py:30).",
         evidence=[
-            "ranks [0-2,5] are in all_reduce called from train_step (train.py:30)",
-            "rank 3 is in barrier called from evaluate (train.py:48)",
+            Evidence("ranks [0-2,5] are in all_reduce called from train_step (train.py:30)"),
+            Evidence("is in barrier called from evaluate (train.py:48)", rank=3),
         ],
         next_steps=[
             "Make every rank issue the same collectives in the same order.",
@@ -84,7 +87,7 @@ def cleanup_without_tree() -> tuple[Diagnosis, JobSnapshot]:
         [make_rank(r, AR, host="node0") for r in (0, 2, 3)] + [make_rank(1, finally_stack)],
         world_size=8,
         unreachable=[Unreachable("node1:50051", "deadline exceeded after 5.0 s", (4, 5, 6, 7))],
-        notes=["window extended from 2.0 s to 4.0 s: counters were still moving"],
+        notes=[Note("window extended from 2.0 s to 4.0 s: counters were still moving", NoteKind.WINDOW)],
     )
     ar = make_op("all_reduce", STEP)
     destroy = make_op("destroy_process_group", "train.py:train_step:33", in_cleanup=True)
@@ -94,7 +97,7 @@ def cleanup_without_tree() -> tuple[Diagnosis, JobSnapshot]:
         culprits=[1],
         summary="Rank 1 left the training loop and waits in destroy_process_group; "
         "ranks [0,2-3] wait for it in all_reduce.",
-        evidence=["rank 1 is in destroy_process_group inside a finally block (train.py:33)"],
+        evidence=[Evidence("is in destroy_process_group inside a finally block (train.py:33)", rank=1)],
         next_steps=[FIND_EXCEPTION],
         ops={0: ar, 2: ar, 3: ar, 1: destroy},
         details={1: "exception path: finally at train.py:33"},
@@ -308,7 +311,7 @@ def test_colour_by_severity_and_no_color(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_nothing_captured_still_renders() -> None:
-    snap = make_snapshot([], world_size=4, notes=["no rank could be read"])
+    snap = make_snapshot([], world_size=4, notes=[Note("no rank could be read")])
     diagnosis = make_diagnosis(snap, verdict=Verdict.UNKNOWN, summary="No rank could be read.")
     out = rendered(diagnosis, snap)
     assert out.splitlines()[0] == "verdict: unknown   no culprit ranks   confidence: low"
@@ -351,7 +354,7 @@ def _evil_report() -> tuple[Diagnosis, JobSnapshot]:
     snap = make_snapshot(
         [make_rank(0, [*TRUNK, user, *lib], host=f"node{EVIL}"), make_rank(1, [*TRUNK, user, native], host="node1")],
         spec=f"pid:{EVIL}",
-        notes=[f"note {EVIL}"],
+        notes=[Note(f"note {EVIL}")],
         unreachable=[Unreachable(f"node{EVIL}:7420", f"refused {EVIL}", (2,))],
     )
     snap = dataclasses.replace(snap, captured_at=EVIL)
@@ -359,7 +362,7 @@ def _evil_report() -> tuple[Diagnosis, JobSnapshot]:
     diagnosis = make_diagnosis(
         snap,
         summary=f"summary {EVIL}",
-        evidence=[f"evidence {EVIL}"],
+        evidence=[Evidence(f"evidence {EVIL}")],
         next_steps=[f"step {EVIL}"],
         ops={0: op},
         details={1: f"detail {EVIL}"},
@@ -391,9 +394,9 @@ def test_only_rich_colour_codes_reach_a_colour_terminal(monkeypatch: pytest.Monk
 
 def test_markup_in_job_text_prints_literally() -> None:
     frame = "/job/[link=https:evil]x[blink].py:[bold red]x[/]:3"
-    snap = make_snapshot({0: [*TRUNK, frame], 1: AR}, notes=["[blink]note[/blink]"])
+    snap = make_snapshot({0: [*TRUNK, frame], 1: AR}, notes=[Note("[blink]note[/blink]")])
     diagnosis = make_diagnosis(
-        snap, summary="[bold red]x[/]", evidence=["[i]e[/i]"], details={0: "[reverse]d[/reverse]"}
+        snap, summary="[bold red]x[/]", evidence=[Evidence("[i]e[/i]")], details={0: "[reverse]d[/reverse]"}
     )
     out = rendered(diagnosis, snap)
     assert "[bold red]x[/] ([link=https:evil]x[blink].py:3)" in out

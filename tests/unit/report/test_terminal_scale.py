@@ -19,8 +19,11 @@ from hangdoc.analysis.merge import build_tree
 from hangdoc.model import (
     Diagnosis,
     DistOp,
+    Evidence,
     Frame,
     JobSnapshot,
+    Note,
+    NoteKind,
     RankAnalysis,
     RankProcess,
     RankSnapshot,
@@ -159,9 +162,14 @@ def _job() -> tuple[Diagnosis, JobSnapshot]:
         for r in range(WORLD)
     )
     notes = [
-        f"node{n:05d}: not counted as ranks (DataLoader/compile/multiprocessing workers): "
-        f"pid {60_000 + n} (child of rank {8 * n} (pid 40000)), {60_001 + n} (child of "
-        f"rank {8 * n + 1} (pid 40001))"
+        Note(
+            WORKERS,
+            NoteKind.NOT_RANKS,
+            node=f"node{n:05d}",
+            pids=(60_000 + n, 60_001 + n),
+            listed=f"pid {60_000 + n} (child of rank {8 * n} (pid 40000)), {60_001 + n} (child of "
+            f"rank {8 * n + 1} (pid 40001))",
+        )
         for n in range(WORLD // PER_NODE)
     ]
     snap = JobSnapshot(
@@ -171,7 +179,7 @@ def _job() -> tuple[Diagnosis, JobSnapshot]:
         window_seconds=1.0,
         captured_at="2025-06-01T12:00:00Z",
         hangdoc_version="test",
-        notes=("window extended from 2.0 s to 4.0 s", *notes),
+        notes=(Note("window extended from 2.0 s to 4.0 s", NoteKind.WINDOW), *notes),
     )
     ar, bar = make_op("all_reduce", STEP), make_op("barrier", EVAL)
 
@@ -185,7 +193,7 @@ def _job() -> tuple[Diagnosis, JobSnapshot]:
         culprit_ranks=CULPRITS,
         summary="ranks 50000-50007 are in barrier (train.py:48) while ranks "
         "0-49999,50008-99999 are in all_reduce (train.py:30)",
-        evidence=tuple(f"rank {r} is in barrier (train.py:48)" for r in CULPRITS),
+        evidence=tuple(Evidence("is in barrier (train.py:48)", r) for r in CULPRITS),
         next_steps=("Make every rank issue the same collectives in the same order.",),
         ranks=tuple(analysed(r, bar if r in CULPRITS else ar) for r in range(WORLD)),
         groups=(),
@@ -281,32 +289,91 @@ def test_one_row_a_rank_up_to_32_ranks_then_one_a_class(world: int, per_rank: bo
         assert table[3] == "33 ranks in 1 classes"
 
 
+WORKERS = "not counted as ranks (DataLoader/compile/multiprocessing workers)"
+
+
+def said_notes(notes: list[Note]) -> list[str]:
+    """The report's notes of ``notes`` (past the line on the window), at width 200."""
+    snap = make_snapshot({0: AR4}, notes=notes)
+    lines = rendered(make_diagnosis(snap), snap, width=200)
+    return lines[lines.index("Notes") + 2 :]
+
+
 @pytest.mark.parametrize(("nodes", "merged"), [(4, False), (5, True)])
 def test_per_node_notes_merge_from_five_nodes(nodes: int, merged: bool) -> None:
     notes = [
-        f"node{n}: not counted as ranks (DataLoader/compile/multiprocessing workers): "
-        f"pid {900 + n} (child of rank {n} (pid {100 + n}))"
+        Note(
+            WORKERS,
+            NoteKind.NOT_RANKS,
+            node=f"node{n}",
+            pids=(900 + n,),
+            listed=f"pid {900 + n} (child of rank {n} (pid {100 + n}))",
+        )
         for n in range(nodes)
     ]
-    snap = make_snapshot({0: AR4}, notes=notes)
-    lines = rendered(make_diagnosis(snap), snap, width=200)
-    said = lines[lines.index("Notes") + 2 :]
+    said = said_notes(notes)
     if merged:
-        assert said == [
-            (
-                "• not counted as ranks (DataLoader/compile/multiprocessing workers): 5 "
-                "processes on 5 nodes (node0, node1, …); --json lists every pid"
-            )
-        ]
+        assert said == [f"• {WORKERS}: 5 processes on 5 nodes (node0, node1, …); --json lists every pid"]
     else:
-        assert said == [f"• {note}" for note in notes]
+        assert said == [f"• {note.words()}" for note in notes]
+        assert said[0] == f"• node0: {WORKERS}: pid 900 (child of rank 0 (pid 100))"
+
+
+@pytest.mark.parametrize(("nodes", "merged"), [(4, False), (5, True)])
+def test_processes_of_alike_notes_are_counted_from_their_pids(nodes: int, merged: bool) -> None:
+    """Each node lists 2 processes (its words cut to the first and a count): the line for
+    them all counts the pids the notes carry, never the words."""
+    notes = [
+        Note(
+            WORKERS,
+            NoteKind.NOT_RANKS,
+            node=f"node{n}",
+            pids=(900 + 2 * n, 901 + 2 * n),
+            listed=f"pid {900 + 2 * n} (child of rank {n} (pid {100 + n})) and 1 more",
+        )
+        for n in range(nodes)
+    ]
+    said = said_notes(notes)
+    if merged:
+        assert said == [f"• {WORKERS}: 10 processes on 5 nodes (node0, node1, …); --json lists every pid"]
+    else:
+        assert said == [f"• node{n}: {WORKERS}: pid {900 + 2 * n} (child of rank {n} (pid {100 + n})) and 1 more"
+                        for n in range(4)]  # fmt: skip
+
+
+def test_notes_without_a_list_are_alike_by_their_kind_or_else_by_their_words() -> None:
+    empty = [
+        Note(
+            f"no process has MASTER_ADDR=10.0.0.1 on node{n}:7420 (no rank there)",
+            NoteKind.NO_RANK_THERE,
+            f"node{n}:7420",
+        )
+        for n in range(5)
+    ]
+    assert said_notes(empty) == [
+        "• no process has MASTER_ADDR=10.0.0.1 on node0:7420 (no rank there) "
+        "(and alike on 4 more of 5 nodes (node0:7420, node1:7420, …))"
+    ]
+    assert len(said_notes(empty[:4])) == 4
+    # a note of no kind is alike only where its words are the same
+    same = [Note("ranks disagree on the world size: 4, 8", node=f"node{n}") for n in range(5)]
+    assert said_notes(same) == [
+        "• ranks disagree on the world size: 4, 8 (and alike on 4 more of 5 nodes (node0, node1, …))"
+    ]
+    other = [Note(f"ranks disagree on the world size: {n}, 8", node=f"node{n}") for n in range(5)]
+    assert said_notes(other) == [f"• node{n}: ranks disagree on the world size: {n}, 8" for n in range(5)]
+    # notes of no node (the job's own) are said as they are, however many
+    assert (
+        said_notes([Note("window extended from 2.0 s to 4.0 s", NoteKind.WINDOW)] * 5)
+        == ["• window extended from 2.0 s to 4.0 s"] * 5
+    )
 
 
 @pytest.mark.parametrize(("alike", "merged"), [(4, False), (5, True)])
 def test_evidence_said_of_one_rank_each_merges_from_five(alike: int, merged: bool) -> None:
-    said = [f"rank {r} is on a cleanup path: teardown (ddp.py:432)" for r in range(alike)]
+    said = [Evidence("is on a cleanup path: teardown (ddp.py:432)", r) for r in range(alike)]
     snap = make_snapshot({0: AR4})
-    diagnosis = make_diagnosis(snap, evidence=["ranks 10-20 wait in all_reduce", *said])
+    diagnosis = make_diagnosis(snap, evidence=[Evidence("ranks 10-20 wait in all_reduce"), *said])
     lines = rendered(diagnosis, snap, width=200)
     bullets = lines[lines.index("Evidence") + 1 : lines.index("", lines.index("Evidence"))]
     if merged:
@@ -315,12 +382,13 @@ def test_evidence_said_of_one_rank_each_merges_from_five(alike: int, merged: boo
             ("• rank 0 is on a cleanup path: teardown (ddp.py:432) (the same for 4 more ranks: 1-4)"),
         ]
     else:
-        assert bullets == ["• ranks 10-20 wait in all_reduce", *(f"• {s}" for s in said)]
+        assert bullets == ["• ranks 10-20 wait in all_reduce", *(f"• {s.words()}" for s in said)]
+        assert bullets[1] == "• rank 0 is on a cleanup path: teardown (ddp.py:432)"
 
 
 def test_evidence_is_cut_at_24_bullets() -> None:
     snap = make_snapshot({0: AR4})
-    diagnosis = make_diagnosis(snap, evidence=[f"fact {i}" for i in range(30)])
+    diagnosis = make_diagnosis(snap, evidence=[Evidence(f"fact {i}") for i in range(30)])
     lines = rendered(diagnosis, snap)
     bullets = lines[lines.index("Evidence") + 1 : lines.index("", lines.index("Evidence"))]
     assert len(bullets) == 24 and bullets[-1] == "• … and 7 more (--json lists them all)"

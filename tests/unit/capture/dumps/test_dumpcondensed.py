@@ -47,7 +47,7 @@ def test_sglang_tp0_extra_all_reduce_is_a_mismatch_naming_tp0(capsys) -> None:
     ops = {r["rank"]: r["op"]["name"] for r in report["ranks"]}
     assert ops == {0: "all_reduce", 1: "broadcast", 2: "broadcast", 3: "broadcast"}
     snapshot = load_evidence(CONDENSED / "sglang_22607_tp0_prefetch_all_reduce.txt")
-    notes = " | ".join(snapshot.notes)
+    notes = " | ".join(n.words() for n in snapshot.notes)
     assert "'TP0 stuck forever in:' -> rank 0 (TP rank, taken as the global rank)" in notes
     assert "-> ranks 1-3" in notes and "ranks seen: 0-3" in notes
     assert "line 1 (text that is neither a frame nor the label of a stack)" in notes
@@ -101,7 +101,7 @@ def test_sglang_every_tp_rank_at_one_host_sync_names_no_culprit(capsys) -> None:
         "at::native::nonzero_cuda_out_impl<bool>",
     ]
     assert all(f.native for f in frames[-6:]) and not frames[-7].native
-    notes = " | ".join(snapshot.notes)
+    notes = " | ".join(n.words() for n in snapshot.notes)
     assert "-> ranks 0-7 (TP rank, taken as the global rank)" in notes
     assert "ranks seen: 0-7" in notes and "line 17 (a mark of frames left out" in notes
     assert snapshot.world_size is None and snapshot.stacks_may_be_cut
@@ -294,7 +294,7 @@ def test_world_size_the_text_says_reaches_the_snapshot(tmp_path) -> None:
     snapshot = load_evidence(path)
     assert snapshot.world_size == 8 and snapshot.ranks[0].process.world_size == 8
     assert snapshot.ranks[0].process.rank == 3
-    assert any("world size 8, as the text says" in n for n in snapshot.notes)
+    assert any("world size 8, as the text says" in n.words() for n in snapshot.notes)
 
 
 def test_py_spy_json_is_not_taken_for_pasted_text() -> None:

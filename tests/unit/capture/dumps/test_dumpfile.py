@@ -73,7 +73,7 @@ def test_recorded_dumps_get_their_jobs_verdict_and_culprits(name, job, fmt) -> N
 def test_one_dump_per_process_says_progress_is_unknown() -> None:
     snapshot = load_evidence(DUMPS / "mismatch_wrapper_two_callers.txt")
     assert all(len(r.samples) == 1 and r.samples[0].t == 0.0 for r in snapshot.ranks)
-    assert any("whether the job moves is unknown" in n for n in snapshot.notes)
+    assert any("whether the job moves is unknown" in n.words() for n in snapshot.notes)
     diagnosis = analyse(snapshot)
     # one sample (medium by itself) of dumps whose job size nothing shows: low, and both why
     assert diagnosis.confidence.value == "low"
@@ -86,8 +86,8 @@ def test_ranks_from_file_order_are_said() -> None:
     assert [r.process.pid for r in snapshot.ranks] == [2497, 2498, 2499, 2500]
     assert {r.process.rank_source for r in snapshot.ranks} == {RankSource.INFERRED}
     assert snapshot.ranks[3].process.rank_evidence == "dump 4 of 4 in the file"
-    assert any("order of the dumps" in n for n in snapshot.notes)
-    assert any("no world size shown" in n for n in snapshot.notes)
+    assert any("order of the dumps" in n.words() for n in snapshot.notes)
+    assert any("no world size shown" in n.words() for n in snapshot.notes)
 
 
 def test_ranks_from_command_lines_win_over_file_order() -> None:
@@ -101,7 +101,7 @@ def test_ranks_from_command_lines_win_over_file_order() -> None:
 def test_dataloader_workers_are_left_out_and_named() -> None:
     snapshot = load_evidence(DUMPS / "straggler_forked_worker_lock_all_processes.txt")
     assert [r.rank for r in snapshot.ranks] == [0, 1, 2]
-    (note,) = [n for n in snapshot.notes if n.startswith("left out")]
+    (note,) = [n.words() for n in snapshot.notes if n.words().startswith("left out")]
     assert "DataLoader worker" in note and note.count("pid ") == 6
 
 
@@ -114,7 +114,7 @@ def test_ranks_from_the_lines_before_each_dump() -> None:
 def test_two_rounds_of_dumps_are_two_samples_each() -> None:
     snapshot = load_evidence(DUMPS / "not_hung_fast_steps_two_rounds.txt")
     assert [len(r.samples) for r in snapshot.ranks] == [2, 2]
-    assert any("dumped more than once" in n for n in snapshot.notes)
+    assert any("dumped more than once" in n.words() for n in snapshot.notes)
     diagnosis = analyse(snapshot)
     assert RankState.PROGRESSING in {r.state for r in diagnosis.ranks}
 
@@ -165,8 +165,8 @@ def test_recorded_ray_stack() -> None:
     snapshot = load_evidence(DUMPS / "ray_stack_actors_mismatch.txt")
     assert [r.process.pid for r in snapshot.ranks] == [11817, 11818, 11940]
     assert {r.process.cmdline for r in snapshot.ranks} == {("ray::Worker.train",)}
-    assert any("another actor class than Worker" in n for n in snapshot.notes)
-    assert any("idle Ray worker" in n for n in snapshot.notes)
+    assert any("another actor class than Worker" in n.words() for n in snapshot.notes)
+    assert any("idle Ray worker" in n.words() for n in snapshot.notes)
     diagnosis = analyse(snapshot)
     assert (diagnosis.verdict, diagnosis.culprit_ranks) == (Verdict.COLLECTIVE_MISMATCH, (0,))
 
@@ -207,7 +207,7 @@ def test_ray_stack_output(tmp_path) -> None:
     assert snapshot.ranks[0].process.cmdline == ("ray::Worker.train",)
     unreadable = snapshot.ranks[3].samples[0].error
     assert unreadable is not None and unreadable.kind is CaptureErrorKind.PTRACE_DENIED
-    assert any("idle Ray worker" in n and "pid 3600" in n for n in snapshot.notes)
+    assert any("idle Ray worker" in n.words() and "pid 3600" in n.words() for n in snapshot.notes)
     diagnosis = analyse(snapshot)
     assert (diagnosis.verdict, diagnosis.culprit_ranks) == (Verdict.STRAGGLER, (1,))
 
@@ -403,6 +403,6 @@ def test_one_dump_each_claims_no_time_it_did_not_watch(name: str) -> None:
     """Seen once, a rank shows no CPU, no I/O and no idle time: the report must not say
     "nothing moved over 0.0 s" or "idle for only 0.0 s", and points to a second dump."""
     diagnosis = analyse(load_evidence(DUMPS / name))
-    said = " ".join((*diagnosis.evidence, *diagnosis.basis))
+    said = " ".join((*(e.words() for e in diagnosis.evidence), *diagnosis.basis))
     assert "0.0 s" not in said and "0.0%" not in said
     assert "a second dump of each process" in said

@@ -19,6 +19,7 @@ from support.paths import TESTS
 from hangdoc.capture.dumps import flight_files
 from hangdoc.capture.dumps.flight_files import FlightDirError, read_flight_dir
 from hangdoc.capture.read.flight_recorder import FlightRecordInvalid, read_flight_record
+from hangdoc.model import Note
 
 REPO = TESTS.parent
 GOOD = TESTS / "data" / "flight" / "op_mismatch"  # three real dumps, ranks 0-2
@@ -107,7 +108,7 @@ def good_dir(tmp_path: Path) -> Path:
 
 
 def not_read(snapshot) -> str:
-    return next(n for n in snapshot.notes if n.startswith("not read as dumps"))
+    return next(n.words() for n in snapshot.notes if n.words().startswith("not read as dumps"))
 
 
 # ------------------------------------------------------------------ one dump
@@ -299,14 +300,14 @@ def test_entries_are_capped_over_the_directory(tmp_path: Path, monkeypatch: pyte
     snap = read_flight_dir(out)
     assert [len(r.flight.entries) for r in snap.ranks if r.flight] == [4, 4, 4]
     assert [e.seq for e in snap.ranks[0].flight.entries] == [7, 8, 9, 10]  # the newest
-    assert "3 dumps: the newest 4 entries of each were kept" in snap.notes
+    assert Note("3 dumps: the newest 4 entries of each were kept") in snap.notes
 
 
 def test_bytes_are_capped_over_the_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(flight_files, "MAX_DIR_BYTES", 5_000)
     snap = read_flight_dir(good_dir(tmp_path))
     assert [r.rank for r in snap.ranks] == [0, 1]
-    assert "1 file(s) not read: 0 MiB read already" in snap.notes
+    assert Note("1 file(s) not read: 0 MiB read already") in snap.notes
 
 
 def test_a_directory_of_attacks_only_is_one_error(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from hangdoc.capture.find.processes import (
 )
 from hangdoc.capture.find.ranks import select_ranks
 from hangdoc.errors import JobNotFound, UsageError
-from hangdoc.model import RankSource
+from hangdoc.model import NoteKind, RankSource
 
 # ------------------------------------------------------------------ hand-built tables
 
@@ -115,7 +115,10 @@ def test_spawn_children_get_inferred_ranks_in_start_order() -> None:
     assert 40 in selection.launchers
     assert selection.rejected[41] == "multiprocessing resource tracker"
     assert selection.rejected[44].startswith("child of rank 1")
-    assert any("inferred from their start order" in n for n in selection.notes)
+    assert any("inferred from their start order" in n.words() for n in selection.notes)
+    assert {NoteKind.SPAWN_ORDER, NoteKind.NOT_RANKS} <= {n.kind for n in selection.notes}
+    (workers,) = [n for n in selection.notes if n.kind is NoteKind.NOT_RANKS]
+    assert workers.pids == (44,) and workers.listed.startswith("pid 44 (child of rank 1")
 
 
 def test_fork_started_siblings_running_the_same_command_are_inferred() -> None:
@@ -132,7 +135,8 @@ def test_lone_python_process_without_rank_is_a_rank_of_unknown_number() -> None:
     tab = table(proc(60, 1, (PY, "train.py"), {"MASTER_PORT": "1"}))
     selection = select_ranks(tab, [60])
     assert [(r.proc.pid, r.rank, r.source) for r in selection.ranks] == [(60, None, None)]
-    assert "no rank in its start-up environment" in selection.notes[0]
+    assert "no rank in its start-up environment" in selection.notes[0].words()
+    assert selection.notes[0].kind is NoteKind.NO_RANK
 
 
 def test_forkserver_is_a_helper_but_its_workers_are_candidates() -> None:
@@ -157,7 +161,9 @@ def test_ranks_are_sorted_with_unknown_last_and_duplicates_noted() -> None:
     )
     found = discover(parse_job_spec("h:9"), host="node7", table=tab)
     assert [(r.rank, r.pid) for r in found.ranks] == [(0, 81), (1, 80), (1, 83), (None, 82)]
-    assert any("rank 1 is claimed by 2 processes (pids 80, 83)" in n for n in found.notes)
+    assert any("rank 1 is claimed by 2 processes (pids 80, 83)" in n.words() for n in found.notes)
+    (claimed,) = [n for n in found.notes if n.kind is NoteKind.RANK_CLAIMED]
+    assert claimed.pids == (80, 83) and claimed.node == ""  # one node: the Discovery names none
     assert {r.host for r in found.ranks} == {"node7"}
 
 

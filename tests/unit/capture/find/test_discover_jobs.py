@@ -53,7 +53,7 @@ from hangdoc.capture.find.processes import (
 from hangdoc.capture.find.rankenv import parse_env_int
 from hangdoc.capture.find.ranks import UNREADABLE_WITHHELD, WITHHELD_HELP, select_ranks
 from hangdoc.errors import HangdocError, JobNotFound, PermissionDenied, UsageError
-from hangdoc.model import MAX_WORLD_SIZE, RankSnapshot
+from hangdoc.model import MAX_WORLD_SIZE, NoteKind, RankSnapshot
 
 ROOT = REPO
 SLEEP = "import time; time.sleep(120)"
@@ -129,7 +129,8 @@ def test_duplicate_ranks_of_one_rendezvous_stay_a_note() -> None:
     )
     found = discover(parse_job_spec("pid:50"), table=tab)
     assert [r.pid for r in found.ranks] == [51, 52]
-    assert any("rank 0 is claimed by 2 processes" in n for n in found.notes)
+    assert any("rank 0 is claimed by 2 processes" in n.words() for n in found.notes)
+    assert [n.pids for n in found.notes if n.kind is NoteKind.RANK_CLAIMED] == [(51, 52)]
 
 
 def test_ranks_without_a_rendezvous_do_not_make_a_second_job() -> None:
@@ -411,7 +412,8 @@ def test_withheld_rank_stays_in_the_tree_but_is_no_rank() -> None:
         assert next(a.pid for a in tab.ancestors(rank1)) == launcher
         found = discover(parse_job_spec(f"pid:{launcher}"), readable=readable)
         assert [(r.rank, r.launcher_pid) for r in found.ranks] == [(0, launcher)]
-        assert any("1 Python process this caller may not read" in n for n in found.notes)
+        assert any("1 Python process this caller may not read" in n.words() for n in found.notes)
+        assert any(n.kind is NoteKind.UNREADABLE for n in found.notes)
         selection = select_ranks(tab, [launcher, *kids])
         assert selection.rejected[rank1] == UNREADABLE_WITHHELD
 
@@ -531,11 +533,13 @@ def test_bad_values_are_ignored_noted_and_left_out_downstream() -> None:
         (112, None, "no rank in its start-up environment"),
     ]
     assert found.world_size is None and {r.world_size for r in found.ranks} == {None}
-    notes = "\n".join(found.notes)
+    notes = "\n".join(n.words() for n in found.notes)
     assert (
         "WORLD_SIZE='2000000000' ignored and left out of the rank's environment (not a "
         f"size from 1 to {MAX_WORLD_SIZE:,}): pid 110, 111, 112" in notes
     )
+    (world,) = [n for n in found.notes if n.text.startswith("WORLD_SIZE=")]
+    assert (world.kind, world.pids, world.listed) == (NoteKind.BAD_ENV, (110, 111, 112), "pid 110, 111, 112")
     assert "LOCAL_WORLD_SIZE='0' ignored" in notes and "LOCAL_WORLD_SIZE='²' ignored" in notes
     assert "RANK='²' ignored" in notes and "RANK='-1' ignored" in notes
     for r in found.ranks:

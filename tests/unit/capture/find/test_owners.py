@@ -13,6 +13,7 @@ from hangdoc.capture.find.discover import discover
 from hangdoc.capture.find.jobspec import parse_job_spec
 from hangdoc.capture.find.jobsplit import MultipleJobs
 from hangdoc.capture.find.owners import job_owner, listening_uids
+from hangdoc.model import NoteKind
 
 ROOT, NOBODY = 0, 65534
 
@@ -78,5 +79,6 @@ def test_discovery_of_a_pid_leaves_the_other_users_process_out_and_says_so() -> 
     )
     found = discover(parse_job_spec("pid:9"), "n1", t)
     assert [r.pid for r in found.ranks] == [10]
-    (note,) = [n for n in found.notes if "another user" in n]
-    assert "pid 11 (uid 65534)" in note and "uid 0, the user of pid 9" in note
+    (note,) = [n for n in found.notes if "another user" in n.words()]
+    assert "pid 11 (uid 65534)" in note.words() and "uid 0, the user of pid 9" in note.words()
+    assert note.kind is NoteKind.OTHER_USER and note.pids == (11,)

@@ -13,7 +13,7 @@ from hangdoc.capture.find.jobspec import parse_job_spec
 from hangdoc.capture.find.processes import ProcInfo
 from hangdoc.capture.find.ranks import select_ranks
 from hangdoc.capture.find.wholejob import _expand_nodelist, elsewhere, elsewhere_note
-from hangdoc.model import RankSource
+from hangdoc.model import Note, NoteKind, RankSource
 
 HOST = "node0"
 
@@ -40,7 +40,7 @@ def torchrun_job(world: int = 3, port: int = 29500, uid: int | None = None) -> l
     return procs
 
 
-def found(spec: str, *procs: ProcInfo) -> tuple[list[tuple[int | None, int]], int | None, list[str]]:
+def found(spec: str, *procs: ProcInfo) -> tuple[list[tuple[int | None, int]], int | None, list[Note]]:
     """The ranks, world size and notes of ``spec`` found on this node alone (the note on
     other nodes as the fleet makes it for one local node)."""
     d = discover(parse_job_spec(spec), host=HOST, table=table(*procs))
@@ -48,7 +48,7 @@ def found(spec: str, *procs: ProcInfo) -> tuple[list[tuple[int | None, int]], in
     if d.elsewhere is not None and (
         note := elsewhere_note([d.elsewhere], [r.rank for r in d.ranks], d.world_size, [HOST], spec, agents=False)
     ):
-        notes.append(note)
+        notes.append(Note(note))
     return [(r.rank, r.pid) for r in d.ranks], d.world_size, notes
 
 
@@ -58,9 +58,11 @@ def found(spec: str, *procs: ProcInfo) -> tuple[list[tuple[int | None, int]], in
 def test_pid_of_a_torchrun_worker_takes_in_its_job_and_says_so() -> None:
     ranks, world, notes = found("pid:13", *torchrun_job())
     assert ranks == [(0, 12), (1, 13), (2, 14)] and world == 3
-    assert "pid 13 is rank 1 of the job at 127.0.0.1:29500; took in its 3 ranks on this node" in notes
-    assert not any("is one rank" in n for n in notes)
-    assert any("30 (child of rank 0" in n for n in notes)  # rank 0's worker, still no rank
+    widened = Note("pid 13 is rank 1 of the job at 127.0.0.1:29500; took in its 3 ranks on this node", NoteKind.WIDENED)
+    assert widened in notes
+    assert not any("is one rank" in n.words() for n in notes)
+    assert any("30 (child of rank 0" in n.words() for n in notes)  # rank 0's worker, still no rank
+    assert [n.pids for n in notes if n.kind is NoteKind.NOT_RANKS] == [(30,)]
 
 
 def test_pid_of_a_directly_started_rank_takes_in_the_ranks_of_its_rendezvous() -> None:
@@ -94,14 +96,17 @@ def test_pid_of_a_spawn_child_gets_its_place_among_all_its_siblings() -> None:
     assert [(r.proc.pid, r.rank) for r in narrow.ranks] == [(43, 0)]  # alone: no place
     ranks, world, notes = found("pid:43", *procs)
     assert ranks == [(0, 42), (1, 43), (2, 44)] and world == 3
-    assert "pid 43 is rank 1 of the job at 127.0.0.1:29500; took in its 3 ranks on this node" in notes
+    assert (
+        Note("pid 43 is rank 1 of the job at 127.0.0.1:29500; took in its 3 ranks on this node", NoteKind.WIDENED)
+        in notes
+    )
 
 
 def test_spawn_children_without_a_rendezvous_widen_to_their_parent() -> None:
     procs = [proc(40, 1, (PY, "train.py"), {}, t=1.0), proc(42, 40, SPAWN, {}, t=3.0), proc(43, 40, SPAWN, {}, t=3.1)]
     ranks, _, notes = found("pid:43", *procs)
     assert ranks == [(0, 42), (1, 43)]
-    assert "pid 43 is rank 1 of the job of pid 40; took in its 2 ranks on this node" in notes
+    assert Note("pid 43 is rank 1 of the job of pid 40; took in its 2 ranks on this node", NoteKind.WIDENED) in notes
 
 
 def test_pid_of_a_slurm_task_takes_in_its_step_only() -> None:
@@ -113,7 +118,7 @@ def test_pid_of_a_slurm_task_takes_in_its_step_only() -> None:
 
     ranks, _, notes = found("pid:42", *step(30, "0"), *step(40, "1"))
     assert ranks == [(0, 41), (1, 42)]
-    assert "pid 42 is rank 1 of the job slurm:77.1; took in its 2 ranks on this node" in notes
+    assert Note("pid 42 is rank 1 of the job slurm:77.1; took in its 2 ranks on this node", NoteKind.WIDENED) in notes
 
 
 def test_another_users_process_in_the_rendezvous_is_not_taken_in(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -125,7 +130,7 @@ def test_another_users_process_in_the_rendezvous_is_not_taken_in(monkeypatch: py
     assert (
         "pid 13 is rank 1 of the job at 127.0.0.1:29500; took in its 3 ranks on this node, "
         "not 1 process of other users that name its rendezvous (pid 90 (uid 1001))"
-    ) in notes
+    ) in [n.words() for n in notes]
 
 
 def test_a_process_in_a_rendezvous_another_user_listens_on_is_not_widened(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -135,20 +140,21 @@ def test_a_process_in_a_rendezvous_another_user_listens_on_is_not_widened(monkey
     procs.append(proc(91, 1, (PY, "squat.py"), endpoint(RANK="2", WORLD_SIZE="3"), uid=1001))
     ranks, _, notes = found("pid:90", *procs)
     assert ranks == [(1, 90)]  # root's ranks are not the squatter's to diagnose
-    assert notes[0] == "pid 90 is one rank; to see the whole job name it by 127.0.0.1:29500"
+    assert notes[0] == Note("pid 90 is one rank; to see the whole job name it by 127.0.0.1:29500", NoteKind.WIDENED)
 
 
 def test_pid_of_a_lone_rank_keeps_the_endpoint_note() -> None:
     only = proc(12, 1, (PY, "train.py"), endpoint(RANK="0", WORLD_SIZE="1"))
     ranks, _, notes = found("pid:12", only)
     assert ranks == [(0, 12)]
-    assert notes == ["pid 12 is one rank; to see the whole job name it by 127.0.0.1:29500"]
+    assert notes == [Note("pid 12 is one rank; to see the whole job name it by 127.0.0.1:29500", NoteKind.WIDENED)]
 
 
 def test_pid_of_a_launcher_is_not_widened_when_it_holds_the_whole_job() -> None:
     ranks, _, notes = found("pid:11", *torchrun_job())
     assert [r for r, _ in ranks] == [0, 1, 2]
-    assert not any("took in" in n for n in notes)
+    assert not any("took in" in n.words() for n in notes)
+    assert not any(n.kind is NoteKind.WIDENED for n in notes)
 
 
 def test_pid_of_a_shell_with_two_jobs_is_still_refused() -> None:
@@ -190,9 +196,11 @@ def test_a_launcher_that_is_rank_0_is_found_whatever_names_the_job(spec: str) ->
         "inferred: local rank 0: it started local ranks 1, 2 and shares their rendezvous"
     )
     assert d.ranks[1].rank_evidence == "inferred: LOCAL_RANK=1 (no rank in its start-up environment)"
-    notes = " | ".join(d.notes)
+    notes = " | ".join(n.words() for n in d.notes)
     assert "pid 50 started the others and shares their rendezvous: it is local rank 0" in notes
     assert "53 (child of rank 0 (pid 50))" in notes and "54 (child of rank 1 (pid 51))" in notes
+    assert [sorted(n.pids) for n in d.notes if n.kind is NoteKind.NOT_RANKS] == [[53, 54]]
+    assert [n.pids for n in d.notes if n.kind is NoteKind.LOCAL_RANKS] == [(50, 51, 52)]
 
 
 def test_a_parent_outside_the_rendezvous_stays_a_launcher() -> None:
@@ -235,7 +243,7 @@ def test_ranks_of_a_multi_node_torchrun_job_say_how_to_take_in_the_others() -> N
     ]
     _, world, notes = found("pid:13", *procs)
     assert world == 8
-    assert notes[-1] == (
+    assert notes[-1].words() == (
         "ranks 0-3 of 8 are on this node (node0) and LOCAL_WORLD_SIZE=4 of WORLD_SIZE=8: the "
         "others run on other nodes (10.0.0.1), not searched here. To take them in, run "
         "`hangdoc agent --listen 0.0.0.0:7420 --token-file FILE` on every node of the job, "
@@ -266,7 +274,7 @@ def test_a_single_node_job_with_ranks_missing_names_no_other_node() -> None:
     env = endpoint(WORLD_SIZE="4", LOCAL_WORLD_SIZE="4")
     procs = [proc(20 + r, 1, (PY, "t.py"), {**env, "RANK": str(r)}) for r in range(3)]
     _, world, notes = found("127.0.0.1:29500", *procs)
-    assert world == 4 and not any("other nodes" in n for n in notes)
+    assert world == 4 and not any("other nodes" in n.words() for n in notes)
 
 
 def test_without_a_named_node_the_command_line_shows_where_they_go() -> None:
