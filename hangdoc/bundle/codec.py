@@ -21,7 +21,7 @@ from operator import itemgetter
 from typing import Any
 
 from ..errors import shown
-from ..model import Frame, Note
+from ..model import Frame, Note, NoteKind
 from .columns import (
     _NONE,
     Ints,
@@ -82,9 +82,13 @@ def _note_codec(mode: str) -> tuple[Encoder, Decoder]:
     def encode(v: Note, t: Any) -> Any:
         return v.text if v == Note(v.text) else encode_fields(v, t)
 
+    kinds = {kind.value for kind in NoteKind}
+
     def decode(v: Any, t: _Tables) -> Note:
         if type(v) is str:
             return Note(v)
+        if type(v) is dict and type(v.get("kind")) is str and v["kind"] not in kinds:
+            v = {**v, "kind": NoteKind.OTHER.value}  # a newer hangdoc's kind: only grouping reads it
         note: Note = decode_fields(v, t)
         return note
 

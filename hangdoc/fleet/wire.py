@@ -24,7 +24,6 @@ from ..errors import HangdocError
 from ..model import (
     MAX_WORLD_SIZE,
     PID_MAX,
-    PID_MIN,
     CaptureError,
     CaptureErrorKind,
     Frame,
@@ -186,7 +185,7 @@ def _note(msg: pb.Note) -> Note:
         kind = NoteKind(msg.kind)
     except ValueError:
         kind = NoteKind.OTHER
-    pids = tuple(p for p in msg.pids if PID_MIN <= p <= PID_MAX)
+    pids = tuple(p for p in msg.pids if 0 <= p <= PID_MAX)  # as a bundle allows: a dump's pid 0
     return Note(msg.text, kind, pids=pids, listed=msg.listed)
 
 

@@ -5,6 +5,7 @@ hangdoc still reads; the tables of version 2 have their own in test_bundle_v2.py
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import math
@@ -455,6 +456,17 @@ def test_notes_written_as_words_load_into_note_values(tmp_path: Path) -> None:
         Note("window extended beyond 2.0 s: straggler is not yet certain"),
         Note("evidence still ambiguous after 12.0 s (max window)"),
     )
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_note_kind_of_a_newer_hangdoc_loads_as_other(tmp_path: Path, version: int) -> None:
+    snap = make_snapshot({0: ALL_REDUCE}, notes=NOTES[1:2])
+    data = json.loads(json.dumps(snapshot_to_dict(snap, schema_version=version)))
+    data["snapshot"]["notes"][0]["kind"] = "kind_of_a_later_hangdoc"
+    (note,) = load_snapshot(_write(tmp_path, json.dumps(data).encode())).notes
+    assert note == dataclasses.replace(NOTES[1], kind=NoteKind.OTHER)  # only grouping reads a kind
+    data["snapshot"]["notes"][0]["kind"] = 7
+    assert "notes[0].kind" in _error(_write(tmp_path, json.dumps(data).encode()))
 
 
 @pytest.mark.parametrize("version", [1, 2])

@@ -142,7 +142,7 @@ def test_a_newer_agent_s_kind_is_other_and_impossible_pids_are_left_out():
         searched="x",
     )
     (note,) = wire.discovery_from_proto(over_the_wire(newer)).notes
-    assert note == Note(WORKERS, NoteKind.OTHER, pids=(4242, 2**22), listed=LISTED)
+    assert note == Note(WORKERS, NoteKind.OTHER, pids=(4242, 0, 2**22), listed=LISTED)  # 0..PID_MAX, as a bundle
     assert note.words() == f"{WORKERS}: {LISTED}"
 
 
