@@ -212,7 +212,7 @@ def test_ranks_at_different_host_syncs_are_not_called_a_mismatch() -> None:
     assert d.verdict is Verdict.UNKNOWN and d.culprit_ranks == (), d.summary
     assert "for device work at torch.cuda.synchronize() (train.py:52)" in d.summary, d.summary
     assert "for device work at _local_scalar_dense_cuda (train.py:45)" in d.summary
-    assert any("no mismatch is inferred" in e for e in d.evidence)
+    assert any("no mismatch is inferred" in e.words() for e in d.evidence)
     assert d.confidence is Confidence.LOW
 
 
@@ -236,7 +236,7 @@ def test_a_mismatch_among_collective_frames_stands_beside_host_syncs() -> None:
         )
     )
     assert d.verdict is Verdict.COLLECTIVE_MISMATCH and d.culprit_ranks == (2,), d.summary
-    assert "rank 3 waits for device work at .item() (train.py:45)" in " ".join(d.evidence)
+    assert "rank 3 waits for device work at .item() (train.py:45)" in " ".join(e.words() for e in d.evidence)
     assert d.confidence is Confidence.MEDIUM
 
 

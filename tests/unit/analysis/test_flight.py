@@ -91,7 +91,7 @@ def test_real_dumps_op_mismatch_names_the_rank_that_broadcast() -> None:
         "collective mismatch (flight recorder): rank 0 called broadcast Float[1] as collective #8 of "
         "default_pg (0) while ranks 1-2 called all_reduce Float[1000]"
     )
-    assert diagnosis.evidence == (
+    assert tuple(e.words() for e in diagnosis.evidence) == (
         "ranks 1-2 recorded all_reduce Float[1000] as collective #8 of default_pg (0)",
         "rank 0 recorded broadcast Float[1] as collective #8 of default_pg (0)",
         (
@@ -111,7 +111,7 @@ def test_real_dumps_rank_behind_is_the_one_that_skipped_a_collective() -> None:
         "rank 1 has not called collective #10 (all_reduce Float[1]) of default_pg (0), "
         "which ranks 0,2 wait in (flight recorder)"
     )
-    assert "issued so far on default_pg (0): rank 1 up to #9" in diagnosis.evidence
+    assert "issued so far on default_pg (0): rank 1 up to #9" in [e.words() for e in diagnosis.evidence]
 
 
 def test_a_directory_without_dumps_is_one_error(tmp_path: Path) -> None:
@@ -291,7 +291,7 @@ def test_dumps_that_agree_with_the_stacks_raise_the_confidence() -> None:
     assert plain.ambiguous and both.confidence is plain.confidence  # idle 1 s: it may still come
     settled = with_dumps(dataclasses.replace(plain, ambiguous=False, confidence=Confidence.MEDIUM), match_flight(snap))
     assert settled.confidence is Confidence.HIGH
-    assert both.evidence[0].startswith("ranks 0,2 issued collective #2")
+    assert both.evidence[0].words().startswith("ranks 0,2 issued collective #2")
     assert both.basis[0] == "flight recorder: collective #2 of default_pg (0) not yet called by the culprits"
 
 
@@ -306,8 +306,8 @@ def test_dumps_override_stacks_that_cannot_tell_and_say_so() -> None:
     assert stacks_only.verdict is not Verdict.STRAGGLER
     assert (diagnosis.verdict, diagnosis.culprit_ranks) == (Verdict.STRAGGLER, (1,))
     assert any(
-        e.startswith(f"the stacks alone read {stacks_only.verdict.value}")
-        and e.endswith("the flight recorder overrides it")
+        e.words().startswith(f"the stacks alone read {stacks_only.verdict.value}")
+        and e.words().endswith("the flight recorder overrides it")
         for e in diagnosis.evidence
     )
 
@@ -323,7 +323,7 @@ def test_a_job_the_stacks_saw_progressing_stays_not_hung() -> None:
     )
     after = with_dumps(diagnosis, found)
     assert after.verdict is Verdict.NOT_HUNG and after.culprit_ranks == ()
-    assert after.evidence[-1].startswith("flight recorder (not weighed: the stacks saw progress)")
+    assert after.evidence[-1].words().startswith("flight recorder (not weighed: the stacks saw progress)")
 
 
 def test_an_entry_describes_itself() -> None:
@@ -337,4 +337,4 @@ def test_a_rank_still_working_stays_as_unsure_as_the_stacks_leave_it() -> None:
     unsure = dataclasses.replace(base, ambiguous=True, confidence=Confidence.MEDIUM)
     after = with_dumps(unsure, match_flight(snap))
     assert after.culprit_ranks == (1,) and after.ambiguous and after.confidence is Confidence.MEDIUM
-    assert after.evidence[0].startswith("ranks 0,2 issued collective #2")
+    assert after.evidence[0].words().startswith("ranks 0,2 issued collective #2")

@@ -136,7 +136,9 @@ def test_dumps_override_stacks_that_blame_the_rank_left_in_the_broadcast() -> No
     assert (diagnosis.verdict, diagnosis.culprit_ranks) == (Verdict.COLLECTIVE_MISMATCH, (1,))
     assert diagnosis.confidence is Confidence.HIGH
     assert diagnosis.basis[0] == "flight recorder: collective #5 of default_pg (0) differs between ranks"
-    assert any(e.startswith("the stacks alone read collective_mismatch (culprits 0)") for e in diagnosis.evidence)
+    assert any(
+        e.words().startswith("the stacks alone read collective_mismatch (culprits 0)") for e in diagnosis.evidence
+    )
 
 
 def test_dumps_override_stacks_that_read_a_transport_hang_at_one_line() -> None:
@@ -145,7 +147,7 @@ def test_dumps_override_stacks_that_read_a_transport_hang_at_one_line() -> None:
     diagnosis = analyse(snap)
     assert (diagnosis.verdict, diagnosis.culprit_ranks) == (Verdict.COLLECTIVE_MISMATCH, (2,))
     assert diagnosis.summary.startswith("collective mismatch (flight recorder): rank 2 called all_reduce Float[0]")
-    assert any(e.startswith("the stacks alone read nccl_timeout") for e in diagnosis.evidence)
+    assert any(e.words().startswith("the stacks alone read nccl_timeout") for e in diagnosis.evidence)
 
 
 def test_gloo_pipeline_dumps_leave_the_stack_verdict_and_add_evidence() -> None:
@@ -158,7 +160,7 @@ def test_gloo_pipeline_dumps_leave_the_stack_verdict_and_add_evidence() -> None:
         plain.summary,
     )
     assert diagnosis.basis == plain.basis
-    assert diagnosis.evidence[-1] == "on default_pg (0): ranks 0-1 finished every collective up to #2"
+    assert diagnosis.evidence[-1].words() == "on default_pg (0): ranks 0-1 finished every collective up to #2"
 
 
 # ------------------------------------------------------------------ p2p in NCCL's shape
@@ -326,7 +328,7 @@ def test_a_ring_that_wrapped_is_not_paired_and_says_why() -> None:
     found = match_flight(pipe_snapshot(records))
     assert found is None or found.kind is not FlightKind.P2P_DEADLOCK
     snap = pipe_snapshot(records)
-    notes = [e for e in analyse(snap).evidence if e.startswith("p2p ops of default_pg (0)")]
+    notes = [e.words() for e in analyse(snap).evidence if e.words().startswith("p2p ops of default_pg (0)")]
     assert notes == [
         (
             "p2p ops of default_pg (0) with rank(s) 1 not matched: no dump, or a ring that no longer "

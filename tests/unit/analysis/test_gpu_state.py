@@ -21,6 +21,7 @@ from hangdoc.analysis.gpu_state import (
 from hangdoc.capture.read.ncclras import read_ras_report
 from hangdoc.model import (
     Confidence,
+    Diagnosis,
     GpuState,
     JobSnapshot,
     NcclRasReport,
@@ -52,6 +53,11 @@ def gpu(index: int, util: int | None, **kw: object) -> GpuState:
         memory_total_bytes=80 * 2**30,
         **kw,
     )  # type: ignore[arg-type]
+
+
+def said(diagnosis: Diagnosis) -> list[str]:
+    """The words of a diagnosis' evidence, line by line, as a report writes them."""
+    return [e.words() for e in diagnosis.evidence]
 
 
 def with_gpus(snap: JobSnapshot, gpus: dict[int, tuple[GpuState, ...]]) -> JobSnapshot:
@@ -89,7 +95,7 @@ def test_the_split_on_both_sides_of_its_thresholds(idle_at: int, busy_at: int, s
     )
     diagnosis = analyse(snap)
     line = f"GPUs of rank 3 at {idle_at}% while those of ranks 0-2 at {busy_at}%"
-    assert any(e.startswith(line) for e in diagnosis.evidence) is split
+    assert any(e.startswith(line) for e in said(diagnosis)) is split
     assert diagnosis.verdict is Verdict.STRAGGLER and diagnosis.culprit_ranks == (3,)  # never changed by it
     agreed = "NVML: the culprits' GPUs are idle while the others' run"
     assert (agreed in diagnosis.basis) is split
@@ -100,7 +106,7 @@ def test_the_seed_guide_s_split_is_worded_as_it_is_seen() -> None:
     snap = with_gpus(all_waiting(), {0: (gpu(0, 0),), 1: (gpu(1, 0),), 2: (gpu(2, 3),), 3: (gpu(3, 100),)})
     diagnosis = analyse(snap)
     assert any(
-        e.startswith("GPUs of ranks 0-2 at 0-3% while rank 3's at 100% (NVML utilisation") for e in diagnosis.evidence
+        e.startswith("GPUs of ranks 0-2 at 0-3% while rank 3's at 100% (NVML utilisation") for e in said(diagnosis)
     )
     assert diagnosis.verdict is Verdict.NCCL_TIMEOUT and diagnosis.culprit_ranks == ()  # utilisation alone: no culprit
 
@@ -121,7 +127,7 @@ def test_a_progressing_job_gets_no_split() -> None:
     moving = make_snapshot([make_rank(r, stacks=[ALL_REDUCE, SLEEPING, ALL_REDUCE], pid=40100 + r) for r in range(2)])
     diagnosis = analyse(with_gpus(moving, {0: (gpu(0, 100),), 1: (gpu(1, 0),)}))
     assert diagnosis.verdict is Verdict.NOT_HUNG
-    assert not any("NVML utilisation" in e for e in diagnosis.evidence)
+    assert not any("NVML utilisation" in e.words() for e in diagnosis.evidence)
 
 
 def test_no_gpu_state_leaves_the_diagnosis_as_it_was() -> None:
@@ -136,7 +142,7 @@ def test_an_xid_names_the_culprit_of_a_transport_hang() -> None:
     diagnosis = analyse(snap)
     assert diagnosis.verdict is Verdict.NCCL_TIMEOUT
     assert diagnosis.culprit_ranks == (2,)
-    assert "rank 2's GPU 2 reported XID 79 during the capture (NVML events)" in diagnosis.evidence
+    assert "rank 2's GPU 2 reported XID 79 during the capture (NVML events)" in said(diagnosis)
     assert diagnosis.summary.endswith("; NVML reports a fault on the GPU of rank 2")
     assert diagnosis.basis[0] == "culprits named by transport evidence: NVML reports a fault on the GPU of rank 2"
     assert diagnosis.confidence is analyse(all_waiting()).confidence
@@ -148,8 +154,8 @@ def test_a_lost_gpu_and_ecc_errors_are_evidence_under_any_verdict() -> None:
     snap = with_gpus(straggling(), {3: (lost,), 1: (gpu(1, 100, ecc_uncorrected=2),)})
     diagnosis = analyse(snap)
     assert diagnosis.verdict is Verdict.STRAGGLER and diagnosis.culprit_ranks == (3,)
-    assert "rank 3's GPU 3 is lost (NVML: fallen off the bus or inaccessible)" in diagnosis.evidence
-    assert "rank 1's GPU 1 counts 2 uncorrectable ECC error(s) since its driver loaded (NVML)" in diagnosis.evidence
+    assert "rank 3's GPU 3 is lost (NVML: fallen off the bus or inaccessible)" in said(diagnosis)
+    assert "rank 1's GPU 1 counts 2 uncorrectable ECC error(s) since its driver loaded (NVML)" in said(diagnosis)
 
 
 # ------------------------------------------------------------------ NCCL RAS
@@ -180,9 +186,9 @@ def test_ras_s_dead_rank_names_the_culprit_of_a_transport_hang() -> None:
     assert diagnosis.verdict is Verdict.NCCL_TIMEOUT and diagnosis.culprit_ranks == (3,)
     assert (
         "NCCL RAS 2.28.9: communicator 0x7d3a9c1e2f4b5a60 (4 ranks) cannot reach rank 3; 1 considered dead"
-    ) in diagnosis.evidence
+    ) in said(diagnosis)
     assert diagnosis.summary.endswith("; NCCL RAS cannot reach rank 3")
-    assert "NCCL RAS 2.28.9: 2 timeout(s) while RAS gathered its data" in diagnosis.evidence
+    assert "NCCL RAS 2.28.9: 2 timeout(s) while RAS gathered its data" in said(diagnosis)
     assert diagnosis.confidence is base.confidence
 
 
@@ -196,11 +202,11 @@ def test_ras_s_lag_overrides_a_transport_hang_read_from_stacks() -> None:
         "rank 2 launched fewer NCCL collectives than the other ranks of their "
         "communicator (NCCL RAS): the others wait for them"
     )
-    assert diagnosis.evidence[0].startswith(
+    assert said(diagnosis)[0].startswith(
         "NCCL RAS 2.28.9: communicator 0x7d3a9c1e2f4b5a60 (4 ranks): rank 2 launched fewer collectives than "
         "ranks 0-1,3 (AllReduce 1533 launched by the latter; rank 2 AllReduce 1532)"
     )
-    assert diagnosis.evidence[1].startswith("the stacks alone read nccl_timeout")
+    assert said(diagnosis)[1].startswith("the stacks alone read nccl_timeout")
     assert diagnosis.basis[0] == "NCCL RAS: the culprits launched fewer collectives than the others"
 
 
@@ -211,7 +217,7 @@ def test_ras_s_lag_agrees_with_a_straggler_and_is_not_said_of_a_moving_job() -> 
     assert diagnosis.basis[0] == "NCCL RAS: the culprits launched fewer collectives than the others"
     moving = make_snapshot([make_rank(r, stacks=[ALL_REDUCE, SLEEPING, ALL_REDUCE], pid=40100 + r) for r in range(4)])
     moved = analyse(with_ras(moving, comm))
-    assert moved.verdict is Verdict.NOT_HUNG and not any("launched fewer" in e for e in moved.evidence)
+    assert moved.verdict is Verdict.NOT_HUNG and not any("launched fewer" in e.words() for e in moved.evidence)
 
 
 def test_crossing_counts_name_no_one() -> None:
@@ -223,17 +229,16 @@ def test_crossing_counts_name_no_one() -> None:
     )
     diagnosis = analyse(with_ras(all_waiting(), RasCommunicator("0xa", 4, ranks)))
     assert diagnosis.verdict is Verdict.NCCL_TIMEOUT and diagnosis.culprit_ranks == ()
-    assert not any("launched fewer" in e for e in diagnosis.evidence)
+    assert not any("launched fewer" in e.words() for e in diagnosis.evidence)
 
 
 def test_nccl_errors_and_aborts_are_evidence() -> None:
     ranks = tuple(ras_rank(r, 40100 + r, async_error=6 if r == 1 else 0, abort_flag=r == 1) for r in range(4))
     diagnosis = analyse(with_ras(all_waiting(), RasCommunicator("0xa", 4, ranks)))
-    assert (
-        "NCCL RAS 2.28.9: communicator 0xa (4 ranks): rank 1 reports NCCL error 6 (remote process error)"
-        in diagnosis.evidence
+    assert ("NCCL RAS 2.28.9: communicator 0xa (4 ranks): rank 1 reports NCCL error 6 (remote process error)") in said(
+        diagnosis
     )
-    assert "NCCL RAS 2.28.9: communicator 0xa (4 ranks): rank 1 aborted the communicator" in diagnosis.evidence
+    assert "NCCL RAS 2.28.9: communicator 0xa (4 ranks): rank 1 aborted the communicator" in said(diagnosis)
 
 
 # ------------------------------------------------------------------ communicator ranks -> global ranks
@@ -264,7 +269,7 @@ def test_a_pid_that_contradicts_the_world_rule_wins_and_the_rest_stay_unnamed() 
     assert diagnosis.culprit_ranks == ()  # the unreachable one cannot be named
     assert (
         "NCCL RAS 2.28.9: communicator 0xd (4 ranks) cannot reach communicator rank 1 (pid 7001 on 10.0.0.11)"
-    ) in diagnosis.evidence
+    ) in said(diagnosis)
 
 
 def test_a_pid_two_ranks_share_names_no_one() -> None:

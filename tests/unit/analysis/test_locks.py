@@ -129,7 +129,7 @@ def test_a_cycle_of_two_names_both_threads_and_both_lines() -> None:
         "lock-order deadlock between threads 'MainThread' (loader.py:39) and 'prefetch' (curriculum.py:12)" in d.summary
     ), d.summary
     assert "while ranks 1-2 wait in all_reduce (train.py:40)" in d.summary
-    line = next(e for e in d.evidence if e.startswith("rank 0 is"))
+    line = next(e.words() for e in d.evidence if e.words().startswith("rank 0 is"))
     assert (
         "rank 0 is in a lock-order deadlock, not in any collective: thread 'MainThread' "
         "waits at Loader.state_dict (loader.py:39) "
@@ -137,7 +137,7 @@ def test_a_cycle_of_two_names_both_threads_and_both_lines() -> None:
         "which waits at Curriculum.level (curriculum.py:12) `with self._lock:` for a lock held "
         "by thread 'MainThread' (taken at curriculum.py:16); none of them can go on"
     ) in line, line
-    assert sum("deadlock" in e for e in d.evidence) == 1  # said once
+    assert sum("deadlock" in e.words() for e in d.evidence) == 1  # said once
     # seen in every sample: stuck, not slow, without watching longer
     assert not d.ambiguous
     assert d.confidence is Confidence.HIGH, d.basis
@@ -237,7 +237,7 @@ def test_a_lock_held_by_a_thread_blocked_elsewhere_is_no_cycle() -> None:
     d = analyse(snap)
     assert d.verdict is Verdict.STRAGGLER and d.culprit_ranks == (0,)
     assert "deadlock" not in d.summary and "blocked on a lock" in d.summary
-    line = next(e for e in d.evidence if e.startswith("rank 0 is"))
+    line = next(e.words() for e in d.evidence if e.words().startswith("rank 0 is"))
     assert (
         "waiting on a lock at loader.py:39 (Loader.state_dict) `with self._cursor_lock:`, "
         "held by thread 'prefetch' (taken at loader.py:33), which is blocked at Condition.wait "
@@ -251,7 +251,7 @@ def test_a_lock_wait_without_identities_still_says_where() -> None:
     rank = make_rank(0, MAIN_WAITS, world_size=3, threads={"prefetch": PREFETCH_PUTS})
     d = analyse(job(rank))
     assert d.verdict is Verdict.STRAGGLER and d.culprit_ranks == (0,)
-    line = next(e for e in d.evidence if e.startswith("rank 0 is"))
+    line = next(e.words() for e in d.evidence if e.words().startswith("rank 0 is"))
     assert "waiting on a lock at loader.py:39 (Loader.state_dict) `with self._cursor_lock:`" in line
     assert "held by" not in line
 
@@ -310,7 +310,7 @@ def test_rlock_reentry_is_not_a_deadlock() -> None:
     assert not graph.cycles and not graph.self_deadlocks
     d = analyse(snap)
     assert "deadlock" not in d.summary
-    line = next(e for e in d.evidence if e.startswith("rank 0 is"))
+    line = next(e.words() for e in d.evidence if e.words().startswith("rank 0 is"))
     assert "an RLock it already holds (taken at cache.py:2): re-entering it" in line, line
 
 
@@ -322,7 +322,7 @@ def test_a_plain_lock_taken_twice_by_one_thread_is_a_self_deadlock() -> None:
     assert d.verdict is Verdict.STRAGGLER and d.culprit_ranks == (0,)
     assert "self-deadlock" in d.summary
     assert any(
-        "for a plain Lock it already holds (taken at cache.py:2): it can never get it" in e for e in d.evidence
+        "for a plain Lock it already holds (taken at cache.py:2): it can never get it" in e.words() for e in d.evidence
     ), d.evidence
 
 
@@ -335,7 +335,7 @@ def test_a_lock_of_unknown_type_taken_again_is_not_called_a_deadlock() -> None:
     )
     d = analyse(job(rank, (REENTER,)))
     assert "deadlock" not in d.summary
-    assert any("a self-deadlock if it is a plain Lock, fine if it is an RLock" in e for e in d.evidence)
+    assert any("a self-deadlock if it is a plain Lock, fine if it is an RLock" in e.words() for e in d.evidence)
 
 
 # -- a lock held by a thread that is in a collective --------------------------------------
@@ -378,7 +378,7 @@ def test_a_lock_held_by_a_thread_in_a_collective() -> None:
         "rank 0: thread 'MainThread' is waiting on a lock at stats.py:21 (Stats.record) "
         "`with self._lock:`, held by thread 'stats' (taken at stats.py:9), which is in "
         "all_reduce (stats.py:11)"
-    ) in d.evidence, d.evidence
+    ) in [e.words() for e in d.evidence], d.evidence
 
 
 # -- what recognition ignores -------------------------------------------------------------

@@ -45,7 +45,7 @@ def test_a_rank_on_no_searched_node_is_not_seen_never_missing() -> None:
     assert (d.scope.seen, d.scope.not_seen, d.scope.absent) == ((0, 1), (2, 3), ())
     assert d.summary.startswith("every rank seen (ranks 0-1) waits in the same all_reduce")
     assert "ranks 2-3 were not seen" in d.summary
-    assert any("--agents NODE:7420" in e for e in d.evidence)  # how to see the rest
+    assert any("--agents NODE:7420" in e.words() for e in d.evidence)  # how to see the rest
     assert {r.rank: r.state for r in d.ranks}[2] is RankState.UNKNOWN
     assert any("diagnose the live job through an agent on every node" in s for s in d.next_steps)
 

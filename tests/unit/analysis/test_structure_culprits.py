@@ -223,7 +223,7 @@ def test_a_rank_in_its_group_s_collective_waits_for_members_in_the_world_op() ->
         "op"
     ), d.summary
     assert "stacks do not say which, so no rank is named" in d.summary
-    assert any("completes once every member of the group has entered it" in e for e in d.evidence)
+    assert any("completes once every member of the group has entered it" in e.words() for e in d.evidence)
 
 
 def test_a_rank_on_world_among_ranks_in_group_collectives_is_still_the_one_named() -> None:

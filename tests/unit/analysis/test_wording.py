@@ -27,7 +27,7 @@ from hangdoc.analysis.facts import (
 )
 from hangdoc.analysis.progress import Movement
 from hangdoc.analysis.views import RankView
-from hangdoc.model import CaptureErrorKind, DistOp, Frame, RankState, Verdict
+from hangdoc.model import CaptureErrorKind, DistOp, Evidence, Frame, RankState, Verdict
 
 C10D = "torch/distributed/distributed_c10d.py"
 
@@ -110,10 +110,11 @@ def test_straggler_sentence_singular_and_plural() -> None:
     sleeper = outside(2, make_frame("/job/data.py:load:7", code="time.sleep(5)"))
     one = wording.words(Straggling([sleeper], [waiting(0), waiting(1)]))
     assert one.summary == ("straggler: rank 2 is sleeping while ranks 0-1 wait in all_reduce (train.py:30)")
-    assert one.evidence == [
+    assert [e.words() for e in one.evidence] == [
         ("rank 2 is sleeping, not in any collective: thread 'MainThread' at load (data.py:7) `time.sleep(5)`"),
         "ranks 0-1 wait in all_reduce (train.py:30)",
     ]
+    assert [e.rank for e in one.evidence] == [2, None]  # the sleeper's line is said of rank 2
     spinner = outside(3, make_frame("data.py:augment:77"), move=still(cpu=1.0), state=RankState.BUSY)
     many = wording.words(Straggling([sleeper, spinner], [waiting(0)]))
     assert many.summary == (
@@ -124,10 +125,10 @@ def test_straggler_sentence_singular_and_plural() -> None:
 def test_missing_ranks_singular_plural_and_exited() -> None:
     one = wording.words(RanksGone([3], [], 4, [waiting(0), waiting(1), waiting(2)]))
     assert one.summary == ("rank missing: rank 3 has no process while ranks 0-2 wait in all_reduce (train.py:30)")
-    assert one.evidence[0] == "rank 3 of world size 4 has no process"
+    assert one.evidence[0].words() == "rank 3 of world size 4 has no process"
     many = wording.words(RanksGone([1, 2, 3, 7], [7], 8, [waiting(0)]))
     assert many.summary == ("rank missing: ranks 1-3,7 have no process while rank 0 waits in all_reduce (train.py:30)")
-    assert many.evidence == [
+    assert [e.words() for e in many.evidence] == [
         "ranks 1-3,7 of world size 8 have no process",
         "rank 7 exited during the capture",
         "rank 0 waits in all_reduce (train.py:30)",
@@ -141,7 +142,7 @@ def test_working_ranks_quote_at_most_four() -> None:
         "not hung: no rank waits in a distributed operation; ranks 0-5 are working (CPU, I/O or changing stacks)"
     )
     assert len(said.evidence) == 4
-    assert said.evidence[0].startswith("rank 0 is computing (90% of a core), not in any collective")
+    assert said.evidence[0].words().startswith("rank 0 is computing (90% of a core), not in any collective")
     assert "rank 0 is working" in wording.words(Working(busy[:1])).summary
 
 
@@ -161,10 +162,24 @@ def test_a_collective_on_a_cleanup_path() -> None:
         "cleanup deadlock: rank 1 left the training loop and waits in cleanup "
         "(barrier (ckpt.py:12)) while ranks 0,2 wait in all_reduce (train.py:30)"
     )
-    assert said.evidence == [
+    assert [e.words() for e in said.evidence] == [
         "rank 1 is on a cleanup path: __exit__ (ckpt.py:12) -> barrier (ckpt.py:12)",
         "ranks 0,2 wait in all_reduce (train.py:30)",
     ]
+
+
+def test_a_cleanup_line_is_said_of_its_rank_and_an_op_line_of_none() -> None:
+    exit_frame = "ckpt.py:__exit__:12"
+    stuck = view(
+        5,
+        ["train.py:main:10", exit_frame, f"{C10D}:barrier:4100"],
+        op=make_op("barrier", exit_frame, in_cleanup=True, cleanup_frame=exit_frame),
+    )
+    cleanup, plain = wording.words(CleanupStuck([stuck], [waiting(0), waiting(2)])).evidence
+    assert cleanup == Evidence("is on a cleanup path: __exit__ (ckpt.py:12) -> barrier (ckpt.py:12)", rank=5)
+    assert cleanup.words() == "rank 5 is on a cleanup path: __exit__ (ckpt.py:12) -> barrier (ckpt.py:12)"
+    assert plain == Evidence("ranks 0,2 wait in all_reduce (train.py:30)")
+    assert plain.rank is None and plain.words() == plain.text
 
 
 def test_idle_in_cleanup_code_outside_any_op() -> None:
@@ -232,7 +247,7 @@ def test_mismatch_names_the_minority_against_the_majority() -> None:
     assert said.summary == (
         "collective mismatch: rank 3 is in all_reduce (train.py:30) while ranks 0-2 are in all_gather (metrics.py:12)"
     )
-    assert said.evidence == [
+    assert [e.words() for e in said.evidence] == [
         "ranks 0-2 wait in all_gather (metrics.py:12)",
         "rank 3 waits in all_reduce (train.py:30)",
     ]
@@ -260,7 +275,7 @@ def test_point_to_point_lines() -> None:
     assert said.summary == (
         "collective mismatch: point-to-point calls do not pair up: ranks 0-2 all receive and no rank sends"
     )
-    assert said.evidence == [
+    assert [e.words() for e in said.evidence] == [
         "ranks 0-2 wait in recv (pipe.py:20)",
         "ranks 0-2 all receive and no rank sends",
     ]
@@ -274,7 +289,7 @@ def test_init_where_every_rank_waits_leads_with_the_disagreement() -> None:
     env = EnvSplit("MASTER_PORT", {"29500": [0, 1, 2], "29501": [3, 4]})
     said = wording.words(InitStuck(init, [3, 4], env))
     assert said.summary == ("init deadlock: every rank waits in init_process_group (train.py:5); ranks 3-4 differ")
-    assert said.evidence == [
+    assert [e.words() for e in said.evidence] == [
         ("ranks disagree on the rendezvous: MASTER_PORT=29500 on ranks 0-2, MASTER_PORT=29501 on ranks 3-4"),
         "ranks 0-4 wait in init_process_group (train.py:5)",
     ]
@@ -288,7 +303,8 @@ def test_init_where_some_ranks_went_past() -> None:
     ahead = [waiting(3)]
     said = wording.words(InitSplit(init, ahead, went_past=True))
     assert said.summary == ("init deadlock: ranks 0-2 wait in new_group (train.py:30) while rank 3 went past it")
-    assert said.evidence[-1] == "rank 3 is in all_reduce (train.py:30)"
+    assert said.evidence[-1].words() == "rank 3 is in all_reduce (train.py:30)"
+    assert said.evidence[-1].rank == 3
     late = wording.words(InitSplit(init[:1], [outside(1, make_frame("data.py:load:3"))], False))
     assert late.summary.endswith("rank 0 waits in new_group (train.py:30) while rank 1 never reached it")
 
@@ -313,7 +329,7 @@ def test_when_nothing_is_known() -> None:
     assert wording.words(NothingCaptured()) == ("No rank could be captured.", [])
     said = wording.words(Unexplained([outside(0, make_frame("a.py:f:1")), waiting(1)]))
     assert said.summary.startswith("No rank is in a distributed operation and nothing moves")
-    assert said.evidence[1] == "rank 1: in all_reduce (train.py:30)"
+    assert said.evidence[1].words() == "rank 1: in all_reduce (train.py:30)"
 
 
 @pytest.mark.parametrize("verdict", list(Verdict))

@@ -552,7 +552,7 @@ def test_probe_answers_are_evidence_and_never_change_the_verdict() -> None:
     told = analyse(_with_probe_answers(stacks))
     plain = analyse(make_snapshot(stacks))
     assert (told.verdict, told.culprit_ranks, told.confidence) == (plain.verdict, plain.culprit_ranks, plain.confidence)
-    added = told.evidence[len(plain.evidence) :]
+    added = tuple(e.words() for e in told.evidence[len(plain.evidence) :])
     assert added == (
         (
             "rank 1's main thread is handling RuntimeError raised at train.py:40 while in destroy_process_group "
