@@ -1,0 +1,311 @@
+"""What each thread of a process is blocked on, read from the kernel, and who is at the
+other end: the first link of a wait that may lead past the ranks.
+
+A thread asleep in a system call shows it in ``/proc/PID/task/TID/syscall``: the call's
+number and its arguments. The arguments name what it waits on:
+
+- a descriptor (``read``, ``recvfrom``, ``accept``, ``connect``, ``write``, ...): its link
+  in ``/proc/PID/fd`` is a pipe, a socket or a file. The other end of a pipe is every other
+  process holding the pipe open for the other direction (``/proc/*/fd`` and the
+  ``fdinfo`` flags); of a TCP socket, the process holding the socket whose address pair is
+  the mirror of this one (``/proc/PID/net/tcp``, the process's own network namespace), or
+  a host and port off this node; of a file lock (``flock``, ``fcntl`` ``F_SETLKW``), the
+  process ``/proc/locks`` names as holding a lock on the file;
+- an ``epoll_wait``'s descriptor lists the descriptors it watches (``fdinfo``'s ``tfd``);
+- ``wait4``/``waitid``: a child process (a pid, or any child: the process's children);
+- ``futex``: another thread of the same process (a lock, a condition: the stacks tell).
+
+Nothing is read on a process's say-so: every pid comes from the kernel's tables, and a
+process the caller may not read (``readable``) is never named as a peer. A wait read
+during a call the thread is leaving is only as old as the read: a caller reads twice to be
+sure (as the sampler does) before concluding anything.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import platform
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+# System call numbers by machine (the kernel's tables: arch/x86/entry/syscalls/syscall_64.tbl,
+# include/uapi/asm-generic/unistd.h for arm64).
+_X86_64 = {
+    0: "read", 1: "write", 7: "poll", 17: "pread64", 19: "readv", 23: "select", 35: "nanosleep",
+    42: "connect", 43: "accept", 44: "sendto", 45: "recvfrom", 46: "sendmsg", 47: "recvmsg",
+    61: "wait4", 72: "fcntl", 73: "flock", 202: "futex", 230: "clock_nanosleep", 232: "epoll_wait",
+    247: "waitid", 270: "pselect6", 271: "ppoll", 281: "epoll_pwait", 288: "accept4", 441: "epoll_pwait2",
+}  # fmt: skip
+_AARCH64 = {
+    22: "epoll_pwait", 25: "fcntl", 32: "flock", 63: "read", 64: "write", 65: "readv", 67: "pread64",
+    72: "pselect6", 73: "ppoll", 95: "waitid", 98: "futex", 101: "nanosleep", 115: "clock_nanosleep",
+    202: "accept", 203: "connect", 206: "sendto", 207: "recvfrom", 211: "sendmsg", 212: "recvmsg",
+    242: "accept4", 260: "wait4", 441: "epoll_pwait2",
+}  # fmt: skip
+SYSCALLS = {"x86_64": _X86_64, "aarch64": _AARCH64}.get(platform.machine(), {})
+
+_ON_FD = {"read", "write", "pread64", "readv", "connect", "accept", "accept4", "sendto", "recvfrom", "sendmsg"}
+_ON_FD |= {"recvmsg", "flock"}
+_EPOLL = {"epoll_wait", "epoll_pwait", "epoll_pwait2"}
+_POLL = {"poll", "ppoll", "select", "pselect6"}
+_SLEEP = {"nanosleep", "clock_nanosleep"}
+_F_SETLKW, _F_OFD_SETLKW = 7, 38  # fcntl commands that wait for a lock
+_P_PID = 1  # waitid's idtype for one pid
+_WATCHED = 8  # descriptors of one epoll set resolved
+
+
+class WaitKind(enum.Enum):
+    """What a blocked thread waits on."""
+
+    PIPE = "pipe"
+    SOCKET = "socket"
+    FILE_LOCK = "file_lock"
+    FILE = "file"  # a read or write of a file or device that does not return
+    CHILD = "child"
+    THREAD = "thread"  # a futex: another thread of the process, or itself
+    POLL = "poll"  # several descriptors at once, not resolved
+    SLEEP = "sleep"
+    OTHER = "other"  # a call with no known meaning here, or one that is not a wait
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """One thread's wait: the call, what it waits on and the processes at the other end
+    (``peers``: pids the kernel's tables name, those the caller may read); ``target`` is
+    the kernel's name for the object (``pipe:[123]``, ``socket:[456]``, a path, a
+    ``HOST:PORT`` off the node, ``pid 812``), "" where there is none."""
+
+    native_id: int
+    syscall: str
+    kind: WaitKind
+    fd: int | None = None
+    target: str = ""
+    peers: tuple[int, ...] = ()
+    remote: str = ""  # "HOST:PORT" of a TCP peer that is not a process of this node
+
+
+def thread_waits(pid: int, readable: Callable[[int], bool] = lambda _pid: True) -> tuple[Wait, ...]:
+    """The waits of ``pid``'s threads that are blocked in a system call; () when the process
+    cannot be read. ``readable`` says which processes the caller may see as peers."""
+    try:
+        tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if t.isdigit())
+    except OSError:
+        return ()
+    table = _Holders()
+    waits = []
+    for tid in tids:
+        call = read_syscall(pid, tid)
+        if call is not None:
+            waits.append(_wait_of(pid, tid, *call, table, readable))
+    return tuple(waits)
+
+
+def read_syscall(pid: int, tid: int) -> tuple[str, tuple[int, ...]] | None:
+    """(the call's name, its six arguments) of a thread blocked in a system call; None when
+    it runs, is not in a call, or cannot be read."""
+    text = _read(f"/proc/{pid}/task/{tid}/syscall")
+    parts = text.split() if text else []
+    if len(parts) < 7 or not parts[0].isdigit():  # "running", or "-1 sp pc" outside a call
+        return None
+    try:
+        args = tuple(int(a, 16) for a in parts[1:7])
+    except ValueError:
+        return None
+    return SYSCALLS.get(int(parts[0]), f"syscall {parts[0]}"), args
+
+
+def _wait_of(
+    pid: int, tid: int, call: str, args: tuple[int, ...], table: _Holders, readable: Callable[[int], bool]
+) -> Wait:
+    if call in _ON_FD or (call == "fcntl" and args[1] in (_F_SETLKW, _F_OFD_SETLKW)):
+        return _on_fd(pid, tid, call, _signed(args[0]), table, readable)
+    if call in ("wait4", "waitid"):
+        one = _signed(args[0]) if call == "wait4" else (args[1] if args[0] == _P_PID else -1)
+        kids = (one,) if one > 0 else _children(pid)
+        return Wait(tid, call, WaitKind.CHILD, target=f"pid {one}" if one > 0 else "", peers=_shown(kids, readable))
+    if call in _EPOLL:
+        return _on_epoll(pid, tid, call, _signed(args[0]), table, readable)
+    if call == "futex":
+        return Wait(tid, call, WaitKind.THREAD)
+    if call in _POLL:
+        return Wait(tid, call, WaitKind.POLL)
+    if call in _SLEEP:
+        return Wait(tid, call, WaitKind.SLEEP)
+    return Wait(tid, call, WaitKind.OTHER)
+
+
+def _on_fd(pid: int, tid: int, call: str, fd: int, table: _Holders, readable: Callable[[int], bool]) -> Wait:
+    link = _link(pid, fd)
+    if link is None:
+        return Wait(tid, call, WaitKind.OTHER, fd)
+    if call in ("flock", "fcntl"):
+        return Wait(tid, call, WaitKind.FILE_LOCK, fd, link, _shown(_lock_holders(pid, fd, table), readable))
+    if link.startswith("pipe:"):
+        writing = _writes(pid, fd)
+        ends = [p for p, f in table.holders(link) if p != pid and _writes(p, f) is not writing]
+        return Wait(tid, call, WaitKind.PIPE, fd, link, _shown(ends, readable))
+    if link.startswith("socket:"):
+        peers, remote = _socket_peer(pid, link, table)
+        return Wait(tid, call, WaitKind.SOCKET, fd, link, _shown(peers, readable), remote)
+    return Wait(tid, call, WaitKind.FILE, fd, link)
+
+
+def _on_epoll(pid: int, tid: int, call: str, epfd: int, table: _Holders, readable: Callable[[int], bool]) -> Wait:
+    """An epoll wait whose set watches one pipe or socket is a wait on it; more: a poll."""
+    watched = [fd for fd in _epoll_targets(pid, epfd) if (_link(pid, fd) or "").startswith(("pipe:", "socket:"))]
+    if len(watched) != 1:
+        return Wait(tid, call, WaitKind.POLL, epfd, f"{len(watched)} pipe(s)/socket(s)" if watched else "")
+    return _on_fd(pid, tid, call, watched[0], table, readable)
+
+
+def _epoll_targets(pid: int, epfd: int) -> list[int]:
+    text = _read(f"/proc/{pid}/fdinfo/{epfd}") or ""
+    fds = []
+    for line in text.splitlines():
+        if line.startswith("tfd:"):
+            parts = line.split()
+            if len(parts) > 1 and parts[1].isdigit():
+                fds.append(int(parts[1]))
+    return fds[:_WATCHED]
+
+
+# ------------------------------------------------------------------ the other end
+
+
+class _Holders:
+    """Which processes hold which pipe or socket: ``/proc/*/fd``, read once when first asked."""
+
+    def __init__(self) -> None:
+        self._by_link: dict[str, list[tuple[int, int]]] | None = None
+
+    def holders(self, link: str) -> list[tuple[int, int]]:
+        if self._by_link is None:
+            self._by_link = _scan()
+        return self._by_link.get(link, [])
+
+
+def _scan() -> dict[str, list[tuple[int, int]]]:
+    found: dict[str, list[tuple[int, int]]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{name}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{name}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith(("pipe:", "socket:")) or link.startswith("/"):
+                found.setdefault(link, []).append((int(name), int(fd)))
+    return found
+
+
+def _socket_peer(pid: int, link: str, table: _Holders) -> tuple[list[int], str]:
+    """The processes holding the other end of a TCP socket on this node, else its remote
+    ``HOST:PORT`` (a listening socket or a Unix socket: neither)."""
+    inode = link[len("socket:[") : -1]
+    rows = _tcp_rows(pid)
+    mine = next((r for r in rows if r[2] == inode), None)
+    if mine is None:
+        return [], ""
+    local, remote, _ = mine
+    if remote.endswith(":0000") and set(remote.partition(":")[0]) <= {"0"}:
+        return [], ""  # listening
+    theirs = [r[2] for r in rows if r[0] == remote and r[1] == local]
+    peers = [p for i in theirs for p, _ in table.holders(f"socket:[{i}]") if p != pid]
+    return peers, "" if theirs else _address(remote)
+
+
+def _tcp_rows(pid: int) -> list[tuple[str, str, str]]:
+    """(local, remote, inode) of every TCP socket of ``pid``'s network namespace."""
+    rows = []
+    for table in ("tcp", "tcp6"):
+        text = _read(f"/proc/{pid}/net/{table}") or ""
+        for line in text.splitlines()[1:]:
+            cols = line.split()
+            if len(cols) >= 10:
+                rows.append((cols[1], cols[2], cols[9]))
+    return rows
+
+
+def _address(hex_pair: str) -> str:
+    """``0100007F:1F90`` → ``127.0.0.1:8080``; IPv6 in full hex words as the kernel writes them."""
+    addr, _, port = hex_pair.partition(":")
+    try:
+        number = int(port, 16)
+        if len(addr) == 8:
+            return f"{'.'.join(str(b) for b in bytes.fromhex(addr)[::-1])}:{number}"
+        words = [bytes.fromhex(addr[i : i + 8])[::-1].hex() for i in range(0, 32, 8)]
+        return f"[{':'.join(w[j : j + 4] for w in words for j in (0, 4))}]:{number}"
+    except ValueError:
+        return hex_pair
+
+
+def _lock_holders(pid: int, fd: int, table: _Holders) -> list[int]:
+    """Processes ``/proc/locks`` names as holding a lock on the file of ``pid``'s ``fd``; where
+    it names none (an open file description's lock shows pid -1), those holding the file open."""
+    try:
+        st = os.stat(f"/proc/{pid}/fd/{fd}")
+    except OSError:
+        return []
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    holders = []
+    for line in (_read("/proc/locks") or "").splitlines():
+        cols = line.split()
+        if "->" in cols or len(cols) < 6 or cols[5] != key:  # "->": a waiter, not a holder
+            continue
+        if cols[4].isdigit() and int(cols[4]) != pid:
+            holders.append(int(cols[4]))
+    if not holders:
+        holders = [p for p, _ in table.holders(_link(pid, fd) or "") if p != pid]
+    return holders
+
+
+def _children(pid: int) -> tuple[int, ...]:
+    kids: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            kids += [int(k) for k in (_read(f"/proc/{pid}/task/{tid}/children") or "").split()]
+    except OSError:
+        return ()
+    return tuple(sorted(set(kids)))
+
+
+def _writes(pid: int, fd: int) -> bool | None:
+    """Whether ``fd`` is open for writing (``fdinfo``'s flags); None when unreadable."""
+    for line in (_read(f"/proc/{pid}/fdinfo/{fd}") or "").splitlines():
+        if line.startswith("flags:"):
+            try:
+                return int(line.split()[1], 8) & 3 != os.O_RDONLY
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+def _shown(pids: Iterable[int], readable: Callable[[int], bool]) -> tuple[int, ...]:
+    return tuple(sorted({p for p in pids if readable(p)}))
+
+
+def _link(pid: int, fd: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/fd/{fd}")
+    except OSError:
+        return None
+
+
+def _signed(value: int) -> int:
+    """A register's value as the C ``int`` it holds (``-1`` for any child)."""
+    value &= 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read(1 << 20)
+    except OSError:
+        return None
