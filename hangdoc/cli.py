@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from .diagnose import FleetSource
     from .fleet.client import RemoteNode
     from .model import Diagnosis, JobSnapshot
-    from .report.progress import ProgressDisplay
+    from .report.status import StatusDisplay
     from .watch.config import Level
 
 EXIT_OK = 0
@@ -363,12 +363,12 @@ def _add_watch(sub: argparse._SubParsersAction[_Parser], auth: _Parser) -> None:
     watch.set_defaults(func=_cmd_watch, command_argv=())
 
 
-def _progress(args: argparse.Namespace) -> ProgressDisplay:
-    """Progress on stderr (``hangdoc.report.progress``): a live line on a terminal, plain
+def _status(args: argparse.Namespace) -> StatusDisplay:
+    """Message on stderr (``hangdoc.report.status``): a live line on a terminal, plain
     lines elsewhere or with --json, nothing with --quiet."""
-    from .report.progress import ProgressDisplay
+    from .report.status import StatusDisplay
 
-    return ProgressDisplay.on(sys.stderr, quiet=args.quiet, json=args.json)
+    return StatusDisplay.on(sys.stderr, quiet=args.quiet, json=args.json)
 
 
 def _report_files(args: argparse.Namespace) -> dict[str, str | None]:
@@ -426,7 +426,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         check_save_path(args.save)  # a link or another's file is refused now, not after the capture
     options = CaptureOptions(args.window, args.interval, args.max_window, args.native, args.timeout)
     nodes = _remote_nodes(args)
-    with _progress(args) as shown:
+    with _status(args) as shown:
         snapshot, diagnosis = diagnose(
             args.job, options, shown.say, nodes, _ray_source(args, args.job, nodes), shown.update
         )
@@ -576,7 +576,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from .capture.dumps.dumpfile import load_evidence
 
     _check_report_files(args)
-    with _progress(args) as shown, shown.busy(f"reading {args.bundle}") as now_doing:
+    with _status(args) as shown, shown.busy(f"reading {args.bundle}") as now_doing:
         # a saved snapshot, or py-spy / ray stack dumps / pasted stacks; `-`: standard input
         snapshot = load_evidence(args.bundle, sys.stdin.buffer if args.bundle == "-" else None)
         now_doing(f"analysing {len(snapshot.ranks)} rank(s)")

@@ -1,7 +1,7 @@
 """The pipeline: find the job's ranks on its nodes -> capture (adaptive window) -> analyse.
 
 Reporting is the CLI's, and so is showing progress: from the one-line messages
-(``Progress``) and the state told before each step and after every round (``Status``).
+(``Message``) and the state told before each step and after every round (``Status``).
 Sampling goes on for ``window`` seconds; when the evidence is still ambiguous (one rank
 busy while the others wait: a straggler, or a slow rank that will finish) it goes on, up
 to ``max_window``, until the job either moves or stays put. The snapshot records how long
@@ -31,7 +31,7 @@ from .fleet.gather import Gather
 from .fleet.node import LocalNode, Node
 from .model import Diagnosis, JobSnapshot, Note, NoteKind
 
-Progress = Callable[[str], None]
+Message = Callable[[str], None]
 
 
 class Step(StrEnum):
@@ -76,17 +76,17 @@ class CaptureOptions:
 
 # Finds a job's ranks some other way than asking nodes (a Ray job: from the cluster's state,
 # through agents placed on its nodes): the job's fleet as it is now.
-FleetFinder = Callable[[JobSpec, Progress], Fleet]
+FleetFinder = Callable[[JobSpec, Message], Fleet]
 # Such a finder for the length of a block: what it holds (the agents it placed, its
 # connection to the cluster) is let go when the block ends. ``diagnose`` holds one for a
 # diagnosis, ``watch`` for the whole watch.
-FleetSource = Callable[[Progress], AbstractContextManager[FleetFinder]]
+FleetSource = Callable[[Message], AbstractContextManager[FleetFinder]]
 
 
 def diagnose(
     spec: str,
     options: CaptureOptions = CaptureOptions(),
-    progress: Progress | None = None,
+    progress: Message | None = None,
     nodes: Sequence[Node] | None = None,
     source: FleetSource | None = None,
     status: Status | None = None,
@@ -114,7 +114,7 @@ def diagnose(
 
 
 def observe(
-    spec: str, fleet: Fleet, options: CaptureOptions, say: Progress, status: Status | None = None
+    spec: str, fleet: Fleet, options: CaptureOptions, say: Message, status: Status | None = None
 ) -> tuple[JobSnapshot, Diagnosis]:
     """Sample the fleet's ranks until the verdict is clear or ``max_window`` is reached."""
     gather = Gather(spec, fleet, needs_native, native=options.native, timeout=options.timeout)

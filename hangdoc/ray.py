@@ -28,7 +28,7 @@ from .capture.find.discover import Discovery
 from .capture.find.jobspec import JobSpec, parse_job_spec
 from .capture.find.ray_job import find_ray_job
 from .capture.find.ray_workers import RayJob, RayWorker
-from .diagnose import CaptureOptions, FleetFinder, FleetSource, Progress
+from .diagnose import CaptureOptions, FleetFinder, FleetSource, Message
 from .diagnose import diagnose as diagnose_job
 from .errors import RayNotInstalled, RayUnreachable, UsageError, one_line
 from .fleet.client import AgentAuth, RemoteNode
@@ -76,7 +76,7 @@ class _Session:
     def __exit__(self, *exc: object) -> None:
         self.stack.close()  # agents first, then the driver
 
-    def find(self, job: JobSpec, say: Progress) -> Fleet:
+    def find(self, job: JobSpec, say: Message) -> Fleet:
         assert job.ray_job is not None
         found = find_ray_job(job.ray_job, address=self.options.address, patterns=self.options.workers)
         say(f"Ray job {found.job_id}: {len(found.workers)} worker(s) on {len(found.node_ids)} node(s)")
@@ -85,7 +85,7 @@ class _Session:
         failed = {n: self.failed[n] for n in found.node_ids if n in self.failed}
         return _fleet(found, nodes, failed, parse_job_spec(f"ray:{found.job_id}"))
 
-    def _place(self, node_ids: list[str], say: Progress) -> None:
+    def _place(self, node_ids: list[str], say: Message) -> None:
         if not node_ids:
             return
         if not self.connected:
@@ -192,7 +192,7 @@ def diagnose(
     workers: Sequence[str] = (),
     keep_agents: bool = False,
     options: CaptureOptions | None = None,
-    progress: Progress | None = None,
+    progress: Message | None = None,
 ) -> Diagnosis:
     """Diagnose Ray job ``job`` (hex job id or submission id): the same ``Diagnosis``
     ``hangdoc diagnose ray:JOB`` reports."""
@@ -208,7 +208,7 @@ def capture(
     workers: Sequence[str] = (),
     keep_agents: bool = False,
     options: CaptureOptions | None = None,
-    progress: Progress | None = None,
+    progress: Message | None = None,
 ) -> tuple[JobSnapshot, Diagnosis]:
     """``diagnose``, with the snapshot it rests on (save it with ``hangdoc.bundle``)."""
     spec = job if job.startswith("ray:") else f"ray:{job}"

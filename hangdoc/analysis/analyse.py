@@ -30,9 +30,9 @@ from ..model import (
 )
 from ..rankranges import ranges_text
 from . import classify, confidence, gpu_state, phrases
-from .device import waits_for_device
 from .finding import Told
 from .flight import match_flight
+from .host_sync import waits_for_device
 from .merge import build_tree, with_culprits
 from .ops import Recogniser
 from .views import RankView, Views

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 
 from ..model import GIVEN_GROUP, WORLD_GROUP, DistOp, Evidence, Frame, OpKind, RankState, Verdict
 from . import phrases, settle, wording
-from .device import waits_for_device
 from .facts import (
     AllReceive,
     CleanupStuck,
@@ -45,6 +44,7 @@ from .facts import (
     Working,
 )
 from .finding import Classification, Finding, Told
+from .host_sync import waits_for_device
 from .probe_evidence import probe_lines
 from .structure import (
     Scope,

@@ -22,7 +22,6 @@ from ..model import GIVEN_GROUP, Confidence, Origin, RankState, Verdict
 from ..rankranges import rank_phrase
 from . import settle
 from .classify import IN_OP, OUTSIDE
-from .device import sync_call, waits_for_device
 from .facts import (
     CleanupStuck,
     DataMoving,
@@ -44,6 +43,7 @@ from .facts import (
     Working,
 )
 from .finding import Classification, DeviceRole, Finding, FlightRole
+from .host_sync import sync_call, waits_for_device
 from .ops import COMPILED_MAYBE
 from .phrases import deadlock_short, unseen_reason
 from .views import RankView, op_keys

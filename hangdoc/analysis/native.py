@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ..model import Frame, RankProcess, Sample, ThreadStack
-from .device import python_host_sync, samples_gpu_evidence
+from .host_sync import python_host_sync, samples_gpu_evidence
 
 # a Python stack ending in these torch modules may wait inside the C++ autograd engine
 # (DDP's reducer), or in a C++ operator (a compiled graph's functional collective)

@@ -33,7 +33,7 @@ from ..model import (
     Stack,
     ThreadStack,
 )
-from .device import device_wait
+from .host_sync import device_wait
 from .source_lines import SourceIndex, enclosing_block, issuing_call, waited_name
 
 COLLECTIVES = frozenset(

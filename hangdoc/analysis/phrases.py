@@ -11,7 +11,7 @@ from collections.abc import Collection, Sequence
 from ..memo import once_per_object
 from ..model import CaptureErrorKind, DistOp, Evidence, Frame, RankState, ThreadStack
 from ..rankranges import rank_phrase
-from .device import waits_for_device
+from .host_sync import waits_for_device
 from .locks import REENTRANT, LockEdge, LockGraph
 from .ops import exit_frame
 from .views import RankView

@@ -26,7 +26,7 @@ from ..model import (
     Sample,
     ThreadStack,
 )
-from .device import env_gpu_evidence, stacks_gpu_evidence, sync_call, waits_for_device
+from .host_sync import env_gpu_evidence, stacks_gpu_evidence, sync_call, waits_for_device
 from .locks import LockGraph, lock_graph, same_deadlock, waits_on_a_lock
 from .ops import Recogniser, init_arguments_at, init_frame
 from .progress import Movement, StackMotion, rank_movement, relevant_thread, stack_motion

@@ -246,7 +246,7 @@ def fleet_heartbeats(fleet: Fleet, deadline: float) -> dict[tuple[str, int], Hea
 StackFingerprint = tuple[int, tuple[tuple[str, int | None], ...]]
 
 
-class StackProbe:
+class StackSampler:
     """One sampling round of every rank per check: activity when a rank's Python stack
     differs from its previous sample. Used when the job gives nothing else to watch."""
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..diagnose import CaptureOptions, FleetSource, Progress
+from ..diagnose import CaptureOptions, FleetSource, Message
 from ..errors import UsageError
 from ..fleet.node import Node
 from .stall import StallPolicy
@@ -43,7 +43,7 @@ class Level(enum.Enum):
 Say = Callable[[Level, str], None]
 
 
-def progress(say: Say) -> Progress:
+def messages(say: Say) -> Message:
     """``say`` for the diagnosis pipeline's one-line messages (a ``ray:`` job's workers and
     agents): progress, ``Level.INFO``."""
     return lambda text: say(Level.INFO, text)
@@ -79,7 +79,7 @@ class WatchConfig:
     job: str | None = None  # the job spec (attach), or which job the wrapped command runs
     out: Path = Path("hangs")
     policy: StallPolicy = field(default_factory=StallPolicy)
-    check_interval: float | None = None  # default 1 s, or pace.PROBE_INTERVAL when sampling stacks
+    check_interval: float | None = None  # default 1 s, or pace.SAMPLE_INTERVAL when sampling stacks
     step_regex: str | None = None
     log: str | None = None
     on_hang: OnHang = OnHang()

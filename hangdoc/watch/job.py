@@ -3,7 +3,7 @@
 second signal, a watch that stops on an error).
 
 A wrapped job is its ``Supervisor``'s command (its processes wherever they went); an
-attached job is the ranks on this node and their launchers (``Ranks``). The ``--on-hang
+attached job is the ranks on this node and their launchers (``TrackedRanks``). The ``--on-hang
 exec`` commands are never ended with it. The wrapped job never outlives the watch by
 accident: ``abandon`` ends it whatever stops the watch.
 """
@@ -18,8 +18,8 @@ from ..errors import HangdocError
 from .config import Level, OnHang, Say
 from .hooks import Hooks
 from .jobcontrol import end_job
-from .ranks import Ranks
 from .supervisor import Supervisor
+from .tracked import TrackedRanks
 
 EXIT_HANG_KILLED = 124  # --on-hang kill ended the job (like timeout(1))
 
@@ -28,7 +28,13 @@ class Job:
     """The wrapped command (``supervisor``) or the attached ``ranks``, to name and to end."""
 
     def __init__(
-        self, spec: str | None, supervisor: Supervisor | None, ranks: Ranks | None, hooks: Hooks, grace: float, say: Say
+        self,
+        spec: str | None,
+        supervisor: Supervisor | None,
+        ranks: TrackedRanks | None,
+        hooks: Hooks,
+        grace: float,
+        say: Say,
     ) -> None:
         self._spec = spec  # given; else the wrapped command's pid
         self.supervisor = supervisor

@@ -2,7 +2,7 @@
 
 ``Pace`` holds the activity sources of one watch (``activity``): the wrapped command's
 output and ``--log`` through one queue, the heartbeat records, and the sampled stacks of
-the ranks (``Ranks.probe``). Each check collects their new events and feeds each to the
+the ranks (``TrackedRanks.sampler``). Each check collects their new events and feeds each to the
 clock of its signal. The loop reads the clock of the primary signal, the most exact one
 the job gives; a stall's ``Trigger`` is made from it.
 """
@@ -13,16 +13,16 @@ import datetime
 
 from .activity import Event, EventQueue, HeartbeatSource, LogTail, StepPattern
 from .config import WatchConfig
-from .ranks import Ranks
 from .stall import Signal, StallClock, Trigger
+from .tracked import TrackedRanks
 
-PROBE_INTERVAL = 5.0  # default check interval when stacks have to be sampled
+SAMPLE_INTERVAL = 5.0  # default check interval when stacks have to be sampled
 
 
 class Pace:
     """Activity by signal: a clock each, fed by the sources; the primary signal."""
 
-    def __init__(self, config: WatchConfig, started: float, ranks: Ranks | None) -> None:
+    def __init__(self, config: WatchConfig, started: float, ranks: TrackedRanks | None) -> None:
         self.clocks = {s: StallClock(config.policy, started) for s in Signal}
         self.pattern = StepPattern(config.step_regex) if config.step_regex else None
         self.interval = config.check_interval
@@ -30,7 +30,7 @@ class Pace:
         self.queue = EventQueue()  # output events, from the reader threads
         self.log: LogTail | None = None
         self.heartbeats: HeartbeatSource | None = None
-        self.ranks = ranks  # their stacks are sampled when ``ranks.probe`` is set
+        self.ranks = ranks  # their stacks are sampled when ``ranks.sampler`` is set
         self.last_step: int | None = None
 
     def follow(self, path: str) -> None:
@@ -55,7 +55,7 @@ class Pace:
     def check_interval(self) -> float:
         if self.interval is not None:
             return self.interval
-        return PROBE_INTERVAL if self.primary() is Signal.STACKS else 1.0
+        return SAMPLE_INTERVAL if self.primary() is Signal.STACKS else 1.0
 
     def collect(self) -> list[Event]:
         """The sources' new events, each fed to the clock of its signal. Stacks are sampled
@@ -65,9 +65,9 @@ class Pace:
         events = self.queue.drain()
         if self.heartbeats is not None:
             events += self.heartbeats.poll()
-        probe = self.ranks.probe if self.ranks is not None else None
-        if probe is not None and self.primary() is Signal.STACKS:
-            events += probe.poll()
+        sampler = self.ranks.sampler if self.ranks is not None else None
+        if sampler is not None and self.primary() is Signal.STACKS:
+            events += sampler.poll()
         for event in events:
             self.clocks[event.signal].activity(event.at, event.count)
             if event.step is not None:

@@ -35,7 +35,7 @@ from ..errors import HangdocError, InternalError, described
 from ..fleet.node import LocalNode
 from ..model import Heartbeat
 from .activity import HeartbeatSource, tee
-from .config import Level, OnHang, Say, WatchConfig, check_config, progress
+from .config import Level, OnHang, Say, WatchConfig, check_config, messages
 from .hooks import Hooks
 from .incident import check_out
 from .job import EXIT_HANG_KILLED, Job
@@ -43,8 +43,8 @@ from .jobcontrol import adopted
 from .loop import Loop
 from .metrics import MetricsBoard, Textfile, identity, serve, textfile_path
 from .pace import Pace
-from .ranks import Ranks
 from .supervisor import Supervisor, become_subreaper, heartbeat_dir, local_heartbeats
+from .tracked import TrackedRanks
 
 __all__ = [
     "EXIT_HANG_KILLED",
@@ -103,7 +103,7 @@ class Watchdog:
                 # held for the whole watch: a ray: job's agents stay placed, and are removed
                 # however the watch ends
                 assert self.ranks is not None
-                self.ranks.finder = held.enter_context(self.c.source(progress(self.say)))
+                self.ranks.finder = held.enter_context(self.c.source(messages(self.say)))
             return self._watch(held)
 
     def _watch(self, held: contextlib.ExitStack) -> int:
@@ -209,7 +209,7 @@ class WrappedRun:
 class AttachedRun:
     """A running job's rank processes, watched until they are gone."""
 
-    def __init__(self, dog: Watchdog, ranks: Ranks) -> None:
+    def __init__(self, dog: Watchdog, ranks: TrackedRanks) -> None:
         self.c, self.say, self.pace, self.loop, self.hooks = dog.c, dog.say, dog.pace, dog.loop, dog.hooks
         self.ranks = ranks
 
@@ -228,16 +228,16 @@ class AttachedRun:
         return EXIT_JOB_ENDED
 
 
-def _ranks(config: WatchConfig, say: Say) -> Ranks | None:
+def _ranks(config: WatchConfig, say: Say) -> TrackedRanks | None:
     """The job's ranks to look for: an attached job's (on this node unless agents are
     given), or a wrapped job's named with ``--job`` and found through ``--agents``."""
     if not config.job:
         return None
     if not config.command:
         nodes = [] if config.source is not None else config.nodes or [LocalNode()]
-        return Ranks(nodes, config.job, config.capture.timeout, say, sample=not config.log)
+        return TrackedRanks(nodes, config.job, config.capture.timeout, say, sample=not config.log)
     if config.nodes is not None:
-        return Ranks(config.nodes, config.job, config.capture.timeout, say)
+        return TrackedRanks(config.nodes, config.job, config.capture.timeout, say)
     return None
 
 

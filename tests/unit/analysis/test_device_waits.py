@@ -23,7 +23,7 @@ import pytest
 from support.factories import make_frame, make_rank, make_snapshot
 
 from hangdoc.analysis.analyse import analyse
-from hangdoc.analysis.device import device_wait, gpu_evidence, sync_call
+from hangdoc.analysis.host_sync import device_wait, gpu_evidence, sync_call
 from hangdoc.analysis.views import view_rank
 from hangdoc.model import Confidence, Frame, RankSnapshot, RankState, Verdict
 

@@ -23,9 +23,9 @@ from hangdoc.watch.activity import Event
 from hangdoc.watch.config import Level
 from hangdoc.watch.hooks import Hooks
 from hangdoc.watch.job import EXIT_HANG_KILLED, Job
-from hangdoc.watch.ranks import Ranks
 from hangdoc.watch.stall import Alarm, Signal, StallClock, StallPolicy, resumed_at
 from hangdoc.watch.supervisor import FORWARDED, Supervisor
+from hangdoc.watch.tracked import TrackedRanks
 from hangdoc.watch.watchdog import OnHang, WatchConfig, Watchdog
 
 # a command that says when it is ready; IGNORE_TERM: it and its background sleep ignore SIGTERM
@@ -405,12 +405,12 @@ class _Nowhere:
 
 
 def test_ranks_are_looked_for_again_when_due_or_all_gone() -> None:
-    ranks = Ranks([_Nowhere()], "10.0.0.1:29500", 5.0, silent)  # type: ignore[list-item]
+    ranks = TrackedRanks([_Nowhere()], "10.0.0.1:29500", 5.0, silent)  # type: ignore[list-item]
     ranks.checked = time.monotonic()
     assert not ranks.gone()  # not due: no search
-    ranks.probe = SimpleNamespace(all_gone=True)  # type: ignore[assignment]
+    ranks.sampler = SimpleNamespace(all_gone=True)  # type: ignore[assignment]
     assert ranks.gone()  # every rank's stack gone: searched at once, none found
-    ranks.probe = None
+    ranks.sampler = None
     ranks.checked = time.monotonic() - 10.5
     assert ranks.gone() and time.monotonic() - ranks.checked < 1
 

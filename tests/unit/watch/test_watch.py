@@ -170,10 +170,10 @@ class _Node:
 
 def test_an_unreachable_agent_is_not_a_job_that_ended() -> None:
     from hangdoc.diagnose import CaptureOptions
-    from hangdoc.watch.ranks import Ranks
+    from hangdoc.watch.tracked import TrackedRanks
 
     def refresh(nodes: list[_Node]) -> bool:
-        return Ranks(nodes, "10.0.0.1:29500", CaptureOptions().timeout, silent).refresh()
+        return TrackedRanks(nodes, "10.0.0.1:29500", CaptureOptions().timeout, silent).refresh()
 
     assert refresh([_Node("a")]) is True  # every node answered: no rank anywhere
     assert refresh([_Node("a"), _Node("b", AgentError("agent b unavailable"))]) is False
@@ -437,10 +437,10 @@ def _one_rank_fleet():
 
 
 def test_ranks_found_through_a_source_a_running_job_without_workers_is_not_gone() -> None:
-    from hangdoc.watch.ranks import Ranks
+    from hangdoc.watch.tracked import TrackedRanks
 
     said = Said()
-    ranks = Ranks([], "ray:raysubmit_x", 5.0, said)
+    ranks = TrackedRanks([], "ray:raysubmit_x", 5.0, said)
     source = _Source(
         [
             _one_rank_fleet(),

@@ -116,7 +116,7 @@ def test_m4_wait_for_everyone_barrier_is_not_cleanup(capsys) -> None:
         "had finished train_step and wait in all_reduce(done_cuda) (line 915 is "
         "`done = done_cuda.item()`, a host sync after the NCCL all_reduce), while the 2 in "
         "DeepSpeed's _aggregate_total_loss broadcast never finished train_step: a "
-        "collective_mismatch in which rank 0 is not the culprit. analysis/device.py cannot see "
+        "collective_mismatch in which rank 0 is not the culprit. analysis/host_sync.py cannot see "
         "it: rule 1 needs a torch synchronize frame, rule 2 native frames, rule 3 the line's "
         "code, and a dump file has none of them. A likely fix: with no source lines, a rank "
         "whose innermost frame is the job's own code in the same function that issues the "

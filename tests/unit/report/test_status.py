@@ -1,4 +1,4 @@
-"""Progress on stderr (``hangdoc.report.progress``): a live line on a terminal, the plain
+"""Progress on stderr (``hangdoc.report.status``): a live line on a terminal, the plain
 one-line messages elsewhere and with --json, nothing with --quiet; the report untouched.
 
 ``hangdoc diagnose`` runs here against a ``ReplayNode`` serving a hand-made 4-rank
@@ -31,7 +31,7 @@ from hangdoc import cli
 from hangdoc.bundle import save_snapshot
 from hangdoc.diagnose import Sampling, Step
 from hangdoc.fleet.node import ReplayNode
-from hangdoc.report.progress import ProgressDisplay, describe
+from hangdoc.report.status import StatusDisplay, describe
 
 C10D = "torch/distributed/distributed_c10d.py"
 FAST = ["--window", "0.6", "--interval", "0.15"]  # four rounds, a fraction of a second
@@ -95,7 +95,7 @@ def test_before_any_round_it_says_what_it_is_doing() -> None:
 
 def test_off_a_terminal_the_messages_are_plain_lines() -> None:
     out = io.StringIO()
-    with ProgressDisplay.on(out, quiet=False, json=False) as shown:
+    with StatusDisplay.on(out, quiet=False, json=False) as shown:
         assert not shown.live
         shown.say("found 4 rank process(es) for x")
         shown.update(Sampling(Step.SAMPLING, ranks=4, rounds=1))
@@ -107,7 +107,7 @@ def test_off_a_terminal_the_messages_are_plain_lines() -> None:
 @pytest.mark.parametrize(("quiet", "json_flag"), [(True, False), (False, True), (True, True)])
 def test_quiet_and_json_draw_no_live_line_on_a_terminal(quiet, json_flag) -> None:
     out = _Terminal()
-    with ProgressDisplay.on(out, quiet=quiet, json=json_flag) as shown:
+    with StatusDisplay.on(out, quiet=quiet, json=json_flag) as shown:
         assert not shown.live
         shown.update(Sampling(Step.SAMPLING, ranks=4, rounds=1))
         shown.say("found")
@@ -116,7 +116,7 @@ def test_quiet_and_json_draw_no_live_line_on_a_terminal(quiet, json_flag) -> Non
 
 def test_on_a_terminal_the_live_line_is_drawn_then_erased() -> None:
     out = _Terminal()
-    with ProgressDisplay.on(out, quiet=False, json=False) as shown:
+    with StatusDisplay.on(out, quiet=False, json=False) as shown:
         assert shown.live
         shown.update(Sampling(Step.SAMPLING, ranks=4, captured=4, rounds=2, elapsed=0.5, window=2.0))
         shown.say("found 4 rank process(es)")
@@ -129,11 +129,11 @@ def test_on_a_terminal_the_live_line_is_drawn_then_erased() -> None:
 
 def test_a_long_step_gets_a_live_line_only_once_it_is_long() -> None:
     quick, slow = _Terminal(), _Terminal()
-    with ProgressDisplay.on(quick, quiet=False, json=False) as shown, shown.busy("analysing", after=5.0):
+    with StatusDisplay.on(quick, quiet=False, json=False) as shown, shown.busy("analysing", after=5.0):
         time.sleep(0.05)
     assert quick.getvalue() == ""
     with (
-        ProgressDisplay.on(slow, quiet=False, json=False) as shown,
+        StatusDisplay.on(slow, quiet=False, json=False) as shown,
         shown.busy("reading hang.json", after=0.05) as now_doing,
     ):
         time.sleep(0.3)

@@ -1,4 +1,4 @@
-"""Progress on stderr while hangdoc works: the one-line messages, and on a terminal a live
+"""Status on stderr while hangdoc works: the one-line messages, and on a terminal a live
 line of where the diagnosis stands.
 
 - stderr is a terminal: the messages are printed as ``hangdoc: MESSAGE`` lines above a
@@ -11,8 +11,8 @@ line of where the diagnosis stands.
   line each, as they always were; no live line.
 - ``--quiet``: nothing.
 
-The CLI makes one ``ProgressDisplay`` per command (``ProgressDisplay.on``) and hands its
-``say`` and ``update`` to the pipeline (``hangdoc.diagnose``'s ``Progress`` and ``Status``).
+The CLI makes one ``StatusDisplay`` per command (``StatusDisplay.on``) and hands its
+``say`` and ``update`` to the pipeline (``hangdoc.diagnose``'s ``Message`` and ``Status``).
 """
 
 from __future__ import annotations
@@ -94,8 +94,8 @@ class _LiveLine:
         yield line
 
 
-class ProgressDisplay:
-    """Progress on one stream (stderr): ``say`` for the one-line messages, ``update`` for
+class StatusDisplay:
+    """Status on one stream (stderr): ``say`` for the one-line messages, ``update`` for
     the live line, ``busy`` for a long step. Use it as a context manager around the work: the
     live line starts with it and is erased when it ends, however it ends."""
 
@@ -112,7 +112,7 @@ class ProgressDisplay:
         self._busy_since = time.monotonic()
 
     @classmethod
-    def on(cls, stream: TextIO, *, quiet: bool, json: bool) -> ProgressDisplay:
+    def on(cls, stream: TextIO, *, quiet: bool, json: bool) -> StatusDisplay:
         """The display the CLI wants on ``stream``: live only on a terminal, and neither with
         ``--json`` nor ``--quiet``."""
         live = not (quiet or json) and _is_terminal(stream)

@@ -5,7 +5,7 @@ They are looked for at the start and again every ``FLEET_REFRESH`` seconds, beca
 restarted workers get new pids and ranks start late: through the nodes, or through the
 ``finder`` of a fleet source the watch holds (a ``ray:`` job's, which places agents as
 workers appear on new nodes). An attached job has ended when every node answered and none
-has a rank any more, and the job is not known to be running still. ``Ranks`` also reads their heartbeats,
+has a rank any more, and the job is not known to be running still. ``TrackedRanks`` also reads their heartbeats,
 samples their stacks when nothing else shows activity, and names the process trees of
 the job on this node (what ``--on-hang kill`` ends).
 """
@@ -16,18 +16,18 @@ import time
 from collections.abc import Sequence
 
 from ..capture.find.jobspec import parse_job_spec
-from ..diagnose import FleetFinder, Progress
+from ..diagnose import FleetFinder, Message
 from ..errors import HangdocError, JobNotFound
 from ..fleet.coordinator import Fleet, find_ranks
 from ..fleet.node import LocalNode, Node
 from ..model import Heartbeat
-from .activity import StackProbe, fleet_heartbeats
-from .config import Level, Say, progress
+from .activity import StackSampler, fleet_heartbeats
+from .config import Level, Say, messages
 
 FLEET_REFRESH = 10.0  # seconds between looks for restarted or ended ranks
 
 
-class Ranks:
+class TrackedRanks:
     """The job's ranks on ``nodes``, looked for again every ``FLEET_REFRESH`` seconds."""
 
     def __init__(self, nodes: Sequence[Node], job: str, timeout: float, say: Say, sample: bool = False) -> None:
@@ -37,17 +37,17 @@ class Ranks:
         self.say = say
         self.sample = sample  # sample their stacks: the job gives no other activity
         self.fleet: Fleet | None = None
-        self.probe: StackProbe | None = None
+        self.sampler: StackSampler | None = None
         self.checked = -FLEET_REFRESH  # when they were last looked for
         self.finder: FleetFinder | None = None  # set while the watch holds a fleet source
         self.absent = False  # the last search found a running job without ranks (said once)
 
     def find(self) -> Fleet:
         """The first search; raises ``JobNotFound`` when no node has a rank."""
-        self.fleet = self._search(progress(self.say))
+        self.fleet = self._search(messages(self.say))
         return self.fleet
 
-    def _search(self, say: Progress) -> Fleet:
+    def _search(self, say: Message) -> Fleet:
         job = parse_job_spec(self.job)
         if self.finder is not None:
             return self.finder(job, say)
@@ -57,7 +57,7 @@ class Ranks:
         """Start sampling stacks (when asked to), and the time to the next search."""
         assert self.fleet is not None
         if self.sample:
-            self.probe = StackProbe(self.fleet, self.timeout)
+            self.sampler = StackSampler(self.fleet, self.timeout)
         self.checked = time.monotonic()
 
     def due(self) -> bool:
@@ -70,7 +70,7 @@ class Ranks:
     def gone(self) -> bool:
         """Whether the attached job ended: looked for again when due, or at once when the
         sampled stacks show every rank gone."""
-        if (self.probe is not None and self.probe.all_gone) or self.due():
+        if (self.sampler is not None and self.sampler.all_gone) or self.due():
             return self.refresh()
         return False
 
@@ -93,8 +93,8 @@ class Ranks:
         self.absent = False
         if self.fleet is None or {p.pid for p in fleet.procs} != {p.pid for p in self.fleet.procs}:
             self.fleet = fleet
-            if self.probe is not None:
-                self.probe = StackProbe(fleet, self.timeout)
+            if self.sampler is not None:
+                self.sampler = StackSampler(fleet, self.timeout)
         return False
 
     def heartbeats(self) -> dict[tuple[str, int], Heartbeat]:
