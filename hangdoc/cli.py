@@ -33,12 +33,12 @@ from .cliargs import (
     WINDOW_SECONDS,
     WORLD_SIZE,
     agent_list,
-    bounded_int,
     finite_float,
     listen_address,
     node_name,
     port,
     seconds,
+    whole_number,
 )
 from .errors import HangdocError, InternalError, UsageError, one_line
 
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     output = _Parser(add_help=False)
     output.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    output.add_argument("--width", type=bounded_int(WIDTH_COLUMNS), default=None, help="terminal width for the report")
+    output.add_argument("--width", type=whole_number(WIDTH_COLUMNS), default=None, help="terminal width for the report")
     files = output.add_argument_group("report files (docs/reports.md)")
     files.add_argument(
         "--html", metavar="FILE", help="also write a self-contained HTML report with the merged tree to explore"
@@ -161,8 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
         "it tells only whether the agent is serving",
     )
     agent.add_argument("--replay", metavar="FILE", help=argparse.SUPPRESS)  # benchmarks: serve a saved snapshot
-    agent.add_argument("--replay-rank-offset", type=bounded_int(RANK_OFFSET), default=0, help=argparse.SUPPRESS)
-    agent.add_argument("--replay-world-size", type=bounded_int(WORLD_SIZE), default=None, help=argparse.SUPPRESS)
+    agent.add_argument("--replay-rank-offset", type=whole_number(RANK_OFFSET), default=0, help=argparse.SUPPRESS)
+    agent.add_argument("--replay-world-size", type=whole_number(WORLD_SIZE), default=None, help=argparse.SUPPRESS)
     agent.set_defaults(func=_cmd_agent)
 
     _add_watch(sub, auth)
@@ -262,7 +262,7 @@ def _add_watch(sub: argparse._SubParsersAction[_Parser], auth: _Parser) -> None:
     )
     stall.add_argument(
         "--warmup-steps",
-        type=bounded_int(WARMUP_STEPS),
+        type=whole_number(WARMUP_STEPS),
         default=5,
         metavar="N",
         help="steps before the steady-state timeout applies (default 5)",
@@ -319,7 +319,7 @@ def _add_watch(sub: argparse._SubParsersAction[_Parser], auth: _Parser) -> None:
     )
     act.add_argument(
         "--max-postpone",
-        type=bounded_int(MAX_POSTPONE),
+        type=whole_number(MAX_POSTPONE),
         default=3,
         metavar="N",
         help="a rank still working alone postpones the report up to N stall timeouts (default 3)",

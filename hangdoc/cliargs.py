@@ -91,7 +91,7 @@ def finite_float(bounds: tuple[float, float]) -> Callable[[str], float]:
     return _range_type(bounds[0], bounds[1], integer=False, unit="")
 
 
-def bounded_int(bounds: tuple[int, int]) -> Callable[[str], int]:
+def whole_number(bounds: tuple[int, int]) -> Callable[[str], int]:
     """A whole number (ASCII digits) within ``bounds``."""
     return _range_type(bounds[0], bounds[1], integer=True, unit="")
 

@@ -28,6 +28,8 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
+from .filekinds import file_kind
+
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -148,23 +150,12 @@ def _check_name(dir_fd: int, name: str) -> None:
             "Name the file itself (see `readlink -f`), or a new file.",
         )
     if not stat.S_ISREG(info.st_mode):
-        raise Refused(f"is {_kind(info.st_mode)}; hangdoc writes only regular files")
+        raise Refused(f"is {file_kind(info.st_mode)}; hangdoc writes only regular files")
     if info.st_uid != os.geteuid():
         raise Refused(
             f"belongs to {_owner(info.st_uid)}, not to this user; hangdoc replaces only its own files",
             "Remove the file first if it should go, or name a new file.",
         )
-
-
-def _kind(mode: int) -> str:
-    kinds = (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO (named pipe)"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    )
-    return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
 def _owner(uid: int) -> str:

@@ -15,6 +15,7 @@ import zlib
 from pathlib import Path
 
 from ..errors import BundleError
+from ..filekinds import file_kind
 from ..outfiles import Refused, check_target
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -31,8 +32,11 @@ _READ_CHUNK = 4 * 2**20
 
 
 def read_at_most(fd: int, limit: int) -> bytes | None:
-    """The rest of ``fd``, or None when it holds more than ``limit`` bytes. ``st_size`` can
-    lie (files in /proc say 0, a file can grow while read): the bytes are counted."""
+    """The rest of ``fd``, or None when it holds more than ``limit`` bytes: at once when its
+    size says so, else as it is read, since ``st_size`` can lie (files in /proc say 0, a
+    file can grow while read): the bytes are counted."""
+    if os.fstat(fd).st_size > limit:
+        return None
     chunks, total = [], 0
     while chunk := os.read(fd, min(_READ_CHUNK, limit + 1 - total)):
         chunks.append(chunk)
@@ -65,16 +69,6 @@ def _reason(err: Exception) -> str:
     return (err.strerror if isinstance(err, OSError) else None) or str(err)
 
 
-def _file_kind(mode: int) -> str:
-    kinds = (
-        (stat.S_ISFIFO, "a FIFO (named pipe)"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    )
-    return next((name for test, name in kinds if test(mode)), "not a regular file")
-
-
 def _read_file(path: Path) -> bytes:
     """The bytes of the regular file ``path``, at most ``MAX_FILE_BYTES`` of them.
 
@@ -91,13 +85,10 @@ def _read_file(path: Path) -> bytes:
         if stat.S_ISDIR(mode):
             raise BundleError(f"{path} is a directory; pass the snapshot file written by --save")
         if not stat.S_ISREG(mode):
-            raise BundleError(f"{path} is {_file_kind(mode)}, not a snapshot file; pass the file written by --save")
-        too_large = BundleError(f"{path}: larger than {_size(MAX_FILE_BYTES)}, more than any snapshot hangdoc writes")
-        if info.st_size > MAX_FILE_BYTES:
-            raise too_large
+            raise BundleError(f"{path} is {file_kind(mode)}, not a snapshot file; pass the file written by --save")
         raw = read_at_most(fd, MAX_FILE_BYTES)
         if raw is None:
-            raise too_large
+            raise BundleError(f"{path}: larger than {_size(MAX_FILE_BYTES)}, more than any snapshot hangdoc writes")
         return raw
     except OSError as err:
         raise BundleError(f"cannot read snapshot {path}: {_reason(err)}") from None

@@ -21,7 +21,14 @@ PACKAGE = REPO / "hangdoc"
 BUNDLE = ["files", "limits", "invalid", "stacks", "layout", "columns", "tables", "codec", "writer", "reader"]
 # the ground floor's own homes for what every floor uses: each imports only the standard
 # library (no hangdoc module, no third-party package)
-HOMES = {"hangdoc.model", "hangdoc.rankranges", "hangdoc.memo", "hangdoc.digits", "hangdoc.addresses"}
+HOMES = {
+    "hangdoc.model",
+    "hangdoc.rankranges",
+    "hangdoc.memo",
+    "hangdoc.digits",
+    "hangdoc.addresses",
+    "hangdoc.filekinds",
+}
 GROUND = {
     "hangdoc",
     "hangdoc.errors",

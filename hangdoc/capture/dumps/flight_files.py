@@ -28,6 +28,7 @@ from pathlib import Path
 from ... import __version__
 from ...bundle import read_at_most
 from ...errors import BundleError
+from ...filekinds import file_kind
 from ...model import FlightRecord, JobSnapshot, Note, RankProcess, RankSnapshot, RankSource
 from ..read.flight_recorder import MAX_ENTRIES, FlightRecordInvalid, read_dump
 
@@ -42,6 +43,9 @@ _MAX_NAMES = 1_000_000  # names looked at in the directory, dumps or not
 _LISTED = 8  # files named in a note
 _RANK_AT_END = re.compile(r"(\d+)(?:\.json|\.pkl|\.pickle)?$")
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+_SPECIAL = "a special file"  # a kind of file without a name of its own here
 
 
 class FlightDirError(BundleError):
@@ -182,16 +186,13 @@ def _read(dir_fd: int, name: str, seen: dict[tuple[int, int], str]) -> bytes:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise _Refused(f"{_file_kind(info.st_mode)}, not a regular file")
+            raise _Refused(f"{file_kind(info.st_mode, _SPECIAL)}, not a regular file")
         first = seen.setdefault((info.st_dev, info.st_ino), name)
         if first != name:
             raise _Refused(f"the same file as {_shown(first)}")
-        too_large = _Refused(f"larger than {MAX_FILE_BYTES >> 20} MiB, more than any flight recorder dump")
-        if info.st_size > MAX_FILE_BYTES:
-            raise too_large
         raw = read_at_most(fd, MAX_FILE_BYTES)
         if raw is None:
-            raise too_large
+            raise _Refused(f"larger than {MAX_FILE_BYTES >> 20} MiB, more than any flight recorder dump")
         return raw
     except OSError as err:
         raise _Refused(err.strerror or str(err)) from None
@@ -201,20 +202,9 @@ def _read(dir_fd: int, name: str, seen: dict[tuple[int, int], str]) -> bytes:
 
 def _kind_of(item: os.DirEntry[str]) -> str:
     try:
-        return _file_kind(item.stat(follow_symlinks=False).st_mode)
+        return file_kind(item.stat(follow_symlinks=False).st_mode, _SPECIAL)
     except OSError:  # gone since the listing
-        return "a special file"
-
-
-def _file_kind(mode: int) -> str:
-    kinds = (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO (named pipe)"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    )
-    return next((name for test, name in kinds if test(mode)), "a special file")
+        return _SPECIAL
 
 
 def _shown(name: str) -> str:
