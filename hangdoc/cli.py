@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-q",
         "--quiet",
         action="store_true",
-        help="nothing on stderr but errors (no progress messages, no live progress line)",
+        help="nothing on stderr but errors (no status messages, no live status line)",
     )
     _add_ray(diag, "the diagnosis")
     remote = diag.add_argument_group("agents (multi-node)")
@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument(
         "--open-health",
         action="store_true",
-        help="answer the gRPC health service without the token (Kubernetes gRPC probes); "
+        help="answer the gRPC health service without the token (Kubernetes' gRPC health checks); "
         "it tells only whether the agent is serving",
     )
     agent.add_argument("--replay", metavar="FILE", help=argparse.SUPPRESS)  # benchmarks: serve a saved snapshot
@@ -207,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(frame lines or tracebacks under labels such as `rank 3:`); `-` reads "
         "standard input",
     )
-    ana.add_argument("-q", "--quiet", action="store_true", help="nothing on stderr but errors (no live progress line)")
+    ana.add_argument("-q", "--quiet", action="store_true", help="nothing on stderr but errors (no live status line)")
     ana.set_defaults(func=_cmd_analyze)
     return parser
 
@@ -516,7 +516,7 @@ def _stderr_watch(_level: Level, msg: str) -> None:
 
 def _stderr_hang_only(level: Level, msg: str) -> None:
     """``--quiet``: a hang and its report, what the watch could not do, and the watch
-    stopping early; never its progress or warnings. Chosen by the message's level alone."""
+    stopping early; never its status messages or warnings. Chosen by the message's level alone."""
     from .watch.config import Level
 
     if level in (Level.HANG, Level.ERROR, Level.STOP):

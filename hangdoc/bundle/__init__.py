@@ -85,7 +85,7 @@ The files, each importing only those above it:
 from __future__ import annotations
 
 from ..model import MAX_WORLD_SIZE
-from .files import MAX_FILE_BYTES, MAX_JSON_BYTES, check_save_path, read_at_most, read_input
+from .files import MAX_FILE_BYTES, MAX_JSON_BYTES, check_save_path, read_input
 from .layout import BUNDLE_SCHEMA_VERSION, KIND, TABLED
 from .limits import (
     MAX_RECORDS,
@@ -115,7 +115,6 @@ __all__ = [
     "StackTable",
     "check_save_path",
     "load_snapshot",
-    "read_at_most",
     "read_input",
     "save_snapshot",
     "snapshot_bytes",

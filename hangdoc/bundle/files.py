@@ -1,10 +1,9 @@
 """A bundle's bytes, read safely, and the path to save one to, refused early.
 
 Only regular files are opened (never blocking on a FIFO or reading ``/dev/zero``), read up
-to ``MAX_FILE_BYTES`` and, when they are gzip data, inflated up to ``MAX_JSON_BYTES``;
-``read_at_most`` counts the bytes of any descriptor (capture reads dumps and flight records
-with it). Paths to write to are checked by ``hangdoc.outfiles``. Imports no other file of
-this package.
+to ``MAX_FILE_BYTES`` (opened and counted by ``hangdoc.safefiles``) and, when they are gzip
+data, inflated up to ``MAX_JSON_BYTES``. Paths to write to are checked by
+``hangdoc.outfiles``. Imports no other file of this package.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from pathlib import Path
 from ..errors import BundleError
 from ..filekinds import file_kind
 from ..outfiles import Refused, check_target
+from ..safefiles import open_to_read, read_at_most
 
 _GZIP_MAGIC = b"\x1f\x8b"
 
@@ -28,22 +28,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 # of zeros would otherwise inflate to 1 GB).
 MAX_FILE_BYTES = 512 * 2**20
 MAX_JSON_BYTES = 512 * 2**20
-_READ_CHUNK = 4 * 2**20
-
-
-def read_at_most(fd: int, limit: int) -> bytes | None:
-    """The rest of ``fd``, or None when it holds more than ``limit`` bytes: at once when its
-    size says so, else as it is read, since ``st_size`` can lie (files in /proc say 0, a
-    file can grow while read): the bytes are counted."""
-    if os.fstat(fd).st_size > limit:
-        return None
-    chunks, total = [], 0
-    while chunk := os.read(fd, min(_READ_CHUNK, limit + 1 - total)):
-        chunks.append(chunk)
-        total += len(chunk)
-        if total > limit:
-            return None
-    return b"".join(chunks)
+_INFLATE_CHUNK = 4 * 2**20  # the most bytes one step of inflating gives
 
 
 def check_save_path(path: str | Path) -> None:
@@ -74,9 +59,8 @@ def _read_file(path: Path) -> bytes:
 
     Opened non-blocking, so that a FIFO is refused at once instead of waiting for a writer.
     """
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags)
+        fd = open_to_read(path)
     except (OSError, ValueError) as err:
         raise BundleError(f"cannot read snapshot {path}: {_reason(err)}") from None
     try:
@@ -107,7 +91,7 @@ def _gunzip(raw: bytes, path: Path) -> bytes:
         try:
             while not inflater.eof and total <= MAX_JSON_BYTES:
                 # max_length bounds each step's output; the input it left is unconsumed_tail
-                chunk = inflater.decompress(tail, min(_READ_CHUNK, MAX_JSON_BYTES + 1 - total))
+                chunk = inflater.decompress(tail, min(_INFLATE_CHUNK, MAX_JSON_BYTES + 1 - total))
                 tail = inflater.unconsumed_tail
                 if not chunk and not tail:
                     break  # the input ended before the stream did

@@ -105,7 +105,7 @@ class AgentConfig:
     insecure: bool = False
     dump_timeout: float = 5.0
     host: str | None = None  # the node name reported for its ranks (default: the host name)
-    open_health: bool = False  # answer grpc.health.v1 without the token (Kubernetes probes)
+    open_health: bool = False  # answer grpc.health.v1 without the token (Kubernetes' health checks)
     replay: str | None = None  # serve this saved snapshot instead of live processes (benchmarks)
     replay_rank_offset: int = 0
     replay_world_size: int | None = None
@@ -148,7 +148,7 @@ class TokenAuth(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ships
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         if self._open_health and details.method.startswith(_HEALTH):
-            return await continuation(details)  # opted in: kubelet gRPC probes carry no token
+            return await continuation(details)  # opted in: the kubelet's gRPC health checks carry no token
         for key, value in details.invocation_metadata or ():
             if key == "authorization":
                 given = value.encode() if isinstance(value, str) else value

@@ -186,7 +186,7 @@ class RemoteNode:
         request = pb.DevicesRequest(pids=list(pids), listen_seconds=listen, timeout_seconds=timeout, ras=ras)
         try:
             response = self._call(self._stub.Devices, request, timeout + listen + self.connect_timeout + 4.0)
-        except AgentError as err:  # an agent without the call: device state refines, never blocks
+        except AgentError as err:  # an agent without the call: GPU state refines, never blocks
             return NodeDevices(gpu_reason=f"its agent gave none: {err}", ras_reason=f"its agent gave none: {err}")
         wanted = set(pids)
         gpus = {

@@ -121,7 +121,7 @@ class ProbeReads:
 
 @dataclass(frozen=True)
 class NodeDevices:
-    """What a node tells of its ranks' devices: the GPUs of each pid (those NVML shows on
+    """What a node tells of its ranks' GPU state: the GPUs of each pid (those NVML shows on
     one), why GPU state is missing or partial, and NCCL's RAS report of the job when it was
     asked for, or why there is none worth saying ("" when the job does not use NCCL or no
     client is installed)."""
@@ -212,7 +212,7 @@ class LocalNode:
         return _ask_all(pids, lambda pid: budget.keep(probe_state(pid, timeout)), reads, who)
 
     def devices(self, pids: Sequence[int], *, listen: float, timeout: float, ras: bool) -> NodeDevices:
-        return read_devices(pids, listen=listen, timeout=timeout, ras=ras, host=self._host)
+        return read_gpu_state(pids, listen=listen, timeout=timeout, ras=ras, host=self._host)
 
 
 class ReplayNode:
@@ -328,12 +328,12 @@ def _ask_all(
         return dict(zip(pids, pool.map(ask, pids), strict=True))
 
 
-def read_devices(pids: Sequence[int], *, listen: float, timeout: float, ras: bool, host: str = "") -> NodeDevices:
+def read_gpu_state(pids: Sequence[int], *, listen: float, timeout: float, ras: bool, host: str = "") -> NodeDevices:
     """NVML and, with ``ras``, NCCL's RAS read at once on this node (``capture.read.gpu``,
     ``capture.read.ncclras``): each has its own deadline and says why it gave nothing."""
     if not pids:
         return NodeDevices()
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="hangdoc-devices") as pool:
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="hangdoc-gpu-state") as pool:
         asked = pool.submit(query_ras, pids, timeout, host) if ras else None
         reading = read_gpus(pids, listen=listen, timeout=timeout)
         query = asked.result() if asked is not None else RasQuery(None, quiet=True)

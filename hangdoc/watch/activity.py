@@ -262,7 +262,7 @@ class StackSampler:
         if not live:
             return []
         # a node that fails a round gives no samples: nothing changed there, and it is
-        # asked again next time (the report's capture records lost nodes, not the probe)
+        # asked again next time (the report's capture records lost nodes, not the sampler)
         taken = sample_all(
             self.fleet, time.monotonic() - self.t0, native=False, timeout=self.timeout, only=live
         ).samples

@@ -26,7 +26,7 @@ class Level(enum.Enum):
     """What a watch message is about: whoever prints the messages chooses by it."""
 
     INFO = "info"
-    """Progress: what is watched, where reports and metrics go, a stall suspected, dismissed
+    """Status: what is watched, where reports and metrics go, a stall suspected, dismissed
     or postponed, activity again after a report, ``--on-hang`` at work, the job's end."""
     WARNING = "warning"
     """Something beside the watch went wrong and the watch goes on as before: the metrics
@@ -45,7 +45,7 @@ Say = Callable[[Level, str], None]
 
 def messages(say: Say) -> Message:
     """``say`` for the diagnosis pipeline's one-line messages (a ``ray:`` job's workers and
-    agents): progress, ``Level.INFO``."""
+    agents): status, ``Level.INFO``."""
     return lambda text: say(Level.INFO, text)
 
 

@@ -50,12 +50,12 @@ def trigger_dict(trigger: Trigger, reason: str, diagnosis_seconds: float | None 
 
 def check_out(out: Path) -> None:
     """Refuse an ``--out`` that cannot take a report, before anything is started: create
-    the directory and a probe file in it (removed again)."""
+    the directory and a trial file in it (removed again)."""
     try:
         out.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".hangdoc-probe-", dir=out)
+        fd, trial = tempfile.mkstemp(prefix=".hangdoc-trial-", dir=out)
         os.close(fd)
-        os.unlink(probe)
+        os.unlink(trial)
     except OSError as err:
         raise UsageError(
             f"--out {out}: cannot write reports there: {_reason(err)}",

@@ -7,7 +7,7 @@ wires them: the job's activity and stall clocks (``pace``), the ``Loop`` that ch
 (``job``), the ``--on-hang exec`` commands (``hooks``) and the metrics page (``metrics``).
 It then runs one of two ways: ``WrappedRun`` starts the command after ``--``
 (``supervisor``) and passes its output through untouched; ``AttachedRun`` watches the rank
-processes of a running job (``ranks``). Messages go through ``say``.
+processes of a running job (``tracked``). Messages go through ``say``.
 
 A bug in hangdoc (an internal error) never harms the job beyond what ``--on-hang`` asks.
 One while responding to a stall is contained there (``respond``): one line, the report

@@ -293,8 +293,8 @@ def test_nobody_sees_only_its_own_processes_and_no_root_file(area, victims, agen
 def test_a_user_namespace_buys_no_ptrace_rights(area, victims, agent) -> None:
     nothing = area / "work" / "nothing.py"
     nothing.write_text("")
-    probe = subprocess.run(AS_NOBODY + _in_userns(area) + [str(nothing)], check=False, capture_output=True)
-    if probe.returncode != 0:
+    trial = subprocess.run(AS_NOBODY + _in_userns(area) + [str(nothing)], check=False, capture_output=True)
+    if trial.returncode != 0:
         pytest.skip("this kernel lets no unprivileged user make a user namespace")
     _as_nobody_through_agent(area, victims, agent, userns=True)
 

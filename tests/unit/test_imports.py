@@ -28,6 +28,7 @@ HOMES = {
     "hangdoc.digits",
     "hangdoc.addresses",
     "hangdoc.filekinds",
+    "hangdoc.safefiles",
 }
 GROUND = {
     "hangdoc",

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ... import __version__
-from ...bundle import read_at_most, read_input, snapshot_from_bytes
+from ...bundle import read_input, snapshot_from_bytes
 from ...errors import DumpFileError
 from ...model import (
     MAX_WORLD_SIZE,
@@ -42,6 +42,7 @@ from ...model import (
     RankSnapshot,
     Sample,
 )
+from ...safefiles import read_at_most
 from ..find.redact import redact_argv
 from .dumpcondensed import describe, looks_condensed, parse_condensed
 from .dumped import ProcessDump

@@ -26,10 +26,10 @@ import stat
 from pathlib import Path
 
 from ... import __version__
-from ...bundle import read_at_most
 from ...errors import BundleError
 from ...filekinds import file_kind
 from ...model import FlightRecord, JobSnapshot, Note, RankProcess, RankSnapshot, RankSource
+from ...safefiles import open_to_read, read_at_most
 from ..read.flight_recorder import MAX_ENTRIES, FlightRecordInvalid, read_dump
 
 # torch 2.13 (gloo, TORCH_FR_BUFFER_SIZE=2000, stacks on) writes 255 kB of pickle for a full
@@ -42,7 +42,6 @@ MAX_DIR_ENTRIES = 500_000  # a kept entry costs about 500 bytes: 250 MB
 _MAX_NAMES = 1_000_000  # names looked at in the directory, dumps or not
 _LISTED = 8  # files named in a note
 _RANK_AT_END = re.compile(r"(\d+)(?:\.json|\.pkl|\.pickle)?$")
-_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 _SPECIAL = "a special file"  # a kind of file without a name of its own here
@@ -178,7 +177,7 @@ def _read(dir_fd: int, name: str, seen: dict[tuple[int, int], str]) -> bytes:
     """The bytes of the regular file ``name`` in the directory, opened without following a
     link or blocking; ``_Refused`` for anything else, or a file already read."""
     try:
-        fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
+        fd = open_to_read(name, dir_fd=dir_fd, follow_links=False)
     except OSError as err:
         raise _Refused(
             "a symbolic link, not followed" if err.errno == errno.ELOOP else err.strerror or str(err)

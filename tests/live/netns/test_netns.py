@@ -213,15 +213,15 @@ def test_cut_leaves_other_nodes_connected(prefix: str) -> None:
                     time.sleep(0.1)
         """)
 
-        def probe(i: int) -> str:
+        def reach_from(i: int) -> str:
             argv = [sys.executable, "-c", reach, nodes.ip(0)]
             return nodes.run(i, argv, capture_output=True, text=True, timeout=20).stdout.strip()
 
-        assert probe(1) == "ok"
+        assert reach_from(1) == "ok"
         nodes.cut([2])
-        assert probe(1) == "ok"
+        assert reach_from(1) == "ok"
         started = time.monotonic()
-        assert probe(2) == "timeout"
+        assert reach_from(2) == "timeout"
         assert time.monotonic() - started < 10
 
 

@@ -318,7 +318,7 @@ AT_ITEM = [*LOOP, make_frame("train.py:train_step:40", code="loss_value = loss.i
 
 
 def device_one_site() -> JobSnapshot:
-    """Every rank spins at the same ``.item()`` on a GPU (tests/unit/analysis/test_device_waits)."""
+    """Every rank spins at the same ``.item()`` on a GPU (tests/unit/analysis/test_host_sync)."""
     return make_snapshot(
         [make_rank(r, AT_ITEM, world_size=4, active=True, cpu_per_sample=0.5, env=GPU) for r in range(4)]
     )

@@ -1,4 +1,4 @@
-"""Progress on stderr (``hangdoc.report.status``): a live line on a terminal, the plain
+"""Status on stderr (``hangdoc.report.status``): a live line on a terminal, the plain
 one-line messages elsewhere and with --json, nothing with --quiet; the report untouched.
 
 ``hangdoc diagnose`` runs here against a ``ReplayNode`` serving a hand-made 4-rank

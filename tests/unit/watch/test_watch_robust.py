@@ -110,7 +110,7 @@ def test_an_out_that_cannot_be_written_is_refused_before_the_command_starts(kind
     assert "Traceback" not in done.stderr
 
 
-def test_a_good_out_is_created_and_the_probe_removed(tmp_path: Path) -> None:
+def test_a_good_out_is_created_and_the_trial_file_removed(tmp_path: Path) -> None:
     out = tmp_path / "new" / "hangs"
     done = _run([*WATCH, "--out", str(out), "--", "true"], tmp_path)
     assert done.returncode == 0, done.stderr

@@ -437,9 +437,9 @@ def _as_nobody() -> list[str]:
 def importable_by_nobody() -> Iterator[str]:
     """A PYTHONPATH from which the unprivileged user can import hangdoc: the checkout, or a
     0755 copy of the package in a temporary directory (removed after)."""
-    probe = [*_as_nobody(), sys.executable, "-c", "import hangdoc.cli"]
+    trial = [*_as_nobody(), sys.executable, "-c", "import hangdoc.cli"]
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)}
-    if subprocess.run(probe, env=env, capture_output=True, timeout=60, check=False).returncode == 0:
+    if subprocess.run(trial, env=env, capture_output=True, timeout=60, check=False).returncode == 0:
         yield str(ROOT)
         return
     copy = tempfile.mkdtemp(prefix="hangdoc-nobody-")

@@ -12,7 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hangdoc.capture.find.rankenv import select_env
 from hangdoc.capture.find.redact import (
+    _DIAGNOSTIC_VARS,
     REDACTED,
     is_secret_name,
     redact_argv,
@@ -478,3 +480,10 @@ def test_secret_never_leaves_env(shape, secret: str) -> None:
     name, value = shape(secret)
     ((out_name, out_value),) = redact_env([(name, value)])
     assert out_name == name and secret not in out_value
+
+
+def test_every_allow_listed_variable_is_one_a_rank_keeps() -> None:
+    # two lists on purpose: rankenv chooses the variables a rank keeps, redact those of them
+    # whose values are shown as they are; an allow-listed name never kept would be dead
+    kept = {name for name, _ in select_env(dict.fromkeys(_DIAGNOSTIC_VARS, "1"))}
+    assert kept == set(_DIAGNOSTIC_VARS)

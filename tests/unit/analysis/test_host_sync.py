@@ -1,4 +1,4 @@
-"""Ranks blocked at a host sync wait for device work (``analysis.device``), never compute.
+"""Ranks blocked at a host sync wait for device work (``analysis.host_sync``), never compute.
 
 There is no GPU here: the snapshots are built by hand in the shapes public reports of hung
 NCCL jobs show.
