@@ -1,6 +1,6 @@
 """The pipeline: find the job's ranks on its nodes -> capture (adaptive window) -> analyse.
 
-Reporting is the CLI's, and so is showing progress: from the one-line messages
+Reporting is the CLI's, and so is showing its status: from the one-line messages
 (``Message``) and the state told before each step and after every round (``Status``).
 Sampling goes on for ``window`` seconds; when the evidence is still ambiguous (one rank
 busy while the others wait: a straggler, or a slow rank that will finish) it goes on, up
@@ -35,7 +35,7 @@ Message = Callable[[str], None]
 
 
 class Step(StrEnum):
-    """What a diagnosis is doing now; the value is how a progress display says it."""
+    """What a diagnosis is doing now; the value is how a status display says it."""
 
     FINDING = "finding the job's ranks"
     SAMPLING = "sampling stacks"
@@ -47,7 +47,7 @@ class Step(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Sampling:
-    """Where a diagnosis stands, for a live progress display: told before each step and
+    """Where a diagnosis stands, for a live status display: told before each step and
     after every sample round."""
 
     step: Step

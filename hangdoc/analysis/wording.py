@@ -489,7 +489,7 @@ def _members_elsewhere(
         "a collective on a group its caller passed completes once every member of the "
         f"group has entered it, so a member of the group of {rank_phrase(ranks_of(few))} is not in "
         "it, and every other rank is in the others' op: the order each rank issued its "
-        "ops (the flight recorder's sequence numbers, through `hangdoc probe`, or "
+        "ops (the flight recorder's sequence numbers, through the in-process probe: `hangdoc run -- CMD`, or "
         "TORCH_DISTRIBUTED_DEBUG=DETAIL logs) names the rank that skipped one"
     )
     return summary, evidence

@@ -4,7 +4,7 @@
 ``docs/json-schema.md``); ``terminal`` prints the human report with rich; ``html`` writes one
 self-contained page with the merged tree to explore (``--html``); ``graph`` writes the tree as
 DOT or SVG (``--dot``/``--svg``); ``files`` checks and writes their output paths;
-``progress`` shows, on stderr, what a long capture or analysis is doing (rounds, ranks
+``status`` shows, on stderr, what a long capture or analysis is doing (rounds, ranks
 captured; ``--quiet`` hides it). Reporters read ``Diagnosis.tree`` (the frozen
 ``model.CallTree`` the analysis built); none of them rebuilds the merged tree. They import
 only the ground floor (``model``, ``errors``, ``rankranges`` for rank sets, the package's

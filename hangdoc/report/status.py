@@ -32,7 +32,7 @@ from rich.text import Text
 from ..errors import one_line
 from .console import PlainConsole
 
-BUSY_AFTER = 1.0  # seconds a step with no progress of its own runs before it gets a live line
+BUSY_AFTER = 1.0  # seconds a step that tells nothing of its own runs before it gets a live line
 REFRESH_PER_SECOND = 8
 
 
@@ -155,7 +155,7 @@ class StatusDisplay:
 
     @contextmanager
     def busy(self, what: str, after: float = BUSY_AFTER) -> Iterator[Callable[[str], None]]:
-        """A step that tells no progress of its own: a live line saying ``what`` once it has
+        """A step that tells nothing of its own: a live line saying ``what`` once it has
         run ``after`` seconds. Yields a function that changes the words."""
         if not self.live:
             yield lambda _what: None

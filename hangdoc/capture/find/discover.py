@@ -31,7 +31,7 @@ from .jobsplit import Member, MultipleJobs, check_one_job, plural
 from .owners import by_owner, job_owner
 from .processes import ProcessTable, describe, read_process_table, withhold
 from .rankenv import env_int_notes
-from .ranks import (
+from .rankselect import (
     Selection,
     duplicate_notes,
     launcher_of,

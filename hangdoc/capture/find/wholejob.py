@@ -36,7 +36,7 @@ from .jobsplit import RendezvousKey, plural, rendezvous_key
 from .owners import listening_uids
 from .processes import ProcessTable, is_python
 from .rankenv import parse_env_int
-from .ranks import FoundRank
+from .rankselect import FoundRank
 
 AGENT_PORT = 7420  # `hangdoc agent`'s default port (cli: --listen 127.0.0.1:7420)
 _NODES_SHOWN = 16  # nodes named in the command line before "..."

@@ -25,7 +25,7 @@ from hangdoc.capture.find.processes import (
     read_process_table,
     stat_flags,
 )
-from hangdoc.capture.find.ranks import select_ranks
+from hangdoc.capture.find.rankselect import select_ranks
 from hangdoc.errors import JobNotFound, UsageError
 from hangdoc.model import NoteKind, RankSource
 

@@ -51,7 +51,7 @@ from hangdoc.capture.find.processes import (
     stat_flags,
 )
 from hangdoc.capture.find.rankenv import parse_env_int
-from hangdoc.capture.find.ranks import UNREADABLE_WITHHELD, WITHHELD_HELP, select_ranks
+from hangdoc.capture.find.rankselect import UNREADABLE_WITHHELD, WITHHELD_HELP, select_ranks
 from hangdoc.errors import HangdocError, JobNotFound, PermissionDenied, UsageError
 from hangdoc.model import MAX_WORLD_SIZE, NoteKind, RankSnapshot
 

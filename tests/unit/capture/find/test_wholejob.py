@@ -11,7 +11,7 @@ from hangdoc.capture.find import wholejob
 from hangdoc.capture.find.discover import MultipleJobs, discover
 from hangdoc.capture.find.jobspec import parse_job_spec
 from hangdoc.capture.find.processes import ProcInfo
-from hangdoc.capture.find.ranks import select_ranks
+from hangdoc.capture.find.rankselect import select_ranks
 from hangdoc.capture.find.wholejob import _expand_nodelist, elsewhere, elsewhere_note
 from hangdoc.model import Note, NoteKind, RankSource
 
