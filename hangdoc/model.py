@@ -574,6 +574,15 @@ class NoteKind(enum.Enum):
     NO_RANK_THERE = "no_rank_there"  # a node that answered and holds no rank of the job
     WINDOW = "window"  # the observation window extended, or ended still ambiguous
 
+    @classmethod
+    def read(cls, value: str) -> NoteKind:
+        """The kind ``value`` names, as a bundle or an agent wrote it; ``OTHER`` for a kind
+        of a newer hangdoc (only grouping reads a kind, so nothing is lost but that)."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.OTHER
+
 
 @dataclass(frozen=True, slots=True)
 class Note:

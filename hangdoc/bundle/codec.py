@@ -80,15 +80,14 @@ def _note_codec(mode: str) -> tuple[Encoder, Decoder]:
     encode_fields, decode_fields = _dataclass_codec(Note, mode)
 
     def encode(v: Note, t: Any) -> Any:
-        return v.text if v == Note(v.text) else encode_fields(v, t)
-
-    kinds = {kind.value for kind in NoteKind}
+        plain = v.kind is NoteKind.OTHER and not (v.node or v.pids or v.listed)
+        return v.text if plain else encode_fields(v, t)
 
     def decode(v: Any, t: _Tables) -> Note:
         if type(v) is str:
             return Note(v)
-        if type(v) is dict and type(v.get("kind")) is str and v["kind"] not in kinds:
-            v = {**v, "kind": NoteKind.OTHER.value}  # a newer hangdoc's kind: only grouping reads it
+        if type(v) is dict and type(v.get("kind")) is str:
+            v = {**v, "kind": NoteKind.read(v["kind"]).value}
         note: Note = decode_fields(v, t)
         return note
 

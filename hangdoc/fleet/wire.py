@@ -179,14 +179,9 @@ def discovery_from_proto(msg: pb.Discovery) -> Discovery:
 
 
 def _note(msg: pb.Note) -> Note:
-    """A note an agent sent; a kind this coordinator does not know (a newer agent's) is
-    ``OTHER``, and pids no process can have are left out."""
-    try:
-        kind = NoteKind(msg.kind)
-    except ValueError:
-        kind = NoteKind.OTHER
+    """A note an agent sent (``NoteKind.read`` its kind); pids no process can have are left out."""
     pids = tuple(p for p in msg.pids if 0 <= p <= PID_MAX)  # as a bundle allows: a dump's pid 0
-    return Note(msg.text, kind, pids=pids, listed=msg.listed)
+    return Note(msg.text, NoteKind.read(msg.kind), pids=pids, listed=msg.listed)
 
 
 def _elsewhere(msg: pb.Elsewhere) -> Elsewhere:
