@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import Any
 
 from .analysis.analyse import analyse
+from .analysis.beyond import needs_waits
 from .analysis.native import needs_native
 from .capture.find.jobspec import JobSpec, parse_job_spec
 from .capture.read.pyspy import find_pyspy
@@ -42,6 +43,7 @@ class Step(StrEnum):
     PROBES = "asking the ranks' probes"
     DEVICES = "reading GPU state"
     NATIVE = "taking native frames"
+    FOLLOWING = "following the waits past the ranks"
     ANALYSING = "analysing"
 
 
@@ -159,6 +161,11 @@ def observe(
         deeper = gather.take_native(time.monotonic() - t0, lambda n: tell(Step.NATIVE, native=shown.native + n))
         if deeper:
             say(f"took native frames of {len(deeper)} rank(s) whose Python stack cannot show where they wait")
+        if not gather.followed:
+            tell(Step.FOLLOWING)
+            followed = gather.follow(needs_waits, lambda: time.monotonic() - t0, options.interval)
+            if followed:
+                say(f"followed the ranks' waits to {followed} process(es) beyond the ranks")
         snapshot = devices.apply(gather.snapshot(elapsed))
         tell(Step.ANALYSING)
         diagnosis = analyse(snapshot)

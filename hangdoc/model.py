@@ -272,14 +272,47 @@ class CaptureError:
     message: str
 
 
+class WaitKind(enum.Enum):
+    """What a thread blocked in a system call waits on, by the call and its descriptor."""
+
+    PIPE = "pipe"
+    SOCKET = "socket"
+    LISTEN = "listen"  # a listening socket: a server waiting for connections, for work
+    FILE_LOCK = "file_lock"
+    FILE = "file"  # a read or write of a file or device that does not return
+    CHILD = "child"
+    THREAD = "thread"  # a futex: another thread of the process, or itself
+    POLL = "poll"  # several descriptors at once, not resolved
+    SLEEP = "sleep"
+    OTHER = "other"  # a call with no known meaning here, or one that is not a wait
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadWait:
+    """One thread's wait, read from the kernel (``capture.read.waits``): the call, what it
+    waits on and the processes at the other end (``peers``: pids the kernel's tables name,
+    among those the caller may read); ``target`` is the kernel's name for the object
+    (``pipe:[123]``, ``socket:[456]``, a path, ``pid 812``), "" where there is none."""
+
+    native_id: int  # the thread's kernel id (``ThreadStack.native_id``)
+    syscall: str
+    kind: WaitKind
+    fd: int | None = None
+    target: str = ""
+    peers: tuple[int, ...] = ()
+    remote: str = ""  # "HOST:PORT" of a TCP peer that is not a process of this node
+
+
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """One look at one process: its threads' stacks and its counters."""
+    """One look at one process: its threads' stacks and its counters, and, where they were
+    read, what its blocked threads wait on."""
 
     t: float  # seconds since the capture started
     threads: tuple[ThreadStack, ...] = ()
     state: ProcessState | None = None
     error: CaptureError | None = None
+    waits: tuple[ThreadWait, ...] = ()
 
     @property
     def gone(self) -> bool:
@@ -623,6 +656,9 @@ class JobSnapshot:
     # ranks read from dump files, where a rank absent from the files is not seen, never
     # missing: a file holds what someone dumped, not every process of a node
     nodes_searched: bool = True
+    # processes that are not ranks, sampled because a rank's wait leads to them (a server
+    # it reads from, a DataLoader worker, a child), and those they wait on in turn
+    beyond: tuple[RankSnapshot, ...] = ()
 
     def source(self, filename: str) -> SourceFile | None:
         for src in self.sources:
@@ -726,6 +762,9 @@ class Verdict(enum.Enum):
     """Ranks wait for a peer that has no process."""
     INIT_DEADLOCK = "init_deadlock"
     """Ranks are stuck in rendezvous / process-group creation with all processes present."""
+    EXTERNAL_WAIT = "external_wait"
+    """Every rank waits outside torch.distributed on something outside the job (a server, a
+    child process, a file lock): ``Diagnosis.root_cause`` names what holds them."""
     UNKNOWN = "unknown"
     """Not enough evidence; the report says what is missing."""
 
@@ -858,6 +897,56 @@ class Evidence:
         return f"rank {self.rank} {self.text}" if self.rank is not None else self.text
 
 
+class LinkKind(enum.Enum):
+    """How one process of a wait chain waits on the next (the JSON report's ``waits``)."""
+
+    COLLECTIVE = "collective"  # in a torch.distributed op, for the rank named next
+    SOCKET = "socket"
+    PIPE = "pipe"
+    QUEUE = "queue"  # a multiprocessing or thread queue: a pipe or a futex, by the frames
+    CHILD = "child"
+    RAY_TASK = "ray_task"
+    LOCK = "lock"  # a lock of its own process, or one shared with another process
+    FILE_LOCK = "file_lock"
+    THREAD = "thread"  # another thread of its process: a join, a Future, a futex
+    CONDITION = "condition"  # a Condition or Event nobody sets
+
+
+@dataclass(frozen=True, slots=True)
+class WaitLink:
+    """One step of a wait chain: a process (a rank, or a process ``JobSnapshot.beyond``
+    holds), the thread that waits, where, and on what (``on``: the kernel's words for it:
+    ``127.0.0.1:8000``, ``pipe:[123]``, ``rank 0``, a path). ``waits`` is None at the end
+    of a chain where the process does not wait on another one (it runs, or is blocked in
+    the kernel, a lock of its own or a sleep)."""
+
+    pid: int
+    host: str
+    rank: int | None
+    thread: str | None
+    frame: Frame | None
+    waits: LinkKind | None = None
+    on: str = ""
+    command: tuple[str, ...] = ()  # what it runs: its command line (redacted), at most 8 words
+
+
+@dataclass(frozen=True, slots=True)
+class RootCause:
+    """The process and thread at the end of the wait the ranks are in, and the links that
+    lead there from the ranks (the last link is the root itself). ``cycle``: the chain came
+    back to a process already in it: a deadlock across processes, the root one of them.
+    ``how`` says how each link was established, in the order of ``chain``."""
+
+    pid: int
+    host: str
+    rank: int | None
+    thread: str | None
+    frame: Frame | None
+    chain: tuple[WaitLink, ...]
+    cycle: bool = False
+    how: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class Diagnosis:
     """The result of analysis: a verdict, its culprits and the evidence."""
@@ -882,6 +971,9 @@ class Diagnosis:
     # short phrases: the evidence the verdict rests on, then what lowers the confidence
     basis: tuple[str, ...] = ()
     scope: Scope = field(default_factory=Scope)
+    # the process at the end of the wait (a server, a worker, a child), where the wait was
+    # followed past the ranks; None when no chain leaves the ranks
+    root_cause: RootCause | None = None
 
 
 @dataclass(frozen=True, slots=True)

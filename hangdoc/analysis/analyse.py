@@ -30,6 +30,7 @@ from ..model import (
 )
 from ..rankranges import ranges_text
 from . import classify, confidence, gpu_state, phrases
+from .beyond import chains_of
 from .finding import Told
 from .flight import match_flight
 from .host_sync import waits_for_device
@@ -210,6 +211,7 @@ def _analyse(snapshot: JobSnapshot) -> Diagnosis:
     coverage_unknown = not world_known and (len(present) == 1 or not snapshot.nodes_searched)
     others_unseen = not world_known and len(present) == 1  # its peers exist; nobody saw them
     told = Told(match_flight(snapshot), any(r.samples for r in snapshot.ranks), gpu_state.find(snapshot))
+    chains = chains_of(snapshot, views)
     result = classify.classify(
         views,
         sorted(missing),
@@ -217,6 +219,7 @@ def _analyse(snapshot: JobSnapshot) -> Diagnosis:
         others_unseen=others_unseen,
         told=told,
         notes=(elsewhere_note,) if elsewhere_note else (),
+        chains=chains,
     )
     judged = confidence.judge(
         result,
@@ -275,6 +278,7 @@ def _analyse(snapshot: JobSnapshot) -> Diagnosis:
         confidence=judged.confidence,
         basis=judged.basis,
         scope=scope_of(views, missing, unknown, (max(expected) + 1) if world_known and expected else None),
+        root_cause=result.root,
     )
 
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ..model import GIVEN_GROUP, WORLD_GROUP, DistOp, Evidence, Frame, OpKind, RankState, Verdict
+from ..waitwords import root_line, root_step
 from . import phrases, settle, wording
+from .beyond import Chain, root_cause
 from .facts import (
     AllReceive,
     CleanupStuck,
@@ -41,6 +43,7 @@ from .facts import (
     Unexplained,
     Unpaired,
     Unseen,
+    WaitsOutside,
     Working,
 )
 from .finding import Classification, Finding, Told
@@ -71,11 +74,12 @@ def classify(
     others_unseen: bool = False,
     told: Told | None = None,
     notes: Sequence[str] = (),
+    chains: Mapping[int, Chain] | None = None,
 ) -> Classification:
     """The verdict, decided once: the stack rules (``decide``) in words, then what the other
     sources make of it (``settle``), then the probes' evidence. ``notes`` are said after the
     stacks' own evidence."""
-    found = decide(views, missing, unknown, others_unseen=others_unseen)
+    found = decide(views, missing, unknown, others_unseen=others_unseen, chains=chains)
     summary, evidence = wording.words(found.facts)
     lines: list[str] = []
     if found.quiet_over is not None:
@@ -105,15 +109,31 @@ def classify(
     seen = {v.rank for v in views}
     result = settle.by_devices(result, told.devices, tuple(sorted(set(unknown) - seen)))
     probed = probe_lines(views)
-    return dataclasses.replace(result, evidence=(*result.evidence, *map(Evidence, probed))) if probed else result
+    if probed:
+        result = dataclasses.replace(result, evidence=(*result.evidence, *map(Evidence, probed)))
+    root = root_cause(chains, result.verdict, result.culprits, views) if chains else None
+    if root is None:
+        return result
+    return dataclasses.replace(
+        result,
+        evidence=(*result.evidence, Evidence(root_line(root))),
+        next_steps=(root_step(root), *result.next_steps),
+        root=root,
+    )
 
 
 def decide(
-    views: Sequence[RankView], missing: Sequence[int], unknown: Sequence[int], *, others_unseen: bool = False
+    views: Sequence[RankView],
+    missing: Sequence[int],
+    unknown: Sequence[int],
+    *,
+    others_unseen: bool = False,
+    chains: Mapping[int, Chain] | None = None,
 ) -> Finding:
     """Apply the rules in order; the first that fits gives the verdict. ``others_unseen``:
     the job has ranks nobody saw besides ``unknown`` (one rank's dump, and nothing says the
-    job's size): a claim about every rank cannot be made."""
+    job's size): a claim about every rank cannot be made. ``chains``: the waits of ranks
+    off CPU outside any op, followed past the ranks (``beyond``), by rank."""
     partial = bool(unknown) or others_unseen
     by_state: dict[RankState, list[RankView]] = defaultdict(list)
     for v in views:
@@ -182,8 +202,8 @@ def decide(
             [v.rank for v in outside],
             Straggling(outside, in_op),
             # a slow rank may still finish: observe longer; a lock-order deadlock seen in
-            # two samples cannot
-            ambiguous=not all(v.deadlocked for v in outside),
+            # two samples cannot, nor a wait that comes back to its rank across processes
+            ambiguous=not all(v.deadlocked or _in_cycle(v, chains) for v in outside),
             quiet_over=in_op,
         )
 
@@ -223,7 +243,28 @@ def decide(
         return Finding(Verdict.NCCL_TIMEOUT, [], Teardown(in_op), quiet_over=in_op)
     if in_op:
         return Finding(Verdict.NCCL_TIMEOUT, [], SameOp(in_op), quiet_over=in_op)
+    return _outside_only(views, outside, chains or {}, unknown if partial else None)
+
+
+def _outside_only(
+    views: Sequence[RankView], outside: Sequence[RankView], chains: Mapping[int, Chain], unknown: Sequence[int] | None
+) -> Finding:
+    """No rank in a distributed op. external_wait: every rank seen is off CPU on a wait that
+    leaves the ranks; over part of the job (``unknown`` not None), what the others do is not
+    known."""
+    if chains and outside and all(_waits_outside(v, chains) for v in views):
+        if unknown is not None:
+            return Finding(Verdict.UNKNOWN, [], WaitsOutside(outside, chains, True, unknown))
+        return Finding(Verdict.EXTERNAL_WAIT, [v.rank for v in outside], WaitsOutside(outside, chains))
     return Finding(Verdict.UNKNOWN, [], Unexplained(views))
+
+
+def _in_cycle(v: RankView, chains: Mapping[int, Chain] | None) -> bool:
+    return chains is not None and v.rank in chains and chains[v.rank].cycle
+
+
+def _waits_outside(v: RankView, chains: Mapping[int, Chain]) -> bool:
+    return v.state is RankState.BLOCKED and v.rank in chains and chains[v.rank].leaves_the_ranks
 
 
 def _not_hung(

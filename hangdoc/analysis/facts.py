@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..model import DistOp, Frame
+from .beyond import Chain
 from .structure import Structure
 from .views import RankView, op_keys
 
@@ -213,6 +214,18 @@ class Unexplained:
     views: Sequence[RankView]
 
 
+@dataclass(frozen=True)
+class WaitsOutside:
+    """No rank is in a distributed op; every rank seen is off CPU with a wait that leaves
+    the ranks (``chains``: by rank). ``partial``: the job has ranks nobody saw (``unknown``
+    where their numbers are known), which keep it from being a claim about the whole job."""
+
+    views: Sequence[RankView]
+    chains: Mapping[int, Chain]
+    partial: bool = False
+    unknown: Sequence[int] = ()
+
+
 Facts = (
     NothingCaptured
     | Progressing
@@ -232,4 +245,5 @@ Facts = (
     | SeenInOneOp
     | Teardown
     | ThreadsRace
+    | WaitsOutside
 )

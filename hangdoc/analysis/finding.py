@@ -8,7 +8,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..model import Evidence, Verdict
+from ..model import Evidence, RootCause, Verdict
 from .facts import Facts
 from .flight import FlightFinding
 from .gpu_state import DeviceFindings
@@ -101,3 +101,4 @@ class Classification:
     ambiguous: bool
     flight: FlightSaid | None = None
     devices: DevicesSaid | None = None
+    root: RootCause | None = None  # where the culprits' wait ends past the ranks (``beyond``)

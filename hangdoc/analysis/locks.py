@@ -172,7 +172,7 @@ def _acquired(code: str | None) -> str | None:
     return m.group("expr") if m else None
 
 
-def _waiting_frame(thread: ThreadStack) -> int | None:
+def lock_wait_frame(thread: ThreadStack) -> int | None:
     """The index of the frame where ``thread`` waits on a lock, or None."""
     if thread.active:
         return None
@@ -228,7 +228,7 @@ def _identity(expr: str, frame: Frame, found: FrameLocals | None) -> tuple[LockI
 def holds(thread: ThreadStack, sources: SourceIndex) -> list[Hold]:
     """The locks ``thread`` holds, by the blocks its frames are inside (module doc)."""
     found: list[Hold] = []
-    waiting = _waiting_frame(thread)
+    waiting = lock_wait_frame(thread)
     for index, frame in enumerate(thread.frames):
         if frame.native or not frame.line or frame.origin.kind not in (Origin.USER, Origin.LIBRARY):
             continue
@@ -276,7 +276,7 @@ def _held_exprs(lines: Lines, lineno: int, current: str) -> list[tuple[str, int]
 
 def waits_on_a_lock(sample: Sample) -> bool:
     """Some thread of ``sample`` waits on a lock: ``lock_graph`` has something to tell."""
-    return any(_waiting_frame(thread) is not None for thread in sample.threads)
+    return any(lock_wait_frame(thread) is not None for thread in sample.threads)
 
 
 def lock_graph(sample: Sample, sources: SourceIndex, op_of: Callable[[ThreadStack], DistOp | None]) -> LockGraph | None:
@@ -284,7 +284,7 @@ def lock_graph(sample: Sample, sources: SourceIndex, op_of: Callable[[ThreadStac
     thread waits on a lock. ``op_of`` tells the distributed op a holder thread is in."""
     waits: list[LockWait] = []
     for thread in sample.threads:
-        index = _waiting_frame(thread)
+        index = lock_wait_frame(thread)
         if index is None:
             continue
         frame = thread.frames[index]

@@ -19,6 +19,7 @@ from ..model import (
     Verdict,
 )
 from ..rankranges import rank_phrase
+from ..waitwords import waits_words, who
 from .facts import (
     AllReceive,
     CleanupStuck,
@@ -41,6 +42,7 @@ from .facts import (
     ThreadsRace,
     Unexplained,
     Unseen,
+    WaitsOutside,
     Working,
 )
 from .phrases import (
@@ -132,6 +134,13 @@ NEXT_STEPS: dict[Verdict, tuple[str, ...]] = {
         ),
         ("Relaunch with TORCH_DISTRIBUTED_DEBUG=DETAIL and TORCH_CPP_LOG_LEVEL=INFO to log rendezvous."),
     ),
+    Verdict.EXTERNAL_WAIT: (
+        (
+            "The ranks wait on a process outside torch.distributed (a server, a worker, a child): "
+            "see where the wait ends, above, and fix that process; the training code only waits."
+        ),
+        "Give the calls the ranks make to other processes a timeout, so that a stuck service fails the step loudly.",
+    ),
     Verdict.UNKNOWN: ("Run again with a longer window (--window) and native frames (--native).",),
 }
 
@@ -207,6 +216,20 @@ def _unexplained(f: Unexplained) -> Said:
         "No rank is in a distributed operation and nothing moves; hangdoc cannot tell why.",
         [f"rank {v.rank}: {describe_rank(v)}" for v in f.views],
     )
+
+
+def _waits_outside(f: WaitsOutside) -> Said:
+    ranks = [v.rank for v in f.views]
+    first = f.chains[ranks[0]]
+    lead = f"{rank_phrase(ranks)} {verb_for(ranks, 'waits', 'wait')} outside torch.distributed"
+    summary = f"External wait: {lead}, on {who(first.end)}."
+    if f.partial:
+        others = "its other ranks were"
+        if f.unknown:
+            others = f"{rank_phrase(f.unknown)} {verb_for(f.unknown, 'was', 'were')}"
+        summary = f"{lead}, on {who(first.end)}; {others} not seen, so whether the job waits there is not known."
+    evidence = [Evidence(waits_words(f.chains[r].links[0]) or "waits", r) for r in ranks]
+    return Said(summary, evidence)
 
 
 def _progressing(f: Progressing) -> Said:
@@ -698,6 +721,7 @@ _SAY: dict[type, Callable[[Any], Said]] = {
     Mismatch: _mismatch,
     SameOp: _same_op,
     Unexplained: _unexplained,
+    WaitsOutside: _waits_outside,
     DeviceWaits: _device_waits,
     SeenInOneOp: _seen_in_one_op,
     Teardown: _teardown,

@@ -26,6 +26,7 @@ from ..model import (
     Stack,
     ThreadCounters,
     ThreadStack,
+    ThreadWait,
 )
 from .limits import _FIELD_RANGES
 
@@ -37,7 +38,16 @@ BUNDLE_SCHEMA_VERSION = 2
 # The record types a version 2 bundle stores in tables: those a job has one of per rank,
 # per sample or per thread. Each must be a frozen dataclass with slots and no
 # ``__post_init__`` (``_table_spec`` checks): its rows are built with its slot setters.
-TABLED: tuple[type, ...] = (RankProcess, Sample, ProcessState, ThreadCounters, ThreadStack, FrameLocals, CaptureError)
+TABLED: tuple[type, ...] = (
+    RankProcess,
+    Sample,
+    ProcessState,
+    ThreadCounters,
+    ThreadStack,
+    FrameLocals,
+    CaptureError,
+    ThreadWait,
+)
 
 _STACK = Stack  # tuple[Frame, ...]: a stack index, never a table of its own
 

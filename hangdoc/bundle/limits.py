@@ -21,6 +21,7 @@ from ..model import (
     RasCommunicator,
     RasRank,
     ThreadCounters,
+    ThreadWait,
     Unreachable,
 )
 
@@ -55,6 +56,9 @@ _FIELD_RANGES: dict[tuple[type, str], tuple[int, int]] = {
     (Frame, "line"): (0, 2**31 - 1),
     (ProcessState, "num_threads"): (0, 2**31 - 1),
     (ThreadCounters, "native_id"): (0, PID_MAX),
+    (ThreadWait, "native_id"): (0, PID_MAX),
+    (ThreadWait, "peers"): (0, PID_MAX),
+    (ThreadWait, "fd"): (0, 2**31 - 1),
     (FrameLocals, "index"): (0, MAX_STACK_DEPTH - 1),
     (GpuState, "utilization_percent"): (0, 100),
     (RasRank, "comm_rank"): (0, MAX_WORLD_SIZE - 1),

@@ -66,7 +66,7 @@ from . import limits, wire
 from .callers import OPERATOR_BY_CERT, OPERATOR_BY_TOKEN, Caller, identify
 from .credfiles import check_tls, read_private, read_token
 from .limits import Lanes, OverQuota
-from .node import LocalNode, NodeDevices, ProbeAnswers, ReplayNode
+from .node import LocalNode, NodeDevices, ProbeAnswers, ReplayNode, Waited
 from .v1 import agent_pb2 as pb
 from .v1 import agent_pb2_grpc as pb_grpc
 from .wire import ERROR_HELP, ERROR_KIND
@@ -85,8 +85,8 @@ MAX_DUMP_TIMEOUT = 60.0
 MAX_SOURCE_FRAMES = 20_000
 # optional RPCs and evidence (AgentInfo.features); "probe-state": Flight carries each probe's
 # status, heartbeat and live exceptions besides its flight recorder dump
-FEATURES = ["sources", "heartbeats", "flight", "probe-state", "devices"]
-FEATURES_REPLAY = ["sources", "flight", "probe-state", "devices"]
+FEATURES = ["sources", "heartbeats", "flight", "probe-state", "devices", "waits"]
+FEATURES_REPLAY = ["sources", "flight", "probe-state", "devices", "waits"]
 MAX_XID_LISTEN = 10.0  # seconds a Devices call may listen for XID events
 _PROBE_STATUS = {
     ProbeStatus.ANSWERED: pb.PROBE_STATUS_ANSWERED,
@@ -189,6 +189,9 @@ class AgentService(pb_grpc.AgentServicer):
         self.seen: dict[int, set[str]] = {}
         # rank processes this agent found: the only ones Sample and Heartbeats look at
         self.found_pids: set[int] = set()
+        # processes that are not ranks, named by the kernel as the other end of a wait of a
+        # process above (Waits): Sample and Waits accept them too
+        self.named_pids: set[int] = set()
         self.node: LocalNode | ReplayNode = LocalNode(config.host)
         if config.replay:
             self.node = ReplayNode(
@@ -304,7 +307,28 @@ class AgentService(pb_grpc.AgentServicer):
             ras_reason=found.ras_reason,
         )
 
+    async def Waits(self, request: pb.WaitsRequest, context: grpc.aio.ServicerContext) -> pb.WaitsResponse:
+        caller = await self.caller(context)
+        found = await self._run(
+            context, caller, "Waits", f"pids={_pid_list(request.pids)}", self._waits, request, caller
+        )
+        return pb.WaitsResponse(
+            waits=[pb.PidWaits(pid=pid, waits=[wire.wait_to_proto(w) for w in ws]) for pid, ws in found.waits.items()],
+            peers=[wire.rank_process_to_proto(p) for p in found.peers.values()],
+        )
+
     # ------------------------------------------------------------ the work, in a thread
+
+    def _waits(self, request: pb.WaitsRequest, caller: Caller) -> Waited:
+        """The waits of found or named processes the caller may read; the peers it may read
+        are named, and accepted from then on."""
+        if len(request.pids) > MAX_PIDS_PER_CALL:
+            raise UsageError(f"{len(request.pids)} pids in one call; at most {MAX_PIDS_PER_CALL}")
+        known = self.found_pids | self.named_pids
+        pids = [pid for pid in dict.fromkeys(request.pids) if pid in known and caller.may_read(pid)]
+        found = self.node.waits(pids, None if caller.reads_all else caller.may_read)
+        self.named_pids.update(found.peers)
+        return found
 
     def _devices(self, request: pb.DevicesRequest, caller: Caller) -> NodeDevices:
         """NVML (and RAS when asked) for the found processes the caller may read."""
@@ -330,6 +354,7 @@ class AgentService(pb_grpc.AgentServicer):
             )
         found = self.node.find_ranks(spec, readable=None if caller.reads_all else caller.may_read)
         self.found_pids = {pid for pid in self.found_pids if psutil.pid_exists(pid)}
+        self.named_pids = {pid for pid in self.named_pids if psutil.pid_exists(pid)}
         self.found_pids.update(p.pid for p in found.ranks)
         for pid in [pid for pid in self.seen if pid not in self.found_pids]:
             del self.seen[pid]
@@ -367,7 +392,7 @@ class AgentService(pb_grpc.AgentServicer):
         return wire.samples_to_proto(samples, found)
 
     def _refusal(self, pid: int, caller: Caller) -> CaptureError | None:
-        if pid not in self.found_pids:
+        if pid not in self.found_pids and pid not in self.named_pids:
             return CaptureError(
                 CaptureErrorKind.PTRACE_DENIED, f"pid {pid} is not a rank process this agent found (FindRanks first)"
             )

@@ -8,7 +8,7 @@ values with the agent's address in them: the coordinator lists such a node as un
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -34,12 +34,15 @@ from ..model import (
 from ..probe import MAX_EXCEPTIONS
 from . import wire
 from .credfiles import check_tls, read_private
-from .node import NodeDevices, ProbeAnswers
+from .node import NodeDevices, ProbeAnswers, Waited
 from .v1 import agent_pb2 as pb
 from .v1 import agent_pb2_grpc as pb_grpc
 from .wire import ERROR_HELP, ERROR_KIND
 
 _Response = TypeVar("_Response")
+MAX_THREADS_WAITING = 4096  # waits kept of one process's answer
+MAX_PEERS = 1024  # peer processes kept of one answer
+
 _PROBE_STATUS = {
     pb.PROBE_STATUS_ANSWERED: ProbeStatus.ANSWERED,
     pb.PROBE_STATUS_NO_PROBE: ProbeStatus.NO_PROBE,
@@ -201,6 +204,27 @@ class RemoteNode:
             except RasReportInvalid as err:
                 ras_reason = f"its agent sent a RAS report hangdoc cannot read: {err}"
         return NodeDevices(gpus, response.gpu_reason[:600], report, ras_reason)
+
+    def waits(self, pids: Sequence[int]) -> Waited:
+        """What the agent reads of ``pids``' waits; nothing from an agent without the call
+        (older than the "waits" feature): the wait is then not followed on its node."""
+        try:
+            response = self._call(self._stub.Waits, pb.WaitsRequest(pids=list(pids)), 10.0 + self.connect_timeout)
+        except AgentError:
+            return Waited()
+        wanted = set(pids)
+        waits = {
+            w.pid: tuple(wire.wait_from_proto(x) for x in w.waits[:MAX_THREADS_WAITING])
+            for w in response.waits
+            if w.pid in wanted
+        }
+        named = {p for ws in waits.values() for w in ws for p in w.peers}
+        peers = {}
+        for msg in response.peers[:MAX_PEERS]:
+            proc = wire.rank_process_from_proto(msg)
+            if proc.pid in named:
+                peers[proc.pid] = replace(proc, host=self.name, rank=None)
+        return Waited(waits, peers)
 
     def close(self) -> None:
         self._channel.close()

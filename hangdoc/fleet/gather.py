@@ -31,6 +31,7 @@ from ..model import (
 )
 from .coordinator import Fleet, Round, fan_out, sample_all
 from .devices import JobDevices, gather_devices
+from .follow import Beyond, NeedsWaits, follow_waits
 from .node import Node
 from .probes import JobProbes, ask_probes
 
@@ -67,6 +68,8 @@ class Gather:
         self.asked: set[tuple[int, str, int | None]] = set()  # (node, file, line) sources asked for
         self.deepened: set[int] = set()  # ranks given their one native sample
         self.probes = JobProbes({})
+        self.beyond = Beyond()  # processes followed past the ranks
+        self.followed = False
 
     def live(self) -> set[int]:
         return {i for i, s in enumerate(self.samples) if not (s and s[-1].gone)}
@@ -111,6 +114,33 @@ class Gather:
         self.notes.append(Note(f"native frames taken of pid(s) {', '.join(map(str, pids))}", pids=pids))
         return pids
 
+    def follow(self, needs_waits: NeedsWaits, clock: Callable[[], float], pause: float) -> int:
+        """Once: what the live ranks that ``needs_waits`` wait on, followed past the ranks
+        (``fleet.follow``), with the source lines of the followed processes' frames; how
+        many processes were followed."""
+        if self.followed:
+            return 0
+        self.followed = True
+        wanted = {
+            i: ids
+            for i in sorted(self.live())
+            if (ids := needs_waits(self.samples[i], self.fleet.placed[i][1], self._code))
+        }
+        if not wanted:
+            return 0
+        self.beyond, notes = follow_waits(self.fleet, self.samples, wanted, clock, pause=pause, timeout=self.timeout)
+        self.notes += notes
+        wanted_sources: dict[int, tuple[Node, dict[int, list[Frame]]]] = {}
+        for node, proc, samples in self.beyond.held.values():
+            fresh = [f for s in samples for f in self._unseen(node, s.threads)]
+            if fresh:
+                wanted_sources.setdefault(id(node), (node, {}))[1].setdefault(proc.pid, []).extend(fresh)
+        nodes = [node for node, _ in wanted_sources.values()]
+        for _, found, _ in fan_out(nodes, lambda n: _sources_of(n, wanted_sources[id(n)][1]), 10.0):
+            for src in found or ():
+                self.sources.setdefault(src.filename, {}).update(src.lines)
+        return len(self.beyond.held)
+
     def note(self, note: Note) -> None:
         self.notes.append(note)
 
@@ -129,6 +159,7 @@ class Gather:
             hangdoc_version=__version__,
             notes=(*self.fleet.notes, *self.probes.notes, *self.notes),
             sources=tuple(SourceFile(f, tuple(sorted(lines.items()))) for f, lines in sorted(self.sources.items())),
+            beyond=self.beyond.snapshots(),
         )
 
     def _rank(self, i: int, proc: RankProcess, samples: list[Sample]) -> RankSnapshot:
@@ -182,3 +213,10 @@ def _refused(samples: list[list[Sample]]) -> PermissionDenied | None:
             f"ptrace was refused for all {len(last)} rank process(es): {last[0].error.message}"  # type: ignore[union-attr]
         )
     return None
+
+
+def _sources_of(node: Node, wanted: dict[int, list[Frame]]) -> tuple[SourceFile, ...]:
+    try:
+        return node.sources(wanted)
+    except Exception:  # noqa: BLE001 - a followed process's source lines are a nicety
+        return ()

@@ -17,6 +17,7 @@ from typing import Protocol
 
 from ..capture.find.discover import Discovery, discover
 from ..capture.find.jobspec import JobSpec
+from ..capture.find.peers import peer_processes
 from ..capture.read.gpu import read_gpus
 from ..capture.read.heartbeat_files import read_processes
 from ..capture.read.ncclras import RasQuery, query_ras
@@ -24,6 +25,7 @@ from ..capture.read.probe_client import probe_heartbeat, probe_state
 from ..capture.read.sample import sample_round
 from ..capture.read.source import collect_sources, merge_sources
 from ..capture.read.sourcefs import SourceReader
+from ..capture.read.waits import process_waits
 from ..model import (
     Frame,
     GpuState,
@@ -36,6 +38,7 @@ from ..model import (
     RankProcess,
     Sample,
     SourceFile,
+    ThreadWait,
 )
 
 # what each of ``pids``' probe told (its flight recorder dump, heartbeat, live exceptions)
@@ -132,6 +135,23 @@ class NodeDevices:
     ras_reason: str = ""
 
 
+@dataclass(frozen=True)
+class Waited:
+    """What the blocked threads of some processes wait on (``capture.read.waits``), and the
+    processes at the other ends that are on this node, described (``capture.find.peers``):
+    the next processes to sample when a wait is followed."""
+
+    waits: dict[int, tuple[ThreadWait, ...]] = field(default_factory=dict)
+    peers: dict[int, RankProcess] = field(default_factory=dict)
+
+
+def read_waits(pids: Sequence[int], host: str, readable: Callable[[int], bool] | None = None) -> Waited:
+    """``Waited`` for ``pids``, as a caller who may read ``readable`` processes sees them."""
+    waits = process_waits(pids, readable or (lambda _pid: True))
+    named = {p for ws in waits.values() for w in ws for p in w.peers} - set(pids)
+    return Waited(waits, peer_processes(sorted(named), host))
+
+
 class Node(Protocol):
     """A node of the job, local or behind an agent."""
 
@@ -163,6 +183,11 @@ class Node(Protocol):
     def devices(self, pids: Sequence[int], *, listen: float, timeout: float, ras: bool) -> NodeDevices:
         """The GPUs ``pids`` run on (NVML, listening ``listen`` seconds for XIDs), and with
         ``ras`` NCCL's RAS report of their job; within about ``timeout + listen`` seconds."""
+        ...
+
+    def waits(self, pids: Sequence[int]) -> Waited:
+        """What the blocked threads of ``pids`` (ranks, or processes an earlier answer named
+        as peers) wait on, and the processes of this node at the other ends."""
         ...
 
 
@@ -214,6 +239,10 @@ class LocalNode:
     def devices(self, pids: Sequence[int], *, listen: float, timeout: float, ras: bool) -> NodeDevices:
         return read_gpu_state(pids, listen=listen, timeout=timeout, ras=ras, host=self._host)
 
+    def waits(self, pids: Sequence[int], readable: Callable[[int], bool] | None = None) -> Waited:
+        """``readable``: the processes a restricted caller may see (None: all)."""
+        return read_waits(pids, self._host, readable)
+
 
 class ReplayNode:
     """A node that answers from a saved snapshot, for fan-out benchmarks and demos.
@@ -229,7 +258,7 @@ class ReplayNode:
         self.snapshot = snapshot
         self.offset = rank_offset
         self.world = world_size or snapshot.world_size
-        self.by_pid = {r.process.pid: r for r in snapshot.ranks}
+        self.by_pid = {r.process.pid: r for r in (*snapshot.ranks, *snapshot.beyond)}
         self.rounds: dict[int, int] = {}
 
     @property
@@ -288,6 +317,17 @@ class ReplayNode:
         gpus = {pid: r.gpus for pid in pids if (r := self.by_pid.get(pid)) is not None and r.gpus}
         report = self.snapshot.ras if ras else None
         return NodeDevices(gpus, "", report, "")
+
+    def waits(self, pids: Sequence[int], readable: Callable[[int], bool] | None = None) -> Waited:
+        """The waits of the snapshot's last samples, and its processes beyond the ranks."""
+        beyond = {r.process.pid: r for r in self.snapshot.beyond}
+        waits = {}
+        for pid in pids:
+            r = self.by_pid.get(pid)
+            if r is not None and r.samples:
+                waits[pid] = r.samples[-1].waits
+        named = {p for ws in waits.values() for w in ws for p in w.peers}
+        return Waited(waits, {p: replace(beyond[p].process, host=self._host) for p in named if p in beyond})
 
 
 class _EntryBudget:

@@ -40,6 +40,8 @@ from ..model import (
     Stack,
     ThreadCounters,
     ThreadStack,
+    ThreadWait,
+    WaitKind,
 )
 from .v1 import agent_pb2 as pb
 
@@ -77,6 +79,11 @@ _ERROR_KIND_TO_PB = {
     CaptureErrorKind.PYSPY_FAILED: pb.CAPTURE_ERROR_KIND_PYSPY_FAILED,
 }
 _ERROR_KIND_FROM_PB = {v: k for k, v in _ERROR_KIND_TO_PB.items()}
+
+_WAIT_KIND_TO_PB = {kind: getattr(pb, f"WAIT_KIND_{kind.name}") for kind in WaitKind}
+_WAIT_KIND_FROM_PB = {v: k for k, v in _WAIT_KIND_TO_PB.items()}
+_PEERS_KEPT = 64  # peers kept of one thread's wait: a pipe many processes hold
+_WAITS_TEXT = 4096  # characters kept of a wait's call, target or address
 
 _NODES_KEPT = 64  # other node names kept from one agent's answer (a note shows 16)
 K = TypeVar("K")
@@ -291,6 +298,38 @@ def _sample_to_proto(sample: Sample, out: pb.Sample, table: StackTable) -> None:
     if sample.error is not None:
         out.error.kind = _lookup(_ERROR_KIND_TO_PB, sample.error.kind, "CaptureErrorKind")
         out.error.message = sample.error.message
+    out.waits.extend(wait_to_proto(w) for w in sample.waits)
+
+
+def wait_to_proto(wait: ThreadWait) -> pb.ThreadWait:
+    msg = pb.ThreadWait(
+        native_id=wait.native_id,
+        syscall=wait.syscall,
+        kind=_lookup(_WAIT_KIND_TO_PB, wait.kind, "WaitKind"),
+        target=wait.target,
+        peers=wait.peers,
+        remote=wait.remote,
+    )
+    if wait.fd is not None:
+        msg.fd = wait.fd
+    return msg
+
+
+def wait_from_proto(msg: pb.ThreadWait) -> ThreadWait:
+    """A wait as an agent sent it; pids out of range are errors (never a guessed process)."""
+    for pid in (msg.native_id, *msg.peers):
+        if not 0 <= pid <= PID_MAX:
+            raise AgentApiError(f"a wait names pid {pid}, outside 0..{PID_MAX}")
+    fd = _opt_int(msg, "fd")
+    return ThreadWait(
+        native_id=msg.native_id,
+        syscall=msg.syscall[:_WAITS_TEXT],
+        kind=_lookup(_WAIT_KIND_FROM_PB, msg.kind, "WaitKind"),
+        fd=fd if fd is not None and 0 <= fd < 2**31 else None,
+        target=msg.target[:_WAITS_TEXT],
+        peers=tuple(msg.peers[:_PEERS_KEPT]),
+        remote=msg.remote[:_WAITS_TEXT],
+    )
 
 
 def samples_to_proto(
@@ -346,7 +385,8 @@ def _sample_from_proto(msg: pb.Sample, stacks: list[Stack]) -> Sample:
         kind = _lookup(_ERROR_KIND_FROM_PB, msg.error.kind, "CaptureErrorKind")
         error = CaptureError(kind=kind, message=msg.error.message)
     state = _state_from_proto(msg.state) if msg.HasField("state") else None
-    return Sample(t=msg.t, threads=tuple(threads), state=state, error=error)
+    waits = tuple(wait_from_proto(w) for w in msg.waits)
+    return Sample(t=msg.t, threads=tuple(threads), state=state, error=error, waits=waits)
 
 
 def samples_from_proto(msg: pb.SampleResponse) -> dict[int, Sample]:

@@ -36,6 +36,7 @@ from ..model import (
     NcclRasReport,
     RankAnalysis,
     RankProcess,
+    RootCause,
     Scope,
     StackGroup,
     Unreachable,
@@ -143,11 +144,45 @@ def _report(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
         "observed_seconds": _finite(float(diagnosis.observed_seconds)),
         "partial": diagnosis.partial,
         "scope": _scope(diagnosis.scope),
+        "root_cause": _root(diagnosis.root_cause),
         "captured_at": snapshot.captured_at,
         "notes": [note.words() for note in snapshot.notes],
         **({"nccl_ras": _ras(snapshot.ras)} if snapshot.ras is not None else {}),
         "hangdoc_version": __version__,
         "schema_version": SCHEMA_VERSION,
+    }
+
+
+def _where(frame: Frame | None) -> str | None:
+    return f"{frame.filename}:{frame.line or 0}" if frame is not None else None
+
+
+def _root(root: RootCause | None) -> dict[str, Any] | None:
+    """The process at the end of the wait, and the links from the ranks to it."""
+    if root is None:
+        return None
+    return {
+        "pid": root.pid,
+        "host": root.host,
+        "rank": root.rank,
+        "thread": root.thread,
+        "frame": _where(root.frame),
+        "command": list(root.chain[-1].command),
+        "cycle": root.cycle,
+        "chain": [
+            {
+                "pid": link.pid,
+                "host": link.host,
+                "rank": link.rank,
+                "thread": link.thread,
+                "waits": link.waits.value if link.waits is not None else None,
+                "on": link.on,
+                "frame": _where(link.frame),
+                "command": list(link.command),
+                "how": how,
+            }
+            for link, how in zip(root.chain, root.how, strict=False)
+        ],
     }
 
 
@@ -240,6 +275,7 @@ def undiagnosed_to_json_dict(spec: str, error: str, help: str, *, noticed: str, 
         "observed_seconds": 0.0,
         "partial": True,
         "scope": _scope(Scope()),
+        "root_cause": None,
         "captured_at": captured_at,
         "notes": [f"diagnosis failed: {error}"],
         "hangdoc_version": __version__,

@@ -64,11 +64,14 @@ from ..model import (
     NoteKind,
     RankAnalysis,
     RankState,
+    RootCause,
+    ThreadStack,
     TreeNode,
     Unreachable,
     Verdict,
 )
 from ..rankranges import count_text, cut_ranges, ranks_label, scope_text
+from ..waitwords import waits_words, who
 
 _VERDICT_STYLE = {Verdict.NOT_HUNG: "bold green", Verdict.UNKNOWN: "bold yellow"}
 _HANG_STYLE = "bold red"
@@ -131,6 +134,7 @@ def render(
             console.print(_rank_table(diagnosis.ranks, culprits))
         else:
             console.print(_class_table(diagnosis.ranks, culprits))
+    _section(console, "Wait chain (where the ranks' wait ends)", _chain(diagnosis.root_cause, snapshot))
     _section(console, "Evidence", _bullets(_evidence(diagnosis.evidence)))
     _section(console, "Next steps", _numbered(diagnosis.next_steps))
     _section(console, "Unreachable", _unreachable(snapshot))
@@ -599,6 +603,44 @@ def _op_text(op: DistOp | None) -> str:
 
 
 # ---------------------------------------------------------------------- sections
+
+
+_END_FRAMES = 8  # frames of the root's thread shown under the chain, innermost last
+
+
+def _chain(root: RootCause | None, snapshot: JobSnapshot) -> list[Text]:
+    """The links from the ranks to the process that holds the wait, then that thread's stack."""
+    if root is None:
+        return []
+    lines = []
+    for i, link in enumerate(root.chain):
+        last = i == len(root.chain) - 1
+        head = Text.assemble(("▶ " if last else "  "), (_text(who(link)), _CULPRIT_STYLE if last else ""))
+        if last:
+            head.append("   ◀ root cause", _CULPRIT_STYLE)
+        lines.append(head)
+        said = waits_words(link)
+        if said:
+            back = "   ↺ back into the chain: a deadlock across processes" if last and root.cycle else ""
+            lines.append(Text.assemble("    └─ ", _text(said), (back, "yellow")))
+    thread = _root_thread(root, snapshot)
+    if thread is not None:
+        lines.append(Text(f"    stack of thread '{root.thread}' (innermost last):", "dim"))
+        for frame in [f for f in thread.frames if not f.native][-_END_FRAMES:]:
+            where = f"{frame.function} ({frame.short_filename}:{frame.line or '?'})"
+            lines.append(Text("      " + _text(where)))
+            if frame.code:
+                lines.append(Text("        " + _text(frame.code), "dim"))
+    return lines
+
+
+def _root_thread(root: RootCause, snapshot: JobSnapshot) -> ThreadStack | None:
+    for proc in (*snapshot.beyond, *snapshot.ranks):
+        if proc.process.pid == root.pid and proc.process.host == root.host:
+            good = proc.good_samples
+            if good:
+                return next((t for t in good[-1].threads if (t.name or str(t.thread_id)) == root.thread), None)
+    return None
 
 
 def _section(console: Console, title: str, lines: list[Text]) -> None:

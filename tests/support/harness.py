@@ -37,6 +37,7 @@ FAKE_SRUN = TESTS_DIR / "launchers" / "fake_srun.py"
 
 MODES = ("direct", "torchrun", "spawn", "slurm", "netns")
 VERDICTS = (
+    "external_wait",
     "not_hung",
     "cleanup_deadlock",
     "collective_mismatch",

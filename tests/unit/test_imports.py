@@ -29,6 +29,7 @@ HOMES = {
     "hangdoc.addresses",
     "hangdoc.filekinds",
     "hangdoc.safefiles",
+    "hangdoc.waitwords",
 }
 GROUND = {
     "hangdoc",

@@ -13,6 +13,10 @@ number and its arguments. The arguments name what it waits on:
   process ``/proc/locks`` names as holding a lock on the file;
 - an ``epoll_wait``'s descriptor lists the descriptors it watches (``fdinfo``'s ``tfd``);
 - ``wait4``/``waitid``: a child process (a pid, or any child: the process's children);
+- ``poll``/``ppoll``/``select``/``pselect6`` on a few descriptors: the descriptors are read
+  from the waiting process's memory (``/proc/PID/mem``, readable by whoever may trace it:
+  the same right py-spy needs), and a wait on one pipe or socket is a wait on it (a
+  ``multiprocessing`` queue's ``get`` polls its pipe: the DataLoader's data queue);
 - ``futex``: another thread of the same process (a lock, a condition: the stacks tell).
 
 Nothing is read on a process's say-so: every pid comes from the kernel's tables, and a
@@ -23,11 +27,12 @@ sure (as the sampler does) before concluding anything.
 
 from __future__ import annotations
 
-import enum
 import os
 import platform
+import struct
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+
+from ...model import ThreadWait, WaitKind
 
 # System call numbers by machine (the kernel's tables: arch/x86/entry/syscalls/syscall_64.tbl,
 # include/uapi/asm-generic/unistd.h for arm64).
@@ -35,13 +40,14 @@ _X86_64 = {
     0: "read", 1: "write", 7: "poll", 17: "pread64", 19: "readv", 23: "select", 35: "nanosleep",
     42: "connect", 43: "accept", 44: "sendto", 45: "recvfrom", 46: "sendmsg", 47: "recvmsg",
     61: "wait4", 72: "fcntl", 73: "flock", 202: "futex", 230: "clock_nanosleep", 232: "epoll_wait",
-    247: "waitid", 270: "pselect6", 271: "ppoll", 281: "epoll_pwait", 288: "accept4", 441: "epoll_pwait2",
+    219: "restart_syscall", 247: "waitid", 270: "pselect6", 271: "ppoll", 281: "epoll_pwait", 288: "accept4",
+    441: "epoll_pwait2",
 }  # fmt: skip
 _AARCH64 = {
     22: "epoll_pwait", 25: "fcntl", 32: "flock", 63: "read", 64: "write", 65: "readv", 67: "pread64",
     72: "pselect6", 73: "ppoll", 95: "waitid", 98: "futex", 101: "nanosleep", 115: "clock_nanosleep",
-    202: "accept", 203: "connect", 206: "sendto", 207: "recvfrom", 211: "sendmsg", 212: "recvmsg",
-    242: "accept4", 260: "wait4", 441: "epoll_pwait2",
+    128: "restart_syscall", 202: "accept", 203: "connect", 206: "sendto", 207: "recvfrom", 211: "sendmsg",
+    212: "recvmsg", 242: "accept4", 260: "wait4", 441: "epoll_pwait2",
 }  # fmt: skip
 SYSCALLS = {"x86_64": _X86_64, "aarch64": _AARCH64}.get(platform.machine(), {})
 
@@ -55,44 +61,29 @@ _P_PID = 1  # waitid's idtype for one pid
 _WATCHED = 8  # descriptors of one epoll set resolved
 
 
-class WaitKind(enum.Enum):
-    """What a blocked thread waits on."""
-
-    PIPE = "pipe"
-    SOCKET = "socket"
-    FILE_LOCK = "file_lock"
-    FILE = "file"  # a read or write of a file or device that does not return
-    CHILD = "child"
-    THREAD = "thread"  # a futex: another thread of the process, or itself
-    POLL = "poll"  # several descriptors at once, not resolved
-    SLEEP = "sleep"
-    OTHER = "other"  # a call with no known meaning here, or one that is not a wait
+# ``Wait`` is the model's ``ThreadWait``: a thread's wait, as a value.
+Wait = ThreadWait
 
 
-@dataclass(frozen=True, slots=True)
-class Wait:
-    """One thread's wait: the call, what it waits on and the processes at the other end
-    (``peers``: pids the kernel's tables name, those the caller may read); ``target`` is
-    the kernel's name for the object (``pipe:[123]``, ``socket:[456]``, a path, a
-    ``HOST:PORT`` off the node, ``pid 812``), "" where there is none."""
-
-    native_id: int
-    syscall: str
-    kind: WaitKind
-    fd: int | None = None
-    target: str = ""
-    peers: tuple[int, ...] = ()
-    remote: str = ""  # "HOST:PORT" of a TCP peer that is not a process of this node
+def process_waits(
+    pids: Iterable[int], readable: Callable[[int], bool] = lambda _pid: True
+) -> dict[int, tuple[Wait, ...]]:
+    """``thread_waits`` of several processes, with one scan of ``/proc/*/fd`` for them all
+    (made only when a pipe, socket or lock needs its other end named)."""
+    table = _Holders()
+    return {pid: thread_waits(pid, readable, table) for pid in pids}
 
 
-def thread_waits(pid: int, readable: Callable[[int], bool] = lambda _pid: True) -> tuple[Wait, ...]:
+def thread_waits(
+    pid: int, readable: Callable[[int], bool] = lambda _pid: True, table: _Holders | None = None
+) -> tuple[Wait, ...]:
     """The waits of ``pid``'s threads that are blocked in a system call; () when the process
     cannot be read. ``readable`` says which processes the caller may see as peers."""
     try:
         tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if t.isdigit())
     except OSError:
         return ()
-    table = _Holders()
+    table = table if table is not None else _Holders()
     waits = []
     for tid in tids:
         call = read_syscall(pid, tid)
@@ -129,7 +120,12 @@ def _wait_of(
     if call == "futex":
         return Wait(tid, call, WaitKind.THREAD)
     if call in _POLL:
-        return Wait(tid, call, WaitKind.POLL)
+        return _on_poll(pid, tid, call, args, table, readable)
+    if call == "restart_syscall" and _polled(pid, "poll", args, strict=True):
+        # a timed poll that a ptrace stop (py-spy's pause) interrupted goes on as
+        # restart_syscall, its argument registers untouched: read as a poll where they hold
+        # an array of pollfd of open descriptors, each waiting for some event
+        return _on_poll(pid, tid, "poll", args, table, readable)
     if call in _SLEEP:
         return Wait(tid, call, WaitKind.SLEEP)
     return Wait(tid, call, WaitKind.OTHER)
@@ -146,6 +142,8 @@ def _on_fd(pid: int, tid: int, call: str, fd: int, table: _Holders, readable: Ca
         ends = [p for p, f in table.holders(link) if p != pid and _writes(p, f) is not writing]
         return Wait(tid, call, WaitKind.PIPE, fd, link, _shown(ends, readable))
     if link.startswith("socket:"):
+        if _listening(pid, link):
+            return Wait(tid, call, WaitKind.LISTEN, fd, link)
         peers, remote = _socket_peer(pid, link, table)
         return Wait(tid, call, WaitKind.SOCKET, fd, link, _shown(peers, readable), remote)
     return Wait(tid, call, WaitKind.FILE, fd, link)
@@ -157,6 +155,54 @@ def _on_epoll(pid: int, tid: int, call: str, epfd: int, table: _Holders, readabl
     if len(watched) != 1:
         return Wait(tid, call, WaitKind.POLL, epfd, f"{len(watched)} pipe(s)/socket(s)" if watched else "")
     return _on_fd(pid, tid, call, watched[0], table, readable)
+
+
+def _on_poll(
+    pid: int, tid: int, call: str, args: tuple[int, ...], table: _Holders, readable: Callable[[int], bool]
+) -> Wait:
+    """A poll or select on one pipe or socket is a wait on it; on more, or unreadable: a poll."""
+    fds = _polled(pid, call, args)
+    watched = [fd for fd in fds if (_link(pid, fd) or "").startswith(("pipe:", "socket:"))]
+    if len(watched) != 1:
+        return Wait(tid, call, WaitKind.POLL, None, f"{len(watched)} pipe(s)/socket(s)" if watched else "")
+    return _on_fd(pid, tid, call, watched[0], table, readable)
+
+
+def _polled(pid: int, call: str, args: tuple[int, ...], strict: bool = False) -> list[int]:
+    """The descriptors a ``poll``/``ppoll`` (an array of ``struct pollfd``: int fd, short
+    events, short revents) or a ``select``/``pselect6`` (a read set of ``nfds`` bits)
+    waits on, read from the process's memory; [] for more than ``_WATCHED`` or unreadable."""
+    if call in ("poll", "ppoll"):
+        count = args[1]
+        if args[0] < 4096:  # the first page is never mapped: not a pointer
+            return []
+        if not 0 < count <= _WATCHED:
+            return []
+        raw = _memory(pid, args[0], 8 * count)
+        if raw is None:
+            return []
+        entries = list(struct.iter_unpack("=ihh", raw))
+        if strict and not all(fd >= 0 and events and _link(pid, fd) is not None for fd, events, _ in entries):
+            return []
+        return [fd for (fd, _events, _revents) in entries if fd >= 0]
+    nfds = args[0]
+    if not 0 < nfds <= 1024 or not args[1]:
+        return []
+    raw = _memory(pid, args[1], (nfds + 7) // 8)
+    if raw is None:
+        return []
+    fds = [fd for fd in range(nfds) if raw[fd // 8] >> (fd % 8) & 1]
+    return fds if len(fds) <= _WATCHED else []
+
+
+def _memory(pid: int, address: int, size: int) -> bytes | None:
+    try:
+        with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+            mem.seek(address)
+            raw = mem.read(size)
+    except (OSError, OverflowError, ValueError):
+        return None
+    return raw if len(raw) == size else None
 
 
 def _epoll_targets(pid: int, epfd: int) -> list[int]:
@@ -218,6 +264,17 @@ def _socket_peer(pid: int, link: str, table: _Holders) -> tuple[list[int], str]:
     theirs = [r[2] for r in rows if r[0] == remote and r[1] == local]
     peers = [p for i in theirs for p, _ in table.holders(f"socket:[{i}]") if p != pid]
     return peers, "" if theirs else _address(remote)
+
+
+def _listening(pid: int, link: str) -> bool:
+    """A TCP socket in the LISTEN state (the tables' ``st`` column, 0A): waiting for work."""
+    inode = link[len("socket:[") : -1]
+    for table in ("tcp", "tcp6"):
+        for line in (_read(f"/proc/{pid}/net/{table}") or "").splitlines()[1:]:
+            cols = line.split()
+            if len(cols) >= 10 and cols[9] == inode:
+                return cols[3] == "0A"
+    return False
 
 
 def _tcp_rows(pid: int) -> list[tuple[str, str, str]]:

@@ -24,6 +24,20 @@ class CaptureErrorKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CAPTURE_ERROR_KIND_PYSPY_MISSING: _ClassVar[CaptureErrorKind]
     CAPTURE_ERROR_KIND_PYSPY_FAILED: _ClassVar[CaptureErrorKind]
 
+class WaitKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WAIT_KIND_UNSPECIFIED: _ClassVar[WaitKind]
+    WAIT_KIND_PIPE: _ClassVar[WaitKind]
+    WAIT_KIND_SOCKET: _ClassVar[WaitKind]
+    WAIT_KIND_FILE_LOCK: _ClassVar[WaitKind]
+    WAIT_KIND_FILE: _ClassVar[WaitKind]
+    WAIT_KIND_CHILD: _ClassVar[WaitKind]
+    WAIT_KIND_THREAD: _ClassVar[WaitKind]
+    WAIT_KIND_POLL: _ClassVar[WaitKind]
+    WAIT_KIND_SLEEP: _ClassVar[WaitKind]
+    WAIT_KIND_OTHER: _ClassVar[WaitKind]
+    WAIT_KIND_LISTEN: _ClassVar[WaitKind]
+
 class ProbeStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PROBE_STATUS_UNSPECIFIED: _ClassVar[ProbeStatus]
@@ -41,6 +55,17 @@ CAPTURE_ERROR_KIND_NOT_PYTHON: CaptureErrorKind
 CAPTURE_ERROR_KIND_TIMEOUT: CaptureErrorKind
 CAPTURE_ERROR_KIND_PYSPY_MISSING: CaptureErrorKind
 CAPTURE_ERROR_KIND_PYSPY_FAILED: CaptureErrorKind
+WAIT_KIND_UNSPECIFIED: WaitKind
+WAIT_KIND_PIPE: WaitKind
+WAIT_KIND_SOCKET: WaitKind
+WAIT_KIND_FILE_LOCK: WaitKind
+WAIT_KIND_FILE: WaitKind
+WAIT_KIND_CHILD: WaitKind
+WAIT_KIND_THREAD: WaitKind
+WAIT_KIND_POLL: WaitKind
+WAIT_KIND_SLEEP: WaitKind
+WAIT_KIND_OTHER: WaitKind
+WAIT_KIND_LISTEN: WaitKind
 PROBE_STATUS_UNSPECIFIED: ProbeStatus
 PROBE_STATUS_ANSWERED: ProbeStatus
 PROBE_STATUS_NO_PROBE: ProbeStatus
@@ -267,16 +292,36 @@ class CaptureError(_message.Message):
     def __init__(self, kind: _Optional[_Union[CaptureErrorKind, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Sample(_message.Message):
-    __slots__ = ("t", "threads", "state", "error")
+    __slots__ = ("t", "threads", "state", "error", "waits")
     T_FIELD_NUMBER: _ClassVar[int]
     THREADS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    WAITS_FIELD_NUMBER: _ClassVar[int]
     t: float
     threads: _containers.RepeatedCompositeFieldContainer[ThreadStack]
     state: ProcessState
     error: CaptureError
-    def __init__(self, t: _Optional[float] = ..., threads: _Optional[_Iterable[_Union[ThreadStack, _Mapping]]] = ..., state: _Optional[_Union[ProcessState, _Mapping]] = ..., error: _Optional[_Union[CaptureError, _Mapping]] = ...) -> None: ...
+    waits: _containers.RepeatedCompositeFieldContainer[ThreadWait]
+    def __init__(self, t: _Optional[float] = ..., threads: _Optional[_Iterable[_Union[ThreadStack, _Mapping]]] = ..., state: _Optional[_Union[ProcessState, _Mapping]] = ..., error: _Optional[_Union[CaptureError, _Mapping]] = ..., waits: _Optional[_Iterable[_Union[ThreadWait, _Mapping]]] = ...) -> None: ...
+
+class ThreadWait(_message.Message):
+    __slots__ = ("native_id", "syscall", "kind", "fd", "target", "peers", "remote")
+    NATIVE_ID_FIELD_NUMBER: _ClassVar[int]
+    SYSCALL_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    FD_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_FIELD_NUMBER: _ClassVar[int]
+    native_id: int
+    syscall: str
+    kind: WaitKind
+    fd: int
+    target: str
+    peers: _containers.RepeatedScalarFieldContainer[int]
+    remote: str
+    def __init__(self, native_id: _Optional[int] = ..., syscall: _Optional[str] = ..., kind: _Optional[_Union[WaitKind, str]] = ..., fd: _Optional[int] = ..., target: _Optional[str] = ..., peers: _Optional[_Iterable[int]] = ..., remote: _Optional[str] = ...) -> None: ...
 
 class PidSample(_message.Message):
     __slots__ = ("pid", "sample")
@@ -461,3 +506,25 @@ class DevicesResponse(_message.Message):
     ras_output: str
     ras_reason: str
     def __init__(self, ranks: _Optional[_Iterable[_Union[RankGpus, _Mapping]]] = ..., gpu_reason: _Optional[str] = ..., ras_output: _Optional[str] = ..., ras_reason: _Optional[str] = ...) -> None: ...
+
+class WaitsRequest(_message.Message):
+    __slots__ = ("pids",)
+    PIDS_FIELD_NUMBER: _ClassVar[int]
+    pids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, pids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PidWaits(_message.Message):
+    __slots__ = ("pid", "waits")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    WAITS_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    waits: _containers.RepeatedCompositeFieldContainer[ThreadWait]
+    def __init__(self, pid: _Optional[int] = ..., waits: _Optional[_Iterable[_Union[ThreadWait, _Mapping]]] = ...) -> None: ...
+
+class WaitsResponse(_message.Message):
+    __slots__ = ("waits", "peers")
+    WAITS_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    waits: _containers.RepeatedCompositeFieldContainer[PidWaits]
+    peers: _containers.RepeatedCompositeFieldContainer[RankProcess]
+    def __init__(self, waits: _Optional[_Iterable[_Union[PidWaits, _Mapping]]] = ..., peers: _Optional[_Iterable[_Union[RankProcess, _Mapping]]] = ...) -> None: ...

@@ -70,6 +70,11 @@ class AgentStub:
                 request_serializer=hangdoc_dot_v1_dot_agent__pb2.DevicesRequest.SerializeToString,
                 response_deserializer=hangdoc_dot_v1_dot_agent__pb2.DevicesResponse.FromString,
                 _registered_method=True)
+        self.Waits = channel.unary_unary(
+                '/hangdoc.v1.Agent/Waits',
+                request_serializer=hangdoc_dot_v1_dot_agent__pb2.WaitsRequest.SerializeToString,
+                response_deserializer=hangdoc_dot_v1_dot_agent__pb2.WaitsResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -131,6 +136,16 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Waits(self, request, context):
+        """What the blocked threads of processes wait on (hangdoc.capture.read.waits): rank
+        processes this agent found, or processes an earlier Waits answer named as peers; and
+        the processes of this node at the other ends that the caller may read, which Sample
+        then accepts (feature "waits").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -168,6 +183,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Devices,
                     request_deserializer=hangdoc_dot_v1_dot_agent__pb2.DevicesRequest.FromString,
                     response_serializer=hangdoc_dot_v1_dot_agent__pb2.DevicesResponse.SerializeToString,
+            ),
+            'Waits': grpc.unary_unary_rpc_method_handler(
+                    servicer.Waits,
+                    request_deserializer=hangdoc_dot_v1_dot_agent__pb2.WaitsRequest.FromString,
+                    response_serializer=hangdoc_dot_v1_dot_agent__pb2.WaitsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -360,6 +380,33 @@ class Agent:
             '/hangdoc.v1.Agent/Devices',
             hangdoc_dot_v1_dot_agent__pb2.DevicesRequest.SerializeToString,
             hangdoc_dot_v1_dot_agent__pb2.DevicesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Waits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hangdoc.v1.Agent/Waits',
+            hangdoc_dot_v1_dot_agent__pb2.WaitsRequest.SerializeToString,
+            hangdoc_dot_v1_dot_agent__pb2.WaitsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,171 @@
+"""Follow the wait past the ranks: read what the ranks that wait outside torch.distributed
+wait on, sample the processes at the other ends (a server, a DataLoader worker, a child),
+then what those wait on, to a bounded depth and breadth.
+
+Which ranks, and which of their threads, is the analysis's question (``NeedsWaits``,
+``analysis.beyond.needs_waits``, passed in by ``diagnose.py``): a plain job whose ranks all
+wait in collectives costs nothing here. Every pid followed comes from the kernel's tables on
+the node that holds the process (``Node.waits``); a process is followed on that node only,
+and one that is a rank is never sampled twice. Each process followed gets two samples, the
+window's ``interval`` apart, so that the analysis can tell one that waits from one that
+moves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ..model import Frame, Note, NoteKind, RankProcess, RankSnapshot, Sample, ThreadWait
+from .coordinator import Fleet, fan_out
+from .node import Node, Waited
+
+# the native ids of a rank's threads whose waits are worth following (empty: none): its
+# samples so far, its process, and a frame's source line
+NeedsWaits = Callable[[Sequence[Sample], RankProcess, Callable[[Frame], str | None]], frozenset[int]]
+
+# Bounds on one diagnosis's following. A wait chain in the jobs this is for is short: a
+# trainer -> a server -> its scheduler thread, a rank -> a DataLoader worker -> a file, a
+# trainer -> a Ray actor -> a server. Four links past the ranks hold them with room; the
+# breadth bounds are what keep a rank that reads from many processes (DataLoader's result
+# queue is written by every worker) from sampling a node's every process.
+MAX_DEPTH = 4  # processes past a rank, along one chain
+MAX_FOLLOWED = 16  # processes sampled beyond the ranks in one diagnosis
+MAX_PEERS_EACH = 4  # processes followed from one process's waits
+
+
+@dataclass
+class Beyond:
+    """The processes followed so far, by (node name, pid), with their samples."""
+
+    held: dict[tuple[str, int], tuple[Node, RankProcess, list[Sample]]] = field(default_factory=dict)
+
+    def snapshots(self) -> tuple[RankSnapshot, ...]:
+        return tuple(RankSnapshot(proc, tuple(samples)) for _, proc, samples in self.held.values())
+
+
+def follow_waits(
+    fleet: Fleet,
+    samples: list[list[Sample]],
+    wanted: dict[int, frozenset[int]],
+    clock: Callable[[], float],
+    *,
+    pause: float,
+    timeout: float,
+) -> tuple[Beyond, list[Note]]:
+    """Read the waits of ``wanted`` ranks' threads (index into ``fleet.placed`` -> native
+    ids) into their last samples (``samples`` is changed in place), follow them; the
+    processes followed, and what is worth saying about it."""
+    beyond = Beyond()
+    notes: list[Note] = []
+    ranks = {(node.name, proc.pid) for node, proc in fleet.placed}
+    by_node: dict[int, tuple[Node, list[int]]] = {}
+    for i in sorted(wanted):
+        node, proc = fleet.placed[i]
+        by_node.setdefault(id(node), (node, []))[1].append(proc.pid)
+    answers = _ask(list(by_node.values()), notes)
+    index = {(node.name, proc.pid): i for i, (node, proc) in enumerate(fleet.placed)}
+    frontier: list[tuple[Node, RankProcess]] = []
+    for node, waited in answers:
+        for pid, waits in waited.waits.items():
+            i = index[(node.name, pid)]
+            kept = tuple(w for w in waits if w.native_id in wanted[i])
+            if samples[i]:
+                samples[i][-1] = dataclasses.replace(samples[i][-1], waits=kept)
+            frontier += _next(node, kept, waited, ranks, beyond, frontier)
+    depth = 0
+    while frontier and depth < MAX_DEPTH:
+        depth += 1
+        _sample(frontier, beyond, clock(), timeout)
+        answers = _ask(_group(frontier), notes)
+        frontier = []
+        for node, waited in answers:
+            for pid, waits in waited.waits.items():
+                _set_waits(beyond, node, pid, waits)
+                frontier += _next(node, waits, waited, ranks, beyond, frontier)
+    if frontier:
+        notes.append(Note(f"waits followed {MAX_DEPTH} processes deep and no further", NoteKind.OTHER))
+    if beyond.held:
+        time.sleep(pause)  # a second look, so that a process that moves is not taken for one that waits
+        followed = [(node, proc) for node, proc, _ in beyond.held.values()]
+        _sample(followed, beyond, clock(), timeout)
+        for node, waited in _ask(_group(followed), notes):
+            for pid, waits in waited.waits.items():
+                _set_waits(beyond, node, pid, waits)
+        pids = tuple(sorted(pid for _, pid in beyond.held))
+        notes.append(
+            Note(
+                f"followed the waits of {len(wanted)} rank(s) to {len(pids)} process(es) beyond the ranks",
+                NoteKind.OTHER,
+                pids=pids,
+            )
+        )
+    return beyond, notes
+
+
+def _next(
+    node: Node,
+    waits: Sequence[ThreadWait],
+    waited: Waited,
+    ranks: set[tuple[str, int]],
+    beyond: Beyond,
+    queued: Sequence[tuple[Node, RankProcess]],
+) -> list[tuple[Node, RankProcess]]:
+    """The processes ``waits`` lead to that are not ranks, not followed yet, within bounds."""
+    taken = {(n.name, p.pid) for n, p in queued}
+    out: list[tuple[Node, RankProcess]] = []
+    for pid in dict.fromkeys(p for w in waits for p in w.peers):
+        key = (node.name, pid)
+        if key in ranks or key in beyond.held or key in taken or pid not in waited.peers:
+            continue
+        if len(out) >= MAX_PEERS_EACH or len(beyond.held) + len(queued) + len(out) >= MAX_FOLLOWED:
+            break
+        out.append((node, waited.peers[pid]))
+    return out
+
+
+def _group(procs: Sequence[tuple[Node, RankProcess]]) -> list[tuple[Node, list[int]]]:
+    groups: dict[int, tuple[Node, list[int]]] = {}
+    for node, proc in procs:
+        groups.setdefault(id(node), (node, []))[1].append(proc.pid)
+    return list(groups.values())
+
+
+def _ask(groups: list[tuple[Node, list[int]]], notes: list[Note]) -> list[tuple[Node, Waited]]:
+    pids = {id(node): pids for node, pids in groups}
+    out = []
+    for node, waited, exc in fan_out([n for n, _ in groups], lambda n: _waits(n, pids[id(n)]), 10.0):
+        if isinstance(waited, Waited):
+            out.append((node, waited))
+        else:
+            notes.append(Note(f"could not read what the processes wait on: {exc or waited}", NoteKind.OTHER, node.name))
+    return out
+
+
+def _waits(node: Node, pids: list[int]) -> Waited | str:
+    try:
+        return node.waits(pids)
+    except Exception as exc:  # noqa: BLE001 - one node's failure is a note, not the diagnosis's end
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _sample(procs: Sequence[tuple[Node, RankProcess]], beyond: Beyond, t: float, timeout: float) -> None:
+    groups: dict[int, tuple[Node, list[RankProcess]]] = {}
+    for node, proc in procs:
+        groups.setdefault(id(node), (node, []))[1].append(proc)
+        beyond.held.setdefault((node.name, proc.pid), (node, proc, []))
+
+    def call(node: Node) -> list[Sample]:
+        return node.sample(groups[id(node)][1], t, native=False, timeout=timeout)
+
+    for node, taken, _exc in fan_out([n for n, _ in groups.values()], call, timeout + 5.0):
+        for proc, sample in zip(groups[id(node)][1], taken or (), strict=False):
+            beyond.held[(node.name, proc.pid)][2].append(sample)
+
+
+def _set_waits(beyond: Beyond, node: Node, pid: int, waits: tuple[ThreadWait, ...]) -> None:
+    held = beyond.held.get((node.name, pid))
+    if held is not None and held[2]:
+        held[2][-1] = dataclasses.replace(held[2][-1], waits=waits)

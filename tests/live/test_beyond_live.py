@@ -1,0 +1,96 @@
+"""Hangs that sit past the ranks (``tests/jobs/beyond/``): an inference server whose
+scheduler deadlocked, a reward service every rank waits on, a child process, a DataLoader
+worker on a read that never returns, a file-lock cycle across processes; and healthy RL
+loops. Each job really hangs (or runs) under torch.distributed with gloo; the test runs
+``python -m hangdoc diagnose JOB --json`` against it and checks the verdict, the culprits
+and the root cause: the process (by its command line, never one of the ranks) and thread
+the job's third header line names (``# hangdoc-root: cmd=WORD thread=NAME``, or ``none``).
+
+The jobs measure no timing, so they run two at a time: the suite's time is the CI's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from support.harness import JobMeta, corpus, launch
+from support.paths import REPO
+
+BEYOND = REPO / "tests" / "jobs" / "beyond"
+_ROOT = "# hangdoc-root:"
+
+
+def _root(meta: JobMeta) -> dict[str, str] | None:
+    for line in meta.path.read_text().splitlines()[:5]:
+        if line.startswith(_ROOT):
+            words = line[len(_ROOT) :].split()
+            return None if words == ["none"] else dict(w.split("=", 1) for w in words)
+    raise AssertionError(f"{meta.path}: no {_ROOT} line")
+
+
+def _run(meta: JobMeta, workdir: Path) -> tuple[dict, dict[int, str], str]:
+    """The report of a diagnosis of the running job, each of its processes' command line
+    while it ran, and what the job printed."""
+    with launch(meta, workdir) as job:
+        job.wait_ready()
+        argv = [sys.executable, "-m", "hangdoc", "diagnose", job.job_spec(), "--json"]
+        result = subprocess.run(
+            argv, check=False, capture_output=True, text=True, timeout=150, cwd=REPO, stdin=subprocess.DEVNULL
+        )
+        commands = {}
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                try:
+                    commands[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                except OSError:
+                    continue
+        output = job.output()
+    try:
+        report = json.loads(result.stdout)
+    except json.JSONDecodeError:
+        pytest.fail(f"{meta.name}: exit {result.returncode}\n{result.stderr[-3000:]}\n--- job ---\n{output[-3000:]}")
+    return report, commands, output
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[JobMeta, dict, dict[int, str], str]]:
+    metas = corpus(BEYOND)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = {m.name: pool.submit(_run, m, tmp_path_factory.mktemp(m.name)) for m in metas}
+        return {m.name: (m, *runs[m.name].result()) for m in metas}
+
+
+def _explain(report: dict) -> str:
+    return json.dumps(
+        {k: report.get(k) for k in ("verdict", "culprit_ranks", "summary", "evidence", "root_cause", "ranks")},
+        indent=1,
+    )[:6000]
+
+
+@pytest.mark.live
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", sorted(m.name for m in corpus(BEYOND)))
+def test_the_wait_is_followed_to_the_process_that_holds_it(reports, name: str) -> None:
+    meta, report, commands, _output = reports[name]
+    assert report["verdict"] == meta.verdict, _explain(report)
+    assert report["culprit_ranks"] == sorted(meta.culprits), _explain(report)
+    expected = _root(meta)
+    root = report["root_cause"]
+    if expected is None:
+        assert root is None, _explain(report)
+        return
+    assert root is not None, _explain(report)
+    rank_pids = {r["pid"] for r in report["ranks"] if r.get("pid")}
+    assert root["pid"] not in rank_pids, _explain(report)
+    assert expected["cmd"] in commands.get(root["pid"], ""), _explain(report)
+    assert root["thread"] == expected["thread"], _explain(report)
+    assert root["chain"][-1]["pid"] == root["pid"]
+    first = root["chain"][0]
+    assert first["rank"] is not None and first["pid"] in rank_pids, _explain(report)
+    said = " ".join(report["evidence"])
+    assert f"pid {root['pid']}" in said and "the wait ends at" in said, said
+    assert f"py-spy dump --pid {root['pid']}" in report["next_steps"][0]
