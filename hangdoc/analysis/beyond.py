@@ -210,11 +210,14 @@ def root_cause(
 ) -> RootCause | None:
     """The process at the end of the culprits' waits, where those leave the ranks: the end
     most of their chains reach (then the lowest pid), with the chain of the first culprit
-    that reaches it. A straggler's chain starts at a rank that waits for it in a
-    collective. None for a job that is not hung, or culprits whose waits stay in the ranks."""
+    that reaches it (``unknown``, which names none: of the ranks seen). A straggler's chain
+    starts at a rank that waits for it in a collective. None for a job that is not hung, or
+    culprits whose waits stay in the ranks."""
     if verdict is Verdict.NOT_HUNG:
         return None
-    candidates = [chains[r] for r in culprits if r in chains and chains[r].leaves_the_ranks]
+    # ``unknown`` names no culprit: the waits of the ranks seen still end somewhere
+    ranks = culprits if culprits or verdict is not Verdict.UNKNOWN else sorted(chains)
+    candidates = [chains[r] for r in ranks if r in chains and chains[r].leaves_the_ranks]
     if not candidates:
         return None
     ends = Counter((c.end.host, c.end.pid) for c in candidates)

@@ -46,10 +46,12 @@ from ..model import (
     JobSnapshot,
     RankAnalysis,
     RankSnapshot,
+    RootCause,
     Sample,
     Verdict,
 )
 from ..rankranges import ranges_text
+from ..waitwords import waits_words, who
 
 DATA_VERSION = 1  # the layout of the embedded object; bumped when the script must change
 
@@ -139,6 +141,7 @@ def _static(diagnosis: Diagnosis, snapshot: JobSnapshot) -> str:
         for u in snapshot.unreachable
     ]
     body = [
+        _chain(diagnosis.root_cause),
         _list("evidence", "Evidence", [e.words() for e in diagnosis.evidence], "ul"),
         _list("next-steps", "Next steps", diagnosis.next_steps, "ol"),
         (
@@ -168,6 +171,24 @@ def _static(diagnosis: Diagnosis, snapshot: JobSnapshot) -> str:
         "</main>",
     ]
     return "\n".join(head + [b for b in body if b]) + "\n"
+
+
+def _chain(root: RootCause | None) -> str:
+    """The links from the ranks to the process that holds the wait, the end marked."""
+    if root is None:
+        return ""
+    rows = []
+    for i, link in enumerate(root.chain):
+        end = i == len(root.chain) - 1
+        said = waits_words(link)
+        back = " ↺ back into the chain: a deadlock across processes" if end and root.cycle else ""
+        rows.append(
+            f'<li class="{"root" if end else "link"}"><span class="who">{_esc(who(link))}</span>'
+            + (' <b class="culprits">root cause</b>' if end else "")
+            + (f'<div class="dim">{_esc(said + back)}</div>' if said else "")
+            + "</li>"
+        )
+    return f'<section id="wait-chain"><h2>Wait chain</h2><ol>{"".join(rows)}</ol></section>'
 
 
 def _list(ident: str, title: str, items: Sequence[str], tag: str) -> str:

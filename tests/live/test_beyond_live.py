@@ -11,12 +11,14 @@ The jobs measure no timing, so they run two at a time: the suite's time is the C
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from support.agents import start_agent
 from support.harness import JobMeta, corpus, launch
 from support.paths import REPO
 
@@ -32,15 +34,44 @@ def _root(meta: JobMeta) -> dict[str, str] | None:
     raise AssertionError(f"{meta.path}: no {_ROOT} line")
 
 
-def _run(meta: JobMeta, workdir: Path) -> tuple[dict, dict[int, str], str]:
-    """The report of a diagnosis of the running job, each of its processes' command line
-    while it ran, and what the job printed."""
-    with launch(meta, workdir) as job:
-        job.wait_ready()
-        argv = [sys.executable, "-m", "hangdoc", "diagnose", job.job_spec(), "--json"]
-        result = subprocess.run(
+# a job also diagnosed through a real agent (gRPC, a token): its Waits call and the Sample
+# of the processes it named
+VIA_AGENT = "straggler_rollout_server_scheduler_deadlock"
+TOKEN = "beyond-token-0123456789abcdef"
+
+
+def _diagnose(spec: str, name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "hangdoc", "diagnose", spec, "--json", *args]
+    if record := os.environ.get("HANGDOC_RECORD_DIR"):
+        Path(record, "beyond").mkdir(parents=True, exist_ok=True)
+        argv += ["--save", str(Path(record, "beyond", f"{name}.json.gz"))]
+    return subprocess.run(
+        argv, check=False, capture_output=True, text=True, timeout=150, cwd=REPO, stdin=subprocess.DEVNULL
+    )
+
+
+def _via_agent(spec: str, workdir: Path) -> subprocess.CompletedProcess[str]:
+    token = workdir / "token"
+    token.write_text(TOKEN + "\n")
+    token.chmod(0o600)
+    with start_agent(workdir, "--listen", "127.0.0.1:0", "--token-file", str(token), "--node-name", "node-a") as agent:
+        argv = [sys.executable, "-m", "hangdoc", "diagnose", spec, "--json", "-q"]
+        argv += ["--agents", agent.address, "--token-file", str(token)]
+        return subprocess.run(
             argv, check=False, capture_output=True, text=True, timeout=150, cwd=REPO, stdin=subprocess.DEVNULL
         )
+
+
+def _run(meta: JobMeta, workdir: Path) -> tuple[dict, dict[int, str], str, dict | None]:
+    """The report of a diagnosis of the running job, each of its processes' command line
+    while it ran, what the job printed, and the report through an agent (``VIA_AGENT``)."""
+    agent_report = None
+    with launch(meta, workdir / "job") as job:
+        job.wait_ready()
+        result = _diagnose(job.job_spec(), meta.name)
+        if meta.name == VIA_AGENT:
+            through = _via_agent(job.job_spec(), workdir)
+            agent_report = json.loads(through.stdout) if through.stdout.strip() else {"stderr": through.stderr}
         commands = {}
         for proc in Path("/proc").iterdir():
             if proc.name.isdigit():
@@ -53,11 +84,13 @@ def _run(meta: JobMeta, workdir: Path) -> tuple[dict, dict[int, str], str]:
         report = json.loads(result.stdout)
     except json.JSONDecodeError:
         pytest.fail(f"{meta.name}: exit {result.returncode}\n{result.stderr[-3000:]}\n--- job ---\n{output[-3000:]}")
-    return report, commands, output
+    return report, commands, output, agent_report
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[JobMeta, dict, dict[int, str], str]]:
+def reports(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, tuple[JobMeta, dict, dict[int, str], str, dict | None]]:
     metas = corpus(BEYOND)
     with ThreadPoolExecutor(max_workers=2) as pool:
         runs = {m.name: pool.submit(_run, m, tmp_path_factory.mktemp(m.name)) for m in metas}
@@ -75,7 +108,7 @@ def _explain(report: dict) -> str:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", sorted(m.name for m in corpus(BEYOND)))
 def test_the_wait_is_followed_to_the_process_that_holds_it(reports, name: str) -> None:
-    meta, report, commands, _output = reports[name]
+    meta, report, commands, _output, _agent = reports[name]
     assert report["verdict"] == meta.verdict, _explain(report)
     assert report["culprit_ranks"] == sorted(meta.culprits), _explain(report)
     expected = _root(meta)
@@ -94,3 +127,17 @@ def test_the_wait_is_followed_to_the_process_that_holds_it(reports, name: str) -
     said = " ".join(report["evidence"])
     assert f"pid {root['pid']}" in said and "the wait ends at" in said, said
     assert f"py-spy dump --pid {root['pid']}" in report["next_steps"][0]
+
+
+@pytest.mark.live
+@pytest.mark.timeout(600)
+def test_an_agent_follows_the_wait_to_the_same_process(reports) -> None:
+    """Through a real agent (gRPC, token): the Waits call, then Sample of the processes it
+    named (which the agent refuses unless a Waits answer named them)."""
+    _meta, local, _commands, _output, through = reports[VIA_AGENT]
+    assert through is not None and "root_cause" in through, through
+    assert through["verdict"] == local["verdict"] and through["culprit_ranks"] == local["culprit_ranks"]
+    assert through["root_cause"] is not None, _explain(through)
+    for key in ("pid", "thread", "frame", "command"):
+        assert through["root_cause"][key] == local["root_cause"][key], key
+    assert through["root_cause"]["host"] == "node-a"

@@ -33,7 +33,9 @@ from hangdoc.model import (
     NoteKind,
     RankSource,
     SourceFile,
+    ThreadWait,
     Unreachable,
+    WaitKind,
 )
 
 TRUNK = ["<frozen runpy>:_run_module_as_main:198", "train.py:<module>:60", "train.py:main:55"]
@@ -530,3 +532,21 @@ def test_deep_shared_stacks_are_capped(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(bundle.tables, "MAX_THREAD_FRAMES", 50)
     message = _error(_write(tmp_path, json.dumps(_good_dict()).encode()))
     assert "hold more than 50 frames in all" in message
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_waits_and_the_processes_beyond_the_ranks_round_trip(tmp_path: Path, version: int) -> None:
+    waits = (
+        ThreadWait(1000, "recvfrom", WaitKind.SOCKET, 5, "socket:[77]", (812,)),
+        ThreadWait(1100, "futex", WaitKind.THREAD),
+    )
+    rank = make_snapshot({0: ALL_REDUCE}).ranks[0]
+    rank = dataclasses.replace(rank, samples=(*rank.samples[:-1], dataclasses.replace(rank.samples[-1], waits=waits)))
+    server = make_snapshot({0: ALL_REDUCE}, pid=812).ranks[0]
+    server = dataclasses.replace(server, process=dataclasses.replace(server.process, rank=None, rank_source=None))
+    snap = dataclasses.replace(make_snapshot([rank]), beyond=(server,))
+    data = json.loads(json.dumps(snapshot_to_dict(snap, schema_version=version)))
+    assert snapshot_from_dict(data) == snap
+    save_snapshot(snap, tmp_path / "beyond.json.gz")
+    back = load_snapshot(tmp_path / "beyond.json.gz")
+    assert back == snap and back.ranks[0].samples[-1].waits == waits and back.beyond[0].process.pid == 812

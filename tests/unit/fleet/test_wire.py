@@ -39,6 +39,8 @@ from hangdoc.model import (
     Sample,
     SourceFile,
     ThreadStack,
+    ThreadWait,
+    WaitKind,
 )
 
 SNAPSHOTS = sorted((REPO / "tests" / "snapshots").glob("*.json.gz"))
@@ -406,3 +408,26 @@ def test_rank_numbers_from_an_agent_are_bounded() -> None:
     assert (ok.rank, ok.world_size) == (MAX_WORLD_SIZE - 1, MAX_WORLD_SIZE)
     found = wire.discovery_from_proto(pb.Discovery(world_size=MAX_WORLD_SIZE + 1))
     assert found.world_size is None
+
+
+WAITS = (
+    ThreadWait(812, "recvfrom", WaitKind.SOCKET, 5, "socket:[77]", (900, 901), ""),
+    ThreadWait(813, "futex", WaitKind.THREAD),
+    ThreadWait(814, "read", WaitKind.SOCKET, 0, "socket:[78]", (), "10.0.0.7:8000"),
+)
+
+
+def test_a_samples_waits_round_trip() -> None:
+    sample = Sample(t=1.5, threads=(ThreadStack(1, "MainThread", (), 812),), waits=WAITS)
+    assert round_trip_samples({812: sample}) == {812: sample}
+
+
+def test_a_wait_naming_an_impossible_pid_is_a_clear_error() -> None:
+    msg = wire.samples_to_proto({1: Sample(t=0, waits=(ThreadWait(1, "read", WaitKind.PIPE, 0, "pipe:[1]", (5,)),))})
+    msg.samples[0].sample.waits[0].peers[0] = 2**40
+    with pytest.raises(AgentApiError, match="outside 0"):
+        wire.samples_from_proto(over_the_wire(msg))
+    msg.samples[0].sample.waits[0].peers[0] = 5
+    msg.samples[0].sample.waits[0].kind = 999
+    with pytest.raises(AgentApiError, match="WaitKind"):
+        wire.samples_from_proto(over_the_wire(msg))

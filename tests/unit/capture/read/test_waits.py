@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hangdoc.capture.read.waits import SYSCALLS, Wait, WaitKind, _address, read_syscall, thread_waits
+from hangdoc.capture.read.waits import SYSCALLS, Wait, WaitKind, _address, process_waits, read_syscall, thread_waits
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -90,10 +90,10 @@ def test_a_tcp_recv_names_the_local_process_at_the_other_end(started: list[subpr
             assert wait.peers == (os.getpid(),) and wait.remote == ""
 
 
-def test_a_listening_socket_has_no_peer(started: list[subprocess.Popen[bytes]]) -> None:
+def test_a_listening_socket_waits_for_work_and_has_no_peer(started: list[subprocess.Popen[bytes]]) -> None:
     server = _start(started, "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); s.accept()")
     wait = _blocked(server.pid, "accept4" if "accept4" in SYSCALLS.values() else "accept")
-    assert wait.kind is WaitKind.SOCKET and wait.peers == () and wait.remote == ""
+    assert wait.kind is WaitKind.LISTEN and wait.peers == () and wait.remote == ""
 
 
 def test_a_blocked_flock_names_the_holder(started: list[subprocess.Popen[bytes]], tmp_path: Path) -> None:
@@ -147,3 +147,82 @@ def test_a_process_that_is_gone_or_running_has_no_wait(started: list[subprocess.
 )
 def test_kernel_addresses_are_shown_as_host_and_port(hex_pair: str, shown: str) -> None:
     assert _address(hex_pair) == shown
+
+
+def test_a_multiprocessing_queue_get_polls_its_pipe_and_names_the_writer(
+    started: list[subprocess.Popen[bytes]],
+) -> None:
+    """``Queue.get(timeout=...)`` polls one pipe: the descriptors are read from the
+    process's memory, and the wait is on the process holding the write end."""
+    r, w = os.pipe()
+    try:
+        reader = _start(
+            started,
+            f"import multiprocessing.connection as c; c.Connection({r}, writable=False).poll(60)",
+            pass_fds=(r,),
+        )
+        os.close(r)
+        wait = _blocked(reader.pid, "poll")
+        assert wait.kind is WaitKind.PIPE and wait.fd == r and wait.peers == (os.getpid(),)
+    finally:
+        os.close(w)
+
+
+def test_a_poll_of_several_descriptors_stays_a_poll(started: list[subprocess.Popen[bytes]]) -> None:
+    code = "import os, select; p = select.poll(); [p.register(os.pipe()[0]) for _ in range(3)]; p.poll(60000)"
+    waiter = _start(started, code)
+    wait = _blocked(waiter.pid, "poll")
+    assert wait.kind is WaitKind.POLL and wait.peers == () and wait.target == "3 pipe(s)/socket(s)"
+
+
+def test_a_poll_restarted_by_a_ptrace_pause_is_still_read_as_its_poll(started: list[subprocess.Popen[bytes]]) -> None:
+    """py-spy pauses a process with ptrace; a timed poll it interrupts goes on as
+    restart_syscall with the poll's registers: still a wait on the pipe's writer."""
+    r, w = os.pipe()
+    try:
+        reader = _start(started, f"import select; p = select.poll(); p.register({r}); p.poll(60000)", pass_fds=(r,))
+        os.close(r)
+        _blocked(reader.pid, "poll")
+        pyspy = Path(sys.executable).with_name("py-spy")
+        subprocess.run([str(pyspy), "dump", "--pid", str(reader.pid)], capture_output=True, timeout=30, check=True)
+        call = read_syscall(reader.pid, reader.pid)
+        if call is None or call[0] != "restart_syscall":
+            pytest.skip(f"the poll went on as {call}, not restart_syscall")
+        wait = next(w for w in thread_waits(reader.pid) if w.native_id == reader.pid)
+        assert wait.syscall == "poll" and wait.kind is WaitKind.PIPE and wait.peers == (os.getpid(),)
+    finally:
+        os.close(w)
+
+
+def test_a_restarted_call_whose_registers_are_no_poll_is_other(started: list[subprocess.Popen[bytes]]) -> None:
+    sleeper = _start(started, "import time; time.sleep(60)")
+    _blocked(sleeper.pid, "clock_nanosleep")
+    pyspy = Path(sys.executable).with_name("py-spy")
+    subprocess.run([str(pyspy), "dump", "--pid", str(sleeper.pid)], capture_output=True, timeout=30, check=True)
+    call = read_syscall(sleeper.pid, sleeper.pid)
+    assert call is not None
+    waits = thread_waits(sleeper.pid)
+    if call[0] == "restart_syscall":
+        assert waits[0].kind is WaitKind.OTHER and waits[0].syscall == "restart_syscall"
+    else:
+        assert waits[0].kind is WaitKind.SLEEP
+
+
+def test_a_server_waiting_on_its_listening_socket_waits_for_work(started: list[subprocess.Popen[bytes]]) -> None:
+    code = (
+        "import select, socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+        "p = select.poll(); p.register(s.fileno()); p.poll(60000)"
+    )
+    server = _start(started, code)
+    wait = _blocked(server.pid, "poll")
+    assert wait.kind is WaitKind.LISTEN and wait.peers == () and wait.target.startswith("socket:[")
+
+
+def test_waits_of_several_processes_at_once(started: list[subprocess.Popen[bytes]]) -> None:
+    a = _start(started, "import sys; sys.stdin.read()", stdin=subprocess.PIPE)
+    b = _start(started, "import time; time.sleep(60)")
+    _blocked(a.pid, "read")
+    _blocked(b.pid, "clock_nanosleep")
+    found = process_waits([a.pid, b.pid, 2**22 + 1])
+    assert found[a.pid][0].kind is WaitKind.PIPE and found[b.pid][0].kind is WaitKind.SLEEP
+    assert found[2**22 + 1] == ()  # no such process: nothing, no error
