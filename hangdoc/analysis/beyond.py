@@ -23,6 +23,7 @@ ends it as a cycle: a deadlock across processes.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -52,9 +53,11 @@ from .views import RankView
 _LEADS = (WaitKind.PIPE, WaitKind.SOCKET, WaitKind.CHILD, WaitKind.FILE_LOCK)
 # calls a server's idle loop waits in: for work, not holding anything
 _IDLE_CALLS = frozenset({"accept", "accept4"})
+_LOOP = "(event loop)"  # marks a poll of an idle event loop, read as a wait on its one onward connection
 _IDLE_KINDS = (WaitKind.POLL, WaitKind.SLEEP, WaitKind.OTHER, WaitKind.LISTEN)
 _MAX_LINKS = 8  # a chain longer than capture follows (fleet.follow's depth, with room)
 _COMMAND_WORDS = 8
+_CONSUMER = 3  # ``_order`` of a thread that itself waits for another thread
 
 
 def needs_waits(samples: Sequence[Sample], process: RankProcess, code: Callable[[Frame], str | None]) -> frozenset[int]:
@@ -94,6 +97,16 @@ class Chain:
         return self.links[-1]
 
     @property
+    def within_a_rank(self) -> bool:
+        """It goes from the thread a rank waits in to another thread of the same rank."""
+        first = self.links[0]
+        return (
+            not self.to_rank
+            and all(link.pid == first.pid for link in self.links)
+            and len({link.thread for link in self.links}) > 1
+        )
+
+    @property
     def leaves_the_ranks(self) -> bool:
         """It ends at a process that is not a rank, or at an address off the node."""
         return not self.to_rank and (len({link.pid for link in self.links}) > 1 or bool(self.end.on))
@@ -118,15 +131,19 @@ class Chains:
         how: list[str] = []
         seen: set[tuple[str, int]] = set()
         current, at = snap, thread
+        loop: ThreadWait | None = None  # an idle event loop's one connection onward
         while True:
             host = current.process.host
             seen.add((host, current.process.pid))
             waits = {w.native_id: w for w in sample.waits}
-            wait = _wait_of(at, waits)
+            wait, loop = loop or _wait_of(at, waits), None
             if current is snap and not _leads(wait):
                 # the rank's thread waits for another of its threads (a Future, a queue)
                 # that waits on another process: the chain goes through that thread
                 other = next((t for t in sample.threads if t is not at and _leads(_wait_of(t, waits))), None)
+                if other is None and _waits_for_a_thread(at, wait):
+                    held = _holding_thread(sample, seen, host, exclude=at)
+                    other = held[1] if held is not None and held[0] <= _CONSUMER else None
                 if other is not None:
                     links.append(_link(current, at, _thread_kind(at), f"thread '{other.name or other.thread_id}'"))
                     how.append("its stack waits for another thread of its process")
@@ -158,10 +175,38 @@ class Chains:
                 return Chain(tuple(links), tuple(how))
             nxt = _holding_thread(tsample, seen, target.process.host)
             if nxt is None:
-                links.append(_link(target, None, None, ""))
-                how.append("none of its threads holds anything: each waits for work to come")
-                return Chain(tuple(links), tuple(how))
+                onward = self._event_loop(tsample, seen, target.process.host)
+                if onward is None:
+                    links.append(_link(target, None, None, ""))
+                    how.append("none of its threads holds anything: each waits for work to come")
+                    return Chain(tuple(links), tuple(how))
+                nxt, loop = onward
             current, at, sample = target, nxt[1], tsample
+
+    def _event_loop(
+        self, sample: Sample, seen: set[tuple[str, int]], host: str
+    ) -> tuple[tuple[int, ThreadStack], ThreadWait] | None:
+        """A process whose threads all wait for work, one of them in an event loop polling
+        its connections: where exactly one of those leads to a process followed outside the
+        chain (a server's front end waiting on its scheduler process over a socket), the
+        wait goes on there, as a socket wait of that thread."""
+        for thread in sample.threads:
+            wait = _wait_of(thread, {w.native_id: w for w in sample.waits})
+            if wait is None or wait.kind is not WaitKind.POLL:
+                continue
+            onward = sorted(
+                pid
+                for pid in wait.peers
+                if (host, pid) not in seen
+                and (p := self.processes.get((host, pid))) is not None
+                and p.process.rank is None
+            )
+            if len(onward) == 1:
+                loop = dataclasses.replace(
+                    wait, syscall=f"{wait.syscall} {_LOOP}", kind=WaitKind.SOCKET, peers=(onward[0],)
+                )
+                return (_CONSUMER, thread), loop
+        return None
 
     def _next(self, host: str, wait: ThreadWait, seen: set[tuple[str, int]]) -> RankSnapshot | None:
         """The process at the other end of ``wait`` that holds it most surely (the order of
@@ -219,6 +264,11 @@ def root_cause(
     ranks = culprits if culprits or verdict is not Verdict.UNKNOWN else sorted(chains)
     candidates = [chains[r] for r in ranks if r in chains and chains[r].leaves_the_ranks]
     if not candidates:
+        # a wait that stays in its rank (a queue fed by a thread of its own that waits on a
+        # condition): the thread at its end, where the chain names another thread than the
+        # one the rank waits in
+        candidates = [c for r in ranks if (c := chains.get(r)) is not None and c.within_a_rank]
+    if not candidates:
         return None
     ends = Counter((c.end.host, c.end.pid) for c in candidates)
     top = min(ends, key=lambda k: (-ends[k], k[1]))
@@ -268,17 +318,36 @@ def _leads(wait: ThreadWait | None) -> bool:
     return wait is not None and wait.kind in _LEADS and bool(wait.peers or wait.remote)
 
 
-def _holding_thread(sample: Sample, back: set[tuple[str, int]], host: str) -> tuple[int, ThreadStack] | None:
+def _holding_thread(
+    sample: Sample, back: set[tuple[str, int]], host: str, exclude: ThreadStack | None = None
+) -> tuple[int, ThreadStack] | None:
     """The thread of a process that holds what waits on it, with its place in the module
-    doc's order (lower: surer); None when every thread is idle."""
+    doc's order (lower: surer; among alike, one running the job's own code before the
+    machinery of a library or the standard library: a queue's feeder thread); None when
+    every thread is idle."""
     waits = {w.native_id: w for w in sample.waits}
-    best: tuple[int, int] | None = None
+    best: tuple[int, bool, int] | None = None
     chosen = None
     for index, thread in enumerate(sample.threads):
+        if thread is exclude:
+            continue
         order = _order(thread, _wait_of(thread, waits), back, host)
-        if order is not None and (best is None or (order, index) < best):
-            best, chosen = (order, index), thread
+        if order is None:
+            continue
+        key = (order, not _runs_job_code(thread), index)
+        if best is None or key < best:
+            best, chosen = key, thread
     return (best[0], chosen) if best is not None and chosen is not None else None
+
+
+def _runs_job_code(thread: ThreadStack) -> bool:
+    return any(not f.native and f.origin.kind is Origin.USER for f in thread.frames)
+
+
+def _waits_for_a_thread(thread: ThreadStack, wait: ThreadWait | None) -> bool:
+    """Blocked on a futex for something another thread of its process makes (a queue, a
+    condition, a future, a join), not on a lock (whose holder the lock analysis names)."""
+    return wait is not None and wait.kind is WaitKind.THREAD and _thread_kind(thread) is not LinkKind.LOCK
 
 
 def _order(thread: ThreadStack, wait: ThreadWait | None, back: set[tuple[str, int]], host: str) -> int | None:
@@ -300,7 +369,7 @@ def _order(thread: ThreadStack, wait: ThreadWait | None, back: set[tuple[str, in
     if lock_wait_frame(thread) is not None:
         return 1
     if wait is not None and wait.kind is WaitKind.THREAD:
-        return 3
+        return _CONSUMER
     return None if wait is None else 4
 
 
@@ -397,6 +466,11 @@ def _end_on(wait: ThreadWait | None) -> str:
 
 def _how(wait: ThreadWait) -> str:
     kind = wait.kind
+    if wait.syscall.endswith(_LOOP):
+        return (
+            f"{wait.syscall.removesuffix(_LOOP).rstrip()}: an event loop whose threads wait on nothing else, "
+            "with one connection to a process outside the chain"
+        )
     if kind is WaitKind.SOCKET:
         if wait.remote:
             return f"{wait.syscall} on {wait.target}: a TCP connection to {wait.remote}, off this node"

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import os
 import platform
+import socket
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from ...model import ThreadWait, WaitKind
 
@@ -150,22 +151,41 @@ def _on_fd(pid: int, tid: int, call: str, fd: int, table: _Holders, readable: Ca
 
 
 def _on_epoll(pid: int, tid: int, call: str, epfd: int, table: _Holders, readable: Callable[[int], bool]) -> Wait:
-    """An epoll wait whose set watches one pipe or socket is a wait on it; more: a poll."""
-    watched = [fd for fd in _epoll_targets(pid, epfd) if (_link(pid, fd) or "").startswith(("pipe:", "socket:"))]
-    if len(watched) != 1:
-        return Wait(tid, call, WaitKind.POLL, epfd, f"{len(watched)} pipe(s)/socket(s)" if watched else "")
-    return _on_fd(pid, tid, call, watched[0], table, readable)
+    """An epoll wait is a wait on what its set watches (``_on_several``)."""
+    return _on_several(pid, tid, call, _epoll_targets(pid, epfd), epfd, table, readable)
 
 
 def _on_poll(
     pid: int, tid: int, call: str, args: tuple[int, ...], table: _Holders, readable: Callable[[int], bool]
 ) -> Wait:
-    """A poll or select on one pipe or socket is a wait on it; on more, or unreadable: a poll."""
-    fds = _polled(pid, call, args)
+    """A poll or select is a wait on what it polls (``_on_several``); unreadable: a poll."""
+    return _on_several(pid, tid, call, _polled(pid, call, args), None, table, readable)
+
+
+def _on_several(
+    pid: int,
+    tid: int,
+    call: str,
+    fds: Sequence[int],
+    own: int | None,
+    table: _Holders,
+    readable: Callable[[int], bool],
+) -> Wait:
+    """A wait on several descriptors at once: on one pipe or socket, a wait on it; on
+    several whose other ends are all the same processes (a child's stdout and stderr, read
+    by ``subprocess.run(capture_output=True)``), a wait on those; else a poll."""
     watched = [fd for fd in fds if (_link(pid, fd) or "").startswith(("pipe:", "socket:"))]
-    if len(watched) != 1:
-        return Wait(tid, call, WaitKind.POLL, None, f"{len(watched)} pipe(s)/socket(s)" if watched else "")
-    return _on_fd(pid, tid, call, watched[0], table, readable)
+    if len(watched) == 1:
+        return _on_fd(pid, tid, call, watched[0], table, readable)
+    unresolved = Wait(tid, call, WaitKind.POLL, own, f"{len(watched)} pipe(s)/socket(s)" if watched else "")
+    if not watched:
+        return unresolved
+    each = [_on_fd(pid, tid, call, fd, table, readable) for fd in watched]
+    if each[0].peers and all(w.peers == each[0].peers and w.kind is each[0].kind for w in each):
+        return each[0]
+    # an event loop's poll of its connections (and maybe a listening socket): the processes
+    # at their other ends, for a reader to weigh (a poll is idle unless nothing else is)
+    return Wait(tid, call, WaitKind.POLL, own, unresolved.target, tuple(sorted({p for w in each for p in w.peers})))
 
 
 def _polled(pid: int, call: str, args: tuple[int, ...], strict: bool = False) -> list[int]:
@@ -224,11 +244,17 @@ class _Holders:
 
     def __init__(self) -> None:
         self._by_link: dict[str, list[tuple[int, int]]] | None = None
+        self._unix: dict[int, int] | None = None  # Unix socket inode -> its peer's, this namespace
 
     def holders(self, link: str) -> list[tuple[int, int]]:
         if self._by_link is None:
             self._by_link = _scan()
         return self._by_link.get(link, [])
+
+    def unix_peer(self, inode: int) -> int | None:
+        if self._unix is None:
+            self._unix = unix_peers()
+        return self._unix.get(inode)
 
 
 def _scan() -> dict[str, list[tuple[int, int]]]:
@@ -251,19 +277,92 @@ def _scan() -> dict[str, list[tuple[int, int]]]:
 
 
 def _socket_peer(pid: int, link: str, table: _Holders) -> tuple[list[int], str]:
-    """The processes holding the other end of a TCP socket on this node, else its remote
-    ``HOST:PORT`` (a listening socket or a Unix socket: neither)."""
+    """The processes holding the other end of a TCP or Unix socket on this node, else its
+    remote ``HOST:PORT`` (a listening socket: neither)."""
     inode = link[len("socket:[") : -1]
     rows = _tcp_rows(pid)
     mine = next((r for r in rows if r[2] == inode), None)
     if mine is None:
-        return [], ""
+        peer = table.unix_peer(int(inode)) if inode.isdigit() and _own_netns(pid) else None
+        if peer is None:
+            return [], ""
+        return [p for p, _ in table.holders(f"socket:[{peer}]") if p != pid], ""
     local, remote, _ = mine
     if remote.endswith(":0000") and set(remote.partition(":")[0]) <= {"0"}:
         return [], ""  # listening
     theirs = [r[2] for r in rows if r[0] == remote and r[1] == local]
     peers = [p for i in theirs for p, _ in table.holders(f"socket:[{i}]") if p != pid]
     return peers, "" if theirs else _address(remote)
+
+
+# sock_diag (linux/sock_diag.h, linux/unix_diag.h): the kernel's table of Unix sockets, each
+# with the inode of its peer, as ``ss -x`` reads it
+_NETLINK_SOCK_DIAG = 4
+_SOCK_DIAG_BY_FAMILY = 20
+_NLM_F_REQUEST, _NLM_F_DUMP = 0x1, 0x300
+_NLMSG_ERROR, _NLMSG_DONE = 2, 3
+_UDIAG_SHOW_PEER = 0x4
+_UNIX_DIAG_PEER = 2
+_UNIX_TABLE_BYTES = 64 << 20  # read at most this much of the table (about 1M sockets)
+
+
+def unix_peers() -> dict[int, int]:
+    """Every connected Unix socket of this network namespace: its inode -> its peer's; {}
+    where the kernel offers no sock_diag."""
+    try:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG)
+    except (OSError, AttributeError):
+        return {}
+    peers: dict[int, int] = {}
+    with sock:
+        sock.settimeout(2.0)
+        request = struct.pack("=BBHIIIII", socket.AF_UNIX, 0, 0, 0xFFFFFFFF, 0, _UDIAG_SHOW_PEER, 0, 0)
+        header = struct.pack("=IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST | _NLM_F_DUMP, 1, 0)
+        try:
+            sock.send(header + request)
+            read = 0
+            while read < _UNIX_TABLE_BYTES:
+                data = sock.recv(1 << 16)
+                read += len(data)
+                if not data or _unix_messages(data, peers):
+                    break
+        except OSError:
+            return peers
+    return peers
+
+
+def _unix_messages(data: bytes, peers: dict[int, int]) -> bool:
+    """Parse one netlink datagram into ``peers``; True at the dump's end."""
+    at = 0
+    while at + 16 <= len(data):
+        length, kind, _flags, _seq, _pid = struct.unpack_from("=IHHII", data, at)
+        if length < 16 or at + length > len(data):
+            return True
+        if kind in (_NLMSG_DONE, _NLMSG_ERROR):
+            return True
+        body = at + 16
+        if body + 16 <= at + length:
+            inode = struct.unpack_from("=I", data, body + 4)[0]
+            attr = body + 16
+            while attr + 4 <= at + length:
+                size, kind_attr = struct.unpack_from("=HH", data, attr)
+                if size < 4:
+                    break
+                if kind_attr == _UNIX_DIAG_PEER and size >= 8:
+                    peer = struct.unpack_from("=I", data, attr + 4)[0]
+                    if peer:
+                        peers[inode] = peer
+                attr += (size + 3) & ~3
+        at += (length + 3) & ~3
+    return False
+
+
+def _own_netns(pid: int) -> bool:
+    """``pid`` shares this process's network namespace (where ``unix_peers`` reads)."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        return False
 
 
 def _listening(pid: int, link: str) -> bool:

@@ -223,3 +223,46 @@ def test_capture_follows_only_ranks_off_cpu_outside_any_op() -> None:
 def test_a_blocked_rank_is_blocked_state() -> None:
     view = analyse(make_snapshot({0: READ, 1: BROADCAST})).ranks[0]
     assert view.state is RankState.BLOCKED
+
+
+def test_a_queue_fed_by_a_thread_of_the_rank_ends_at_that_thread() -> None:
+    """The trainer waits on a queue a rollout thread of its own fills; the rollout thread
+    waits on the staleness condition: the root is that thread, in the rank (the queue's
+    feeder thread, library machinery, is not it)."""
+    get = ["train.py:<module>:90", "train.py:main:60", "queue.py:Queue.get:171", "threading.py:Condition.wait:327"]
+    rollout = ["rollout.py:run:30", "rollout.py:wait_for_staleness:44", "threading.py:Condition.wait:327"]
+    feeder = ["threading.py:Thread.run:982", "multiprocessing/queues.py:_feed:231", "threading.py:Condition.wait:327"]
+    rank0 = make_rank(0, get, threads={"QueueFeederThread": feeder, "rollout": rollout})
+    rank0 = _waiting(rank0, *(ThreadWait(n, "futex", WaitKind.THREAD) for n in (1000, 1100, 1200)))
+    diagnosis = analyse(make_snapshot([rank0, make_rank(1, BROADCAST)]))
+    assert diagnosis.verdict is Verdict.STRAGGLER and diagnosis.culprit_ranks == (0,)
+    root = diagnosis.root_cause
+    assert root is not None and root.pid == 1000 and root.rank == 0 and root.thread == "rollout"
+    assert [link.waits for link in root.chain] == [LinkKind.COLLECTIVE, LinkKind.QUEUE, LinkKind.CONDITION]
+    assert root.frame is not None and root.frame.line == 44
+
+
+def test_a_read_that_does_not_return_ends_at_the_rank_on_its_file() -> None:
+    """A rank's own read of a dead file: no other thread or process holds it, the file does."""
+    reading = ["train.py:<module>:90", "train.py:main:60", "train.py:step:33"]
+    rank0 = make_rank(0, reading, threads={"writer": ["writer.py:run:12", "threading.py:Condition.wait:327"]})
+    rank0 = _waiting(rank0, ThreadWait(1000, "read", WaitKind.FILE, 7, "/mnt/nfs/shard.bin"))
+    diagnosis = analyse(make_snapshot([rank0, make_rank(1, BROADCAST)]))
+    root = diagnosis.root_cause
+    assert diagnosis.verdict is Verdict.STRAGGLER and root is not None
+    assert root.pid == 1000 and root.thread == "MainThread" and root.chain[-1].on == "/mnt/nfs/shard.bin"
+    assert root.how[-1] == "read on /mnt/nfs/shard.bin does not return"
+
+
+def test_a_rank_waiting_on_its_own_lock_is_left_to_the_lock_analysis() -> None:
+    locked = ["train.py:<module>:90", "train.py:main:60", "train.py:step:33"]
+    rank0 = make_rank(0, locked, threads={"writer": ["writer.py:run:12", "threading.py:Condition.wait:327"]})
+    rank0 = _waiting(rank0, ThreadWait(1000, "futex", WaitKind.THREAD), ThreadWait(1100, "futex", WaitKind.THREAD))
+    lock_line = dataclasses.replace(rank0.samples[-1].threads[0].frames[-1], code="with self.lock:")
+    main = dataclasses.replace(
+        rank0.samples[-1].threads[0], frames=(*rank0.samples[-1].threads[0].frames[:-1], lock_line)
+    )
+    last = dataclasses.replace(rank0.samples[-1], threads=(main, *rank0.samples[-1].threads[1:]))
+    rank0 = dataclasses.replace(rank0, samples=(*rank0.samples[:-1], last))
+    diagnosis = analyse(make_snapshot([rank0, make_rank(1, BROADCAST)]))
+    assert diagnosis.verdict is Verdict.STRAGGLER and diagnosis.root_cause is None

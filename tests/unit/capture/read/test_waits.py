@@ -226,3 +226,27 @@ def test_waits_of_several_processes_at_once(started: list[subprocess.Popen[bytes
     found = process_waits([a.pid, b.pid, 2**22 + 1])
     assert found[a.pid][0].kind is WaitKind.PIPE and found[b.pid][0].kind is WaitKind.SLEEP
     assert found[2**22 + 1] == ()  # no such process: nothing, no error
+
+
+def test_a_poll_of_a_childs_stdout_and_stderr_waits_on_the_child(started: list[subprocess.Popen[bytes]]) -> None:
+    parent = _start(
+        started,
+        "import subprocess, sys; "
+        "subprocess.run([sys.executable, '-c', 'import time; time.sleep(60)'], capture_output=True)",
+    )
+    wait = _blocked(parent.pid, "poll")
+    kids = Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()
+    assert wait.kind is WaitKind.PIPE and wait.peers == tuple(map(int, kids)) and len(kids) == 1
+
+
+def test_a_unix_socket_read_names_the_process_at_the_other_end(started: list[subprocess.Popen[bytes]]) -> None:
+    """A Unix socket's peer (ZMQ ipc://, a local gRPC or HTTP server) by the kernel's
+    sock_diag table, as ``ss -x`` shows it."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        reader = _start(started, f"import os; os.read({theirs.fileno()}, 1)", pass_fds=(theirs.fileno(),))
+        theirs.close()
+        wait = _blocked(reader.pid, "read")
+        assert wait.kind is WaitKind.SOCKET and wait.peers == (os.getpid(),) and wait.remote == ""
+    finally:
+        ours.close()
