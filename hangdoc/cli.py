@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 from . import __version__
+from .capture.find.peers import MAX_INCLUDE
 from .cliargs import (
     CHECK_INTERVAL_SECONDS,
     DUMP_TIMEOUT_SECONDS,
@@ -34,6 +35,7 @@ from .cliargs import (
     WORLD_SIZE,
     agent_list,
     finite_float,
+    include_word,
     listen_address,
     node_name,
     port,
@@ -117,6 +119,15 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--native", action="store_true", help="include native (C/C++) frames in every sample")
     diag.add_argument(
         "--timeout", type=seconds(DUMP_TIMEOUT_SECONDS), default=5.0, help="seconds allowed per py-spy dump (default 5)"
+    )
+    diag.add_argument(
+        "--include",
+        action="append",
+        type=include_word,
+        default=[],
+        metavar="WORD",
+        help="also sample the job's other processes whose command line contains WORD (an inference "
+        "server, a reward service), on every node searched; repeatable",
     )
     diag.add_argument(
         "-q",
@@ -424,7 +435,11 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     _check_report_files(args)
     if args.save:
         check_save_path(args.save)  # a link or another's file is refused now, not after the capture
-    options = CaptureOptions(args.window, args.interval, args.max_window, args.native, args.timeout)
+    if len(args.include) > MAX_INCLUDE:
+        raise _usage(f"at most {MAX_INCLUDE} --include words")
+    options = CaptureOptions(
+        args.window, args.interval, args.max_window, args.native, args.timeout, tuple(args.include)
+    )
     nodes = _remote_nodes(args)
     with _status(args) as shown:
         snapshot, diagnosis = diagnose(

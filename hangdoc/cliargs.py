@@ -17,6 +17,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from .capture.find.peers import MAX_INCLUDE_CHARS
 from .errors import shown
 from .model import MAX_WORLD_SIZE
 
@@ -94,6 +95,15 @@ def finite_float(bounds: tuple[float, float]) -> Callable[[str], float]:
 def whole_number(bounds: tuple[int, int]) -> Callable[[str], int]:
     """A whole number (ASCII digits) within ``bounds``."""
     return _range_type(bounds[0], bounds[1], integer=True, unit="")
+
+
+def include_word(text: str) -> str:
+    """A word of a command line: printable, 1 to ``MAX_INCLUDE_CHARS`` characters."""
+    if not text or len(text) > MAX_INCLUDE_CHARS or not text.isprintable():
+        raise argparse.ArgumentTypeError(
+            f"{shown(text, 40)} is not a word of a command line (1 to {MAX_INCLUDE_CHARS} printable characters)"
+        )
+    return text
 
 
 def port(bounds: tuple[int, int] = LISTEN_PORT) -> Callable[[str], int]:

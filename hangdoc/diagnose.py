@@ -74,6 +74,8 @@ class CaptureOptions:
     max_window: float = 12.0  # upper bound when the evidence is ambiguous
     native: bool = False  # native frames on every sample (slow: ~1 s per dump)
     timeout: float = 5.0  # per py-spy dump
+    # processes to sample beside the ranks, by a word of their command line (--include)
+    include: tuple[str, ...] = ()
 
 
 # Finds a job's ranks some other way than asking nodes (a Ray job: from the cluster's state,
@@ -163,7 +165,7 @@ def observe(
             say(f"took native frames of {len(deeper)} rank(s) whose Python stack cannot show where they wait")
         if not gather.followed:
             tell(Step.FOLLOWING)
-            followed = gather.follow(needs_waits, lambda: time.monotonic() - t0, options.interval)
+            followed = gather.follow(needs_waits, lambda: time.monotonic() - t0, options.interval, options.include)
             if followed:
                 say(f"followed the ranks' waits to {followed} process(es) beyond the ranks")
         snapshot = devices.apply(gather.snapshot(elapsed))

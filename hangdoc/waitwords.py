@@ -20,14 +20,15 @@ _KIND_WORDS = {
     LinkKind.THREAD: "on",
     LinkKind.CONDITION: "on a condition or event",
 }
-_COMMAND_CHARS = 60
+_COMMAND_CHARS = 72
 
 
 def command_words(command: Sequence[str]) -> str:
-    """``python server.py --serve``: the program's base name and its arguments, cut short."""
+    """``python server.py --serve``: the program and its arguments, paths by their base
+    names (a script's directory says little of what it runs), cut short."""
     if not command:
         return ""
-    text = " ".join([os.path.basename(command[0]), *command[1:]])
+    text = " ".join(os.path.basename(a) if "/" in a and not a.startswith("-") else a for a in command)
     return text if len(text) <= _COMMAND_CHARS else text[: _COMMAND_CHARS - 1] + "…"
 
 

@@ -48,6 +48,7 @@ from ..addresses import is_loopback_host
 from ..bundle import load_snapshot
 from ..capture.find.discover import Discovery
 from ..capture.find.jobspec import parse_job_spec
+from ..capture.find.peers import MAX_INCLUDE, MAX_INCLUDE_CHARS
 from ..capture.read.flight_recorder import flight_record_to_json
 from ..capture.read.ncclras import ras_report_to_json
 from ..capture.read.pyspy import find_pyspy
@@ -324,9 +325,11 @@ class AgentService(pb_grpc.AgentServicer):
         are named, and accepted from then on."""
         if len(request.pids) > MAX_PIDS_PER_CALL:
             raise UsageError(f"{len(request.pids)} pids in one call; at most {MAX_PIDS_PER_CALL}")
+        if len(request.include) > MAX_INCLUDE or any(len(w) > MAX_INCLUDE_CHARS or not w for w in request.include):
+            raise UsageError(f"at most {MAX_INCLUDE} include words of 1 to {MAX_INCLUDE_CHARS} characters")
         known = self.found_pids | self.named_pids
         pids = [pid for pid in dict.fromkeys(request.pids) if pid in known and caller.may_read(pid)]
-        found = self.node.waits(pids, None if caller.reads_all else caller.may_read)
+        found = self.node.waits(pids, list(request.include), None if caller.reads_all else caller.may_read)
         self.named_pids.update(found.peers)
         return found
 

@@ -205,11 +205,12 @@ class RemoteNode:
                 ras_reason = f"its agent sent a RAS report hangdoc cannot read: {err}"
         return NodeDevices(gpus, response.gpu_reason[:600], report, ras_reason)
 
-    def waits(self, pids: Sequence[int]) -> Waited:
+    def waits(self, pids: Sequence[int], include: Sequence[str] = ()) -> Waited:
         """What the agent reads of ``pids``' waits; nothing from an agent without the call
         (older than the "waits" feature): the wait is then not followed on its node."""
         try:
-            response = self._call(self._stub.Waits, pb.WaitsRequest(pids=list(pids)), 10.0 + self.connect_timeout)
+            request = pb.WaitsRequest(pids=list(pids), include=list(include))
+            response = self._call(self._stub.Waits, request, 10.0 + self.connect_timeout)
         except AgentError:
             return Waited()
         wanted = set(pids)
@@ -222,8 +223,8 @@ class RemoteNode:
         peers = {}
         for msg in response.peers[:MAX_PEERS]:
             proc = wire.rank_process_from_proto(msg)
-            if proc.pid in named:
-                peers[proc.pid] = replace(proc, host=self.name, rank=None)
+            if proc.pid in named or include:
+                peers[proc.pid] = replace(proc, rank=None)  # the host as the agent names its node
         return Waited(waits, peers)
 
     def close(self) -> None:

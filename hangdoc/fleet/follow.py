@@ -54,10 +54,12 @@ def follow_waits(
     *,
     pause: float,
     timeout: float,
+    include: Sequence[str] = (),
 ) -> tuple[Beyond, list[Note]]:
     """Read the waits of ``wanted`` ranks' threads (index into ``fleet.placed`` -> native
-    ids) into their last samples (``samples`` is changed in place), follow them; the
-    processes followed, and what is worth saying about it."""
+    ids) into their last samples (``samples`` is changed in place), follow them; with the
+    processes of the fleet's nodes whose command line contains a word of ``include``
+    (``--include``), followed as well. The processes followed, and what is worth saying."""
     beyond = Beyond()
     notes: list[Note] = []
     ranks = {(node.name, proc.pid) for node, proc in fleet.placed}
@@ -65,16 +67,27 @@ def follow_waits(
     for i in sorted(wanted):
         node, proc = fleet.placed[i]
         by_node.setdefault(id(node), (node, []))[1].append(proc.pid)
-    answers = _ask(list(by_node.values()), notes)
+    if include:
+        for node, _ in fleet.placed:
+            by_node.setdefault(id(node), (node, []))
+    answers = _ask(list(by_node.values()), notes, include)
     index = {(node.name, proc.pid): i for i, (node, proc) in enumerate(fleet.placed)}
     frontier: list[tuple[Node, RankProcess]] = []
     for node, waited in answers:
         for pid, waits in waited.waits.items():
-            i = index[(node.name, pid)]
-            kept = tuple(w for w in waits if w.native_id in wanted[i])
-            if samples[i]:
-                samples[i][-1] = dataclasses.replace(samples[i][-1], waits=kept)
+            at = index.get((node.name, pid))
+            if at is None or at not in wanted:
+                continue
+            kept = tuple(w for w in waits if w.native_id in wanted[at])
+            if samples[at]:
+                samples[at][-1] = dataclasses.replace(samples[at][-1], waits=kept)
             frontier += _next(node, kept, waited, ranks, beyond, frontier)
+        named = {p for ws in waited.waits.values() for w in ws for p in w.peers}
+        for pid, proc in waited.peers.items():  # --include's
+            key = (node.name, pid)
+            fresh = all((n.name, p.pid) != key for n, p in frontier)
+            if pid not in named and key not in ranks and len(frontier) < MAX_FOLLOWED and fresh:
+                frontier.append((node, proc))
     depth = 0
     while frontier and depth < MAX_DEPTH:
         depth += 1
@@ -95,13 +108,9 @@ def follow_waits(
             for pid, waits in waited.waits.items():
                 _set_waits(beyond, node, pid, waits)
         pids = tuple(sorted(pid for _, pid in beyond.held))
-        notes.append(
-            Note(
-                f"followed the waits of {len(wanted)} rank(s) to {len(pids)} process(es) beyond the ranks",
-                NoteKind.OTHER,
-                pids=pids,
-            )
-        )
+        what = f"followed the waits of {len(wanted)} rank(s)" if wanted else "followed"
+        what += " and --include" if include else ""
+        notes.append(Note(f"{what} to {len(pids)} process(es) beyond the ranks", NoteKind.OTHER, pids=pids))
     return beyond, notes
 
 
@@ -133,10 +142,12 @@ def _group(procs: Sequence[tuple[Node, RankProcess]]) -> list[tuple[Node, list[i
     return list(groups.values())
 
 
-def _ask(groups: list[tuple[Node, list[int]]], notes: list[Note]) -> list[tuple[Node, Waited]]:
+def _ask(
+    groups: list[tuple[Node, list[int]]], notes: list[Note], include: Sequence[str] = ()
+) -> list[tuple[Node, Waited]]:
     pids = {id(node): pids for node, pids in groups}
     out = []
-    for node, waited, exc in fan_out([n for n, _ in groups], lambda n: _waits(n, pids[id(n)]), 10.0):
+    for node, waited, exc in fan_out([n for n, _ in groups], lambda n: _waits(n, pids[id(n)], include), 10.0):
         if isinstance(waited, Waited):
             out.append((node, waited))
         else:
@@ -144,9 +155,9 @@ def _ask(groups: list[tuple[Node, list[int]]], notes: list[Note]) -> list[tuple[
     return out
 
 
-def _waits(node: Node, pids: list[int]) -> Waited | str:
+def _waits(node: Node, pids: list[int], include: Sequence[str]) -> Waited | str:
     try:
-        return node.waits(pids)
+        return node.waits(pids, include) if include else node.waits(pids)
     except Exception as exc:  # noqa: BLE001 - one node's failure is a note, not the diagnosis's end
         return f"{type(exc).__name__}: {exc}"
 

@@ -114,10 +114,12 @@ class Gather:
         self.notes.append(Note(f"native frames taken of pid(s) {', '.join(map(str, pids))}", pids=pids))
         return pids
 
-    def follow(self, needs_waits: NeedsWaits, clock: Callable[[], float], pause: float) -> int:
+    def follow(
+        self, needs_waits: NeedsWaits, clock: Callable[[], float], pause: float, include: Sequence[str] = ()
+    ) -> int:
         """Once: what the live ranks that ``needs_waits`` wait on, followed past the ranks
-        (``fleet.follow``), with the source lines of the followed processes' frames; how
-        many processes were followed."""
+        (``fleet.follow``), with the processes ``include`` names, and the source lines of
+        the followed processes' frames; how many processes were followed."""
         if self.followed:
             return 0
         self.followed = True
@@ -126,9 +128,11 @@ class Gather:
             for i in sorted(self.live())
             if (ids := needs_waits(self.samples[i], self.fleet.placed[i][1], self._code))
         }
-        if not wanted:
+        if not wanted and not include:
             return 0
-        self.beyond, notes = follow_waits(self.fleet, self.samples, wanted, clock, pause=pause, timeout=self.timeout)
+        self.beyond, notes = follow_waits(
+            self.fleet, self.samples, wanted, clock, pause=pause, timeout=self.timeout, include=include
+        )
         self.notes += notes
         wanted_sources: dict[int, tuple[Node, dict[int, list[Frame]]]] = {}
         for node, proc, samples in self.beyond.held.values():

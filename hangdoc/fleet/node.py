@@ -17,7 +17,7 @@ from typing import Protocol
 
 from ..capture.find.discover import Discovery, discover
 from ..capture.find.jobspec import JobSpec
-from ..capture.find.peers import peer_processes
+from ..capture.find.peers import included_processes, peer_processes
 from ..capture.read.gpu import read_gpus
 from ..capture.read.heartbeat_files import read_processes
 from ..capture.read.ncclras import RasQuery, query_ras
@@ -145,11 +145,18 @@ class Waited:
     peers: dict[int, RankProcess] = field(default_factory=dict)
 
 
-def read_waits(pids: Sequence[int], host: str, readable: Callable[[int], bool] | None = None) -> Waited:
-    """``Waited`` for ``pids``, as a caller who may read ``readable`` processes sees them."""
-    waits = process_waits(pids, readable or (lambda _pid: True))
+def read_waits(
+    pids: Sequence[int], host: str, readable: Callable[[int], bool] | None = None, include: Sequence[str] = ()
+) -> Waited:
+    """``Waited`` for ``pids``, as a caller who may read ``readable`` processes sees them;
+    the processes whose command line contains a word of ``include`` are named as peers too."""
+    may = readable or (lambda _pid: True)
+    waits = process_waits(pids, may)
     named = {p for ws in waits.values() for w in ws for p in w.peers} - set(pids)
-    return Waited(waits, peer_processes(sorted(named), host))
+    peers = peer_processes(sorted(named), host)
+    for pid, proc in included_processes(include, host, may, exclude=pids).items():
+        peers.setdefault(pid, proc)
+    return Waited(waits, peers)
 
 
 class Node(Protocol):
@@ -185,9 +192,10 @@ class Node(Protocol):
         ``ras`` NCCL's RAS report of their job; within about ``timeout + listen`` seconds."""
         ...
 
-    def waits(self, pids: Sequence[int]) -> Waited:
+    def waits(self, pids: Sequence[int], include: Sequence[str] = ()) -> Waited:
         """What the blocked threads of ``pids`` (ranks, or processes an earlier answer named
-        as peers) wait on, and the processes of this node at the other ends."""
+        as peers) wait on, and the processes of this node at the other ends; with those
+        whose command line contains a word of ``include``."""
         ...
 
 
@@ -239,9 +247,11 @@ class LocalNode:
     def devices(self, pids: Sequence[int], *, listen: float, timeout: float, ras: bool) -> NodeDevices:
         return read_gpu_state(pids, listen=listen, timeout=timeout, ras=ras, host=self._host)
 
-    def waits(self, pids: Sequence[int], readable: Callable[[int], bool] | None = None) -> Waited:
+    def waits(
+        self, pids: Sequence[int], include: Sequence[str] = (), readable: Callable[[int], bool] | None = None
+    ) -> Waited:
         """``readable``: the processes a restricted caller may see (None: all)."""
-        return read_waits(pids, self._host, readable)
+        return read_waits(pids, self._host, readable, include)
 
 
 class ReplayNode:
@@ -318,7 +328,9 @@ class ReplayNode:
         report = self.snapshot.ras if ras else None
         return NodeDevices(gpus, "", report, "")
 
-    def waits(self, pids: Sequence[int], readable: Callable[[int], bool] | None = None) -> Waited:
+    def waits(
+        self, pids: Sequence[int], include: Sequence[str] = (), readable: Callable[[int], bool] | None = None
+    ) -> Waited:
         """The waits of the snapshot's last samples, and its processes beyond the ranks."""
         beyond = {r.process.pid: r for r in self.snapshot.beyond}
         waits = {}

@@ -36,6 +36,7 @@ from ..model import (
     NcclRasReport,
     RankAnalysis,
     RankProcess,
+    RankSnapshot,
     RootCause,
     Scope,
     StackGroup,
@@ -145,6 +146,7 @@ def _report(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
         "partial": diagnosis.partial,
         "scope": _scope(diagnosis.scope),
         "root_cause": _root(diagnosis.root_cause),
+        "other_processes": [_other(r) for r in snapshot.beyond],
         "captured_at": snapshot.captured_at,
         "notes": [note.words() for note in snapshot.notes],
         **({"nccl_ras": _ras(snapshot.ras)} if snapshot.ras is not None else {}),
@@ -183,6 +185,18 @@ def _root(root: RootCause | None) -> dict[str, Any] | None:
             }
             for link, how in zip(root.chain, root.how, strict=False)
         ],
+    }
+
+
+def _other(snap: RankSnapshot) -> dict[str, Any]:
+    """A process of the job that is not a rank, met by following the ranks' waits: what it runs."""
+    good = snap.good_samples
+    return {
+        "pid": snap.process.pid,
+        "host": snap.process.host,
+        "command": list(snap.process.cmdline),
+        "threads": [t.name or str(t.thread_id) for t in good[-1].threads] if good else [],
+        "sampled": len(good),
     }
 
 
@@ -276,6 +290,7 @@ def undiagnosed_to_json_dict(spec: str, error: str, help: str, *, noticed: str, 
         "partial": True,
         "scope": _scope(Scope()),
         "root_cause": None,
+        "other_processes": [],
         "captured_at": captured_at,
         "notes": [f"diagnosis failed: {error}"],
         "hangdoc_version": __version__,

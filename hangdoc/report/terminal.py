@@ -71,7 +71,7 @@ from ..model import (
     Verdict,
 )
 from ..rankranges import count_text, cut_ranges, ranks_label, scope_text
-from ..waitwords import waits_words, who
+from ..waitwords import command_words, waits_words, who
 
 _VERDICT_STYLE = {Verdict.NOT_HUNG: "bold green", Verdict.UNKNOWN: "bold yellow"}
 _HANG_STYLE = "bold red"
@@ -135,6 +135,7 @@ def render(
         else:
             console.print(_class_table(diagnosis.ranks, culprits))
     _section(console, "Wait chain (where the ranks' wait ends)", _chain(diagnosis.root_cause, snapshot))
+    _section(console, "Other processes of the job", _others(snapshot))
     _section(console, "Evidence", _bullets(_evidence(diagnosis.evidence)))
     _section(console, "Next steps", _numbered(diagnosis.next_steps))
     _section(console, "Unreachable", _unreachable(snapshot))
@@ -631,6 +632,22 @@ def _chain(root: RootCause | None, snapshot: JobSnapshot) -> list[Text]:
             lines.append(Text("      " + _text(where)))
             if frame.code:
                 lines.append(Text("        " + _text(frame.code), "dim"))
+    return lines
+
+
+_OTHERS = 12  # other processes listed; --json has them all
+
+
+def _others(snapshot: JobSnapshot) -> list[Text]:
+    """The processes met past the ranks, by what they run."""
+    lines = []
+    for proc in snapshot.beyond[:_OTHERS]:
+        good = proc.good_samples
+        threads = ", ".join(f"'{t.name or t.thread_id}'" for t in good[-1].threads[:6]) if good else "not sampled"
+        runs = command_words(proc.process.cmdline) or "?"
+        lines.append(Text("• " + _text(f"pid {proc.process.pid} on {proc.process.host}: {runs} — threads {threads}")))
+    if len(snapshot.beyond) > _OTHERS:
+        lines.append(Text(f"  … and {len(snapshot.beyond) - _OTHERS} more (--json lists them all)", "dim"))
     return lines
 
 

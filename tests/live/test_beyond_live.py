@@ -37,6 +37,8 @@ def _root(meta: JobMeta) -> dict[str, str] | None:
 # a job also diagnosed through a real agent (gRPC, a token): its Waits call and the Sample
 # of the processes it named
 VIA_AGENT = "straggler_rollout_server_scheduler_deadlock"
+# jobs diagnosed with --include: a healthy loop's server is sampled though no rank waits on it
+INCLUDE = {"not_hung_rl_loop_with_server": ("--include=--serve",)}
 TOKEN = "beyond-token-0123456789abcdef"
 
 
@@ -68,7 +70,7 @@ def _run(meta: JobMeta, workdir: Path) -> tuple[dict, dict[int, str], str, dict 
     agent_report = None
     with launch(meta, workdir / "job") as job:
         job.wait_ready()
-        result = _diagnose(job.job_spec(), meta.name)
+        result = _diagnose(job.job_spec(), meta.name, *INCLUDE.get(meta.name, ()))
         if meta.name == VIA_AGENT:
             through = _via_agent(job.job_spec(), workdir)
             agent_report = json.loads(through.stdout) if through.stdout.strip() else {"stderr": through.stderr}
@@ -141,3 +143,13 @@ def test_an_agent_follows_the_wait_to_the_same_process(reports) -> None:
     for key in ("pid", "thread", "frame", "command"):
         assert through["root_cause"][key] == local["root_cause"][key], key
     assert through["root_cause"]["host"] == "node-a"
+
+
+@pytest.mark.live
+@pytest.mark.timeout(600)
+def test_include_samples_a_server_no_rank_waits_on(reports) -> None:
+    _meta, report, commands, _output, _agent = reports["not_hung_rl_loop_with_server"]
+    assert report["verdict"] == "not_hung" and report["root_cause"] is None
+    servers = [p for p in report["other_processes"] if "--serve" in " ".join(p["command"])]
+    assert len(servers) == 1 and servers[0]["sampled"] == 2 and "scheduler" in servers[0]["threads"], report
+    assert "--serve" in commands[servers[0]["pid"]]

@@ -29,13 +29,13 @@ HOMES = {
     "hangdoc.addresses",
     "hangdoc.filekinds",
     "hangdoc.safefiles",
-    "hangdoc.waitwords",
 }
 GROUND = {
     "hangdoc",
     "hangdoc.errors",
     "hangdoc.bundle",
     "hangdoc.outfiles",
+    "hangdoc.waitwords",
     "hangdoc.heartbeat",
     "hangdoc.probe",
     "hangdoc.probe_hook",

@@ -508,10 +508,12 @@ class DevicesResponse(_message.Message):
     def __init__(self, ranks: _Optional[_Iterable[_Union[RankGpus, _Mapping]]] = ..., gpu_reason: _Optional[str] = ..., ras_output: _Optional[str] = ..., ras_reason: _Optional[str] = ...) -> None: ...
 
 class WaitsRequest(_message.Message):
-    __slots__ = ("pids",)
+    __slots__ = ("pids", "include")
     PIDS_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_FIELD_NUMBER: _ClassVar[int]
     pids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, pids: _Optional[_Iterable[int]] = ...) -> None: ...
+    include: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, pids: _Optional[_Iterable[int]] = ..., include: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PidWaits(_message.Message):
     __slots__ = ("pid", "waits")

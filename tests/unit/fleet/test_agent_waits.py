@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from hangdoc.capture.read.waits import read_syscall
+from hangdoc.errors import UsageError
 from hangdoc.fleet.agent import AgentConfig, AgentService
 from hangdoc.fleet.callers import Caller
 from hangdoc.fleet.v1 import agent_pb2 as pb
@@ -71,3 +72,13 @@ def test_a_peer_the_caller_may_not_read_is_never_named(reader_and_writer: tuple[
     assert found.waits[reader][0].peers == () and found.peers == {}
     refusal = service._refusal(writer, OnlyThese({reader, writer}))
     assert refusal is not None and "not a rank process this agent found" in refusal.message
+
+
+def test_include_names_matching_processes_the_caller_may_read(reader_and_writer: tuple[int, int]) -> None:
+    _reader, writer = reader_and_writer
+    service = AgentService(AgentConfig(listen="127.0.0.1:0"))
+    found = service._waits(pb.WaitsRequest(include=["time.sleep(60)"]), OnlyThese({writer}))
+    assert set(found.peers) == {writer} and service._refusal(writer, OnlyThese({writer})) is None
+    assert service._waits(pb.WaitsRequest(include=["time.sleep(60)"]), OnlyThese(set())).peers == {}
+    with pytest.raises(UsageError, match="include words"):
+        service._waits(pb.WaitsRequest(include=["x" * 300]), OnlyThese({writer}))

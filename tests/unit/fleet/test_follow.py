@@ -87,3 +87,19 @@ def test_a_node_that_fails_is_a_note_not_an_error() -> None:
     node = Broken({})
     samples, beyond, notes = _run(node, _fleet(node, 1), {0: frozenset({1})})
     assert not beyond.held and "the agent went away" in notes[0].text
+
+
+def test_included_processes_are_followed_though_no_rank_waits() -> None:
+    class Including(TableNode):
+        def waits(self, pids: Sequence[int], include: Sequence[str] = ()) -> Waited:
+            found = super().waits(pids)
+            if include:
+                found.peers[50] = RankProcess(50, self.name, None, cmdline=("python", "server.py", "--serve"))
+            return found
+
+    node = Including({50: ()})
+    fleet = _fleet(node, 1)
+    samples = [[Sample(t=0.0, threads=(ThreadStack(1, "MainThread", (), 1),))]]
+    beyond, notes = follow_waits(fleet, samples, {}, lambda: 1.0, pause=0.0, timeout=1.0, include=("--serve",))
+    assert [pid for _, pid in beyond.held] == [50] and node.sampled.count(50) == 2
+    assert "--include" in notes[-1].text and samples[0][-1].waits == ()
