@@ -928,6 +928,10 @@ class WaitLink:
     waits: LinkKind | None = None
     on: str = ""
     command: tuple[str, ...] = ()  # what it runs: its command line (redacted), at most 8 words
+    # how sure the link is: the kernel's tables named the other end (a descriptor's holder,
+    # a child, a lock's holder, a file), or the stacks only show it (a queue, a condition,
+    # a collective, an idle event loop's one connection)
+    certain: bool = False
 
 
 @dataclass(frozen=True, slots=True)

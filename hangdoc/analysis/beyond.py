@@ -149,11 +149,13 @@ class Chains:
                     how.append("its stack waits for another thread of its process")
                     at, wait = other, _wait_of(other, waits)
             if wait is None or not _leads(wait):
-                links.append(_link(current, at, _end_kind(at, wait), _end_on(wait)))
+                end = _link(current, at, _end_kind(at, wait), _end_on(wait))
+                links.append(dataclasses.replace(end, certain=wait is not None and wait.kind is WaitKind.FILE))
                 how.append(_end_how(wait, at))
                 return Chain(tuple(links), tuple(how))
             target = self._next(host, wait, seen)
-            links.append(_link(current, at, _link_kind(wait, at), _on(wait, target)))
+            step = _link(current, at, _link_kind(wait, at), _on(wait, target))
+            links.append(dataclasses.replace(step, certain=not wait.syscall.endswith(_LOOP)))
             how.append(_how(wait))
             if target is None:
                 return Chain(tuple(links), tuple(how), to_rank=self._rank_of(host, wait.peers) is not None)

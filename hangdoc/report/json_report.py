@@ -182,6 +182,7 @@ def _root(root: RootCause | None) -> dict[str, Any] | None:
                 "frame": _where(link.frame),
                 "command": list(link.command),
                 "how": how,
+                "certain": link.certain,
             }
             for link, how in zip(root.chain, root.how, strict=False)
         ],

@@ -623,7 +623,8 @@ def _chain(root: RootCause | None, snapshot: JobSnapshot) -> list[Text]:
         said = waits_words(link)
         if said:
             back = "   ↺ back into the chain: a deadlock across processes" if last and root.cycle else ""
-            lines.append(Text.assemble("    └─ ", _text(said), (back, "yellow")))
+            how = "" if link.certain else " (inferred)"
+            lines.append(Text.assemble("    └─ ", _text(said), (how, "dim"), (back, "yellow")))
     thread = _root_thread(root, snapshot)
     if thread is not None:
         lines.append(Text(f"    stack of thread '{root.thread}' (innermost last):", "dim"))

@@ -403,6 +403,8 @@ def test_undiagnosed_report_values() -> None:
         "observed_seconds": 0.0,
         "partial": True,
         "scope": {"world_size": None, "whole": False, "seen": [], "not_seen": [], "absent": []},
+        "root_cause": None,
+        "other_processes": [],
         "captured_at": "2026-11-22T00:00:00+00:00",
         "notes": ["diagnosis failed: no rank process of pid:1"],
         "hangdoc_version": __version__,
