@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 from . import __version__
-from .capture.find.peers import MAX_INCLUDE
 from .cliargs import (
     CHECK_INTERVAL_SECONDS,
     DUMP_TIMEOUT_SECONDS,
@@ -43,6 +42,7 @@ from .cliargs import (
     whole_number,
 )
 from .errors import HangdocError, InternalError, UsageError, one_line
+from .model import MAX_INCLUDE
 
 if TYPE_CHECKING:
     from .diagnose import FleetSource

@@ -17,9 +17,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from .capture.find.peers import MAX_INCLUDE_CHARS
 from .errors import shown
-from .model import MAX_WORLD_SIZE
+from .model import MAX_INCLUDE_CHARS, MAX_WORLD_SIZE
 
 # --------------------------------------------------------------------------- ranges
 

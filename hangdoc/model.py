@@ -272,6 +272,10 @@ class CaptureError:
     message: str
 
 
+MAX_INCLUDE = 16  # --include words one diagnosis, or one call to an agent, carries
+MAX_INCLUDE_CHARS = 256
+
+
 class WaitKind(enum.Enum):
     """What a thread blocked in a system call waits on, by the call and its descriptor."""
 
@@ -301,6 +305,10 @@ class ThreadWait:
     target: str = ""
     peers: tuple[int, ...] = ()
     remote: str = ""  # "HOST:PORT" of a TCP peer that is not a process of this node
+    local: str = ""  # with ``remote``: this end's "HOST:PORT", by which that node finds the peer
+    # the node ``peers`` are on, where another node's agent named them (the far end of a
+    # TCP connection); "" for this node
+    peer_host: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -158,7 +158,8 @@ class Chains:
             links.append(dataclasses.replace(step, certain=not wait.syscall.endswith(_LOOP)))
             how.append(_how(wait))
             if target is None:
-                return Chain(tuple(links), tuple(how), to_rank=self._rank_of(host, wait.peers) is not None)
+                there = wait.peer_host or host
+                return Chain(tuple(links), tuple(how), to_rank=self._rank_of(there, wait.peers) is not None)
             if (target.process.host, target.process.pid) in seen:
                 return Chain(tuple(links), tuple(how), cycle=True)
             if target.process.rank is not None:
@@ -215,6 +216,7 @@ class Chains:
         the module doc; one that runs after one that waits; then the lowest pid)."""
         best: tuple[int, int] | None = None
         chosen = None
+        host = wait.peer_host or host  # the far end of a TCP connection, named by its node's agent
         for pid in wait.peers:
             p = self.processes.get((host, pid))
             if p is None:
@@ -365,7 +367,7 @@ def _order(thread: ThreadStack, wait: ThreadWait | None, back: set[tuple[str, in
             # is; one whose other end no table names (a Unix socket): after every known wait
             if not (wait.peers or wait.remote):
                 return 4
-            return 5 if {(host, p) for p in wait.peers} & back else 0
+            return 5 if {(wait.peer_host or host, p) for p in wait.peers} & back else 0
         if wait.kind is WaitKind.FILE:
             return 0
     if lock_wait_frame(thread) is not None:
@@ -450,11 +452,14 @@ def _end_kind(thread: ThreadStack | None, wait: ThreadWait | None) -> LinkKind |
 
 
 def _on(wait: ThreadWait, target: RankSnapshot | None) -> str:
-    if wait.remote:
+    if wait.remote and target is None:
         return wait.remote
     if target is not None:
         rank = target.process.rank
-        return f"rank {rank} (pid {target.process.pid})" if rank is not None else f"pid {target.process.pid}"
+        where = f" on {target.process.host}" if wait.peer_host else ""
+        return (
+            f"rank {rank} (pid {target.process.pid}{where})" if rank is not None else f"pid {target.process.pid}{where}"
+        )
     if wait.peers:
         return f"pid {', '.join(map(str, wait.peers[:4]))}"
     return wait.target
@@ -474,6 +479,11 @@ def _how(wait: ThreadWait) -> str:
             "with one connection to a process outside the chain"
         )
     if kind is WaitKind.SOCKET:
+        if wait.remote and wait.peer_host:
+            return (
+                f"{wait.syscall} on {wait.target}: a TCP connection to {wait.remote}, whose holder the agent on "
+                f"{wait.peer_host} names"
+            )
         if wait.remote:
             return f"{wait.syscall} on {wait.target}: a TCP connection to {wait.remote}, off this node"
         return f"{wait.syscall} on {wait.target}: the kernel's TCP table names the process at the other end"

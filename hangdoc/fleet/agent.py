@@ -48,12 +48,13 @@ from ..addresses import is_loopback_host
 from ..bundle import load_snapshot
 from ..capture.find.discover import Discovery
 from ..capture.find.jobspec import parse_job_spec
-from ..capture.find.peers import MAX_INCLUDE, MAX_INCLUDE_CHARS
 from ..capture.read.flight_recorder import flight_record_to_json
 from ..capture.read.ncclras import ras_report_to_json
 from ..capture.read.pyspy import find_pyspy
 from ..errors import HangdocError, JobNotFound, PermissionDenied, PySpyMissing, UsageError, one_line
 from ..model import (
+    MAX_INCLUDE,
+    MAX_INCLUDE_CHARS,
     CaptureError,
     CaptureErrorKind,
     Frame,
@@ -67,7 +68,7 @@ from . import limits, wire
 from .callers import OPERATOR_BY_CERT, OPERATOR_BY_TOKEN, Caller, identify
 from .credfiles import check_tls, read_private, read_token
 from .limits import Lanes, OverQuota
-from .node import LocalNode, NodeDevices, ProbeAnswers, ReplayNode, Waited
+from .node import MAX_SOCKETS, LocalNode, NodeDevices, ProbeAnswers, ReplayNode, Waited
 from .v1 import agent_pb2 as pb
 from .v1 import agent_pb2_grpc as pb_grpc
 from .wire import ERROR_HELP, ERROR_KIND
@@ -316,6 +317,7 @@ class AgentService(pb_grpc.AgentServicer):
         return pb.WaitsResponse(
             waits=[pb.PidWaits(pid=pid, waits=[wire.wait_to_proto(w) for w in ws]) for pid, ws in found.waits.items()],
             peers=[wire.rank_process_to_proto(p) for p in found.peers.values()],
+            holders=[pb.SocketHolders(socket=f"{a}>{b}", pids=list(pids)) for (a, b), pids in found.holders.items()],
         )
 
     # ------------------------------------------------------------ the work, in a thread
@@ -329,7 +331,10 @@ class AgentService(pb_grpc.AgentServicer):
             raise UsageError(f"at most {MAX_INCLUDE} include words of 1 to {MAX_INCLUDE_CHARS} characters")
         known = self.found_pids | self.named_pids
         pids = [pid for pid in dict.fromkeys(request.pids) if pid in known and caller.may_read(pid)]
-        found = self.node.waits(pids, list(request.include), None if caller.reads_all else caller.may_read)
+        if len(request.sockets) > MAX_SOCKETS:
+            raise UsageError(f"{len(request.sockets)} sockets in one call; at most {MAX_SOCKETS}")
+        pairs = [(local, remote) for text in request.sockets for local, _, remote in [text.partition(">")]]
+        found = self.node.waits(pids, list(request.include), pairs, None if caller.reads_all else caller.may_read)
         self.named_pids.update(found.peers)
         return found
 

@@ -22,6 +22,7 @@ from ..capture.read.ncclras import RasReportInvalid, read_ras_report
 from ..capture.read.source import keeps_source
 from ..errors import HangdocError, JobNotFound, PermissionDenied, UsageError
 from ..model import (
+    PID_MAX,
     Frame,
     Heartbeat,
     ProbeAnswer,
@@ -205,11 +206,13 @@ class RemoteNode:
                 ras_reason = f"its agent sent a RAS report hangdoc cannot read: {err}"
         return NodeDevices(gpus, response.gpu_reason[:600], report, ras_reason)
 
-    def waits(self, pids: Sequence[int], include: Sequence[str] = ()) -> Waited:
+    def waits(
+        self, pids: Sequence[int], include: Sequence[str] = (), sockets: Sequence[tuple[str, str]] = ()
+    ) -> Waited:
         """What the agent reads of ``pids``' waits; nothing from an agent without the call
         (older than the "waits" feature): the wait is then not followed on its node."""
         try:
-            request = pb.WaitsRequest(pids=list(pids), include=list(include))
+            request = pb.WaitsRequest(pids=list(pids), include=list(include), sockets=[f"{a}>{b}" for a, b in sockets])
             response = self._call(self._stub.Waits, request, 10.0 + self.connect_timeout)
         except AgentError:
             return Waited()
@@ -219,13 +222,19 @@ class RemoteNode:
             for w in response.waits
             if w.pid in wanted
         }
-        named = {p for ws in waits.values() for w in ws for p in w.peers}
+        asked = {f"{a}>{b}": (a, b) for a, b in sockets}
+        holders = {
+            asked[h.socket]: tuple(p for p in h.pids[:MAX_PEERS] if 0 <= p <= PID_MAX)
+            for h in response.holders
+            if h.socket in asked
+        }
+        named = {p for ws in waits.values() for w in ws for p in w.peers} | {p for ps in holders.values() for p in ps}
         peers = {}
         for msg in response.peers[:MAX_PEERS]:
             proc = wire.rank_process_from_proto(msg)
             if proc.pid in named or include:
                 peers[proc.pid] = replace(proc, rank=None)  # the host as the agent names its node
-        return Waited(waits, peers)
+        return Waited(waits, peers, holders)
 
     def close(self) -> None:
         self._channel.close()

@@ -38,6 +38,9 @@ class Fleet:
     world_size: int | None
     notes: tuple[Note, ...] = ()
     unreachable: tuple[Unreachable, ...] = ()
+    # every node that answered, those without ranks too (a server's node): where a wait
+    # that leaves a rank's node may lead
+    answered: tuple[Node, ...] = ()
 
     @property
     def procs(self) -> list[RankProcess]:
@@ -244,7 +247,8 @@ def _assemble(
         elsewhere, [p.rank for _, p in placed], world, [n.name for n in nodes], str(spec), agents=not local
     ):
         notes.append(Note(note))
-    return Fleet(tuple(placed), world, tuple(notes), tuple(unreachable))
+    answered = tuple(node for node, _, exc in results if exc is None or isinstance(exc, JobNotFound))
+    return Fleet(tuple(placed), world, tuple(notes), tuple(unreachable), answered)
 
 
 @dataclass(frozen=True, slots=True)

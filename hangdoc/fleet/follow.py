@@ -14,6 +14,9 @@ moves.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import ipaddress
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -70,9 +73,8 @@ def follow_waits(
     if include:
         for node, _ in fleet.placed:
             by_node.setdefault(id(node), (node, []))
-    answers = _ask(list(by_node.values()), notes, include)
+    answers, frontier = _far_ends(fleet, _ask(list(by_node.values()), notes, include), ranks, notes)
     index = {(node.name, proc.pid): i for i, (node, proc) in enumerate(fleet.placed)}
-    frontier: list[tuple[Node, RankProcess]] = []
     for node, waited in answers:
         for pid, waits in waited.waits.items():
             at = index.get((node.name, pid))
@@ -92,8 +94,8 @@ def follow_waits(
     while frontier and depth < MAX_DEPTH:
         depth += 1
         _sample(frontier, beyond, clock(), timeout)
-        answers = _ask(_group(frontier), notes)
-        frontier = []
+        answers, far = _far_ends(fleet, _ask(_group(frontier), notes), ranks, notes)
+        frontier = [(n, p) for n, p in far if (n.name, p.pid) not in beyond.held]
         for node, waited in answers:
             for pid, waits in waited.waits.items():
                 _set_waits(beyond, node, pid, waits)
@@ -104,7 +106,8 @@ def follow_waits(
         time.sleep(pause)  # a second look, so that a process that moves is not taken for one that waits
         followed = [(node, proc) for node, proc, _ in beyond.held.values()]
         _sample(followed, beyond, clock(), timeout)
-        for node, waited in _ask(_group(followed), notes):
+        answers, _ = _far_ends(fleet, _ask(_group(followed), notes), ranks, notes)
+        for node, waited in answers:
             for pid, waits in waited.waits.items():
                 _set_waits(beyond, node, pid, waits)
         pids = tuple(sorted(pid for _, pid in beyond.held))
@@ -125,7 +128,7 @@ def _next(
     """The processes ``waits`` lead to that are not ranks, not followed yet, within bounds."""
     taken = {(n.name, p.pid) for n, p in queued}
     out: list[tuple[Node, RankProcess]] = []
-    for pid in dict.fromkeys(p for w in waits for p in w.peers):
+    for pid in dict.fromkeys(p for w in waits if not w.peer_host for p in w.peers):
         key = (node.name, pid)
         if key in ranks or key in beyond.held or key in taken or pid not in waited.peers:
             continue
@@ -133,6 +136,83 @@ def _next(
             break
         out.append((node, waited.peers[pid]))
     return out
+
+
+def _far_ends(
+    fleet: Fleet, answers: list[tuple[Node, Waited]], ranks: set[tuple[str, int]], notes: list[Note]
+) -> tuple[list[tuple[Node, Waited]], list[tuple[Node, RankProcess]]]:
+    """Waits on a TCP connection that leaves their node, where the node at its remote
+    address is one of the fleet's (its agent answered): that agent names the processes
+    holding the other end (``Node.waits(sockets=...)``), and the waits say so (``peers``
+    on ``peer_host``). The answers so rewritten, and the far processes to follow (ranks
+    are not followed)."""
+    asked: dict[int, tuple[Node, set[tuple[str, str]]]] = {}
+    for _, waited in answers:
+        for waits in waited.waits.values():
+            for w in waits:
+                node = _node_at(fleet, w.remote) if w.remote and w.local and not w.peers else None
+                if node is not None:
+                    asked.setdefault(id(node), (node, set()))[1].add((w.remote, w.local))
+    if not asked:
+        return answers, []
+    far: dict[tuple[str, str], tuple[Node, tuple[RankProcess, ...]]] = {}
+
+    def lookup(node: Node) -> Waited | str:
+        try:
+            return node.waits([], (), sorted(asked[id(node)][1]))
+        except Exception as exc:  # noqa: BLE001 - a far node's failure is a note
+            return f"{type(exc).__name__}: {exc}"
+
+    for node, found, exc in fan_out([n for n, _ in asked.values()], lookup, 10.0):
+        if not isinstance(found, Waited):
+            notes.append(Note(f"could not ask who holds a connection: {exc or found}", NoteKind.OTHER, node.name))
+            continue
+        for (their_local, their_remote), pids in found.holders.items():
+            procs = tuple(found.peers[p] for p in pids if p in found.peers)
+            if procs:
+                far[(their_remote, their_local)] = (node, procs)
+    rewritten: list[tuple[Node, Waited]] = []
+    onward: list[tuple[Node, RankProcess]] = []
+    for node, waited in answers:
+        read: dict[int, tuple[ThreadWait, ...]] = {}
+        for pid, ws in waited.waits.items():
+            changed = []
+            for w in ws:
+                hit = far.get((w.local, w.remote)) if w.remote and not w.peers else None
+                if hit is not None:
+                    there, procs = hit
+                    w = dataclasses.replace(w, peers=tuple(p.pid for p in procs), peer_host=procs[0].host)
+                    onward += [(there, p) for p in procs if (there.name, p.pid) not in ranks][:MAX_PEERS_EACH]
+                changed.append(w)
+            read[pid] = tuple(changed)
+        rewritten.append((node, dataclasses.replace(waited, waits=read)))
+    return rewritten, list({(n.name, p.pid): (n, p) for n, p in onward}.values())
+
+
+def _node_at(fleet: Fleet, address: str) -> Node | None:
+    """The node of the fleet whose agent listens at the host of ``address`` (``IP:PORT``)."""
+    host = address.rpartition(":")[0].strip("[]")
+    for node in fleet.answered:
+        where = getattr(node, "address", None)
+        if isinstance(where, str) and _same_host(where.rpartition(":")[0].strip("[]"), host):
+            return node
+    return None
+
+
+@functools.cache
+def _resolved(name: str) -> str:
+    try:
+        return str(ipaddress.ip_address(name))
+    except ValueError:
+        pass
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        return name
+
+
+def _same_host(agent_host: str, ip: str) -> bool:
+    return bool(agent_host) and _resolved(agent_host) == _resolved(ip)
 
 
 def _group(procs: Sequence[tuple[Node, RankProcess]]) -> list[tuple[Node, list[int]]]:

@@ -25,7 +25,7 @@ from ..capture.read.probe_client import probe_heartbeat, probe_state
 from ..capture.read.sample import sample_round
 from ..capture.read.source import collect_sources, merge_sources
 from ..capture.read.sourcefs import SourceReader
-from ..capture.read.waits import process_waits
+from ..capture.read.waits import process_waits, socket_holders
 from ..model import (
     Frame,
     GpuState,
@@ -51,6 +51,7 @@ PROBES_AT_ONCE = 16  # probes one call of the embedded node reads at once
 # many processes of one user, each answering the largest dump a probe may send, would be
 # held whole until the call returns.
 MAX_ENTRIES_PER_CALL = 300_000
+MAX_SOCKETS = 256  # TCP connections of other nodes one Waits call looks up
 
 
 class Quota:
@@ -143,20 +144,33 @@ class Waited:
 
     waits: dict[int, tuple[ThreadWait, ...]] = field(default_factory=dict)
     peers: dict[int, RankProcess] = field(default_factory=dict)
+    # for each TCP connection asked about, (this node's HOST:PORT, the other's): the
+    # processes of this node holding it, among ``peers``
+    holders: dict[tuple[str, str], tuple[int, ...]] = field(default_factory=dict)
 
 
 def read_waits(
-    pids: Sequence[int], host: str, readable: Callable[[int], bool] | None = None, include: Sequence[str] = ()
+    pids: Sequence[int],
+    host: str,
+    readable: Callable[[int], bool] | None = None,
+    include: Sequence[str] = (),
+    sockets: Sequence[tuple[str, str]] = (),
 ) -> Waited:
     """``Waited`` for ``pids``, as a caller who may read ``readable`` processes sees them;
-    the processes whose command line contains a word of ``include`` are named as peers too."""
+    the processes whose command line contains a word of ``include``, and those holding the
+    TCP connections of ``sockets``, are named as peers too."""
     may = readable or (lambda _pid: True)
     waits = process_waits(pids, may)
+    holders = {
+        pair: tuple(sorted({p for p in found if may(p)}))
+        for pair, found in socket_holders(sockets[:MAX_SOCKETS]).items()
+    }
     named = {p for ws in waits.values() for w in ws for p in w.peers} - set(pids)
+    named |= {p for found in holders.values() for p in found}
     peers = peer_processes(sorted(named), host)
     for pid, proc in included_processes(include, host, may, exclude=pids).items():
         peers.setdefault(pid, proc)
-    return Waited(waits, peers)
+    return Waited(waits, peers, {pair: found for pair, found in holders.items() if found})
 
 
 class Node(Protocol):
@@ -192,10 +206,13 @@ class Node(Protocol):
         ``ras`` NCCL's RAS report of their job; within about ``timeout + listen`` seconds."""
         ...
 
-    def waits(self, pids: Sequence[int], include: Sequence[str] = ()) -> Waited:
+    def waits(
+        self, pids: Sequence[int], include: Sequence[str] = (), sockets: Sequence[tuple[str, str]] = ()
+    ) -> Waited:
         """What the blocked threads of ``pids`` (ranks, or processes an earlier answer named
         as peers) wait on, and the processes of this node at the other ends; with those
-        whose command line contains a word of ``include``."""
+        whose command line contains a word of ``include``, and those holding the TCP
+        connections of ``sockets`` (this node's ``HOST:PORT``, the other's)."""
         ...
 
 
@@ -248,10 +265,14 @@ class LocalNode:
         return read_gpu_state(pids, listen=listen, timeout=timeout, ras=ras, host=self._host)
 
     def waits(
-        self, pids: Sequence[int], include: Sequence[str] = (), readable: Callable[[int], bool] | None = None
+        self,
+        pids: Sequence[int],
+        include: Sequence[str] = (),
+        sockets: Sequence[tuple[str, str]] = (),
+        readable: Callable[[int], bool] | None = None,
     ) -> Waited:
         """``readable``: the processes a restricted caller may see (None: all)."""
-        return read_waits(pids, self._host, readable, include)
+        return read_waits(pids, self._host, readable, include, sockets)
 
 
 class ReplayNode:
@@ -329,7 +350,11 @@ class ReplayNode:
         return NodeDevices(gpus, "", report, "")
 
     def waits(
-        self, pids: Sequence[int], include: Sequence[str] = (), readable: Callable[[int], bool] | None = None
+        self,
+        pids: Sequence[int],
+        include: Sequence[str] = (),
+        sockets: Sequence[tuple[str, str]] = (),
+        readable: Callable[[int], bool] | None = None,
     ) -> Waited:
         """The waits of the snapshot's last samples, and its processes beyond the ranks."""
         beyond = {r.process.pid: r for r in self.snapshot.beyond}

@@ -309,6 +309,8 @@ def wait_to_proto(wait: ThreadWait) -> pb.ThreadWait:
         target=wait.target,
         peers=wait.peers,
         remote=wait.remote,
+        local=wait.local,
+        peer_host=wait.peer_host,
     )
     if wait.fd is not None:
         msg.fd = wait.fd
@@ -329,6 +331,8 @@ def wait_from_proto(msg: pb.ThreadWait) -> ThreadWait:
         target=msg.target[:_WAITS_TEXT],
         peers=tuple(msg.peers[:_PEERS_KEPT]),
         remote=msg.remote[:_WAITS_TEXT],
+        local=msg.local[:_WAITS_TEXT],
+        peer_host=msg.peer_host[:_WAITS_TEXT],
     )
 
 

@@ -27,8 +27,6 @@ def peer_processes(pids: Iterable[int], host: str) -> dict[int, RankProcess]:
 
 
 MAX_INCLUDED = 16  # processes one node names for --include (as many as a diagnosis follows)
-MAX_INCLUDE = 16  # --include words one diagnosis, or one call to an agent, carries
-MAX_INCLUDE_CHARS = 256
 
 
 def included_processes(

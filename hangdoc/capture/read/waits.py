@@ -145,8 +145,8 @@ def _on_fd(pid: int, tid: int, call: str, fd: int, table: _Holders, readable: Ca
     if link.startswith("socket:"):
         if _listening(pid, link):
             return Wait(tid, call, WaitKind.LISTEN, fd, link)
-        peers, remote = _socket_peer(pid, link, table)
-        return Wait(tid, call, WaitKind.SOCKET, fd, link, _shown(peers, readable), remote)
+        peers, remote, local = _socket_peer(pid, link, table)
+        return Wait(tid, call, WaitKind.SOCKET, fd, link, _shown(peers, readable), remote, local if remote else "")
     return Wait(tid, call, WaitKind.FILE, fd, link)
 
 
@@ -276,23 +276,39 @@ def _scan() -> dict[str, list[tuple[int, int]]]:
     return found
 
 
-def _socket_peer(pid: int, link: str, table: _Holders) -> tuple[list[int], str]:
+def _socket_peer(pid: int, link: str, table: _Holders) -> tuple[list[int], str, str]:
     """The processes holding the other end of a TCP or Unix socket on this node, else its
-    remote ``HOST:PORT`` (a listening socket: neither)."""
+    remote ``HOST:PORT`` (a listening socket: neither); and its own ``HOST:PORT``."""
     inode = link[len("socket:[") : -1]
     rows = _tcp_rows(pid)
     mine = next((r for r in rows if r[2] == inode), None)
     if mine is None:
         peer = table.unix_peer(int(inode)) if inode.isdigit() and _own_netns(pid) else None
         if peer is None:
-            return [], ""
-        return [p for p, _ in table.holders(f"socket:[{peer}]") if p != pid], ""
+            return [], "", ""
+        return [p for p, _ in table.holders(f"socket:[{peer}]") if p != pid], "", ""
     local, remote, _ = mine
     if remote.endswith(":0000") and set(remote.partition(":")[0]) <= {"0"}:
-        return [], ""  # listening
+        return [], "", ""  # listening
     theirs = [r[2] for r in rows if r[0] == remote and r[1] == local]
     peers = [p for i in theirs for p, _ in table.holders(f"socket:[{i}]") if p != pid]
-    return peers, "" if theirs else _address(remote)
+    return peers, "" if theirs else _address(remote), _address(local)
+
+
+def socket_holders(pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], list[int]]:
+    """The processes of this node (its own network namespace) holding a TCP socket whose
+    local address is the first of a pair and remote the second (``HOST:PORT`` as
+    ``_address`` writes them): the other end of a wait another node read."""
+    wanted = set(pairs)
+    if not wanted:
+        return {}
+    table = _Holders()
+    found: dict[tuple[str, str], list[int]] = {}
+    for local, remote, inode in _tcp_rows(os.getpid()):
+        key = (_address(local), _address(remote))
+        if key in wanted:
+            found.setdefault(key, []).extend(p for p, _ in table.holders(f"socket:[{inode}]"))
+    return found
 
 
 # sock_diag (linux/sock_diag.h, linux/unix_diag.h): the kernel's table of Unix sockets, each

@@ -306,7 +306,7 @@ class Sample(_message.Message):
     def __init__(self, t: _Optional[float] = ..., threads: _Optional[_Iterable[_Union[ThreadStack, _Mapping]]] = ..., state: _Optional[_Union[ProcessState, _Mapping]] = ..., error: _Optional[_Union[CaptureError, _Mapping]] = ..., waits: _Optional[_Iterable[_Union[ThreadWait, _Mapping]]] = ...) -> None: ...
 
 class ThreadWait(_message.Message):
-    __slots__ = ("native_id", "syscall", "kind", "fd", "target", "peers", "remote")
+    __slots__ = ("native_id", "syscall", "kind", "fd", "target", "peers", "remote", "local", "peer_host")
     NATIVE_ID_FIELD_NUMBER: _ClassVar[int]
     SYSCALL_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -314,6 +314,8 @@ class ThreadWait(_message.Message):
     TARGET_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
     REMOTE_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_FIELD_NUMBER: _ClassVar[int]
+    PEER_HOST_FIELD_NUMBER: _ClassVar[int]
     native_id: int
     syscall: str
     kind: WaitKind
@@ -321,7 +323,9 @@ class ThreadWait(_message.Message):
     target: str
     peers: _containers.RepeatedScalarFieldContainer[int]
     remote: str
-    def __init__(self, native_id: _Optional[int] = ..., syscall: _Optional[str] = ..., kind: _Optional[_Union[WaitKind, str]] = ..., fd: _Optional[int] = ..., target: _Optional[str] = ..., peers: _Optional[_Iterable[int]] = ..., remote: _Optional[str] = ...) -> None: ...
+    local: str
+    peer_host: str
+    def __init__(self, native_id: _Optional[int] = ..., syscall: _Optional[str] = ..., kind: _Optional[_Union[WaitKind, str]] = ..., fd: _Optional[int] = ..., target: _Optional[str] = ..., peers: _Optional[_Iterable[int]] = ..., remote: _Optional[str] = ..., local: _Optional[str] = ..., peer_host: _Optional[str] = ...) -> None: ...
 
 class PidSample(_message.Message):
     __slots__ = ("pid", "sample")
@@ -508,12 +512,22 @@ class DevicesResponse(_message.Message):
     def __init__(self, ranks: _Optional[_Iterable[_Union[RankGpus, _Mapping]]] = ..., gpu_reason: _Optional[str] = ..., ras_output: _Optional[str] = ..., ras_reason: _Optional[str] = ...) -> None: ...
 
 class WaitsRequest(_message.Message):
-    __slots__ = ("pids", "include")
+    __slots__ = ("pids", "include", "sockets")
     PIDS_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_FIELD_NUMBER: _ClassVar[int]
+    SOCKETS_FIELD_NUMBER: _ClassVar[int]
     pids: _containers.RepeatedScalarFieldContainer[int]
     include: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, pids: _Optional[_Iterable[int]] = ..., include: _Optional[_Iterable[str]] = ...) -> None: ...
+    sockets: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, pids: _Optional[_Iterable[int]] = ..., include: _Optional[_Iterable[str]] = ..., sockets: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SocketHolders(_message.Message):
+    __slots__ = ("socket", "pids")
+    SOCKET_FIELD_NUMBER: _ClassVar[int]
+    PIDS_FIELD_NUMBER: _ClassVar[int]
+    socket: str
+    pids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, socket: _Optional[str] = ..., pids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PidWaits(_message.Message):
     __slots__ = ("pid", "waits")
@@ -524,9 +538,11 @@ class PidWaits(_message.Message):
     def __init__(self, pid: _Optional[int] = ..., waits: _Optional[_Iterable[_Union[ThreadWait, _Mapping]]] = ...) -> None: ...
 
 class WaitsResponse(_message.Message):
-    __slots__ = ("waits", "peers")
+    __slots__ = ("waits", "peers", "holders")
     WAITS_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
     waits: _containers.RepeatedCompositeFieldContainer[PidWaits]
     peers: _containers.RepeatedCompositeFieldContainer[RankProcess]
-    def __init__(self, waits: _Optional[_Iterable[_Union[PidWaits, _Mapping]]] = ..., peers: _Optional[_Iterable[_Union[RankProcess, _Mapping]]] = ...) -> None: ...
+    holders: _containers.RepeatedCompositeFieldContainer[SocketHolders]
+    def __init__(self, waits: _Optional[_Iterable[_Union[PidWaits, _Mapping]]] = ..., peers: _Optional[_Iterable[_Union[RankProcess, _Mapping]]] = ..., holders: _Optional[_Iterable[_Union[SocketHolders, _Mapping]]] = ...) -> None: ...

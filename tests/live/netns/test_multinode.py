@@ -324,3 +324,34 @@ class TestTransportHang:
     def test_verdict_and_host_of_every_rank(self, tc: Cluster) -> None:
         out, _ = tc.diagnose(*with_token(tc))
         assert_diagnosis(report_of(out), TRANSPORT)
+
+
+REMOTE_SERVICE = ClusterJob(
+    TESTS / "jobs" / "beyond" / "straggler_reward_service_on_another_node.py",
+    placement=((0,), (1,)),
+    verdict="straggler",
+    culprits=(0,),
+    settle=3.0,
+)
+
+
+class TestWaitOnAnotherNode:
+    """Rank 0 (node0) reads from a reward service rank 1 started on node1: the wait leaves
+    node0 as a TCP connection, node1's agent names the process holding its other end."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def rc(cls, tmp_path_factory) -> Iterator[Cluster]:
+        yield from _running(REMOTE_SERVICE, tmp_path_factory)
+
+    def test_the_root_cause_is_the_service_on_the_other_node(self, rc: Cluster) -> None:
+        out, _ = rc.diagnose(*with_token(rc))
+        report = report_of(out)
+        assert_diagnosis(report, REMOTE_SERVICE)
+        root = report["root_cause"]
+        assert root is not None, report["evidence"]
+        assert root["host"] == "node1" and root["rank"] is None and root["thread"] == "reward-model", root
+        assert "--serve" in root["command"], root
+        link = root["chain"][1]
+        assert link["rank"] == 0 and link["waits"] == "socket" and link["on"] == f"pid {root['pid']} on node1"
+        assert "the agent on node1 names" in link["how"] and link["certain"], link

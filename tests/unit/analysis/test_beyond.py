@@ -266,3 +266,19 @@ def test_a_rank_waiting_on_its_own_lock_is_left_to_the_lock_analysis() -> None:
     rank0 = dataclasses.replace(rank0, samples=(*rank0.samples[:-1], last))
     diagnosis = analyse(make_snapshot([rank0, make_rank(1, BROADCAST)]))
     assert diagnosis.verdict is Verdict.STRAGGLER and diagnosis.root_cause is None
+
+
+def test_a_server_on_another_node_is_the_root_through_its_agent() -> None:
+    """A TCP connection off the rank's node whose far end that node's agent named."""
+    wait = ThreadWait(1000, "recvfrom", WaitKind.SOCKET, 5, "socket:[77]", (SERVER,), "10.0.0.2:8000", "", "node-b")
+    rank0 = _waiting(make_rank(0, READ, host="node-a"), wait)
+    server = _server()
+    server = dataclasses.replace(server, process=dataclasses.replace(server.process, host="node-b"))
+    local_twin = make_rank(None, IDLE_LOOP, pid=SERVER, host="node-a", rank_source=None)  # same pid, other node
+    ranks = [rank0, make_rank(1, BROADCAST, host="node-a")]
+    snapshot = dataclasses.replace(make_snapshot(ranks), beyond=(local_twin, server))
+    diagnosis = analyse(snapshot)
+    root = diagnosis.root_cause
+    assert diagnosis.verdict is Verdict.STRAGGLER and root is not None
+    assert (root.pid, root.host, root.thread) == (SERVER, "node-b", "scheduler")
+    assert root.chain[1].on == f"pid {SERVER} on node-b" and "the agent on node-b names" in root.how[1]

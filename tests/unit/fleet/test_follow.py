@@ -4,6 +4,7 @@ sampled as processes beyond them, and only the threads the analysis asked for.""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from hangdoc.fleet.coordinator import Fleet
@@ -103,3 +104,61 @@ def test_included_processes_are_followed_though_no_rank_waits() -> None:
     beyond, notes = follow_waits(fleet, samples, {}, lambda: 1.0, pause=0.0, timeout=1.0, include=("--serve",))
     assert [pid for _, pid in beyond.held] == [50] and node.sampled.count(50) == 2
     assert "--include" in notes[-1].text and samples[0][-1].waits == ()
+
+
+class FarNode(TableNode):
+    """A node whose agent listens at ``address`` and holds one TCP connection's far end."""
+
+    def __init__(self, name: str, address: str, holders: dict[tuple[str, str], tuple[int, ...]]) -> None:
+        super().__init__({})
+        self.name, self.address, self.held = name, address, holders
+        self.sockets: list[tuple[str, str]] = []
+
+    def waits(
+        self, pids: Sequence[int], include: Sequence[str] = (), sockets: Sequence[tuple[str, str]] = ()
+    ) -> Waited:
+        found = super().waits(pids)
+        self.sockets += sockets
+        holders = {pair: self.held[pair] for pair in sockets if pair in self.held}
+        peers = {p: RankProcess(p, "node-b", None, cmdline=("server",)) for ps in holders.values() for p in ps}
+        return Waited(found.waits, {**found.peers, **peers}, holders)
+
+
+def test_a_connection_to_another_node_is_followed_through_that_nodes_agent() -> None:
+    local, remote = "10.0.0.1:41000", "10.0.0.2:8000"
+
+    class Near(TableNode):
+        name = "node-a"
+        address = "10.0.0.1:7420"
+
+        def waits(
+            self, pids: Sequence[int], include: Sequence[str] = (), sockets: Sequence[tuple[str, str]] = ()
+        ) -> Waited:
+            wait = ThreadWait(1, "recvfrom", WaitKind.SOCKET, 5, "socket:[9]", (), remote, local)
+            return Waited({p: (wait,) for p in pids}, {})
+
+    near = Near({})
+    far = FarNode("node-b", "10.0.0.2:7420", {(remote, local): (812,)})
+    fleet = dataclasses.replace(_fleet(near, 1), answered=(near, far))  # type: ignore[arg-type]
+    samples, beyond, _ = _run(near, fleet, {0: frozenset({1})})
+    assert far.sockets[0] == (remote, local)  # the far node asked for its end: its local, our remote
+    assert list(beyond.held) == [("node-b", 812)] and far.sampled.count(812) == 2
+    wait = samples[0][-1].waits[0]
+    assert wait.peers == (812,) and wait.peer_host == "node-b"
+
+
+def test_a_connection_to_a_node_nobody_serves_stays_an_address() -> None:
+    class Near(TableNode):
+        name = "node-a"
+
+        def waits(
+            self, pids: Sequence[int], include: Sequence[str] = (), sockets: Sequence[tuple[str, str]] = ()
+        ) -> Waited:
+            wait = ThreadWait(1, "recvfrom", WaitKind.SOCKET, 5, "socket:[9]", (), "10.9.9.9:8000", "10.0.0.1:4")
+            return Waited({p: (wait,) for p in pids}, {})
+
+    near = Near({})
+    far = FarNode("node-b", "10.0.0.2:7420", {})
+    fleet = dataclasses.replace(_fleet(near, 1), answered=(near, far))  # type: ignore[arg-type]
+    samples, beyond, _ = _run(near, fleet, {0: frozenset({1})})
+    assert not beyond.held and far.sockets == [] and samples[0][-1].waits[0].remote == "10.9.9.9:8000"
