@@ -73,7 +73,8 @@ def follow_waits(
     if include:
         for node, _ in fleet.placed:
             by_node.setdefault(id(node), (node, []))
-    answers, frontier = _far_ends(fleet, _ask(list(by_node.values()), notes, include), ranks, notes)
+    hosts = _hosts(fleet)
+    answers, frontier = _far_ends(fleet, _ask(list(by_node.values()), notes, include), ranks, notes, hosts)
     index = {(node.name, proc.pid): i for i, (node, proc) in enumerate(fleet.placed)}
     for node, waited in answers:
         for pid, waits in waited.waits.items():
@@ -83,30 +84,30 @@ def follow_waits(
             kept = tuple(w for w in waits if w.native_id in wanted[at])
             if samples[at]:
                 samples[at][-1] = dataclasses.replace(samples[at][-1], waits=kept)
-            frontier += _next(node, kept, waited, ranks, beyond, frontier)
+            frontier += _next(node, kept, waited, ranks, beyond, frontier, hosts)
         named = {p for ws in waited.waits.values() for w in ws for p in w.peers}
         for pid, proc in waited.peers.items():  # --include's
             key = (node.name, pid)
             fresh = all((n.name, p.pid) != key for n, p in frontier)
             if pid not in named and key not in ranks and len(frontier) < MAX_FOLLOWED and fresh:
-                frontier.append((node, proc))
+                frontier.append((node, _on_node(proc, node, hosts)))
     depth = 0
     while frontier and depth < MAX_DEPTH:
         depth += 1
         _sample(frontier, beyond, clock(), timeout)
-        answers, far = _far_ends(fleet, _ask(_group(frontier), notes), ranks, notes)
+        answers, far = _far_ends(fleet, _ask(_group(frontier), notes), ranks, notes, hosts)
         frontier = [(n, p) for n, p in far if (n.name, p.pid) not in beyond.held]
         for node, waited in answers:
             for pid, waits in waited.waits.items():
                 _set_waits(beyond, node, pid, waits)
-                frontier += _next(node, waits, waited, ranks, beyond, frontier)
+                frontier += _next(node, waits, waited, ranks, beyond, frontier, hosts)
     if frontier:
         notes.append(Note(f"waits followed {MAX_DEPTH} processes deep and no further", NoteKind.OTHER))
     if beyond.held:
         time.sleep(pause)  # a second look, so that a process that moves is not taken for one that waits
         followed = [(node, proc) for node, proc, _ in beyond.held.values()]
         _sample(followed, beyond, clock(), timeout)
-        answers, _ = _far_ends(fleet, _ask(_group(followed), notes), ranks, notes)
+        answers, _ = _far_ends(fleet, _ask(_group(followed), notes), ranks, notes, hosts)
         for node, waited in answers:
             for pid, waits in waited.waits.items():
                 _set_waits(beyond, node, pid, waits)
@@ -124,6 +125,7 @@ def _next(
     ranks: set[tuple[str, int]],
     beyond: Beyond,
     queued: Sequence[tuple[Node, RankProcess]],
+    hosts: dict[str, str],
 ) -> list[tuple[Node, RankProcess]]:
     """The processes ``waits`` lead to that are not ranks, not followed yet, within bounds."""
     taken = {(n.name, p.pid) for n, p in queued}
@@ -134,12 +136,30 @@ def _next(
             continue
         if len(out) >= MAX_PEERS_EACH or len(beyond.held) + len(queued) + len(out) >= MAX_FOLLOWED:
             break
-        out.append((node, waited.peers[pid]))
+        out.append((node, _on_node(waited.peers[pid], node, hosts)))
     return out
 
 
+def _hosts(fleet: Fleet) -> dict[str, str]:
+    """The host each node's ranks carry, by node name: a process followed there carries the
+    same, whatever its agent calls its machine (a Ray node is named by its id)."""
+    hosts: dict[str, str] = {}
+    for node, proc in fleet.placed:
+        hosts.setdefault(node.name, proc.host)
+    return hosts
+
+
+def _on_node(proc: RankProcess, node: Node, hosts: dict[str, str]) -> RankProcess:
+    host = hosts.get(node.name)
+    return dataclasses.replace(proc, host=host) if host is not None and host != proc.host else proc
+
+
 def _far_ends(
-    fleet: Fleet, answers: list[tuple[Node, Waited]], ranks: set[tuple[str, int]], notes: list[Note]
+    fleet: Fleet,
+    answers: list[tuple[Node, Waited]],
+    ranks: set[tuple[str, int]],
+    notes: list[Note],
+    hosts: dict[str, str],
 ) -> tuple[list[tuple[Node, Waited]], list[tuple[Node, RankProcess]]]:
     """Waits on a TCP connection that leaves their node, where the node at its remote
     address is one of the fleet's (its agent answered): that agent names the processes
@@ -168,7 +188,7 @@ def _far_ends(
             notes.append(Note(f"could not ask who holds a connection: {exc or found}", NoteKind.OTHER, node.name))
             continue
         for (their_local, their_remote), pids in found.holders.items():
-            procs = tuple(found.peers[p] for p in pids if p in found.peers)
+            procs = tuple(_on_node(found.peers[p], node, hosts) for p in pids if p in found.peers)
             if procs:
                 far[(their_remote, their_local)] = (node, procs)
     rewritten: list[tuple[Node, Waited]] = []

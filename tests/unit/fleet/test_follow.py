@@ -162,3 +162,19 @@ def test_a_connection_to_a_node_nobody_serves_stays_an_address() -> None:
     fleet = dataclasses.replace(_fleet(near, 1), answered=(near, far))  # type: ignore[arg-type]
     samples, beyond, _ = _run(near, fleet, {0: frozenset({1})})
     assert not beyond.held and far.sockets == [] and samples[0][-1].waits[0].remote == "10.9.9.9:8000"
+
+
+def test_a_process_followed_carries_the_host_its_nodes_ranks_carry() -> None:
+    """An agent may call its machine otherwise than the fleet names the node (a Ray node is
+    named by its id): the followed process is put on the ranks' host, where the chain looks."""
+
+    class Renaming(TableNode):
+        def waits(
+            self, pids: Sequence[int], include: Sequence[str] = (), sockets: Sequence[tuple[str, str]] = ()
+        ) -> Waited:
+            found = super().waits(pids)
+            return Waited(found.waits, {p: dataclasses.replace(r, host="machine-7") for p, r in found.peers.items()})
+
+    node = Renaming({1: (10,)})
+    _, beyond, _ = _run(node, _fleet(node, 1), {0: frozenset({1})})
+    assert [s.process.host for s in beyond.snapshots()] == ["node-a"]
