@@ -91,6 +91,7 @@ class Chain:
     how: tuple[str, ...]
     cycle: bool = False
     to_rank: bool = False
+    runs: bool = False  # the process at the end runs (on CPU, or its stack moved): slow, or a loop
 
     @property
     def end(self) -> WaitLink:
@@ -152,7 +153,7 @@ class Chains:
                 end = _link(current, at, _end_kind(at, wait), _end_on(wait))
                 links.append(dataclasses.replace(end, certain=wait is not None and wait.kind is WaitKind.FILE))
                 how.append(_end_how(wait, at))
-                return Chain(tuple(links), tuple(how))
+                return Chain(tuple(links), tuple(how), runs=at is not None and at.active)
             target = self._next(host, wait, seen)
             step = _link(current, at, _link_kind(wait, at), _on(wait, target))
             links.append(dataclasses.replace(step, certain=not wait.syscall.endswith(_LOOP)))
@@ -175,7 +176,7 @@ class Chains:
                 busy = next((t for t in tsample.threads if t.active), tsample.main_thread)
                 links.append(_link(target, busy, None, ""))
                 how.append("its stack changed between two samples: it runs")
-                return Chain(tuple(links), tuple(how))
+                return Chain(tuple(links), tuple(how), runs=True)
             nxt = _holding_thread(tsample, seen, target.process.host)
             if nxt is None:
                 onward = self._event_loop(tsample, seen, target.process.host)

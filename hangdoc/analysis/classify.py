@@ -253,9 +253,11 @@ def _outside_only(
     leaves the ranks; over part of the job (``unknown`` not None), what the others do is not
     known."""
     if chains and outside and all(_waits_outside(v, chains) for v in views):
+        # a wait that ends at a process that runs may be slow work, not a hang: watch longer
+        runs = any(chains[v.rank].runs for v in outside)
         if unknown is not None:
-            return Finding(Verdict.UNKNOWN, [], WaitsOutside(outside, chains, True, unknown))
-        return Finding(Verdict.EXTERNAL_WAIT, [v.rank for v in outside], WaitsOutside(outside, chains))
+            return Finding(Verdict.UNKNOWN, [], WaitsOutside(outside, chains, True, unknown), ambiguous=runs)
+        return Finding(Verdict.EXTERNAL_WAIT, [v.rank for v in outside], WaitsOutside(outside, chains), ambiguous=runs)
     return Finding(Verdict.UNKNOWN, [], Unexplained(views))
 
 

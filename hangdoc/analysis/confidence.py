@@ -40,6 +40,7 @@ from .facts import (
     ThreadsRace,
     Unexplained,
     Unseen,
+    WaitsOutside,
     Working,
 )
 from .finding import Classification, DeviceRole, Finding, FlightRole
@@ -165,6 +166,9 @@ def rests_on(case: Case) -> list[str]:
     named = _named_by(case)
     if named:
         basis.append(named)
+    if isinstance(case.found.facts, WaitsOutside):
+        ends = sorted({c.end.pid for c in case.found.facts.chains.values()})
+        basis.append(f"each rank's wait followed past the ranks, to pid {', '.join(map(str, ends[:4]))}")
     if case.hang and case.in_op and all(v.op and v.op.via == DIRECT_VIA for v in case.in_op):
         basis.append("every op read from a torch.distributed frame")
     quiet = case.found.quiet_over
@@ -607,6 +611,30 @@ def _few_moving(case: Case) -> str | None:
 
 Rule = tuple[Confidence, Callable[[Case], str | None]]
 
+
+def _wait_ends_running(case: Case) -> str | None:
+    f = case.found.facts
+    if not isinstance(f, WaitsOutside):
+        return None
+    running = sorted({c.end.pid for c in f.chains.values() if c.runs})
+    if not running:
+        return None
+    return (
+        f"the ranks wait on pid {', '.join(map(str, running))}, which runs: slow work or a loop looks the same "
+        "for a while; a longer --window tells them apart"
+    )
+
+
+def _wait_inferred(case: Case) -> str | None:
+    f = case.found.facts
+    if not isinstance(f, WaitsOutside):
+        return None
+    inferred = [v for v in f.views if v.rank in f.chains and not all(x.certain for x in f.chains[v.rank].links[:-1])]
+    if not inferred:
+        return None
+    return f"{_who(inferred)}: a link of the wait read from stacks, not named by the kernel's tables"
+
+
 RULES: tuple[Rule, ...] = (
     # unknown: nothing was captured, or nothing points anywhere; no verdict to trust
     (Confidence.LOW, _nothing_to_go_on),
@@ -674,6 +702,10 @@ RULES: tuple[Rule, ...] = (
     (Confidence.MEDIUM, _groups_from_lines),
     # a few ranks completed ops while more waited: the job may be stuck around them
     (Confidence.MEDIUM, _few_moving),
+    # the ranks wait on a process that runs: slow work looks the same for a while
+    (Confidence.MEDIUM, _wait_ends_running),
+    # a link of the wait the ranks are in was read from stacks, not named by the kernel
+    (Confidence.MEDIUM, _wait_inferred),
 )
 
 

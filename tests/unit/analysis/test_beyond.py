@@ -282,3 +282,16 @@ def test_a_server_on_another_node_is_the_root_through_its_agent() -> None:
     assert diagnosis.verdict is Verdict.STRAGGLER and root is not None
     assert (root.pid, root.host, root.thread) == (SERVER, "node-b", "scheduler")
     assert root.chain[1].on == f"pid {SERVER} on node-b" and "the agent on node-b names" in root.how[1]
+
+
+def test_an_external_wait_on_a_process_that_runs_is_watched_longer_and_less_sure() -> None:
+    """Ranks that wait on a process that works (slow data loading) look stuck for a while."""
+    ranks = [_waiting(make_rank(r, READ), _socket(1000 + r)) for r in (0, 1)]
+    snapshot = dataclasses.replace(make_snapshot(ranks), beyond=(_server(stacks_move=True),))
+    diagnosis = analyse(snapshot)
+    assert diagnosis.verdict is Verdict.EXTERNAL_WAIT and diagnosis.ambiguous
+    assert diagnosis.confidence.value == "medium"
+    assert any("which runs: slow work or a loop" in b for b in diagnosis.basis), diagnosis.basis
+    still = analyse(dataclasses.replace(snapshot, beyond=(_server(),)))
+    assert not still.ambiguous and still.confidence.value == "high"
+    assert f"each rank's wait followed past the ranks, to pid {SERVER}" in still.basis

@@ -22,6 +22,7 @@ from support.paths import TESTS
 
 from hangdoc.analysis import classify
 from hangdoc.analysis.analyse import analyse
+from hangdoc.analysis.beyond import chains_of
 from hangdoc.analysis.confidence import RULES, STILL_FOR, Case, weigh_stacks
 from hangdoc.analysis.views import view_rank
 from hangdoc.bundle import load_snapshot
@@ -31,8 +32,11 @@ from hangdoc.model import (
     Diagnosis,
     JobSnapshot,
     ProcessState,
+    RankSnapshot,
+    ThreadWait,
     Unreachable,
     Verdict,
+    WaitKind,
 )
 
 C10D = "torch/distributed/distributed_c10d.py"
@@ -360,7 +364,60 @@ def from_dump(code: str | None) -> JobSnapshot:
 
 
 # (snapshot, verdict, confidence, phrases the basis must hold)
+READING = ["train.py:<module>:90", "train.py:main:60", "train.py:fetch:52", "socket.py:SocketIO.readinto:706"]
+
+
+def _with_waits(snap: RankSnapshot, waits: tuple[ThreadWait, ...]) -> RankSnapshot:
+    return dataclasses.replace(snap, samples=tuple(dataclasses.replace(s, waits=waits) for s in snap.samples))
+
+
+def waiting_outside(*, runs: bool = False, via_loop: bool = False) -> JobSnapshot:
+    """Ranks 0-1 read from a server process (pid 800) that holds a lock, or runs; or from a
+    front end (pid 700) whose event loop's one onward connection leads to that server."""
+    server_pid = 800
+    first = 700 if via_loop else server_pid
+    ranks = [
+        _with_waits(make_rank(r, READING), (ThreadWait(1000 + r, "recvfrom", WaitKind.SOCKET, 5, "s", (first,)),))
+        for r in (0, 1)
+    ]
+    locked = ["server.py:run:10", "server.py:step:20"]
+    server = make_rank(
+        None,
+        locked,
+        pid=server_pid,
+        samples=2,
+        rank_source=None,
+        stacks=[locked, ["server.py:run:11"]] if runs else None,
+    )
+    lock_line = dataclasses.replace(server.samples[-1].threads[0].frames[-1], code="with self.lock:")
+    if not runs:
+        server = dataclasses.replace(
+            server,
+            samples=tuple(
+                dataclasses.replace(
+                    s, threads=(dataclasses.replace(s.threads[0], frames=(s.threads[0].frames[0], lock_line)),)
+                )
+                for s in server.samples
+            ),
+        )
+    server = _with_waits(server, (ThreadWait(server_pid, "futex", WaitKind.THREAD),))
+    beyond = [server]
+    if via_loop:
+        front = make_rank(None, ["front.py:<module>:5", "selectors.py:EpollSelector.select:468"], pid=700, samples=2)
+        loop = ThreadWait(700, "epoll_wait", WaitKind.POLL, 3, "3 pipe(s)/socket(s)", (1000, 1001, server_pid))
+        beyond.append(
+            _with_waits(dataclasses.replace(front, process=dataclasses.replace(front.process, rank=None)), (loop,))
+        )
+    return dataclasses.replace(make_snapshot(ranks), beyond=tuple(beyond))
+
+
 CASES: dict[str, tuple[Callable[[], JobSnapshot], Verdict, Confidence, tuple[str, ...]]] = {
+    "waiting_outside": (waiting_outside, Verdict.EXTERNAL_WAIT, HIGH, (
+        "each rank's wait followed past the ranks, to pid 800",)),
+    "waiting_outside_on_one_that_runs": (lambda: waiting_outside(runs=True), Verdict.EXTERNAL_WAIT, MEDIUM, (
+        "the ranks wait on pid 800, which runs: slow work or a loop looks the same for a while",)),
+    "waiting_outside_through_an_event_loop": (lambda: waiting_outside(via_loop=True), Verdict.EXTERNAL_WAIT, MEDIUM, (
+        "ranks 0-1: a link of the wait read from stacks, not named by the kernel's tables",)),
     "transport_hang": (transport_hang, Verdict.NCCL_TIMEOUT, HIGH, (
         "stacks of all 4 ranks in 3 samples agree",
         "every op read from a torch.distributed frame",
@@ -479,10 +536,11 @@ def test_confidence_and_basis(name: str) -> None:
 def _case(snap: JobSnapshot) -> Case:
     views = [view_rank(r, snap) for r in snap.ranks if r.rank is not None]
     unknown = sorted(r for u in snap.unreachable for r in u.ranks)
-    found = classify.decide(views, [], unknown)
+    chains = chains_of(snap, views)
+    found = classify.decide(views, [], unknown, chains=chains)
     if snap.world_size and not unknown:  # the missing ranks, as analyse finds them
         present = {v.rank for v in views}
-        found = classify.decide(views, sorted(set(range(snap.world_size)) - present), unknown)
+        found = classify.decide(views, sorted(set(range(snap.world_size)) - present), unknown, chains=chains)
     known = bool(snap.world_size or any(r.process.world_size for r in snap.ranks))
     return Case.of(found, views, unknown, len(snap.unreachable), world_known=known)
 
