@@ -47,6 +47,10 @@ bench-fanout: $(STAMP)  ## coordinator fan-out to 8/32/128 replaying agents; app
 bench-accuracy: $(STAMP)  ## every corpus job diagnosed live and replayed, and replayed in part: docs/benchmarks.md
 	$(BIN)/python bench/bench_accuracy.py --live --recorded --partial --write docs/benchmarks.md
 
+bench-beyond: $(STAMP)  ## root causes past the ranks (recorded and live), and what following costs a plain job: docs/benchmarks.md
+	git worktree add -f /tmp/hangdoc-baseline 408fb66 >/dev/null 2>&1 || true
+	$(BIN)/python bench/bench_beyond.py --recorded --live --baseline /tmp/hangdoc-baseline --repeat 7 --write docs/benchmarks.md
+
 bench-probe: $(STAMP)  ## what the in-process probe costs a job, idle and asked; writes docs/benchmarks.md
 	$(BIN)/python bench/bench_probe.py --rounds 12 --write docs/benchmarks.md
 
@@ -71,4 +75,4 @@ proto: $(STAMP)  ## regenerate hangdoc/fleet/v1 from proto/ (pinned grpcio-tools
 clean:  ## remove the virtualenv and caches
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help install demo watch-demo test test-fast bench bench-fanout bench-watch bench-accuracy bench-probe bench-scale lint proto clean
+.PHONY: help install demo watch-demo test test-fast bench bench-fanout bench-watch bench-accuracy bench-beyond bench-probe bench-scale lint proto clean
