@@ -345,7 +345,7 @@ class TestWaitOnAnotherNode:
         yield from _running(REMOTE_SERVICE, tmp_path_factory)
 
     def test_the_root_cause_is_the_service_on_the_other_node(self, rc: Cluster) -> None:
-        out, _ = rc.diagnose(*with_token(rc))
+        out, _ = rc.diagnose(*with_token(rc), "--max-window", "4")
         report = report_of(out)
         assert_diagnosis(report, REMOTE_SERVICE)
         root = report["root_cause"]
