@@ -134,15 +134,10 @@ class Gather:
             self.fleet, self.samples, wanted, clock, pause=pause, timeout=self.timeout, include=include
         )
         self.notes += notes
-        wanted_sources: dict[int, tuple[Node, dict[int, list[Frame]]]] = {}
-        for node, proc, samples in self.beyond.held.values():
-            fresh = [f for s in samples for f in self._unseen(node, s.threads)]
-            if fresh:
-                wanted_sources.setdefault(id(node), (node, {}))[1].setdefault(proc.pid, []).extend(fresh)
-        nodes = [node for node, _ in wanted_sources.values()]
-        for _, found, _ in fan_out(nodes, lambda n: _sources_of(n, wanted_sources[id(n)][1]), 10.0):
-            for src in found or ():
-                self.sources.setdefault(src.filename, {}).update(src.lines)
+        shown = [
+            (node, proc.pid, t) for node, proc, samples in self.beyond.held.values() for s in samples for t in s.threads
+        ]
+        self._read_sources(shown, _sources_of, 10.0)  # a followed process's lines are a nicety
         return len(self.beyond.held)
 
     def note(self, note: Note) -> None:
@@ -180,17 +175,30 @@ class Gather:
             if lost.target not in known:
                 known.add(lost.target)
                 self.unreachable.append(lost)
-        wanted: dict[int, tuple[Node, dict[int, list[Frame]]]] = {}
+        shown = []
         for i, sample in taken.samples.items():
             self.samples[i].append(sample)
             node, proc = self.fleet.placed[i]
-            fresh = self._unseen(node, sample.threads)
+            shown += [(node, proc.pid, t) for t in sample.threads]
+        self._read_sources(shown, lambda n, w: n.sources(w), None)
+
+    def _read_sources(
+        self,
+        shown: Sequence[tuple[Node, int, ThreadStack]],
+        call: Callable[[Node, dict[int, list[Frame]]], tuple[SourceFile, ...]],
+        deadline: float | None,
+    ) -> None:
+        """The source lines of the frames not seen before of ``shown`` threads (each with
+        its node and process), asked of each node at once."""
+        wanted: dict[int, tuple[Node, dict[int, list[Frame]]]] = {}
+        for node, pid, thread in shown:
+            fresh = self._unseen(node, (thread,))
             if fresh:
-                wanted.setdefault(id(node), (node, {}))[1].setdefault(proc.pid, []).extend(fresh)
+                wanted.setdefault(id(node), (node, {}))[1].setdefault(pid, []).extend(fresh)
         if not wanted:
             return  # a hung job's stacks repeat: after the first round there is nothing new
         nodes = [node for node, _ in wanted.values()]
-        for _, found, _ in fan_out(nodes, lambda n: n.sources(wanted[id(n)][1]), None):
+        for _, found, _ in fan_out(nodes, lambda n: call(n, wanted[id(n)][1]), deadline):
             for src in found or ():
                 self.sources.setdefault(src.filename, {}).update(src.lines)
 
