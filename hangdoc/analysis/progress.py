@@ -327,3 +327,19 @@ def _delta(a: ProcessState, b: ProcessState, tids: set[int | None]) -> _Delta | 
     if not seen and len(tids) == 1:
         return None  # the one thread asked for has no counters
     return _Delta(cpu, switches if known_switches and seen else None, chars if known_chars else None)
+
+
+# where a rank's relevant thread is: its id and its Python frames' files and lines
+StackPosition = tuple[int, tuple[tuple[str, int | None], ...]]
+
+
+def stack_position(sample: Sample) -> StackPosition | None:
+    """Where the rank's relevant thread is (the one in a distributed op, else main), to
+    tell whether a rank moved between two samples: a background thread that keeps moving
+    must not make a hung training loop look alive. None when the sample shows no stack."""
+    if sample.error is not None or not sample.threads:
+        return None
+    thread, _op = relevant_thread(sample)
+    if thread is None:
+        return None
+    return (thread.thread_id, tuple((f.filename, f.line) for f in thread.frames if not f.native))

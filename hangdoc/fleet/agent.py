@@ -67,8 +67,10 @@ from ..model import (
 from . import limits, wire
 from .callers import OPERATOR_BY_CERT, OPERATOR_BY_TOKEN, Caller, identify
 from .credfiles import check_tls, read_private, read_token
+from .jobwatch import JobWatch, NodeJobs, Position, main_position
 from .limits import Lanes, OverQuota
 from .node import MAX_SOCKETS, LocalNode, NodeDevices, ProbeAnswers, ReplayNode, Waited
+from .serverlink import ServerLink
 from .v1 import agent_pb2 as pb
 from .v1 import agent_pb2_grpc as pb_grpc
 from .wire import ERROR_HELP, ERROR_KIND
@@ -87,7 +89,7 @@ MAX_DUMP_TIMEOUT = 60.0
 MAX_SOURCE_FRAMES = 20_000
 # optional RPCs and evidence (AgentInfo.features); "probe-state": Flight carries each probe's
 # status, heartbeat and live exceptions besides its flight recorder dump
-FEATURES = ["sources", "heartbeats", "flight", "probe-state", "devices", "waits"]
+FEATURES = ["sources", "heartbeats", "flight", "probe-state", "devices", "waits", "jobs"]
 FEATURES_REPLAY = ["sources", "flight", "probe-state", "devices", "waits"]
 MAX_XID_LISTEN = 10.0  # seconds a Devices call may listen for XID events
 _PROBE_STATUS = {
@@ -111,6 +113,11 @@ class AgentConfig:
     replay: str | None = None  # serve this saved snapshot instead of live processes (benchmarks)
     replay_rank_offset: int = 0
     replay_world_size: int | None = None
+    server: str | None = None  # `hangdoc server` to report this node's jobs to (serverlink)
+    advertise: str | None = None  # the address the server reaches this agent at (default: seen from the server)
+    # a rank's position in a sample, to tell whether it moved (jobwatch); the CLI passes
+    # the analysis' relevant thread
+    position: Position = main_position
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -202,6 +209,7 @@ class AgentService(pb_grpc.AgentServicer):
                 config.replay_rank_offset,
                 config.replay_world_size,
             )
+        self.watch = JobWatch(self.node.name, config.position, config.dump_timeout)
         self.lanes = Lanes()
         self._identify = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hangdoc-identify")
         self._identify.submit(int)  # its thread started now, counted with the agent's own
@@ -320,7 +328,23 @@ class AgentService(pb_grpc.AgentServicer):
             holders=[pb.SocketHolders(socket=f"{a}>{b}", pids=list(pids)) for (a, b), pids in found.holders.items()],
         )
 
+    async def Jobs(self, request: pb.JobsRequest, context: grpc.aio.ServicerContext) -> pb.JobsResponse:
+        caller = await self.caller(context)
+        found = await self._run(context, caller, "Jobs", "-", self._jobs, caller)
+        return wire.node_jobs_to_proto(found)
+
     # ------------------------------------------------------------ the work, in a thread
+
+    def _jobs(self, caller: Caller) -> NodeJobs:
+        if self.config.replay:
+            raise UsageError("an agent replaying a snapshot watches no job")
+        if not caller.reads_all and caller.uid is None:
+            raise PermissionDenied(
+                f"this agent cannot tell who is calling ({caller.how}), so it shows no process",
+                help="Call it over loopback from the job's node, or give the operator's "
+                "--token-file or client certificate.",
+            )
+        return self.watch.look(None if caller.reads_all else caller.may_read)
 
     def _waits(self, request: pb.WaitsRequest, caller: Caller) -> Waited:
         """The waits of found or named processes the caller may read; the peers it may read
@@ -579,14 +603,28 @@ async def serve(
     )
     if ready:
         ready(port)
+    link = _server_link(config, service.watch, port)
     await stop.wait()
     log.info("shutting down")
+    if link is not None:
+        await asyncio.get_running_loop().run_in_executor(None, link.stop)
     await health_servicer.enter_graceful_shutdown()
     await server.stop(grace=limits.STOP_GRACE_S)
     running = service.lanes.shutdown()
     if running:
         log.info("%d request(s) still running after the grace period, not waited for", running)
     return running
+
+
+def _server_link(config: AgentConfig, watch: JobWatch, port: int) -> ServerLink | None:
+    """With ``--server``: report the node's jobs to it from now on."""
+    if not config.server:
+        return None
+    token = config.token
+    cert = (config.tls_cert, config.tls_key) if config.tls_cert and config.tls_key else None
+    link = ServerLink(config.server, watch, port, token=token, ca=config.tls_ca, cert=cert, advertise=config.advertise)
+    link.start()
+    return link
 
 
 def _stop_on_signals() -> asyncio.Event:

@@ -35,6 +35,7 @@ from ..model import (
 from ..probe import MAX_EXCEPTIONS
 from . import wire
 from .credfiles import check_tls, read_private
+from .jobwatch import NodeJobs
 from .node import NodeDevices, ProbeAnswers, Waited
 from .v1 import agent_pb2 as pb
 from .v1 import agent_pb2_grpc as pb_grpc
@@ -235,6 +236,12 @@ class RemoteNode:
             if proc.pid in named or include:
                 peers[proc.pid] = replace(proc, rank=None)  # the host as the agent names its node
         return Waited(waits, peers, holders)
+
+    def jobs(self, timeout: float = 60.0) -> NodeJobs:
+        """One look at the node's jobs (``jobwatch``); an agent without the call raises
+        ``AgentError`` like any failed call."""
+        response = self._call(self._stub.Jobs, pb.JobsRequest(), timeout + self.connect_timeout)
+        return wire.node_jobs_from_proto(response)
 
     def close(self) -> None:
         self._channel.close()

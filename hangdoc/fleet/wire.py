@@ -14,6 +14,7 @@ conversion is exact: ``x_from_proto(x_to_proto(v)) == v`` for every model value 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
@@ -43,6 +44,8 @@ from ..model import (
     ThreadWait,
     WaitKind,
 )
+from . import jobreport
+from .jobwatch import NodeJobs, WatchedJob, WatchedRank
 from .v1 import agent_pb2 as pb
 
 # Trailing metadata of a failed call: the agent's HangdocError class name and its help
@@ -449,3 +452,33 @@ def gpu_state_from_proto(msg: pb.GpuState) -> GpuState:
         matched_by=msg.matched_by[:200],
         **values,
     )
+
+
+def node_jobs_to_proto(node: NodeJobs) -> pb.JobsResponse:
+    return pb.JobsResponse(
+        host=node.host,
+        left_out=node.left_out,
+        jobs=[
+            pb.WatchedJob(
+                job=job.job,
+                world_size=job.world_size,
+                ranks=[pb.WatchedRank(pid=r.pid, rank=r.rank, still_seconds=r.still_seconds) for r in job.ranks],
+            )
+            for job in node.jobs
+        ],
+    )
+
+
+def node_jobs_from_proto(msg: pb.JobsResponse) -> NodeJobs:
+    """An agent's answer, checked as an agent's push is (``jobreport``)."""
+    jobs = []
+    for job in msg.jobs[: jobreport.MAX_JOBS]:
+        ranks = tuple(
+            WatchedRank(r.pid, r.rank if r.HasField("rank") else None, r.still_seconds)
+            for r in job.ranks[: jobreport.MAX_RANKS]
+            if 0 < r.pid <= jobreport.MAX_PID and math.isfinite(r.still_seconds) and r.still_seconds >= 0
+        )
+        world = job.world_size if job.HasField("world_size") and job.world_size > 0 else None
+        if job.job and len(job.job) <= jobreport.MAX_NAME and job.job.isprintable():
+            jobs.append(WatchedJob(job.job, world, ranks))
+    return NodeJobs(msg.host[: jobreport.MAX_NAME], tuple(jobs), max(0, msg.left_out))

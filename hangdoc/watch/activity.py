@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from ..analysis.progress import relevant_thread
+from ..analysis.progress import StackPosition, stack_position
 from ..errors import described
 from ..fleet.coordinator import Fleet, fan_out_pids, sample_all
 from ..model import CaptureErrorKind, Heartbeat, Sample
@@ -243,7 +243,6 @@ def fleet_heartbeats(fleet: Fleet, deadline: float) -> dict[tuple[str, int], Hea
 
 
 # where a rank's relevant thread is: its id, and the (file, line) of each Python frame
-StackFingerprint = tuple[int, tuple[tuple[str, int | None], ...]]
 
 
 class StackSampler:
@@ -254,7 +253,7 @@ class StackSampler:
         self.fleet = fleet
         self.timeout = timeout
         self.t0 = time.monotonic()
-        self.previous: dict[int, StackFingerprint] = {}
+        self.previous: dict[int, StackPosition] = {}
         self.gone: set[int] = set()
 
     def poll(self) -> list[Event]:
@@ -271,7 +270,7 @@ class StackSampler:
             if sample.error is not None and sample.error.kind is CaptureErrorKind.PROCESS_GONE:
                 self.gone.add(i)
                 continue
-            fingerprint = _fingerprint(sample)
+            fingerprint = stack_position(sample)
             if fingerprint is None:
                 continue
             if self.previous.get(i) not in (None, fingerprint):
@@ -282,14 +281,3 @@ class StackSampler:
     @property
     def all_gone(self) -> bool:
         return len(self.gone) == len(self.fleet.placed)
-
-
-def _fingerprint(sample: Sample) -> StackFingerprint | None:
-    """Where the rank's relevant thread is (the one in a distributed op, else main): a
-    background thread that keeps moving must not make a hung training loop look alive."""
-    if sample.error is not None or not sample.threads:
-        return None
-    thread, _op = relevant_thread(sample)
-    if thread is None:
-        return None
-    return (thread.thread_id, tuple((f.filename, f.line) for f in thread.frames if not f.native))

@@ -546,3 +546,37 @@ class WaitsResponse(_message.Message):
     peers: _containers.RepeatedCompositeFieldContainer[RankProcess]
     holders: _containers.RepeatedCompositeFieldContainer[SocketHolders]
     def __init__(self, waits: _Optional[_Iterable[_Union[PidWaits, _Mapping]]] = ..., peers: _Optional[_Iterable[_Union[RankProcess, _Mapping]]] = ..., holders: _Optional[_Iterable[_Union[SocketHolders, _Mapping]]] = ...) -> None: ...
+
+class JobsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WatchedRank(_message.Message):
+    __slots__ = ("pid", "rank", "still_seconds")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    rank: int
+    still_seconds: float
+    def __init__(self, pid: _Optional[int] = ..., rank: _Optional[int] = ..., still_seconds: _Optional[float] = ...) -> None: ...
+
+class WatchedJob(_message.Message):
+    __slots__ = ("job", "world_size", "ranks")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    world_size: int
+    ranks: _containers.RepeatedCompositeFieldContainer[WatchedRank]
+    def __init__(self, job: _Optional[str] = ..., world_size: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[WatchedRank, _Mapping]]] = ...) -> None: ...
+
+class JobsResponse(_message.Message):
+    __slots__ = ("host", "jobs", "left_out")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    LEFT_OUT_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    jobs: _containers.RepeatedCompositeFieldContainer[WatchedJob]
+    left_out: int
+    def __init__(self, host: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[WatchedJob, _Mapping]]] = ..., left_out: _Optional[int] = ...) -> None: ...

@@ -75,6 +75,11 @@ class AgentStub:
                 request_serializer=hangdoc_dot_v1_dot_agent__pb2.WaitsRequest.SerializeToString,
                 response_deserializer=hangdoc_dot_v1_dot_agent__pb2.WaitsResponse.FromString,
                 _registered_method=True)
+        self.Jobs = channel.unary_unary(
+                '/hangdoc.v1.Agent/Jobs',
+                request_serializer=hangdoc_dot_v1_dot_agent__pb2.JobsRequest.SerializeToString,
+                response_deserializer=hangdoc_dot_v1_dot_agent__pb2.JobsResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -146,6 +151,15 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Jobs(self, request, context):
+        """Every job on the node whose ranks the caller may read, grouped by rendezvous, and how
+        long each rank has stayed where it is (hangdoc.fleet.jobwatch): what `hangdoc server`
+        polls (feature "jobs"). Each call is one look: one sample of each rank.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -188,6 +202,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Waits,
                     request_deserializer=hangdoc_dot_v1_dot_agent__pb2.WaitsRequest.FromString,
                     response_serializer=hangdoc_dot_v1_dot_agent__pb2.WaitsResponse.SerializeToString,
+            ),
+            'Jobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.Jobs,
+                    request_deserializer=hangdoc_dot_v1_dot_agent__pb2.JobsRequest.FromString,
+                    response_serializer=hangdoc_dot_v1_dot_agent__pb2.JobsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -407,6 +426,33 @@ class Agent:
             '/hangdoc.v1.Agent/Waits',
             hangdoc_dot_v1_dot_agent__pb2.WaitsRequest.SerializeToString,
             hangdoc_dot_v1_dot_agent__pb2.WaitsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Jobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hangdoc.v1.Agent/Jobs',
+            hangdoc_dot_v1_dot_agent__pb2.JobsRequest.SerializeToString,
+            hangdoc_dot_v1_dot_agent__pb2.JobsResponse.FromString,
             options,
             channel_credentials,
             insecure,
