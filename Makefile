@@ -51,6 +51,9 @@ bench-beyond: $(STAMP)  ## root causes past the ranks (recorded and live), and w
 	git worktree add -f /tmp/hangdoc-baseline 408fb66 >/dev/null 2>&1 || true
 	$(BIN)/python bench/bench_beyond.py --recorded --live --baseline /tmp/hangdoc-baseline --repeat 7 --write docs/benchmarks.md
 
+bench-service: $(STAMP)  ## what hangdoc server costs a node (one look at 8 ranks) and the server (2,000 reports): docs/benchmarks.md
+	$(BIN)/python bench/bench_service.py --ranks 8 --looks 10 --reports 2000 --write docs/benchmarks.md
+
 bench-probe: $(STAMP)  ## what the in-process probe costs a job, idle and asked; writes docs/benchmarks.md
 	$(BIN)/python bench/bench_probe.py --rounds 12 --write docs/benchmarks.md
 
@@ -75,4 +78,4 @@ proto: $(STAMP)  ## regenerate hangdoc/fleet/v1 from proto/ (pinned grpcio-tools
 clean:  ## remove the virtualenv and caches
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help install demo watch-demo test test-fast bench bench-fanout bench-watch bench-accuracy bench-beyond bench-probe bench-scale lint proto clean
+.PHONY: help install demo watch-demo test test-fast bench bench-fanout bench-watch bench-accuracy bench-beyond bench-service bench-probe bench-scale lint proto clean

@@ -171,12 +171,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="answer the gRPC health service without the token (Kubernetes' gRPC health checks); "
         "it tells only whether the agent is serving",
     )
+    agent.add_argument(
+        "--server",
+        metavar="HOST:PORT",
+        help="report this node's jobs to `hangdoc server` at this address (http(s)://HOST:PORT also "
+        "accepted; https with --tls-ca), every interval the server asks for",
+    )
+    agent.add_argument(
+        "--advertise",
+        type=listen_address,
+        metavar="HOST:PORT",
+        help="with --server: the address the server reaches this agent at (default: the address "
+        "the server sees the report come from, and --listen's port)",
+    )
     agent.add_argument("--replay", metavar="FILE", help=argparse.SUPPRESS)  # benchmarks: serve a saved snapshot
     agent.add_argument("--replay-rank-offset", type=whole_number(RANK_OFFSET), default=0, help=argparse.SUPPRESS)
     agent.add_argument("--replay-world-size", type=whole_number(WORLD_SIZE), default=None, help=argparse.SUPPRESS)
     agent.set_defaults(func=_cmd_agent)
 
     _add_watch(sub, auth)
+    _add_server(sub, auth)
 
     run = sub.add_parser(
         "run",
@@ -237,6 +251,89 @@ def _add_ray(command: argparse.ArgumentParser, after: str) -> None:
         help="comma-separated shell patterns over actor class/name (default: the training workers)",
     )
     ray.add_argument("--keep-agents", action="store_true", help=f"leave the agent actors running after {after}")
+
+
+def _add_server(sub: argparse._SubParsersAction[_Parser], auth: _Parser) -> None:
+    server = sub.add_parser(
+        "server",
+        parents=[auth],
+        help="watch every job the agents see; diagnose, keep and serve each hang (docs/service.md)",
+        description="A standing coordinator: agents started with --server (or listed here) report their "
+        "node's jobs; a job whose ranks stay still for --stall-after is diagnosed across the nodes, "
+        "stored as an incident (linked to earlier ones with the same fingerprint) and served on "
+        "HTTP: a page at /, the API under /api/, Prometheus metrics at /metrics. --token-file is "
+        "both the token callers give (Authorization: Bearer) and the agents' token; --tls-cert/"
+        "--tls-key serve HTTPS and are the client certificate towards agents (--tls-ca).",
+    )
+    server.add_argument(
+        "--listen",
+        type=listen_address,
+        default="127.0.0.1:7430",
+        metavar="HOST:PORT",
+        help="HTTP address (default 127.0.0.1:7430, loopback only)",
+    )
+    server.add_argument(
+        "--db",
+        default="hangdoc-incidents.db",
+        metavar="PATH|URL",
+        help="the incident store: a SQLite file (default ./hangdoc-incidents.db) or postgresql://USER@HOST/DB "
+        "(password from PGPASSWORD or ~/.pgpass); its schema is migrated on start",
+    )
+    # 600 s: torch.distributed's own default timeout for a collective of an NCCL process group
+    # is 10 minutes, and a job that is healthy but slow (a checkpoint save, an evaluation
+    # pass) stays in one place for minutes at most; hangdoc watch's bench measured step gaps
+    # of seconds. A shorter timeout finds hangs sooner and costs one diagnosis per false
+    # suspicion (never an incident: the diagnosis sees the job move).
+    server.add_argument(
+        "--stall-after",
+        type=seconds(STALL_SECONDS),
+        default=600.0,
+        metavar="SECONDS",
+        help="a job is suspected when one of its ranks keeps the same stack this long (default 600)",
+    )
+    server.add_argument(
+        "--check-interval",
+        type=seconds(CHECK_INTERVAL_SECONDS),
+        default=30.0,
+        metavar="SECONDS",
+        help="how often agents report (each report samples each rank once) and listed agents are polled (default 30)",
+    )
+    server.add_argument(
+        "--notify-webhook",
+        metavar="URL",
+        default=os.environ.get("HANGDOC_NOTIFY_WEBHOOK"),
+        help="post each new incident here as JSON a Slack-compatible incoming webhook takes "
+        "(default: HANGDOC_NOTIFY_WEBHOOK, which keeps the URL out of the process list)",
+    )
+    server.add_argument("--public-url", metavar="URL", help="this server's URL as people reach it, for links")
+    server.add_argument(
+        "--insecure", action="store_true", help="serve off loopback without a token (trusted networks only)"
+    )
+    server.add_argument(
+        "--agents", type=agent_list, metavar="HOST[:PORT],...", help="agents to poll (besides those that report)"
+    )
+    server.add_argument("--hostfile", metavar="FILE", help="agents to poll, one address per line")
+    server.set_defaults(func=_cmd_server)
+
+    incidents = sub.add_parser(
+        "incidents",
+        help="list the incidents a `hangdoc server` keeps",
+        description="List a server's incidents, newest first (GET /api/incidents).",
+    )
+    incidents.add_argument(
+        "--server",
+        default=os.environ.get("HANGDOC_SERVER", "http://127.0.0.1:7430"),
+        metavar="URL",
+        help="the server (default: HANGDOC_SERVER, else http://127.0.0.1:7430)",
+    )
+    incidents.add_argument("--token-file", metavar="FILE", help="the server's token")
+    incidents.add_argument("--tls-ca", metavar="FILE", help="CA certificate of an HTTPS server (PEM)")
+    incidents.add_argument("--job", metavar="JOB", help="only this job's")
+    incidents.add_argument("--verdict", metavar="VERDICT", help="only this verdict's")
+    incidents.add_argument("--since", metavar="TIME", help="only those detected since (ISO 8601 or epoch seconds)")
+    incidents.add_argument("--limit", type=whole_number((1, 1000)), default=50, metavar="N", help="at most N (50)")
+    incidents.add_argument("--json", action="store_true", help="print the API's JSON object")
+    incidents.set_defaults(func=_cmd_incidents)
 
 
 def _add_watch(sub: argparse._SubParsersAction[_Parser], auth: _Parser) -> None:
@@ -567,8 +664,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_agent(args: argparse.Namespace) -> int:
+    from .analysis.progress import stack_position
     from .fleet.agent import AgentConfig, read_token, run_agent
+    from .fleet.serverlink import server_url
 
+    if args.advertise and not args.server:
+        raise _usage("--advertise is for --server")
+    if args.server:
+        server_url(args.server, tls=bool(args.tls_ca))  # a malformed address fails now
     token = read_token(args.token_file) if args.token_file else None
     config = AgentConfig(
         args.listen,
@@ -582,8 +685,55 @@ def _cmd_agent(args: argparse.Namespace) -> int:
         replay=args.replay,
         replay_rank_offset=args.replay_rank_offset,
         replay_world_size=args.replay_world_size,
+        server=args.server,
+        advertise=args.advertise,
+        position=stack_position,
     )
     return run_agent(config)
+
+
+def _cmd_server(args: argparse.Namespace) -> int:
+    from .fleet.agent import read_token
+    from .fleet.client import AgentAuth, parse_agents
+    from .service.loop import ServiceConfig
+    from .service.serve import ServerOptions, run_server
+
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise _usage("HTTPS needs both --tls-cert and --tls-key")
+    token = read_token(args.token_file) if args.token_file else None
+    agents = tuple(parse_agents(args.agents, args.hostfile)) if (args.agents or args.hostfile) else ()
+    config = ServiceConfig(
+        stall_after=args.stall_after,
+        check_interval=args.check_interval,
+        agents=agents,
+        auth=AgentAuth(token, args.tls_cert, args.tls_key, args.tls_ca),
+        public_url=args.public_url,
+    )
+    options = ServerOptions(
+        listen=args.listen,
+        db=args.db,
+        service=config,
+        token=token,
+        tls=(args.tls_cert, args.tls_key) if args.tls_cert else None,
+        insecure=args.insecure,
+        notify_webhook=args.notify_webhook,
+    )
+    return run_server(options)
+
+
+def _cmd_incidents(args: argparse.Namespace) -> int:
+    from .fleet.agent import read_token
+    from .service.incidents_cli import fetch_incidents, render_incidents
+
+    token = read_token(args.token_file) if args.token_file else None
+    answer = fetch_incidents(args.server, token, args.tls_ca, args.job, args.verdict, args.since, args.limit)
+    if args.json:
+        import json
+
+        sys.stdout.write(json.dumps(answer, indent=2) + "\n")
+    else:
+        sys.stdout.write(render_incidents(answer))
+    return EXIT_OK
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ from typing import IO
 from ..analysis.progress import StackPosition, stack_position
 from ..errors import described
 from ..fleet.coordinator import Fleet, fan_out_pids, sample_all
-from ..model import CaptureErrorKind, Heartbeat, Sample
+from ..model import CaptureErrorKind, Heartbeat
 from .config import Level, Say
 from .stall import Signal
 

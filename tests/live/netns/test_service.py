@@ -1,0 +1,184 @@
+"""`hangdoc server` for real: two nodes (network + PID namespaces), each with an agent started
+with --server, a hung job and a healthy job spread over both, nobody wrapping either.
+
+The tests run in order on one set of nodes: the hung job becomes exactly one incident (the
+right verdict and culprits, within --stall-after + 60 s), the healthy one raises nothing;
+the API and the page in a real browser show it; no token, no data; a restart of the server
+keeps the history and the agents come back by themselves; the same bug in a second job is
+seen before; a job whose ranks are gone closes its incident.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+from support.browser import Browser, find_chromium
+from support.harness import JOBS_DIR
+from support.multinode import TOKEN, assert_clean
+from support.paths import REPO
+from support.servicecluster import ServiceNodes, service_nodes
+
+pytestmark = [pytest.mark.timeout(300)]
+
+HUNG = JOBS_DIR / "mismatch_uneven_shards_eval_gather.py"  # rank 2 of 4 leaves for the evaluation gather
+HEALTHY = JOBS_DIR / "not_hung_fast_steps.py"
+PLACEMENT = ((0, 1), (2, 3))
+STALL_AFTER = 10.0
+CHECK_INTERVAL = 2.0
+
+
+@pytest.fixture(autouse=True)
+def _root_only() -> None:
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root for network and PID namespaces")
+
+
+class Jobs:
+    def __init__(self, nodes: ServiceNodes) -> None:
+        self.nodes = nodes
+        self.hung = ""
+        self.healthy = ""
+        self.started = 0.0
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jobs]:
+    with service_nodes(2, tmp_path_factory.mktemp("service")) as nodes:
+        nodes.start_server("--stall-after", str(STALL_AFTER), "--check-interval", str(CHECK_INTERVAL))
+        jobs = Jobs(nodes)
+        jobs.healthy = nodes.start_job(HEALTHY, ((0,), (1,)))
+        jobs.hung = nodes.start_job(HUNG, PLACEMENT)
+        nodes.wait_job_ready(jobs.hung, 4)
+        nodes.wait_job_ready(jobs.healthy, 2)
+        jobs.started = time.monotonic()
+        yield jobs
+        tag, prefix = nodes.tag, nodes.nodes.prefix
+    assert_clean(tag, prefix)
+
+
+def _incidents(nodes: ServiceNodes, query: str = "") -> list[dict]:
+    status, body = nodes.get(f"/api/incidents{query}")
+    assert status == 200, body
+    return body["incidents"]
+
+
+def test_the_hung_job_is_one_incident_and_the_healthy_one_none(svc: Jobs) -> None:
+    nodes = svc.nodes
+    found = nodes.wait_for("an incident", lambda: _incidents(nodes), STALL_AFTER + 60)
+    took = time.monotonic() - svc.started
+    assert took <= STALL_AFTER + 60
+    assert len(found) == 1, found
+    incident = found[0]
+    assert incident["job"] == svc.hung
+    assert incident["verdict"] == "collective_mismatch", incident["summary"]
+    assert incident["culprit_ranks"] == [2], incident["summary"]
+    assert incident["state"] == "hung" and incident["seen_before"] == []
+    assert sorted(incident["nodes"]) == ["node0", "node1"]
+
+    status, full = nodes.get(f"/api/incidents/{incident['id']}")
+    assert status == 200
+    assert full["verdict"] == "collective_mismatch" and full["culprit_ranks"] == [2]
+    assert {r["rank"]: r["host"] for r in full["ranks"]} == {0: "node0", 1: "node0", 2: "node1", 3: "node1"}
+    assert full["fingerprint"] == incident["fingerprint"] and full["unreachable"] == []
+
+    # the healthy job is watched, and stays without an incident for a while longer
+    time.sleep(2 * CHECK_INTERVAL)
+    status, jobs = nodes.get("/api/jobs")
+    states = {j["job"]: j["state"] for j in jobs["jobs"]}
+    assert states.get(svc.hung) == "hung", jobs
+    assert states.get(svc.healthy) in ("running", "dismissed"), jobs
+    assert [i["job"] for i in _incidents(nodes)] == [svc.hung]
+    assert _incidents(nodes, f"?job={svc.healthy}") == []
+
+
+def test_no_token_no_data(svc: Jobs) -> None:
+    nodes = svc.nodes
+    for path in ("/api/incidents", "/api/incidents/1", "/api/jobs", "/metrics", "/"):
+        for token in (None, "x" * 40):
+            status, body = nodes.get(path, token=token)
+            assert status == 401, (path, status)
+            assert svc.hung not in str(body)
+    assert nodes.get("/healthz", token=None)[0] == 200
+
+
+@pytest.mark.skipif(find_chromium() is None, reason="needs Debian's chromium (CI installs it)")
+def test_the_page_in_a_browser(svc: Jobs) -> None:
+    with Browser(timeout=60) as browser:
+        browser.open(f"{svc.nodes.url}/?token={TOKEN}", ready="document.readyState === 'complete'")
+        assert browser.errors == []
+        assert browser.evaluate("location.search") == ""  # the token left the URL for a cookie
+        text = browser.evaluate("document.body.innerText")
+        assert svc.hung in text and "collective_mismatch" in text, text[:2000]
+        href = browser.evaluate("document.querySelector('a[href^=\"/incidents/\"]').getAttribute('href')")
+        browser.open(f"{svc.nodes.url}{href}")
+        assert browser.evaluate("document.getElementById('verdict').innerText") == "collective_mismatch"
+
+
+def test_a_restart_keeps_the_history_and_the_agents_come_back(svc: Jobs) -> None:
+    nodes = svc.nodes
+    before = _incidents(nodes)
+    assert nodes.stop_server() == 0, nodes.server_log()[-2000:]
+    nodes.start_server("--stall-after", str(STALL_AFTER), "--check-interval", str(CHECK_INTERVAL))
+    assert _incidents(nodes) == before
+
+    def both_back() -> bool:
+        status, body = nodes.get("/api/agents")
+        return status == 200 and sorted(a["node"] for a in body["agents"] if a["registered"]) == ["node0", "node1"]
+
+    nodes.wait_for("both agents back", both_back, 30)
+    # the job is still hung: its incident stays open and it is not diagnosed again
+    time.sleep(STALL_AFTER / 2)
+    assert _incidents(nodes) == before
+    status, jobs = nodes.get("/api/jobs")
+    assert {j["job"]: j["state"] for j in jobs["jobs"]}.get(svc.hung) == "hung", jobs
+
+
+def test_the_same_bug_in_a_second_job_is_seen_before(svc: Jobs) -> None:
+    nodes = svc.nodes
+    first = _incidents(nodes)[0]
+    second_job = nodes.start_job(HUNG, ((2, 3), (0, 1)))
+    nodes.wait_job_ready(second_job, 4)
+    t0 = time.monotonic()
+    found = nodes.wait_for("the second incident", lambda: _incidents(nodes, f"?job={second_job}"), STALL_AFTER + 60)
+    assert time.monotonic() - t0 <= STALL_AFTER + 60
+    second = found[0]
+    assert second["verdict"] == "collective_mismatch" and second["culprit_ranks"] == [2], second["summary"]
+    assert second["fingerprint"] == first["fingerprint"]
+    assert second["seen_before"] == [first["id"]]
+    status, full = nodes.get(f"/api/incidents/{second['id']}")
+    assert [s["id"] for s in full["seen_before"]] == [first["id"]]
+    assert full["seen_before"][0]["job"] == svc.hung
+
+    listed = subprocess.run(
+        [sys.executable, "-m", "hangdoc", "incidents", "--server", nodes.url, "--token-file", str(nodes.token_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        check=False,
+    )
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0].split()[:3] == ["ID", "STATE", "VERDICT"]
+    assert second_job in lines[1] and f"#{first['id']}" in lines[1] and svc.hung in lines[2]
+
+
+def test_an_incident_ends_with_its_job(svc: Jobs) -> None:
+    nodes = svc.nodes
+    first = _incidents(nodes, f"?job={svc.hung}")[0]
+    for pid in nodes.job_pids(svc.hung):
+        subprocess.run(["kill", "-9", str(pid)], check=False)
+
+    def ended() -> bool:
+        return _incidents(nodes, f"?job={svc.hung}")[0]["state"] == "ended"
+
+    nodes.wait_for("the incident ended", ended, 30)
+    status, metrics = nodes.get("/metrics")
+    assert status == 200 and "hangdoc_server_open_incidents 1.0" in metrics, metrics
+    assert first["id"] == _incidents(nodes, f"?job={svc.hung}")[0]["id"]
