@@ -10,10 +10,14 @@ seen before; a job whose ranks are gone closes its incident.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from support.browser import Browser, find_chromium
@@ -40,18 +44,56 @@ def _root_only() -> None:
 
 
 class Jobs:
-    def __init__(self, nodes: ServiceNodes) -> None:
+    def __init__(self, nodes: ServiceNodes, hook: str, posts: list[dict]) -> None:
         self.nodes = nodes
+        self.hook = hook  # the webhook's URL: its path is the secret a Slack URL holds
+        self.posts = posts  # what the webhook received
         self.hung = ""
         self.healthy = ""
         self.started = 0.0
 
+    def server_args(self) -> tuple[str, ...]:
+        return (
+            "--stall-after",
+            str(STALL_AFTER),
+            "--check-interval",
+            str(CHECK_INTERVAL),
+            "--notify-webhook",
+            self.hook,
+            "--public-url",
+            "https://hangdoc.example",
+        )
+
 
 @pytest.fixture(scope="module")
-def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jobs]:
+def webhook() -> Iterator[tuple[str, list[dict]]]:
+    """A real local receiver, as a Slack-compatible incoming webhook answers: 200 "ok"."""
+    posts: list[dict] = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the standard library's name
+            posts.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/services/T000/B000/secret-path-XYZ", posts
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory: pytest.TempPathFactory, webhook: tuple[str, list[dict]]) -> Iterator[Jobs]:
     with service_nodes(2, tmp_path_factory.mktemp("service")) as nodes:
-        nodes.start_server("--stall-after", str(STALL_AFTER), "--check-interval", str(CHECK_INTERVAL))
-        jobs = Jobs(nodes)
+        jobs = Jobs(nodes, *webhook)
+        nodes.start_server(*jobs.server_args())
         jobs.healthy = nodes.start_job(HEALTHY, ((0,), (1,)))
         jobs.hung = nodes.start_job(HUNG, PLACEMENT)
         nodes.wait_job_ready(jobs.hung, 4)
@@ -96,6 +138,28 @@ def test_the_hung_job_is_one_incident_and_the_healthy_one_none(svc: Jobs) -> Non
     assert [i["job"] for i in _incidents(nodes)] == [svc.hung]
     assert _incidents(nodes, f"?job={svc.healthy}") == []
 
+    # the webhook was told, once, with a link; its secret path is in no log
+    told = svc.nodes.wait_for("the webhook told", lambda: svc.posts, 30)
+    assert len(told) == 1
+    assert told[0]["hangdoc"]["id"] == incident["id"] and told[0]["hangdoc"]["verdict"] == "collective_mismatch"
+    assert told[0]["hangdoc"]["link"] == f"https://hangdoc.example/incidents/{incident['id']}"
+    assert "collective_mismatch" in told[0]["text"] and svc.hung in told[0]["text"]
+    assert "secret-path-XYZ" not in nodes.server_log()
+
+
+def test_diagnose_now_says_the_healthy_job_is_not_hung(svc: Jobs) -> None:
+    nodes = svc.nodes
+    request = urllib.request.Request(
+        f"{nodes.url}/api/diagnose", data=json.dumps({"job": svc.healthy}).encode(), method="POST"
+    )
+    request.add_header("Authorization", f"Bearer {TOKEN}")
+    request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(request, timeout=120) as response:
+        assert response.status == 200
+        answer = json.loads(response.read())
+    assert answer["incident"] is None and answer["verdict"] == "not_hung", answer
+    assert _incidents(nodes, f"?job={svc.healthy}") == []
+
 
 def test_no_token_no_data(svc: Jobs) -> None:
     nodes = svc.nodes
@@ -124,7 +188,7 @@ def test_a_restart_keeps_the_history_and_the_agents_come_back(svc: Jobs) -> None
     nodes = svc.nodes
     before = _incidents(nodes)
     assert nodes.stop_server() == 0, nodes.server_log()[-2000:]
-    nodes.start_server("--stall-after", str(STALL_AFTER), "--check-interval", str(CHECK_INTERVAL))
+    nodes.start_server(*svc.server_args())
     assert _incidents(nodes) == before
 
     def both_back() -> bool:
@@ -154,6 +218,8 @@ def test_the_same_bug_in_a_second_job_is_seen_before(svc: Jobs) -> None:
     status, full = nodes.get(f"/api/incidents/{second['id']}")
     assert [s["id"] for s in full["seen_before"]] == [first["id"]]
     assert full["seen_before"][0]["job"] == svc.hung
+    told = nodes.wait_for("the second post", lambda: len(svc.posts) == 2 and svc.posts, 30)
+    assert told[1]["hangdoc"]["seen_before"][0]["id"] == first["id"] and "seen before" in told[1]["text"]
 
     listed = subprocess.run(
         [sys.executable, "-m", "hangdoc", "incidents", "--server", nodes.url, "--token-file", str(nodes.token_file)],
