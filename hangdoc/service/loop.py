@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ..bundle.writer import snapshot_bytes
 from ..diagnose import CaptureOptions, diagnose
 from ..errors import HangdocError, UsageError
+from ..fleet import jobreport
 from ..fleet.client import AgentAuth, RemoteNode
 from ..fleet.jobreport import from_json
 from ..fleet.jobwatch import NodeJobs
@@ -37,6 +38,7 @@ log = logging.getLogger("hangdoc.server")
 STALE_INTERVALS = 3
 DIAGNOSES_AT_ONCE = 4
 POLL_TIMEOUT = 60.0  # one look samples every rank of a node once: seconds at most
+MAX_JOB_CHARS = jobreport.MAX_NAME  # as an agent's report bounds it: the store indexes the job
 
 
 @dataclass(frozen=True)
@@ -62,9 +64,10 @@ class HangService:
         store: Store,
         notifier: Notifier | None = None,
         clock: Callable[[], float] = time.time,
+        metrics: ServiceMetrics | None = None,
     ) -> None:
         self.config, self.store, self.notifier, self.clock = config, store, notifier, clock
-        self.metrics = ServiceMetrics(config.stale_after)
+        self.metrics = metrics or ServiceMetrics(config.stale_after)
         self._lock = threading.Lock()
         self._reports: dict[str, Report] = {a: Report(a, False, None, None) for a in config.agents}
         self._tracks: dict[str, Track] = {}
@@ -89,7 +92,7 @@ class HangService:
 
     def healthy(self) -> bool:
         try:
-            self.store.count_by_verdict()
+            self.store.list(limit=1)  # one indexed row: the store answers
         except Exception:  # noqa: BLE001 - any failure of the store is "not healthy"
             return False
         return not self._stop.is_set()
@@ -108,6 +111,8 @@ class HangService:
 
     def diagnose_now(self, job: str) -> tuple[Incident | None, str]:
         """Diagnose ``job`` now across the live agents (a person asked: not deduplicated)."""
+        if len(job) > MAX_JOB_CHARS:
+            raise UsageError(f"a job spec of {len(job)} characters; at most {MAX_JOB_CHARS}")
         return self._diagnose(job, self.clock())
 
     # ------------------------------------------------------------ the loop

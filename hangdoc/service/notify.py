@@ -15,7 +15,6 @@ import urllib.error
 import urllib.request
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
 from email.message import Message
 from http.client import HTTPException
 from typing import Any, Literal
@@ -25,6 +24,7 @@ from .. import __version__
 from ..errors import UsageError, described
 from ..rankranges import rank_phrase
 from .records import Incident
+from .shapes import iso
 
 log = logging.getLogger("hangdoc.server")
 
@@ -246,11 +246,11 @@ def incident_message(incident: Incident, seen_before: Sequence[Incident], link: 
             "confidence": incident.confidence,
             "summary": incident.summary,
             "state": incident.state.value,
-            "detected_at": _iso(incident.detected_at),
+            "detected_at": iso(incident.detected_at),
             "link": link,
             "fingerprint": incident.fingerprint,
             "seen_before": [
-                {"id": e.id, "job": e.job, "detected_at": _iso(e.detected_at), "state": e.state.value}
+                {"id": e.id, "job": e.job, "detected_at": iso(e.detected_at), "state": e.state.value}
                 for e in seen_before
             ],
         },
@@ -264,7 +264,7 @@ def _line(incident: Incident, seen_before: Sequence[Incident]) -> str:
         summary = summary[: SUMMARY_CHARS - 1].rstrip() + "…"
     line = f"hangdoc: *{incident.verdict}* in {incident.job}: {culprits} ({incident.confidence} confidence). {summary}"
     if seen_before:
-        earlier = [f"#{e.id} (job {e.job}, {_iso(e.detected_at)[:10]}, {e.state.value})" for e in seen_before]
+        earlier = [f"#{e.id} (job {e.job}, {(iso(e.detected_at) or '')[:10]}, {e.state.value})" for e in seen_before]
         more = len(earlier) - SEEN_SHOWN
         line += " — seen before: " + ", ".join(earlier[:SEEN_SHOWN]) + (f" and {more} more" if more > 0 else "")
     return _escaped(line[:LINE_CHARS])
@@ -273,8 +273,3 @@ def _line(incident: Incident, seen_before: Sequence[Incident]) -> str:
 def _escaped(text: str) -> str:
     """Slack's mrkdwn escapes: &, < and > are control characters there."""
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def _iso(epoch: float) -> str:
-    """``2026-11-28T12:00:00Z``: the form the API writes times in."""
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -18,6 +18,7 @@ from ..addresses import is_loopback_host
 from ..errors import UsageError
 from .api import make_http_server
 from .loop import HangService, ServiceConfig
+from .metrics import ServiceMetrics
 from .notify import Notifier
 from .store import Store
 
@@ -52,14 +53,10 @@ def run_server(options: ServerOptions, ready: threading.Event | None = None) -> 
     store = Store.open(options.db)
     notifier = None
     try:
-        service_metrics_target: list[HangService] = []
+        metrics = ServiceMetrics(options.service.stale_after)
         if options.notify_webhook:
-            notifier = Notifier(
-                options.notify_webhook,
-                on_result=lambda outcome: service_metrics_target[0].metrics.notified(outcome),
-            )
-        service = HangService(options.service, store, notifier)
-        service_metrics_target.append(service)
+            notifier = Notifier(options.notify_webhook, on_result=metrics.notified)
+        service = HangService(options.service, store, notifier, metrics=metrics)
         http = make_http_server(options.listen, service, options.token, options.tls)
         port = http.server_address[1]
         threading.Thread(target=http.serve_forever, name="hangdoc-http", daemon=True).start()

@@ -37,7 +37,7 @@ from hangdoc.errors import JobNotFound, UsageError
 from hangdoc.model import Diagnosis, JobSnapshot, Verdict
 from hangdoc.report.html import render_html
 from hangdoc.report.json_report import render_json
-from hangdoc.service import api
+from hangdoc.service import api, shapes
 from hangdoc.service.api import make_http_server
 from hangdoc.service.fingerprint import fingerprint
 from hangdoc.service.metrics import ServiceMetrics
@@ -296,10 +296,10 @@ def test_incidents_are_listed_newest_first_with_their_history(running: Running) 
     assert entry["culprit_ranks"] == [1] and entry["nodes"] == ["vm"] and entry["confidence"] == "medium"
     assert entry["seen_before"] == [first.id] and entry["url"] == f"/incidents/{third.id}"
     assert entry["state"] == "hung" and entry["ended_at"] is None
-    assert entry["detected_at"] == api.iso(T0 + 200) and ISO.fullmatch(entry["detected_at"])
+    assert entry["detected_at"] == shapes.iso(T0 + 200) and ISO.fullmatch(entry["detected_at"])
     assert ISO.fullmatch(entry["diagnosed_at"])
     ended = next(i for i in listed if i["id"] == first.id)
-    assert ended["state"] == "ended" and ended["ended_at"] == api.iso(T0 + 50) and ended["seen_before"] == []
+    assert ended["state"] == "ended" and ended["ended_at"] == shapes.iso(T0 + 50) and ended["seen_before"] == []
     assert next(i for i in listed if i["id"] == fourth.id)["job"] == HOSTILE
 
 
@@ -314,8 +314,8 @@ def test_the_filters(running: Running) -> None:
     assert ids("verdict=collective_mismatch&limit=1") == [third.id]
     assert ids("limit=2") == [fourth.id, third.id]
     assert ids(f"since={T0 + 150:.0f}") == [fourth.id, third.id]
-    assert ids(f"since={api.iso(T0 + 150)}") == [fourth.id, third.id]
-    offset = str(api.iso(T0 + 150)).replace("Z", "%2B00:00")
+    assert ids(f"since={shapes.iso(T0 + 150)}") == [fourth.id, third.id]
+    offset = str(shapes.iso(T0 + 150)).replace("Z", "%2B00:00")
     assert ids(f"since={offset}") == [fourth.id, third.id]
     assert ids("job=&verdict=") == ids("")  # an empty field, as a form sends it, is no filter
     assert ids("job=nobody") == []
@@ -337,9 +337,9 @@ def test_one_incident_is_its_report_and_what_the_server_knows(running: Running, 
         assert value[key] == report[key], key
     assert value["id"] == third.id and value["job"] == "10.0.0.3:29500" and value["nodes"] == ["vm"]
     assert value["fingerprint"] == third.fingerprint and value["state"] == "hung" and value["ended_at"] is None
-    assert value["detected_at"] == api.iso(T0 + 200) and value["diagnosed_at"] == api.iso(T0 + 207)
+    assert value["detected_at"] == shapes.iso(T0 + 200) and value["diagnosed_at"] == shapes.iso(T0 + 207)
     assert value["seen_before"] == [
-        {"id": first.id, "job": "10.0.0.1:29500", "detected_at": api.iso(T0), "state": "ended",
+        {"id": first.id, "job": "10.0.0.1:29500", "detected_at": shapes.iso(T0), "state": "ended",
          "verdict": "collective_mismatch"}
     ]  # fmt: skip
 
