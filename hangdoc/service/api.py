@@ -67,6 +67,7 @@ REPORT_CSP = (
     "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:; "
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
+ROUTINE = frozenset({"/api/agents/report", "/healthz", "/metrics"})
 JSON_TYPE = "application/json; charset=utf-8"
 HTML_TYPE = "text/html; charset=utf-8"
 QUERY = ("job", "verdict", "since", "limit")
@@ -570,7 +571,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _log(self, path: str) -> None:
         ms = (time.monotonic() - self._started) * 1000 if self._started else 0.0
-        logger.info("%s %s %d %.1f ms", self.command or "-", _shown(path), self._status, ms)
+        # what machines call every interval (agents' reports, probes, scrapes) would bury what
+        # people do: logged only when it fails, or at debug level
+        routine = path in ROUTINE and self._status < 400
+        logger.log(
+            logging.DEBUG if routine else logging.INFO,
+            "%s %s %d %.1f ms",
+            self.command or "-",
+            _shown(path),
+            self._status,
+            ms,
+        )
 
 
 def _same(given: str, token: str) -> bool:
