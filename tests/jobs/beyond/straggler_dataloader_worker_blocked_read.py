@@ -40,7 +40,10 @@ class ShardRecords(IterableDataset):
         self.path = path
 
     def __iter__(self):
-        fd = os.open(self.path, os.O_RDWR if self.path.endswith(".pipe") else os.O_RDONLY)
+        streamed = self.path.endswith(".pipe")
+        fd = os.open(self.path, os.O_RDWR if streamed else os.O_RDONLY)
+        if streamed:  # the worker is about to block: the rank is ready once it does
+            mark_ready(int(os.environ["RANK"]))
         try:
             while True:
                 buf = b""
@@ -95,8 +98,6 @@ def main() -> None:
 
     for epoch in range(EPOCHS):
         loader = DataLoader(ShardRecords(stage_shard(root, epoch, rank)), batch_size=32, num_workers=1)
-        if (epoch, rank) in STREAMED:
-            mark_ready(rank)
         for step, (x, y) in enumerate(loader):
             loss = nn.functional.binary_cross_entropy_with_logits(model(x).squeeze(-1), y)
             opt.zero_grad()
