@@ -10,7 +10,7 @@ import urllib.request
 from typing import Any
 
 from ..errors import HangdocError, UsageError
-from ..rankranges import compress_ranks
+from ..rankranges import ranges_text
 
 
 class ServerError(HangdocError):
@@ -75,7 +75,7 @@ def render_incidents(answer: dict[str, Any]) -> str:
                 str(inc.get("state", "")),
                 str(inc.get("verdict", "")),
                 str(inc.get("job", "")),
-                compress_ranks(culprits) if culprits else "-",
+                ranges_text(culprits) if culprits else "-",
                 str(inc.get("detected_at", "")),
                 ", ".join(f"#{i}" for i in seen) if seen else "-",
                 str(inc.get("summary", "")),

@@ -142,3 +142,29 @@ def test_wrong_use_is_one_line(argv: list[str], said: str, tmp_path: Path) -> No
     )
     assert out.returncode != 0 and out.stderr.startswith("hangdoc: error: "), out.stderr
     assert said in out.stderr and "Traceback" not in out.stderr
+
+
+def test_run_server_in_this_process_stops_on_sigterm(tmp_path: Path) -> None:
+    """The server's own main loop (`run_server`), here: it serves, and the first SIGTERM
+    makes it stop its loop, close the HTTP side and the store, and return 0."""
+    import threading
+
+    from hangdoc.service.loop import ServiceConfig
+    from hangdoc.service.serve import ServerOptions, run_server
+
+    ready = threading.Event()
+    options = ServerOptions("127.0.0.1:0", str(tmp_path / "in.db"), ServiceConfig(check_interval=0.2))
+
+    def poke() -> None:
+        if ready.wait(30):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    threading.Thread(target=poke, daemon=True).start()
+    try:
+        assert run_server(options, ready) == 0
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    with Store.open(str(tmp_path / "in.db")) as store:  # migrated, closed, opened again
+        assert store.list() == []
