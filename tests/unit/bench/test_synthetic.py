@@ -55,13 +55,14 @@ def test_a_bad_scenario_or_size_is_refused() -> None:
         synthetic_snapshot(16)
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("scenario", ["init_deadlock", "cleanup_deadlock"])
-def test_the_verdicts_of_every_rank_alike_are_right_at_100k(scenario: str) -> None:
+def test_the_verdicts_of_every_rank_alike_are_right_at_30k(scenario: str) -> None:
     # an init deadlock (every rank in init_process_group) and a half-and-half cleanup deadlock
     # put every rank into one list a verdict reasons over: a quadratic step there took 7 s
-    # at 8k ranks (18 minutes at 100k); linear, building and analysing take some 20 s here
-    world = 100_000
+    # at 8k ranks, so some 100 s at 30k, past the timeout; linear, building and analysing
+    # take some 6 s here (20 s at 100k: bench/bench_scale.py measures that size)
+    world = 30_000
     diagnosis = analyse(synthetic_snapshot(world, scenario))
     verdict, culprits = expected(world, scenario)
     assert diagnosis.verdict is verdict, diagnosis.summary
