@@ -30,6 +30,7 @@ table{border-collapse:collapse;width:100%;background:#fff;box-shadow:0 1px 2px #
 th,td{text-align:left;padding:6px 10px;border-bottom:1px solid #e3e6ea;vertical-align:top}
 th{background:#eef0f3;font-weight:600;white-space:nowrap}
 td.num,td.when,td.nw{white-space:nowrap}
+td.summary{overflow-wrap:anywhere;min-width:14em}
 .age{color:#5b6472;font-size:12px}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600;color:#fff}
 .hung{background:#c62828}.suspected{background:#ef8f00}.resumed{background:#2e7d32}
@@ -125,7 +126,7 @@ def _incidents(incidents: Sequence[Incident], seen_before: Mapping[int, Sequence
             f'<td class="verdict">{_e(i.verdict)}</td>'
             f'<td class="job">{_e(i.job)}</td>'
             f'<td class="num">{_e(short_ranges(sorted(set(i.culprits)))) or "—"}</td>'
-            f"<td>{_e(one_line(i.summary, SUMMARY_CHARS))}</td>"
+            f'<td class="summary">{_e(one_line(i.summary, SUMMARY_CHARS))}</td>'
             f'<td class="when">{_e(_when(i.detected_at))}<br><span class="age">{_e(_age(now - i.detected_at))}'
             f" ago</span></td>"
             f'<td class="nw">{seen}</td>'

@@ -121,6 +121,8 @@ def test_the_page_with_the_token_then_a_report(browser: Browser, server: str) ->
     row = browser.evaluate("document.querySelector('#incidents tbody tr').innerText")
     assert "collective_mismatch" in row and JOB in row and "hung" in row
     assert browser.evaluate("document.getElementById('open-count').innerText").startswith("1")
+    # at 1280 pixels the tables fit: the links of the last column are not cut off
+    assert browser.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     assert browser.errors == []
 
     browser.events.clear()
