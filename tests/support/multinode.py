@@ -343,16 +343,21 @@ class Cluster:
         """SIGKILL every supervisor (its PID namespace dies with it) and all tagged processes."""
         for sup in self.supervisors:
             _kill_tree(sup.pid)
-        deadline = time.monotonic() + timeout
-        while left := tagged_processes(self.tag):
-            for pid in left:
-                _signal(pid, signal.SIGCONT)  # a stopped agent still dies of SIGKILL; harmless
-                _signal(pid, signal.SIGKILL)
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"processes survive SIGKILL: {left}")
-            time.sleep(0.1)
+        kill_tagged(self.tag, timeout)
         for sup in self.supervisors:
             sup.wait(timeout=timeout)
+
+
+def kill_tagged(tag: str, timeout: float) -> None:
+    """SIGKILL every process carrying ``tag`` until none is left (RuntimeError after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while left := tagged_processes(tag):
+        for pid in left:
+            _signal(pid, signal.SIGCONT)  # a stopped process still dies of SIGKILL; harmless
+            _signal(pid, signal.SIGKILL)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"processes survive SIGKILL: {left}")
+        time.sleep(0.1)
 
 
 def _signal(pid: int, sig: int) -> None:

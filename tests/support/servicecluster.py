@@ -29,7 +29,7 @@ from typing import Any
 import psutil
 
 from .harness import JOBS_DIR, free_port
-from .multinode import _SCRUB, AGENT_PORT, TAG_VAR, TOKEN, _kill_tree, _signal, tagged_processes
+from .multinode import _SCRUB, AGENT_PORT, TAG_VAR, TOKEN, _kill_tree, kill_tagged
 from .netns import NetnsNodes
 from .paths import REPO
 
@@ -236,13 +236,7 @@ class ServiceNodes:
             self.server.wait(timeout)
         for loop in self.loops:
             _kill_tree(loop.pid)
-        deadline = time.monotonic() + timeout
-        while left := tagged_processes(self.tag):
-            for pid in left:
-                _signal(pid, signal.SIGKILL)
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"processes survive SIGKILL: {left}")
-            time.sleep(0.1)
+        kill_tagged(self.tag, timeout)
         for loop in self.loops:
             loop.wait(timeout=timeout)
 
