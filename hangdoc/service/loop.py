@@ -37,6 +37,7 @@ log = logging.getLogger("hangdoc.server")
 # and it is not asked in a diagnosis.
 STALE_INTERVALS = 3
 DIAGNOSES_AT_ONCE = 4
+LOOKS_TO_END = 2
 POLL_TIMEOUT = 60.0  # one look samples every rank of a node once: seconds at most
 MAX_JOB_CHARS = jobreport.MAX_NAME  # as an agent's report bounds it: the store indexes the job
 
@@ -78,6 +79,7 @@ class HangService:
         self._pool = ThreadPoolExecutor(DIAGNOSES_AT_ONCE, thread_name_prefix="hangdoc-diagnose")
         self._polls = ThreadPoolExecutor(16, thread_name_prefix="hangdoc-poll")
         self._stop = threading.Event()
+        self._missing: dict[str, int] = {}  # hung jobs missing from their nodes: checks in a row
         self.started = clock()
 
     # ------------------------------------------------------------ ServiceView
@@ -156,8 +158,13 @@ class HangService:
                 self._tracks[job] = Track(JobState.SUSPECTED, since=now)
         for job, incident in todo.resumed:
             self._close(job, incident, IncidentState.RESUMED, now)
+        # a job ends when it is missing from its nodes' looks twice in a row: one look that
+        # missed it (a rank caught between states) does not close an incident
+        missing = {job: self._missing.get(job, 0) + 1 for job, _ in todo.ended}
+        self._missing = missing
         for job, incident in todo.ended:
-            self._close(job, incident, IncidentState.ENDED, now)
+            if missing[job] >= LOOKS_TO_END:
+                self._close(job, incident, IncidentState.ENDED, now)
         for job in todo.diagnose:
             log.info("%s: a rank has been still for %g s or more: diagnosing", job, self.config.stall_after)
             self._pool.submit(self._suspected, job, now)

@@ -1,5 +1,5 @@
 """The service with a polled agent (``--agents``), in this process over real gRPC: a real
-agent on loopback, real processes with a rendezvous in their environment, real py-spy. The
+agent process on loopback, real processes with a rendezvous in their environment, real py-spy. The
 agent is asked for its node's jobs at each tick; a job whose ranks stay put past the
 timeout is diagnosed through that agent and stored; once its processes are gone, the
 incident ends. An agent that does not answer is named, and its last look kept."""
@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from hangdoc.diagnose import CaptureOptions
-from hangdoc.fleet.agent import AgentConfig, serve_in_thread
 from hangdoc.service.loop import HangService, ServiceConfig
 from hangdoc.service.records import IncidentState, JobState
 from hangdoc.service.store import Store
@@ -56,12 +56,20 @@ def _wait(what: str, check, timeout: float = 60.0):  # type: ignore[no-untyped-d
 
 
 def test_a_polled_agent_is_watched_diagnosed_and_closed(ranks: list[subprocess.Popen[bytes]], tmp_path: Path) -> None:
-    agent = serve_in_thread(AgentConfig(listen="127.0.0.1:0", host="polled-node"))
+    # the agent is a process of its own, as on a node
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "hangdoc", "agent", "--listen", "127.0.0.1:0", "--node-name", "polled-node"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert agent.stderr is not None
+    port = next(int(line.split()[-1]) for line in agent.stderr if "listening on port" in line)
+    threading.Thread(target=agent.stderr.read, daemon=True).start()  # its audit log, read on: the pipe never fills
     store = Store.open(str(tmp_path / "incidents.db"))
     config = ServiceConfig(
-        stall_after=1.0,
-        check_interval=0.5,
-        agents=(f"127.0.0.1:{agent.port}", "127.0.0.1:1"),
+        stall_after=2.0,
+        check_interval=1.0,  # an agent is stale after 3 s without an answer: under load, a look takes ~1 s
+        agents=(f"127.0.0.1:{port}", "127.0.0.1:1"),
         capture=CaptureOptions(window=0.5, interval=0.25, max_window=1.0),
     )
     service = HangService(config, store)
@@ -86,7 +94,7 @@ def test_a_polled_agent_is_watched_diagnosed_and_closed(ranks: list[subprocess.P
         assert incident.detected_at <= incident.diagnosed_at
         assert '"verdict"' in (store.report_json(incident.id) or "")
         assert (store.bundle(incident.id) or b"")[:2] == b"\x1f\x8b"  # the snapshot, gzip
-        _wait("the job hung", lambda: [j for j in service.jobs() if j.job == JOB][0].state is JobState.HUNG)
+        _wait("the job hung", lambda: any(j.job == JOB and j.state is JobState.HUNG for j in service.jobs()))
         for _ in range(3):  # still hung: no second diagnosis
             service.tick()
         assert len(store.list(job=JOB)) == 1
@@ -103,4 +111,6 @@ def test_a_polled_agent_is_watched_diagnosed_and_closed(ranks: list[subprocess.P
     finally:
         service.stop(5.0)
         store.close()
-        agent.stop()
+        agent.terminate()
+        agent.wait(timeout=30)
+        agent.stderr.close()
