@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -79,6 +80,7 @@ class HangService:
         self._pool = ThreadPoolExecutor(DIAGNOSES_AT_ONCE, thread_name_prefix="hangdoc-diagnose")
         self._polls = ThreadPoolExecutor(16, thread_name_prefix="hangdoc-poll")
         self._stop = threading.Event()
+        self._diagnosing: set[futures.Future[None]] = set()
         self._missing: dict[str, int] = {}  # hung jobs missing from their nodes: checks in a row
         self.started = clock()
 
@@ -141,10 +143,8 @@ class HangService:
         """Stop ticking; diagnoses running get ``grace`` seconds to be stored."""
         self._stop.set()
         self._polls.shutdown(wait=False, cancel_futures=True)
-        deadline = time.monotonic() + grace
         self._pool.shutdown(wait=False, cancel_futures=True)
-        for thread in list(getattr(self._pool, "_threads", ())):
-            thread.join(max(0.0, deadline - time.monotonic()))
+        futures.wait(self._diagnosing, timeout=grace)
 
     def tick(self) -> None:
         self._poll()
@@ -167,14 +167,14 @@ class HangService:
                 self._close(job, incident, IncidentState.ENDED, now)
         for job in todo.diagnose:
             log.info("%s: a rank has been still for %g s or more: diagnosing", job, self.config.stall_after)
-            self._pool.submit(self._suspected, job, now)
+            self._diagnosing = {f for f in self._diagnosing if not f.done()}
+            self._diagnosing.add(self._pool.submit(self._suspected, job, now))
 
     def _poll(self) -> None:
-        listed = [a for a in self.config.agents]
-        if not listed:
+        if not self.config.agents:
             return
-        futures = {a: self._polls.submit(self._look, a) for a in listed}
-        for address, future in futures.items():
+        asked = {a: self._polls.submit(self._look, a) for a in self.config.agents}
+        for address, future in asked.items():
             try:
                 node = future.result(timeout=POLL_TIMEOUT + 10)
             except Exception as exc:  # noqa: BLE001 - one agent's failure is that agent's
