@@ -36,7 +36,7 @@ from hangdoc.capture.find.discover import discover
 from hangdoc.capture.find.jobspec import parse_job_spec
 from hangdoc.capture.read.pyspy import find_pyspy
 from hangdoc.capture.read.sample import sample_round
-from hangdoc.diagnose import CaptureOptions
+from hangdoc.pipeline import CaptureOptions
 
 
 def start_job(n: int, tag: str, ready: Path) -> subprocess.Popen:

@@ -57,7 +57,7 @@ from run_demo import tagged
 
 from hangdoc.analysis.analyse import analyse
 from hangdoc.capture.find.jobspec import parse_job_spec
-from hangdoc.diagnose import CaptureOptions, observe
+from hangdoc.pipeline import CaptureOptions, observe
 from hangdoc.fleet import coordinator, wire
 from hangdoc.fleet.agent import MAX_DUMP_TIMEOUT
 from hangdoc.fleet.client import AgentAuth, RemoteNode

@@ -45,7 +45,7 @@ from .errors import HangdocError, InternalError, UsageError, one_line
 from .model import MAX_INCLUDE
 
 if TYPE_CHECKING:
-    from .diagnose import FleetSource
+    from .pipeline import FleetSource
     from .fleet.client import RemoteNode
     from .model import Diagnosis, JobSnapshot
     from .report.status import StatusDisplay
@@ -524,7 +524,7 @@ def _check_jobs(*specs: str | None) -> None:
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
     from .bundle import check_save_path, save_snapshot
-    from .diagnose import CaptureOptions, diagnose
+    from .pipeline import CaptureOptions, diagnose
 
     if args.max_window < args.window:
         raise _usage("need --max-window >= --window")
@@ -582,7 +582,7 @@ def _remote_nodes(args: argparse.Namespace) -> list[RemoteNode] | None:
 def _cmd_watch(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .diagnose import CaptureOptions
+    from .pipeline import CaptureOptions
     from .watch.stall import StallPolicy
     from .watch.watchdog import OnHang, WatchConfig, run_watch
 

@@ -28,8 +28,8 @@ from .capture.find.discover import Discovery
 from .capture.find.jobspec import JobSpec, parse_job_spec
 from .capture.find.ray_job import find_ray_job
 from .capture.find.ray_workers import RayJob, RayWorker
-from .diagnose import CaptureOptions, FleetFinder, FleetSource, Message
-from .diagnose import diagnose as diagnose_job
+from .pipeline import CaptureOptions, FleetFinder, FleetSource, Message
+from .pipeline import diagnose as diagnose_job
 from .errors import RayNotInstalled, RayUnreachable, UsageError, one_line
 from .fleet.client import AgentAuth, RemoteNode
 from .fleet.coordinator import Fleet, fan_out

@@ -12,7 +12,7 @@ line of where the diagnosis stands.
 - ``--quiet``: nothing.
 
 The CLI makes one ``StatusDisplay`` per command (``StatusDisplay.on``) and hands its
-``say`` and ``update`` to the pipeline (``hangdoc.diagnose``'s ``Message`` and ``Status``).
+``say`` and ``update`` to the pipeline (``hangdoc.pipeline``'s ``Message`` and ``Status``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ REFRESH_PER_SECOND = 8
 
 
 class CaptureState(Protocol):
-    """What the live line shows: ``hangdoc.diagnose.Sampling``, read through this protocol
+    """What the live line shows: ``hangdoc.pipeline.Sampling``, read through this protocol
     (the report floor imports nothing of the pipeline's)."""
 
     @property
@@ -145,7 +145,7 @@ class StatusDisplay:
         print(line, file=self.stream, flush=True)
 
     def update(self, state: CaptureState) -> None:
-        """Where the diagnosis stands now (``hangdoc.diagnose.Status``)."""
+        """Where the diagnosis stands now (``hangdoc.pipeline.Status``)."""
         if not self.live:
             return
         with self._lock:

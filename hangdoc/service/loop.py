@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..bundle.writer import snapshot_bytes
-from ..diagnose import CaptureOptions, diagnose
+from ..pipeline import CaptureOptions, diagnose
 from ..errors import HangdocError, UsageError
 from ..fleet import jobreport
 from ..fleet.client import AgentAuth, RemoteNode

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..diagnose import CaptureOptions, FleetSource, Message
+from ..pipeline import CaptureOptions, FleetSource, Message
 from ..errors import UsageError
 from ..fleet.node import Node
 from .stall import StallPolicy

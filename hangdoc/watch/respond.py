@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from ..diagnose import FleetSource, diagnose
+from ..pipeline import FleetSource, diagnose
 from ..errors import HangdocError, InternalError, JobNotFound, described
 from ..model import Diagnosis, Heartbeat, JobSnapshot, RankState
 from .config import Level, Say, WatchConfig

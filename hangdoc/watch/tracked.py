@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 
 from ..capture.find.jobspec import parse_job_spec
-from ..diagnose import FleetFinder, Message
+from ..pipeline import FleetFinder, Message
 from ..errors import HangdocError, JobNotFound
 from ..fleet.coordinator import Fleet, find_ranks
 from ..fleet.node import LocalNode, Node

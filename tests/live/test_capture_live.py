@@ -22,7 +22,7 @@ from hangdoc.capture.find.jobspec import parse_job_spec
 from hangdoc.capture.read.procstate import read_state, socket_bytes, socket_bytes_many
 from hangdoc.capture.read.pyspy import dump, find_pyspy
 from hangdoc.capture.read.sample import sample_round
-from hangdoc.diagnose import CaptureOptions, diagnose
+from hangdoc.pipeline import CaptureOptions, diagnose
 from hangdoc.model import CaptureErrorKind, ProcessState, RankProcess
 
 SERVER = """

@@ -394,7 +394,7 @@ def test_json_error_object_for_each_kind_of_failure(tmp_path, capsys) -> None:
 
 
 def test_json_error_object_for_agent_errors(capsys, monkeypatch) -> None:
-    from hangdoc import diagnose as diagnose_module
+    from hangdoc import pipeline as diagnose_module
     from hangdoc.fleet.client import AgentError
 
     def refuse(*args, **kwargs):

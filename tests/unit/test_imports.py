@@ -51,12 +51,12 @@ MAY_IMPORT = {
     "analysis": {"ground"},
     "report": {"ground"},
     "fleet": {"ground", "capture"},
-    "diagnose": {"ground", "capture", "fleet", "analysis"},
-    "watch": {"ground", "capture", "fleet", "analysis", "report", "diagnose"},
-    "ray": {"ground", "capture", "fleet", "analysis", "diagnose"},  # hangdoc.ray: ray:JOB
+    "pipeline": {"ground", "capture", "fleet", "analysis"},
+    "watch": {"ground", "capture", "fleet", "analysis", "report", "pipeline"},
+    "ray": {"ground", "capture", "fleet", "analysis", "pipeline"},  # hangdoc.ray: ray:JOB
     # hangdoc server: the standing coordinator, its store, its HTTP side (hangdoc.service)
-    "service": {"ground", "capture", "fleet", "analysis", "report", "diagnose"},
-    "cli": {"ground", "capture", "fleet", "analysis", "report", "diagnose", "watch", "ray", "service"},
+    "service": {"ground", "capture", "fleet", "analysis", "report", "pipeline"},
+    "cli": {"ground", "capture", "fleet", "analysis", "report", "pipeline", "watch", "ray", "service"},
 }
 # third-party modules only one floor may use
 ONLY_IN = {
@@ -92,7 +92,7 @@ def floor(module: str) -> str:
     if module in GROUND:
         return "ground"
     parts = module.split(".")
-    if parts[1] in ("capture", "fleet", "analysis", "report", "watch", "diagnose", "ray", "service"):
+    if parts[1] in ("capture", "fleet", "analysis", "report", "watch", "pipeline", "ray", "service"):
         return parts[1]
     if parts[1] in ("cli", "cliargs", "__main__"):
         return "cli"

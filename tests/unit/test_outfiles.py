@@ -172,7 +172,7 @@ def test_diagnose_save_refuses_a_link_before_the_capture(
     def no_capture(*args, **kwargs):
         raise AssertionError("captured although --save was refused")
 
-    monkeypatch.setattr("hangdoc.diagnose.diagnose", no_capture)
+    monkeypatch.setattr("hangdoc.pipeline.diagnose", no_capture)
     (tmp_path / "snap.json").symlink_to(tmp_path / "victim")
     assert main(["diagnose", "pid:1", "--save", str(tmp_path / "snap.json")]) == 6
     first = capsys.readouterr().err.splitlines()[0]
@@ -189,7 +189,7 @@ def test_diagnose_save_writes_a_private_bundle(
     from hangdoc.analysis.analyse import analyse
 
     snap = load_snapshot(BUNDLE)
-    monkeypatch.setattr("hangdoc.diagnose.diagnose", lambda *args, **kwargs: (snap, analyse(snap)))
+    monkeypatch.setattr("hangdoc.pipeline.diagnose", lambda *args, **kwargs: (snap, analyse(snap)))
     saved = tmp_path / "snap.json.gz"
     assert main(["diagnose", "pid:1", "--save", str(saved), "--json", "-q"]) == 0
     assert _mode(saved) == 0o600 and load_snapshot(saved) == snap

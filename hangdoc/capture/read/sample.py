@@ -4,7 +4,7 @@ One round (``sample_round``) reads every process's counters, then starts one py-
 process at once and collects them, so a round costs about as long as the slowest single
 dump, not their sum. Nothing here raises for one process's trouble: a process that exited,
 refused ptrace, is not Python or did not answer in time gets a ``Sample`` whose ``error``
-says so. The caller paces the rounds (``hangdoc.diagnose.observe``) and leaves a process
+says so. The caller paces the rounds (``hangdoc.pipeline.observe``) and leaves a process
 that exited out of the next (``fleet.gather.Gather``, through a node and
 ``fleet.coordinator.sample_all``).
 

@@ -16,7 +16,7 @@ from support.factories import make_rank
 from hangdoc.capture.find.discover import Discovery
 from hangdoc.capture.find.jobspec import parse_job_spec
 from hangdoc.capture.find.wholejob import Elsewhere
-from hangdoc.diagnose import CaptureOptions, observe
+from hangdoc.pipeline import CaptureOptions, observe
 from hangdoc.errors import JobNotFound
 from hangdoc.fleet.client import AgentError
 from hangdoc.fleet.coordinator import Fleet, Round, find_ranks, sample_all

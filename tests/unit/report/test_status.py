@@ -29,7 +29,7 @@ from support.paths import REPO
 
 from hangdoc import cli
 from hangdoc.bundle import save_snapshot
-from hangdoc.diagnose import Sampling, Step
+from hangdoc.pipeline import Sampling, Step
 from hangdoc.fleet.node import ReplayNode
 from hangdoc.report.status import StatusDisplay, describe
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hangdoc.diagnose import CaptureOptions
+from hangdoc.pipeline import CaptureOptions
 from hangdoc.service.loop import HangService, ServiceConfig
 from hangdoc.service.records import IncidentState, JobState
 from hangdoc.service.store import Store

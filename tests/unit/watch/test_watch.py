@@ -169,7 +169,7 @@ class _Node:
 
 
 def test_an_unreachable_agent_is_not_a_job_that_ended() -> None:
-    from hangdoc.diagnose import CaptureOptions
+    from hangdoc.pipeline import CaptureOptions
     from hangdoc.watch.tracked import TrackedRanks
 
     def refresh(nodes: list[_Node]) -> bool:

@@ -37,7 +37,7 @@ from hangdoc.capture.read.pyspy import (
     source_line,
 )
 from hangdoc.capture.read.sample import sample_round
-from hangdoc.diagnose import CaptureOptions, diagnose
+from hangdoc.pipeline import CaptureOptions, diagnose
 from hangdoc.errors import PySpyMissing
 from hangdoc.model import CaptureErrorKind, Frame, FrameLocals, ProcessState, RankProcess
 
