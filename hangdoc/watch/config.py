@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..pipeline import CaptureOptions, FleetSource, Message
 from ..errors import UsageError
 from ..fleet.node import Node
+from ..pipeline import CaptureOptions, FleetSource, Message
 from .stall import StallPolicy
 
 

@@ -11,13 +11,15 @@ accident: ``abandon`` ends it whatever stops the watch.
 from __future__ import annotations
 
 import signal
+import threading
 from pathlib import Path
 
 from ..capture.find.jobspec import parse_job_spec
 from ..errors import HangdocError
 from .config import Level, OnHang, Say
 from .hooks import Hooks
-from .jobcontrol import end_job
+from .jobcontrol import adopted, end_job
+from .stall import plural
 from .supervisor import Supervisor
 from .tracked import TrackedRanks
 
@@ -42,6 +44,7 @@ class Job:
         self.hooks = hooks
         self.grace = grace  # --kill-grace
         self.say = say
+        self._killing = threading.Lock()
 
     @property
     def spec(self) -> str:
@@ -61,12 +64,12 @@ class Job:
         else:
             left = end_job(self._roots(), grace, spare=self.hooks.pids())
         if left:
-            self.say(Level.ERROR, f"could not end pid(s) {', '.join(map(str, left))}")
+            self.say(Level.ERROR, f"could not end {plural(len(left), 'pid')} {', '.join(map(str, left))}")
 
     def kill(self) -> int:
         """``--on-hang kill``: end the job, wait for the hook commands; the exit status."""
-        trees = 1 if self._started() else len(self._roots())
-        self.say(Level.INFO, f"--on-hang kill: ending the job ({trees} process tree(s)), grace {self.grace:g} s")
+        trees = plural(1 if self._started() else len(self._roots()), "process tree")
+        self.say(Level.INFO, f"--on-hang kill: ending the job ({trees}), grace {self.grace:g} s")
         self.end(self.grace)
         self.hooks.end()
         return EXIT_HANG_KILLED
@@ -84,12 +87,26 @@ class Job:
             self.say(Level.INFO, "keeping watch (--on-hang report); the job is left as it is")
         return None
 
+    def kill_now(self) -> None:
+        """A second signal: SIGKILL the whole job at once (never the hook commands). Safe to
+        call twice at the same time (the signal's thread and the loop): one kills, the
+        other finds it done."""
+        sup = self._started()
+        if sup is None:
+            return
+        with self._killing:
+            if sup.exited() and not adopted(self.hooks.pids()):
+                return
+            self.say(Level.STOP, f"killing the wrapped command (pid {sup.pid}) and all its processes now (SIGKILL)")
+            left = sup.kill_tree(spare=self.hooks.pids())
+        if left:
+            self.say(Level.ERROR, f"could not end {plural(len(left), 'pid')} {', '.join(map(str, left))}")
+
     def stop(self) -> int:
-        """A second signal: end the whole job at 2 s notice; the command's status, else 143."""
-        self.say(Level.INFO, "second signal: ending the wrapped command and all its processes")
-        self.end(grace=2.0)
+        """A second signal: kill the whole job now; the command's status, else 137."""
+        self.kill_now()
         status = self.supervisor.status() if self.supervisor is not None else None
-        return status if status is not None else 128 + signal.SIGTERM
+        return status if status is not None else 128 + signal.SIGKILL
 
     def abandon(self, err: BaseException) -> None:
         """The watch is leaving by an exception: the wrapped job must not outlive it."""

@@ -5,7 +5,7 @@ group is not enough. ``end_job`` signals every process group in the job's proces
 waits a grace period, then SIGKILLs whatever is left, looking for descendants again each
 time. The watchdog, its ancestors and the processes it is told to spare (the ``--on-hang
 exec`` commands) are never signalled. The watchdog uses this only to act when the user
-asked for it (``--on-hang kill``, a second Ctrl-C) or to leave nothing of a wrapped job
+asked for it (``--on-hang kill``; a second Ctrl-C: ``kill_job``, SIGKILL at once) or to leave nothing of a wrapped job
 running when the watch itself stops (``Supervisor``, which makes the watchdog a child
 subreaper: what double-forks away from the wrapped command is re-parented to it and found
 by ``adopted``).
@@ -121,6 +121,21 @@ def end_job(roots: Iterable[int], grace: float, spare: Iterable[int] = (), owned
         if not any(_alive(p) for p in procs.values()):
             return []
         time.sleep(0.1)
+    return _kill(procs, exclude, keep)
+
+
+def kill_job(roots: Iterable[int], spare: Iterable[int] = (), owned: Iterable[int] = ()) -> list[int]:
+    """SIGKILL every process group of the trees under ``roots`` now, without a grace period
+    (a second Ctrl-C). The trees are walked through psutil before anything is signalled:
+    workers in sessions of their own are found under their launcher while it still lives.
+    Returns the pids still alive afterwards; ``spare`` and ``owned`` as for ``end_job``."""
+    spare = set(spare)
+    exclude = _protected() | spare
+    return _kill(_tree(list(roots), exclude), exclude, spare | set(owned))
+
+
+def _kill(procs: dict[int, psutil.Process], exclude: set[int], keep: set[int]) -> list[int]:
+    """SIGKILL ``procs`` and what they started meanwhile, up to three times; the pids left."""
     for _ in range(3):
         procs.update(_tree([p for p in procs if _alive(procs[p])], exclude))
         _send([p for p in procs.values() if _alive(p)], signal.SIGKILL)

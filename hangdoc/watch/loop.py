@@ -19,19 +19,32 @@ from .job import Job
 from .metrics import MetricsBoard
 from .pace import Pace
 from .respond import Responder
-from .stall import Alarm
+from .stall import Alarm, Signal, Timeout, TimeoutNews, plural
+from .still import EarlyLook
 
 
 class Loop:
     """Checks until the job ends (None) or the watch ends it (an exit code)."""
 
-    def __init__(self, config: WatchConfig, say: Say, board: MetricsBoard, pace: Pace, job: Job, hooks: Hooks) -> None:
+    def __init__(
+        self,
+        config: WatchConfig,
+        say: Say,
+        board: MetricsBoard,
+        pace: Pace,
+        job: Job,
+        hooks: Hooks,
+        early: EarlyLook | None = None,
+    ) -> None:
         self.say = say
         self.board = board
         self.pace = pace
         self.job = job
         self.hooks = hooks
         self.alarm = Alarm()
+        self.early = early  # the first-step rule's samples of the ranks (``still``)
+        self.news = TimeoutNews()
+        self.found_said = False  # the first-step rule's samples found the ranks (said once)
         self.responder = Responder(config, say, board, pace, self.alarm, job, self.collect)
 
     def run(self, ended: Callable[[], bool]) -> int | None:
@@ -48,12 +61,46 @@ class Loop:
             sig = self.pace.primary()
             clock = self.pace.clocks[sig]
             self.board.publish(sig, clock, self.pace.last_step, now)
+            self._timeout_news(sig)
             if self.alarm.due(clock, now):
                 code = self.responder.on_stall(sig, clock, now)
                 if code is not None:
                     return code
+            elif (early := self._early(sig, now)) is not None:
+                code = self.responder.on_stall(sig, clock, now, early)
+                if code is not None:
+                    return code
             wake = self.alarm.next_check(clock, now, tick + self.pace.check_interval())
             time.sleep(max(0.0, wake - time.monotonic()))
+
+    def _timeout_news(self, sig: Signal) -> None:
+        timeout = self.news.check(sig, self.pace.clocks[sig])
+        if timeout is not None:
+            self.say(Level.INFO, f"stall timeout now {timeout.seconds:.1f} s on {sig.value} ({timeout.basis})")
+
+    def _early(self, sig: Signal, now: float) -> Timeout | None:
+        """The first-step rule: while the signal warms up, sample the ranks; the rule that
+        applies when every rank has been still long enough, else None."""
+        clock = self.pace.clocks[sig]
+        if self.early is None or not (clock.warming_up and clock.policy.early) or self.alarm.raised is not None:
+            if self.early is not None:
+                self.early.stop()
+            return None
+        seen = self.early.ranks_seen
+        self.early.poll(now)
+        if self.early.ranks_seen and not seen and not self.found_said and self.job.supervisor is not None:
+            self.found_said = True
+            self.say(Level.INFO, f"found {plural(self.early.ranks_seen, 'rank process', 'rank processes')} of the job")
+        still = self.early.stillness.still_for(now)
+        if not self.alarm.due_early(clock, now, still):
+            return None
+        n = self.early.ranks_seen
+        ranks = "its one rank" if n == 1 else f"all {n} ranks"
+        return Timeout(
+            clock.policy.first_step_timeout,
+            f"first-step rule: {clock.events} of {clock.policy.warmup_steps} warm-up steps seen, "
+            f"{ranks} still for {still:.0f} s",
+        )
 
     def collect(self) -> None:
         """The job's new activity. Activity on the primary signal restarts the count of

@@ -13,7 +13,7 @@ import datetime
 
 from .activity import Event, EventQueue, HeartbeatSource, LogTail, StepPattern
 from .config import WatchConfig
-from .stall import Signal, StallClock, Trigger
+from .stall import Signal, StallClock, Timeout, Trigger
 from .tracked import TrackedRanks
 
 SAMPLE_INTERVAL = 5.0  # default check interval when stacks have to be sampled
@@ -74,10 +74,11 @@ class Pace:
                 self.last_step = event.step
         return events
 
-    def trigger(self, sig: Signal, now: float, details: tuple[str, ...]) -> Trigger:
-        """Why a stall of ``sig`` is suspected at ``now``, for the report."""
+    def trigger(self, sig: Signal, now: float, details: tuple[str, ...], timeout: Timeout | None = None) -> Trigger:
+        """Why a stall of ``sig`` is suspected at ``now``, for the report; ``timeout``: the rule
+        that applied when it is not the clock's (the first-step rule)."""
         clock = self.clocks[sig]
-        timeout = clock.timeout()
+        timeout = timeout or clock.timeout()
         return Trigger(
             signal=sig,
             silence_seconds=round(clock.silence(now), 3),

@@ -23,15 +23,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from ..pipeline import FleetSource, diagnose
 from ..errors import HangdocError, InternalError, JobNotFound, described
 from ..model import Diagnosis, Heartbeat, JobSnapshot, RankState
+from ..pipeline import FleetSource, diagnose
 from .config import Level, Say, WatchConfig
 from .incident import write_failed_incident, write_incident
 from .job import Job
 from .metrics import MetricsBoard
 from .pace import Pace
-from .stall import Action, Alarm, Signal, StallClock, Trigger, judge, resumed_at
+from .stall import Action, Alarm, Signal, StallClock, Timeout, Trigger, judge, resumed_at
 from .supervisor import LOCAL
 
 # seconds a wrapped launcher whose ranks have all exited gets to exit itself, before the
@@ -62,8 +62,9 @@ class Responder:
         self.collect = collect  # the loop's look at the job's activity
         self.ranks_seen = False  # an earlier diagnosis found the job's ranks
 
-    def on_stall(self, sig: Signal, clock: StallClock, now: float) -> int | None:
-        trigger = self.pace.trigger(sig, now, heartbeat_details(self.pace))
+    def on_stall(self, sig: Signal, clock: StallClock, now: float, timeout: Timeout | None = None) -> int | None:
+        """``timeout``: the rule that applied, when not the clock's (the first-step rule)."""
+        trigger = self.pace.trigger(sig, now, heartbeat_details(self.pace), timeout)
         self.board.count("suspected_total")
         self.say(Level.INFO, f"stall suspected: {trigger.sentence()}; diagnosing {self.job.spec}")
         try:

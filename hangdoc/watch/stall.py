@@ -33,6 +33,7 @@ from ..errors import UsageError
 from ..model import Diagnosis, Verdict
 
 DEFAULT_WARMUP_TIMEOUT = 600.0
+DEFAULT_FIRST_STEP_TIMEOUT = 120.0  # see ``still``: far above a hung rank's stillness, below the warm-up
 
 
 class Signal(enum.Enum):
@@ -53,6 +54,8 @@ class StallPolicy:
     warmup_timeout: float | None = None  # default: stall_after when fixed, else 600 s
     factor: float = 3.0
     min_timeout: float = 30.0
+    # during warm-up, a stall when every rank is also still this long (``still``); 0: off
+    first_step_timeout: float = DEFAULT_FIRST_STEP_TIMEOUT
 
     def __post_init__(self) -> None:
         # a NaN compares false with everything: a NaN timeout would never fire
@@ -66,6 +69,8 @@ class StallPolicy:
                 raise UsageError(f"{option} {value!r}: need a finite number above 0")
         if not (math.isfinite(self.min_timeout) and self.min_timeout >= 0):
             raise UsageError(f"--min-stall {self.min_timeout!r}: need a finite number, 0 or more")
+        if not (math.isfinite(self.first_step_timeout) and self.first_step_timeout >= 0):
+            raise UsageError(f"--first-step-timeout {self.first_step_timeout!r}: need a finite number, 0 or more")
         if self.warmup_steps < 0:
             raise UsageError(f"--warmup-steps {self.warmup_steps!r}: need 0 or more")
 
@@ -73,6 +78,39 @@ class StallPolicy:
         if self.warmup_timeout is not None:
             return self.warmup_timeout
         return self.stall_after if self.stall_after is not None else DEFAULT_WARMUP_TIMEOUT
+
+    @property
+    def early(self) -> bool:
+        """The first-step rule applies: it is on, and shorter than the warm-up timeout."""
+        return 0 < self.first_step_timeout < self.warmup_seconds()
+
+    def words(self, signal: Signal) -> str:
+        """The stall rule in one phrase, for the line that starts a watch."""
+        quiet = f"no {_SIGNAL_WORDS[signal]}"
+        if self.stall_after is not None:
+            rule = f"{quiet} for more than {self.stall_after:g} s (--stall-after)"
+        else:
+            rule = (
+                f"{quiet} for more than {self.factor:g} x the longest gap between steps "
+                f"(at least {self.min_timeout:g} s)"
+            )
+        if not self.warmup_steps:
+            return rule
+        warmup = self.warmup_seconds()
+        before = []
+        if warmup != self.stall_after:
+            before.append(f"{warmup:g} s")
+        if self.early:
+            before.append(f"{self.first_step_timeout:g} s when every rank is also still")
+        if before:
+            verb = "is" if self.warmup_steps == 1 else "are"
+            rule += f"; until {plural(self.warmup_steps, 'step')} {verb} seen: {', or '.join(before)}"
+        return rule
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``1 step``, ``2 steps``: a count and its noun (``words``: its plural, when not ``word`` + s)."""
+    return f"{n} {word}" if n == 1 else f"{n} {words or word + 's'}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +212,33 @@ _SIGNAL_WORDS = {
 }
 
 
+TIMEOUT_NEWS_FACTOR = 1.5
+
+
+class TimeoutNews:
+    """When a change of the stall timeout is worth a line: the signal in use changed, the
+    warm-up began or ended, or the timeout is ``TIMEOUT_NEWS_FACTOR`` times longer (or
+    shorter) than when it was last said. A learned timeout grows with each new longest gap:
+    a factor, not any change, keeps a job with jittery steps from a line per step, and
+    bounds the lines to a few per decade (30 s to an hour: 12 at most)."""
+
+    def __init__(self) -> None:
+        self.said: tuple[Signal, bool, float] | None = None
+
+    def check(self, signal: Signal, clock: StallClock) -> Timeout | None:
+        """The timeout, when it is news (never the first time: the start line said the rule)."""
+        timeout = clock.timeout()
+        now = (signal, clock.warming_up, timeout.seconds)
+        said, self.said = self.said, now
+        if said is None:
+            return None
+        f = TIMEOUT_NEWS_FACTOR
+        if said[:2] != now[:2] or not said[2] / f < timeout.seconds < said[2] * f:
+            return timeout
+        self.said = said  # keep measuring from what was said, so slow growth adds up
+        return None
+
+
 class Alarm:
     """The state of the last look at a silence, and when the next one is due. Times are
     ``time.monotonic()`` seconds."""
@@ -187,6 +252,19 @@ class Alarm:
         """Look now: no hang reported, the silence is past the timeout, and so is the time
         since the job was last seen moving."""
         return self.raised is None and clock.stalled(now) and now - self.moving_at > clock.timeout().seconds
+
+    def due_early(self, clock: StallClock, now: float, still_for: float) -> bool:
+        """The first-step rule (``still``): during warm-up, no hang reported, and the silence,
+        the stillness of every rank and the time since the job was last seen moving all past
+        ``first_step_timeout``."""
+        limit = clock.policy.first_step_timeout
+        return (
+            self.raised is None
+            and clock.warming_up
+            and clock.policy.early
+            and early_stall(clock.silence(now), still_for, limit)
+            and now - self.moving_at > limit
+        )
 
     def next_check(self, clock: StallClock, now: float, wake: float) -> float:
         """``wake``, or earlier: right when the silence would pass the timeout."""
@@ -212,6 +290,12 @@ class Alarm:
         """A hang is reported: no look until the signal shows activity again."""
         self.raised = time.monotonic()
         self.postponed = 0
+
+
+def early_stall(silence: float, still_for: float, first_step_timeout: float) -> bool:
+    """The first-step rule: the signal silent and every rank still, both for longer than
+    ``first_step_timeout`` (0: the rule is off)."""
+    return first_step_timeout > 0 and min(silence, still_for) > first_step_timeout
 
 
 def resumed_at(clock: StallClock, stalled_at: float) -> float | None:
@@ -250,10 +334,14 @@ def judge(diagnosis: Diagnosis, postponed: int, max_postpone: int) -> Decision:
             return Decision(
                 Action.POSTPONE,
                 (
-                    f"rank(s) {', '.join(map(str, sorted(working)))} still working while the others wait "
+                    f"{_ranks_words(sorted(working))} still working while the others wait "
                     f"(look {postponed + 1} of {max_postpone + 1}): {diagnosis.summary}"
                 ),
             )
     if diagnosis.verdict is Verdict.STRAGGLER:
-        return Decision(Action.FIRE, f"confirmed after {postponed + 1} look(s): {diagnosis.summary}")
+        return Decision(Action.FIRE, f"confirmed after {plural(postponed + 1, 'look')}: {diagnosis.summary}")
     return Decision(Action.FIRE, f"confirmed by diagnosis: {diagnosis.summary}")
+
+
+def _ranks_words(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))

@@ -5,10 +5,10 @@ Before it starts, the watchdog makes itself a child subreaper (``become_subreape
 process that double-forks away from the command is re-parented to the watchdog and is
 still found when the job has to be ended; the command gets a private heartbeat directory
 (``heartbeat_dir``). The first Ctrl-C, SIGTERM or SIGHUP goes to the command's process
-group, as a terminal would send it; a second one asks the watch to end the whole job
-(``Forwarder``).
-Ending it means its process tree and the processes that left it, SIGTERM, a grace
-period, then SIGKILL (``jobcontrol.end_job``).
+group, as a terminal would send it; a second one kills the whole job at once
+(``Forwarder``, ``Supervisor.kill_tree``: SIGKILL, ``jobcontrol.kill_job``).
+Ending it otherwise means its process tree and the processes that left it, SIGTERM, a
+grace period, then SIGKILL (``jobcontrol.end_job``).
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ import os
 import signal
 import subprocess
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from ..capture.read.heartbeat_files import read_dir
 from ..errors import CommandNotFound, UsageError
 from ..model import Heartbeat
-from .jobcontrol import adopted, end_job, exit_status, reap_orphans
+from .jobcontrol import adopted, end_job, exit_status, kill_job, reap_orphans
 
 LOCAL = "local"  # node name of the records in the command's own heartbeat directory
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -117,6 +118,20 @@ class Supervisor:
             left.append(child.pid)
         return left
 
+    def kill_tree(self, spare: Iterable[int] = ()) -> list[int]:
+        """SIGKILL everything of the command now (a second Ctrl-C), never ``spare``; collect
+        its exit status. Returns the pids still alive."""
+        child = self.child
+        assert child is not None
+        spare = set(spare)
+        roots = ([child.pid] if child.poll() is None else []) + adopted(spare | {child.pid})
+        left = kill_job(roots, spare=spare, owned=[child.pid])
+        try:
+            child.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            left.append(child.pid)
+        return left
+
     def kill(self) -> None:
         """SIGKILL the command's process group and collect it: the way out that cannot fail."""
         assert self.child is not None
@@ -134,24 +149,33 @@ class Supervisor:
 class Forwarder:
     """Ctrl-C, SIGTERM and SIGHUP sent to the watchdog: the first goes to the command's
     process group, as a terminal would send it; a second one (or one before the command
-    started) asks the watch to end the whole job."""
+    started) asks the watch to end the whole job.
+
+    ``notify(signum, seen)``, when set, is told of each signal once the command runs, in a
+    thread of its own: a handler runs in the main thread between two of its bytecodes,
+    which may be in the middle of a write to stderr (a reentrant write fails), or of a
+    diagnosis that takes seconds; the thread says what happens, and acts, at once."""
 
     def __init__(self, supervisor: Supervisor) -> None:
         self.supervisor = supervisor
         self.seen = 0
+        self.last: int | None = None  # the last signal's number
         self.stop_requested = False  # the watch loop ends the job at its next check
+        self.notify: Callable[[int, int], None] | None = None
 
     def forward(self, signum: int, _frame: object) -> None:
         child = self.supervisor.child
         self.seen += 1
+        self.last = signum
         if self.seen > 1 or child is None:
             self.stop_requested = True
-            return
-        if child.poll() is None:
+        elif child.poll() is None:
             try:
                 os.killpg(child.pid, signum)
             except (ProcessLookupError, PermissionError):
                 pass
+        if child is not None and self.notify is not None:
+            threading.Thread(target=self.notify, args=(signum, self.seen), name="hangdoc-signal", daemon=True).start()
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:

@@ -16,11 +16,11 @@ import time
 from collections.abc import Sequence
 
 from ..capture.find.jobspec import parse_job_spec
-from ..pipeline import FleetFinder, Message
 from ..errors import HangdocError, JobNotFound
 from ..fleet.coordinator import Fleet, find_ranks
 from ..fleet.node import LocalNode, Node
 from ..model import Heartbeat
+from ..pipeline import FleetFinder, Message
 from .activity import StackSampler, fleet_heartbeats
 from .config import Level, Say, messages
 

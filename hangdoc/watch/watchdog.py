@@ -25,13 +25,16 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import signal
 import sys
 import threading
 import time
 from pathlib import Path
 
+from ..capture.find.jobspec import parse_job_spec
 from ..capture.read.pyspy import find_pyspy
 from ..errors import HangdocError, InternalError, described
+from ..fleet.coordinator import Fleet, find_ranks
 from ..fleet.node import LocalNode
 from ..model import Heartbeat
 from .activity import HeartbeatSource, tee
@@ -43,6 +46,8 @@ from .jobcontrol import adopted
 from .loop import Loop
 from .metrics import MetricsBoard, Textfile, identity, serve, textfile_path
 from .pace import Pace
+from .stall import plural
+from .still import EarlyLook
 from .supervisor import Supervisor, become_subreaper, heartbeat_dir, local_heartbeats
 from .tracked import TrackedRanks
 
@@ -81,7 +86,20 @@ class Watchdog:
         self.pace = Pace(config, started, self.ranks)
         self.hooks = Hooks(config.on_hang.command, config.env, self.say)
         self.job = Job(config.job, self.supervisor, self.ranks, self.hooks, config.kill_grace, self.say)
-        self.loop = Loop(config, self.say, self.board, self.pace, self.job, self.hooks)
+        early = config.policy.early
+        self.early = EarlyLook(self._fleet, config.capture.timeout, config.policy.first_step_timeout) if early else None
+        self.loop = Loop(config, self.say, self.board, self.pace, self.job, self.hooks, self.early)
+
+    def _fleet(self) -> Fleet | None:
+        """The job's ranks now, for the first-step rule: those tracked, or a wrapped job's
+        found again each time (its launcher starts them late, and restarts them)."""
+        if self.ranks is not None:
+            return self.ranks.fleet
+        return find_ranks(self.c.nodes or [LocalNode()], parse_job_spec(self.job.spec), self.c.capture.timeout + 10.0)
+
+    def rule(self) -> str:
+        """What a hang is, for the line that starts the watch."""
+        return f"a hang is {self.c.policy.words(self.pace.primary())}"
 
     def run(self) -> int:
         try:
@@ -130,11 +148,12 @@ class WrappedRun:
 
     def __init__(self, dog: Watchdog, supervisor: Supervisor) -> None:
         self.c, self.say, self.pace, self.loop = dog.c, dog.say, dog.pace, dog.loop
-        self.job, self.hooks, self.ranks = dog.job, dog.hooks, dog.ranks
+        self.job, self.hooks, self.ranks, self.rule = dog.job, dog.hooks, dog.ranks, dog.rule
         self.supervisor = supervisor
 
     def run(self) -> int:
         sup = self.supervisor
+        sup.signals.notify = self._signalled
         become_subreaper()
         with heartbeat_dir() as hb_dir:
             self.pace.heartbeats = HeartbeatSource(lambda: self._beats(Path(hb_dir)))
@@ -144,7 +163,8 @@ class WrappedRun:
                     child = sup.start(self.c.env, hb_dir)
                     self.say(
                         Level.INFO,
-                        f"watching {shlex.join(self.c.command)} (pid {child.pid}); reports go to {self.c.out}/",
+                        f"watching {shlex.join(self.c.command)} (pid {child.pid}): {self.rule()}; "
+                        f"reports go to {self.c.out}/",
                     )
                     assert child.stdout is not None and child.stderr is not None
                     readers = [
@@ -173,9 +193,27 @@ class WrappedRun:
                 reader.join(timeout=2.0)
             status = sup.status()
             assert status is not None
-            self.say(Level.INFO, f"command exited with status {status}")
+            if sup.signals.last is not None:  # after the launcher's own words on the signal, ours
+                name = signal.Signals(sup.signals.last).name
+                self.say(Level.STOP, f"stopped: the command exited with status {status} after {name}")
+            else:
+                self.say(Level.INFO, f"command exited with status {status}")
             self.hooks.end()
             return status
+
+    def _signalled(self, signum: int, seen: int) -> None:
+        """A signal to the watchdog, told from a thread of its own (``Forwarder``): the first
+        was passed to the command, say so and what comes next; a second kills the job now."""
+        name = signal.Signals(signum).name
+        if seen == 1:
+            self.say(
+                Level.STOP,
+                f"stopping: {name} passed to the command (pid {self.supervisor.pid}), which ends its job its own "
+                "way (a launcher may give its workers time to exit: torchrun up to 30 s, with a traceback of "
+                "the signal); signal again (Ctrl-C) to kill the whole job now",
+            )
+        elif seen == 2:
+            self.job.kill_now()
 
     def _unwatched(self, err: Exception) -> int | None:
         """A bug stopped the watch loop: leave the job alone, its output and signals still
@@ -211,13 +249,12 @@ class AttachedRun:
 
     def __init__(self, dog: Watchdog, ranks: TrackedRanks) -> None:
         self.c, self.say, self.pace, self.loop, self.hooks = dog.c, dog.say, dog.pace, dog.loop, dog.hooks
-        self.ranks = ranks
+        self.ranks, self.rule = ranks, dog.rule
 
     def run(self) -> int:
         fleet = self.ranks.find()
-        self.say(
-            Level.INFO, f"watching {self.c.job}: {len(fleet.placed)} rank process(es); reports go to {self.c.out}/"
-        )
+        found = plural(len(fleet.placed), "rank process", "rank processes")
+        self.say(Level.INFO, f"watching {self.c.job} ({found}): {self.rule()}; reports go to {self.c.out}/")
         self.pace.heartbeats = HeartbeatSource(self.ranks.heartbeats)
         self.ranks.start()
         code = self.loop.run(self.ranks.gone)

@@ -231,7 +231,7 @@ def test_on_hang_kill_ends_the_wrapped_command(started) -> None:
     said = Said()
     sup, _ = started(IGNORE_TERM)
     assert _job(sup, said).on_hang(OnHang("kill"), None) == EXIT_HANG_KILLED
-    assert said == [(Level.INFO, "--on-hang kill: ending the job (1 process tree(s)), grace 0.5 s")]
+    assert said == [(Level.INFO, "--on-hang kill: ending the job (1 process tree), grace 0.5 s")]
     assert sup.status() == 128 + signal.SIGKILL
 
 
@@ -246,11 +246,16 @@ def test_on_hang_report_and_exec_without_a_directory_keep_watching() -> None:
     ]
 
 
-def test_a_second_signal_ends_the_job_at_short_notice(started) -> None:
+def test_a_second_signal_kills_the_job_at_once(started) -> None:
     said = Said()
-    sup, _ = started(WAITS)
-    assert _job(sup, said).stop() == 128 + signal.SIGTERM
-    assert said == [(Level.INFO, "second signal: ending the wrapped command and all its processes")]
+    sup, line = started(IGNORE_TERM)
+    job = _job(sup, said)
+    t0 = time.monotonic()
+    assert job.stop() == 128 + signal.SIGKILL
+    assert time.monotonic() - t0 < 3.0  # no SIGTERM grace: SIGKILL at once
+    assert not is_running(int(line))
+    assert said == [(Level.STOP, f"killing the wrapped command (pid {sup.pid}) and all its processes now (SIGKILL)")]
+    assert job.stop() == 128 + signal.SIGKILL and len(said) == 1  # done already: nothing said again
 
 
 @pytest.mark.parametrize(

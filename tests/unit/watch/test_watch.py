@@ -99,10 +99,10 @@ def test_judge_postpones_a_working_straggler_then_fires() -> None:
     _, diagnosis = _recorded("straggler_crop_retry_spin")  # rank 2 spins on CPU
     assert diagnosis.culprit_ranks == (2,)
     first = judge(diagnosis, 0, 2)
-    assert first.action is Action.POSTPONE and "rank(s) 2 still working" in first.reason
+    assert first.action is Action.POSTPONE and "rank 2 still working" in first.reason
     assert judge(diagnosis, 1, 2).action is Action.POSTPONE
     last = judge(diagnosis, 2, 2)
-    assert last.action is Action.FIRE and "after 3 look(s)" in last.reason
+    assert last.action is Action.FIRE and "after 3 looks" in last.reason
 
 
 def test_judge_fires_at_once_on_a_blocked_straggler() -> None:
