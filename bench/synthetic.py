@@ -107,9 +107,9 @@ _TRUNK = (  # <module> down to the training step: 24 frames, as in a Lightning r
     ("step", f"{PL}/core/optimizer.py", 153),
     ("optimizer_step", f"{PL}/strategies/ddp.py", 270),
     ("optimizer_step", f"{PL}/plugins/precision/precision.py", 122),
-    ("wrapper", f"{SITE}/torch/optim/optimizer.py", 485),
-    ("_use_grad", f"{SITE}/torch/optim/optimizer.py", 79),
-    ("step", f"{SITE}/torch/optim/adamw.py", 220),
+    ("Optimizer.profile_hook_step.<locals>.wrapper", f"{SITE}/torch/optim/optimizer.py", 485),
+    ("_use_grad_for_differentiable.<locals>._use_grad", f"{SITE}/torch/optim/optimizer.py", 79),
+    ("AdamW.step", f"{SITE}/torch/optim/adamw.py", 220),
     ("closure", f"{PL}/loops/optimization/automatic.py", 146),
 )
 _STEP = (("training_step", USER, 88), ("reduce_metrics", USER, 64))

@@ -31,6 +31,7 @@ from .fleet.devices import JobDevices
 from .fleet.gather import Gather
 from .fleet.node import LocalNode, Node
 from .model import Diagnosis, JobSnapshot, Note, NoteKind
+from .waitwords import counted
 
 Message = Callable[[str], None]
 
@@ -105,16 +106,20 @@ def diagnose(
         with source(say) as find:
             fleet = find(job, say)
             nodes_seen = len({n.name for n, _ in fleet.placed})
-            say(f"found {len(fleet.placed)} rank process(es) for {spec} on {nodes_seen} node(s)")
+            say(f"found {_processes(len(fleet.placed))} for {spec} on {counted(nodes_seen, 'node')}")
             return observe(spec, fleet, options, say, status)
     if nodes is None:
         find_pyspy()  # fail fast, with install help, before looking at any process
         nodes = [LocalNode()]
     fleet = find_ranks(nodes, job, deadline=options.timeout + 10.0)
     world = f" (world size {fleet.world_size})" if fleet.world_size else ""
-    where = f" on {len({n.name for n, _ in fleet.placed})} node(s)" if len(nodes) > 1 else ""
-    say(f"found {len(fleet.placed)} rank process(es) for {spec}{where}{world}")
+    where = f" on {counted(len({n.name for n, _ in fleet.placed}), 'node')}" if len(nodes) > 1 else ""
+    say(f"found {_processes(len(fleet.placed))} for {spec}{where}{world}")
     return observe(spec, fleet, options, say, status)
+
+
+def _processes(count: int) -> str:
+    return counted(count, "rank process", "rank processes")
 
 
 def observe(
@@ -162,12 +167,13 @@ def observe(
             devices = gather.read_devices()
         deeper = gather.take_native(time.monotonic() - t0, lambda n: tell(Step.NATIVE, native=shown.native + n))
         if deeper:
-            say(f"took native frames of {len(deeper)} rank(s) whose Python stack cannot show where they wait")
+            whose = "stack cannot show where it waits" if len(deeper) == 1 else "stacks cannot show where they wait"
+            say(f"took native frames of {counted(len(deeper), 'rank')} whose Python {whose}")
         if not gather.followed:
             tell(Step.FOLLOWING)
             followed = gather.follow(needs_waits, lambda: time.monotonic() - t0, options.interval, options.include)
             if followed:
-                say(f"followed the ranks' waits to {followed} process(es) beyond the ranks")
+                say(f"followed the ranks' waits to {counted(followed, 'process', 'processes')} beyond the ranks")
         snapshot = devices.apply(gather.snapshot(elapsed))
         tell(Step.ANALYSING)
         diagnosis = analyse(snapshot)

@@ -1,5 +1,7 @@
 """The words of a wait followed past the ranks (``analysis.beyond``): who waits, on what,
-and the process at the end. Shared by ``analysis.wording`` and the reporters' chain lines."""
+and the process at the end. Shared by ``analysis.wording`` and the reporters' chain lines.
+Besides, ``counted``: a count and its noun in the right number (``1 rank``, ``2 ranks``), for
+every floor's words, never ``rank(s)``."""
 
 from __future__ import annotations
 
@@ -21,6 +23,12 @@ _KIND_WORDS = {
     LinkKind.CONDITION: "on a condition or event",
 }
 _COMMAND_CHARS = 72
+
+
+def counted(count: int, one: str, many: str | None = None) -> str:
+    """``1 rank``, ``4 ranks``, ``1,024 processes`` (``many``: the plural, where it is not
+    ``one`` + s)."""
+    return f"{count:,} {one if count == 1 else many or one + 's'}"
 
 
 def command_words(command: Sequence[str]) -> str:

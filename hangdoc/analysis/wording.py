@@ -391,11 +391,13 @@ def _unseen(f: Unseen) -> Said:
     evidence.append(
         f"every rank that could be read waits {in_ops(waiting)}; "
         f"{rank_phrase(unseen)} {verb_for(unseen, 'is', 'are')} the only one{'' if len(unseen) == 1 else 's'} "
-        "not seen there: the likely rank(s) the others wait for, by elimination, not by a stack"
+        f"not seen there: likely {verb_for(unseen, 'the rank', 'the ranks')} the others wait for, by "
+        "elimination, not by a stack"
     )
     return Said(
         f"straggler: {rank_phrase(unseen)} could not be read while {rank_phrase(ranks_of(waiting))} "
-        f"{verb_for(waiting, 'waits', 'wait')} {in_ops(waiting)}: likely the rank(s) they wait for",
+        f"{verb_for(waiting, 'waits', 'wait')} {in_ops(waiting)}: likely "
+        f"{verb_for(unseen, 'the rank', 'the ranks')} {verb_for(waiting, 'it waits', 'they wait')} for",
         evidence,
     )
 

@@ -30,6 +30,7 @@ from rich.spinner import Spinner
 from rich.text import Text
 
 from ..errors import one_line
+from ..waitwords import counted
 from .console import PlainConsole
 
 BUSY_AFTER = 1.0  # seconds a step that tells nothing of its own runs before it gets a live line
@@ -62,18 +63,18 @@ def describe(state: CaptureState, elapsed: float) -> str:
     """The live line's words for ``state``, ``elapsed`` seconds into the capture."""
     parts = [state.step]
     if state.rounds:
-        parts.append(f"{state.rounds} round{'s' if state.rounds != 1 else ''}")
-        parts.append(f"{state.captured} of {state.ranks} rank(s) captured")
+        parts.append(counted(state.rounds, "round"))
+        parts.append(f"{state.captured:,} of {counted(state.ranks, 'rank')} captured")
     elif state.ranks:
-        parts.append(f"{state.ranks} rank(s)")
+        parts.append(counted(state.ranks, "rank"))
     if state.window and elapsed < state.window:
         parts.append(f"{state.window - elapsed:.1f} s left of the {state.window:g} s window")
     else:
         parts.append(f"{elapsed:.1f} s")
     if state.native:
-        parts.append(f"native frames of {state.native} rank(s)")
+        parts.append(f"native frames of {counted(state.native, 'rank')}")
     if state.probes:  # most jobs run without a probe: none answering is no news
-        parts.append(f"{state.probes} probe(s) answered")
+        parts.append(f"{counted(state.probes, 'probe')} answered")
     return " · ".join(parts)
 
 

@@ -11,9 +11,15 @@ snapshot file holds can clear the screen, retitle the window or reorder a line.
 
 The tree is ``Diagnosis.tree`` as the analysis built it. An unbranched stretch of it (one
 set of ranks, one child after another) becomes a single tree node of several lines; runs of
-library frames from one package are folded into one line (``torch: wrapper › all_reduce
-(distributed_c10d.py:2800)``), and a stretch longer than ``max_frames`` lines keeps its
-first and last lines, which sit next to the divergence points and the leaves.
+library frames from one package are folded into one line that names the library's function
+the job called, by its package path (``torch.distributed.all_reduce
+(torch/distributed/distributed_c10d.py:2800)``), not the decorators it passes through; a
+stretch longer than ``max_frames`` lines keeps its first and last lines, which sit next to
+the divergence points and the leaves.
+
+The header says what the confidence rests on one phrase a line (``basis: · …``). The rank
+table says each rank's state; in a job that is not hung no rank is "blocked": off CPU, it is
+waiting, on CPU, running (``_HEALTHY_WORDS``).
 
 The same report reads at 4 ranks and at 100,000 (a screen or two, a few hundred lines at
 most); what changes with size changes only where it helps:
@@ -71,7 +77,7 @@ from ..model import (
     Verdict,
 )
 from ..rankranges import count_text, cut_ranges, ranks_label, scope_text
-from ..waitwords import command_words, waits_words, who
+from ..waitwords import command_words, counted, waits_words, who
 
 _VERDICT_STYLE = {Verdict.NOT_HUNG: "bold green", Verdict.UNKNOWN: "bold yellow"}
 _HANG_STYLE = "bold red"
@@ -89,6 +95,9 @@ _STATE_STYLE = {
     RankState.MISSING: "bold red",
     RankState.UNKNOWN: "dim",
 }
+# A job that is not hung has no rank stuck: off CPU outside any op, a rank waits (for I/O, a
+# timer, its GPU); on CPU, it runs. The state stays the fact; only its words change.
+_HEALTHY_WORDS = {RankState.BLOCKED: ("waiting", ""), RankState.BUSY: ("running", "")}
 _CULPRIT_STYLE = "bold red"
 _OUTLIER_STYLE = "bold yellow"
 _LIB_MARKERS = ("site-packages/", "dist-packages/", "/lib/python3")
@@ -130,10 +139,11 @@ def render(
         console.print(_group_tree(diagnosis, culprits, max_frames))
     if diagnosis.ranks:
         console.print()
+        healthy = diagnosis.verdict is Verdict.NOT_HUNG
         if len(diagnosis.ranks) <= max_rank_rows:
-            console.print(_rank_table(diagnosis.ranks, culprits))
+            console.print(_rank_table(diagnosis.ranks, culprits, healthy))
         else:
-            console.print(_class_table(diagnosis.ranks, culprits))
+            console.print(_class_table(diagnosis.ranks, culprits, healthy))
     _section(console, "Wait chain (where the ranks' wait ends)", _chain(diagnosis.root_cause, snapshot))
     _section(console, "Other processes of the job", _others(snapshot))
     _section(console, "Evidence", _bullets(_evidence(diagnosis.evidence)))
@@ -146,7 +156,7 @@ def render(
 # ------------------------------------------------------------------------- header
 
 
-def _header(diagnosis: Diagnosis, snapshot: JobSnapshot) -> Text:
+def _header(diagnosis: Diagnosis, snapshot: JobSnapshot) -> Group:
     style = _VERDICT_STYLE.get(diagnosis.verdict, _HANG_STYLE)
     head = Text.assemble(("verdict: ", "bold"), (diagnosis.verdict.value, style))
     if diagnosis.culprit_ranks:
@@ -160,19 +170,31 @@ def _header(diagnosis: Diagnosis, snapshot: JobSnapshot) -> Text:
         head.append("   (partial evidence)", "yellow")
     head.append("\n")
     head.append(_text(diagnosis.summary))
-    if diagnosis.basis:
-        head.append("\nbasis: ", "bold")
-        head.append(_text(" · ".join(diagnosis.basis)), "dim")
-    found = count_text(len(snapshot.ranks))
-    size = f" of {count_text(snapshot.world_size)}" if snapshot.world_size is not None else ""
-    job = f"\njob {printable(snapshot.spec)} · {found}{size} rank processes found"
+    found, size = len(snapshot.ranks), snapshot.world_size
+    counts = counted(found if size is None else size, "rank process", "rank processes")
+    if size is not None:
+        counts = f"{count_text(found)} of {counts}"
+    job = f"job {printable(snapshot.spec)} · {counts} found"
     scope = diagnosis.scope
     if said := scope_text(scope.seen, scope.not_seen, scope.absent, scope.world_size):
         job += f" · {said}"
     if snapshot.captured_at:
         job += f" · captured {printable(snapshot.captured_at)}"
-    head.append(job, "dim")
-    return head
+    return Group(head, *_basis(diagnosis.basis), Text(job, "dim"))
+
+
+def _basis(basis: Sequence[str]) -> list[RenderableType]:
+    """What the confidence rests on, one phrase a line (``basis: · stacks of …``), a phrase
+    too long for the line wrapped under itself."""
+    if not basis:
+        return []
+    grid = Table.grid(padding=(0, 1, 0, 0))
+    grid.add_column(no_wrap=True)
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    for i, phrase in enumerate(basis):
+        grid.add_row(Text("basis:" if i == 0 else "", "bold"), Text("·", "dim"), Text(_text(phrase), "dim"))
+    return [grid]
 
 
 # --------------------------------------------------------------------------- tree
@@ -182,8 +204,8 @@ def _call_tree(tree: CallTree, culprits: frozenset[int], max_frames: int) -> Tre
     distinct = len(tree.classes)
     title = Text.assemble(
         ("Merged stacks", "bold"),
-        f" of {count_text(len(tree.ranks))} ranks {_label(tree.ranks, count=False)}, "
-        f"{count_text(distinct)} distinct stack{'s' if distinct != 1 else ''}",
+        f" of {counted(len(tree.ranks), 'rank')} {_label(tree.ranks, count=False)}, "
+        f"{counted(distinct, 'distinct stack')}",
     )
     top = Tree(title, guide_style="dim")
     parent = {kid: node.node_id for node in tree.nodes for kid in node.children}
@@ -393,7 +415,8 @@ def _fold(frames: Sequence[Frame]) -> list[tuple[Text, int]]:
         while pkg is not None and j < len(frames) and _package(frames[j]) == pkg:
             j += 1
         run = frames[i:j]
-        rows.append((_library_row(pkg, run) if len(run) > 1 else _frame_row(run[0]), len(run)))
+        caller = frames[i - 1] if i else None
+        rows.append((_library_row(pkg, run, caller) if len(run) > 1 else _frame_row(run[0]), len(run)))
         i = j
     return rows
 
@@ -421,15 +444,51 @@ def _short_name(frame: Frame) -> str:
     return frame.function.rsplit(".", 1)[-1]
 
 
-def _library_row(pkg: str | None, run: Sequence[Frame]) -> Text:
-    # "_exception_logger.<locals>.wrapper" -> "wrapper": the run is context, not the point
-    names = [_short_name(f) for f in run[:-1]]
+def _library_row(pkg: str | None, run: Sequence[Frame], caller: Frame | None) -> Text:
+    """A run of one library's frames in one line: the function the job called by the name
+    the library gives it (``torch.distributed.all_reduce``, not the decorator's ``wrapper``
+    it passes through), then, where the run goes deeper, the frames it ends in."""
+    at = _called(run, caller)
+    api = library_name(run[at])
+    if api is None:  # native code, a frozen module: the run by its frames' names
+        at, api = 0, f"{pkg}: {_short_name(run[0])}"
+    last = run[-1]
+    if at == len(run) - 1:
+        return Text(printable(f"{api} ({last.location})"), "dim")
+    names = [api, *(_short_name(f) for f in run[at + 1 : -1])]
     if len(names) > 3:
         # keep the frames that say which collective the C++ side waits in
         keep = [n for n in names[1:-1] if _TELLING_NATIVE.search(n)][:3]
         hidden = len(names) - 2 - len(keep)
         names = [names[0], *keep, *([f"…{hidden} more…"] if hidden else []), names[-1]]
-    return Text(printable(f"{pkg}: " + " › ".join([*names, str(run[-1])])), "dim")
+    return Text(printable(" › ".join([*names, str(last)])), "dim")
+
+
+_CALLS = re.compile(r"([A-Za-z_]\w*)\s*\(")
+
+
+def _called(run: Sequence[Frame], caller: Frame | None) -> int:
+    """Which frame of a library's ``run`` the job called: the one its caller's source line
+    calls by name (``dist.all_reduce(x)``), else the first that is not a closure (a
+    decorator's ``<locals>.wrapper``), else the first."""
+    if caller is not None and caller.code:
+        names = set(_CALLS.findall(caller.code))
+        hit = next((i for i, f in enumerate(run) if _short_name(f) in names), None)
+        if hit is not None:
+            return hit
+    return next((i for i, f in enumerate(run) if "<locals>" not in f.function), 0)
+
+
+def library_name(frame: Frame) -> str | None:
+    """A library's function by its package's dotted path, where libraries export their API
+    (``torch.distributed.all_reduce`` for ``all_reduce`` in
+    ``torch/distributed/distributed_c10d.py``; ``threading.Event.wait``); None for native
+    code and frozen modules."""
+    if frame.native or frame.filename.startswith("<"):
+        return None
+    parts = frame.short_filename.replace("\\", "/").removesuffix(".py").split("/")
+    package = parts[:-1] or parts  # a module that is no package's (threading.py) names itself
+    return ".".join([*package, _short_name(frame) if "<locals>" in frame.function else frame.function])
 
 
 def _elide(rows: list[tuple[Text, int]], max_frames: int) -> list[Text]:
@@ -457,7 +516,7 @@ def _fold_trunk(rows: list[tuple[Text, int]]) -> list[Text]:
 # ---------------------------------------------------------------------- rank table
 
 
-def _rank_table(ranks: Sequence[RankAnalysis], culprits: frozenset[int]) -> Table:
+def _rank_table(ranks: Sequence[RankAnalysis], culprits: frozenset[int], healthy: bool = False) -> Table:
     """One row per rank."""
     with_detail = any(_detail(ra) for ra in ranks)
     table = Table(title=None, show_edge=False, header_style="bold", pad_edge=False)
@@ -474,7 +533,7 @@ def _rank_table(ranks: Sequence[RankAnalysis], culprits: frozenset[int]) -> Tabl
             Text(rank_cell, _CULPRIT_STYLE if is_culprit else ""),
             Text(printable(ra.host)),
             Text(str(ra.pid) if ra.pid is not None else ""),
-            Text(ra.state.value, _STATE_STYLE.get(ra.state, "")),
+            _state(ra.state, healthy),
             Text(printable(_op_text(ra.op))),
             Text(printable(_site(ra))),
         ]
@@ -487,7 +546,7 @@ def _rank_table(ranks: Sequence[RankAnalysis], culprits: frozenset[int]) -> Tabl
     return table
 
 
-def _class_table(ranks: Sequence[RankAnalysis], culprits: frozenset[int]) -> Group:
+def _class_table(ranks: Sequence[RankAnalysis], culprits: frozenset[int], healthy: bool = False) -> Group:
     """One row per class of ranks in the same state, op and call site (culprits apart from
     the rest): culprits first, then the largest, at most ``_CLASS_ROWS`` rows. What the
     analysis says of each class (``detail``) follows the table, a line or two per class:
@@ -513,7 +572,7 @@ def _class_table(ranks: Sequence[RankAnalysis], culprits: frozenset[int]) -> Gro
             cell,
             Text(count_text(len(members))),
             Text(printable(_hosts(members))),
-            Text(state.value, _STATE_STYLE.get(state, "")),
+            _state(state, healthy),
             Text(printable(op)),
             Text(printable(site)),
         )
@@ -532,6 +591,13 @@ def _class_table(ranks: Sequence[RankAnalysis], culprits: frozenset[int]) -> Gro
     )
     table.caption_justify = "left"
     return Group(table, *details)
+
+
+def _state(state: RankState, healthy: bool) -> Text:
+    """A rank's state in words: in a job that is not hung (``healthy``), no rank is blocked."""
+    if healthy and state in _HEALTHY_WORDS:
+        return Text(*_HEALTHY_WORDS[state])
+    return Text(state.value, _STATE_STYLE.get(state, ""))
 
 
 def _details(members: Sequence[RankAnalysis]) -> list[str]:
@@ -677,24 +743,38 @@ def _numbered(items: Iterable[str]) -> list[Text]:
     return [Text.assemble(f"{i}. ", _text(item)) for i, item in enumerate(items, start=1)]
 
 
-_LONG_RANKS = re.compile(r"(?<![\w.])\d+(?:-\d+)?(?:,\d+(?:-\d+)?){7,}(?![\w-])")
+# A list of rank numbers and ranges as ``rankranges`` writes them (``0-2,5,9``): a whole
+# token (atomic: a list followed by a letter, a dash or a decimal point is no list, and never
+# a part of one).
+_RANK_LIST = re.compile(r"(?<![\w.,\-])(?>\d+(?:-\d+)?(?:,\d+(?:-\d+)?){7,})(?![\w\-]|\.\d)")
 _RANGES_IN_TEXT = 60  # characters of a rank list quoted in a sentence before it is cut
 
 
 def _text(text: str) -> str:
     """``printable(text)``, a long list of ranks in it (``0,2,4,…`` of 50,000 ranks, which
     would fill a screen) cut at a comma, with its count."""
+    return printable(_RANK_LIST.sub(_cut_ranks, text))
 
-    def cut(match: re.Match[str]) -> str:
-        found = match.group()
-        if len(found) <= _RANGES_IN_TEXT:
-            return found
-        runs = [tuple(map(int, part.split("-"))) for part in found.split(",")]
-        count = sum(run[-1] - run[0] + 1 for run in runs)
-        head = found[: found.rfind(",", 0, _RANGES_IN_TEXT)]
-        return f"{head},… ({count_text(count)} ranks)"
 
-    return printable(_LONG_RANKS.sub(cut, text))
+def _cut_ranks(match: re.Match[str]) -> str:
+    """A rank list longer than ``_RANGES_IN_TEXT`` cut after its last whole item that fits,
+    with how many ranks it holds. Only a list that rises, as ``rankranges`` writes rank lists,
+    is one (``1,234,567`` is a number; ``7,3,9`` lists something else)."""
+    found = match.group()
+    if len(found) <= _RANGES_IN_TEXT:
+        return found
+    runs = [tuple(map(int, part.split("-"))) for part in found.split(",")]
+    if any(run[0] > run[-1] for run in runs) or any(a[-1] >= b[0] for a, b in pairwise(runs)):
+        return found
+    kept: list[str] = []
+    shown = 0
+    for part in found.split(","):
+        if kept and shown + len(part) + 1 > _RANGES_IN_TEXT:
+            break
+        kept.append(part)
+        shown += len(part) + 1
+    count = sum(run[-1] - run[0] + 1 for run in runs)
+    return f"{','.join(kept)},… ({counted(count, 'rank')})"
 
 
 def _evidence(items: Sequence[Evidence]) -> list[str]:
@@ -763,7 +843,7 @@ def _gpus(snapshot: JobSnapshot, culprits: frozenset[int]) -> list[Text]:
         who = f"rank {r.rank}" if r.rank is not None else f"pid {r.process.pid}"
         lines.append(Text.assemble((who, style), ": ", printable("; ".join(g.describe() for g in r.gpus))))
     if len(shown) > _GPU_ROWS:
-        lines.append(Text(f"… and {len(shown) - _GPU_ROWS} more rank(s) (--json lists them all)", "dim"))
+        lines.append(Text(f"… and {counted(len(shown) - _GPU_ROWS, 'more rank')} (--json lists them all)", "dim"))
     return lines
 
 

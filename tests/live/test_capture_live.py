@@ -22,8 +22,8 @@ from hangdoc.capture.find.jobspec import parse_job_spec
 from hangdoc.capture.read.procstate import read_state, socket_bytes, socket_bytes_many
 from hangdoc.capture.read.pyspy import dump, find_pyspy
 from hangdoc.capture.read.sample import sample_round
-from hangdoc.pipeline import CaptureOptions, diagnose
 from hangdoc.model import CaptureErrorKind, ProcessState, RankProcess
+from hangdoc.pipeline import CaptureOptions, diagnose
 
 SERVER = """
 import socket, sys, time
@@ -93,7 +93,7 @@ def test_capture_of_a_job_hung_in_collectives(hung_job: RunningJob, hung_ranks: 
     said: list[str] = []
     options = CaptureOptions(window=0.9, interval=0.3, max_window=0.9)
     snapshot, _ = diagnose(f"127.0.0.1:{hung_job.port}", options, said.append)
-    assert said[0].startswith("found 2 rank process(es)")
+    assert said[0].startswith("found 2 rank processes")
     assert [s.process for s in snapshot.ranks] == list(hung_ranks)
     expected = {0: "all_reduce", 1: "barrier"}
     for snap in snapshot.ranks:

@@ -108,8 +108,8 @@ def cleanup_without_tree() -> tuple[Diagnosis, JobSnapshot]:
     return dataclasses.replace(diagnosis, ranks=(*diagnosis.ranks, *unknown)), snap
 
 
-def rendered(diagnosis: Diagnosis, snapshot: JobSnapshot, **kwargs: int) -> str:
-    console = Console(file=StringIO(), width=100, color_system=None)
+def rendered(diagnosis: Diagnosis, snapshot: JobSnapshot, width: int = 100, **kwargs: int) -> str:
+    console = Console(file=StringIO(), width=width, color_system=None)
     render(diagnosis, snapshot, console, **kwargs)
     return console.file.getvalue()
 
@@ -144,11 +144,14 @@ def test_header_names_verdict_culprits_and_summary() -> None:
 
 
 def test_header_shows_confidence_beside_the_verdict_and_the_basis_below() -> None:
-    lines = rendered(*mismatch()).splitlines()
+    lines = _normalised(rendered(*mismatch())).splitlines()
     assert lines[0] == "verdict: collective_mismatch   culprit ranks [3]   confidence: high"
-    assert lines[2].startswith("basis: stacks of ranks 0-3,5 in 5 samples · rank 3 named by")
-    assert "no waiting rank's CPU" in lines[2] + lines[3]
-    assert lines[4].startswith("job 127.0.0.1:29500")
+    assert lines[2:5] == [
+        "basis: · stacks of ranks 0-3,5 in 5 samples",
+        "       · rank 3 named by its stack: the minority op",
+        "       · no waiting rank's CPU, bytes or stack moved over 4.2 s",
+    ]
+    assert lines[5].startswith("job 127.0.0.1:29500")
 
 
 def test_no_basis_line_when_nothing_was_weighed() -> None:
@@ -161,9 +164,9 @@ def test_an_analysed_snapshot_shows_its_confidence() -> None:
     from hangdoc.analysis.analyse import analyse
 
     snap = make_snapshot({r: AR for r in range(4)})
-    out = rendered(analyse(snap), snap)
+    out = _normalised(rendered(analyse(snap), snap))
     assert out.splitlines()[0] == "verdict: nccl_timeout   no culprit ranks   confidence: high"
-    assert "basis: stacks of all 4 ranks in 3 samples agree · every op read from a" in out
+    assert "basis: · stacks of all 4 ranks in 3 samples agree\n       · every op read from a" in out
 
 
 @pytest.mark.parametrize(("confidence", "code"), [
@@ -186,7 +189,7 @@ def test_tree_marks_the_outlier_branch_and_compresses_ranks() -> None:
     majority = _line_with(out, "train_step (train.py:30)")
     assert "[0-2,5]" in majority and "◀" not in majority
     assert "dist.all_reduce(loss)" in majority  # the source line of a user frame
-    assert "torch: wrapper › barrier (torch/distributed/distributed_c10d.py:4100)" in out
+    assert "torch.distributed.barrier (torch/distributed/distributed_c10d.py:4100)" in out
     assert "Merged stacks of 5 ranks [0-3,5], 2 distinct stacks" in out
     # the shared trunk is printed once, above the split
     assert out.count("train_loop (train.py:35)") == 1
@@ -267,7 +270,7 @@ def test_library_runs_are_folded_per_package() -> None:
     snap = make_snapshot({0: stack})
     out = rendered(make_diagnosis(snap), snap)
     assert "runpy: _run_module_as_main › _run_code (<frozen runpy>:88)" in out
-    assert "torch: f0 › …3 more… › f4 › f5 (torch/nn/modules/module.py:5)" in out
+    assert "torch.nn.modules.f0 › …3 more… › f4 › f5 (torch/nn/modules/module.py:5)" in out
 
 
 def test_many_ranks_merge_table_rows_and_truncate_rank_labels() -> None:
@@ -327,12 +330,40 @@ def test_unnumbered_and_unreadable_ranks_in_table() -> None:
     assert row.startswith("?") and "unreadable" in row
 
 
-def test_folded_runs_shorten_qualified_names() -> None:
+def test_folded_runs_name_the_function_the_job_called_past_its_decorator() -> None:
     logger = "torch/distributed/c10d_logger.py:_exception_logger.<locals>.wrapper:81"
     stack = ["train.py:main:5", logger, "torch/distributed/distributed_c10d.py:barrier:5356"]
     snap = make_snapshot({0: stack})
     out = rendered(make_diagnosis(snap), snap)
-    assert "torch: wrapper › barrier (torch/distributed/distributed_c10d.py:5356)" in out
+    assert "torch.distributed.barrier (torch/distributed/distributed_c10d.py:5356)" in out
+    assert "wrapper" not in out
+
+
+@pytest.mark.parametrize(
+    ("code", "frames", "row"),
+    [
+        # the caller's line names the function (a Python without qualified names in py-spy)
+        ("opt.step()", ["torch/optim/optimizer.py:wrapper:493", "torch/optim/adamw.py:AdamW.step:220"],
+         "torch.optim.AdamW.step (torch/optim/adamw.py:220)"),
+        # no name in the line: the first frame that is no closure, then where the run ends
+        ("loss = model(x)", ["torch/nn/modules/module.py:Module._wrapped_call_impl:1773",
+                             "torch/nn/modules/module.py:Module._call_impl:1784",
+                             "torch/nn/parallel/distributed.py:DistributedDataParallel.forward:1633"],
+         "torch.nn.modules.Module._wrapped_call_impl › _call_impl › "
+         "DistributedDataParallel.forward (torch/nn/parallel/distributed.py:1633)"),
+        # a package's __init__.py is the package; a module of its own names itself
+        ("torch.cuda.synchronize()",
+         ["torch/cuda/__init__.py:synchronize:985", "torch/cuda/__init__.py:_lazy_init:300"],
+         "torch.cuda.synchronize › _lazy_init (torch/cuda/__init__.py:300)"),
+        ("done.wait()", ["/usr/lib/python3.11/threading.py:Event.wait:629",
+                         "/usr/lib/python3.11/threading.py:Condition.wait:327"],
+         "threading.Event.wait › Condition.wait (threading.py:327)"),
+    ],
+)  # fmt: skip
+def test_a_folded_run_is_named_by_its_library_path(code: str, frames: list[str], row: str) -> None:
+    stack = ["train.py:main:5", make_frame("train.py:step:9", code=code), *frames]
+    snap = make_snapshot({0: stack})
+    assert row in rendered(make_diagnosis(snap), snap, width=200)
 
 
 # ------------------------------------------------------- text from the job is inert

@@ -29,13 +29,13 @@ from support.paths import REPO
 
 from hangdoc import cli
 from hangdoc.bundle import save_snapshot
-from hangdoc.pipeline import Sampling, Step
 from hangdoc.fleet.node import ReplayNode
+from hangdoc.pipeline import Sampling, Step
 from hangdoc.report.status import StatusDisplay, describe
 
 C10D = "torch/distributed/distributed_c10d.py"
 FAST = ["--window", "0.6", "--interval", "0.15"]  # four rounds, a fraction of a second
-FOUND = "hangdoc: found 4 rank process(es) for pid:4242 (world size 4)"
+FOUND = "hangdoc: found 4 rank processes for pid:4242 (world size 4)"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -68,16 +68,13 @@ class _Terminal(io.StringIO):
 
 def test_the_live_line_says_rounds_ranks_and_time_left() -> None:
     state = Sampling(Step.SAMPLING, ranks=8, captured=7, rounds=3, elapsed=0.6, window=2.0)
-    assert describe(state, 0.6) == (
-        "sampling stacks · 3 rounds · 7 of 8 rank(s) captured · 1.4 s left of the 2 s window"
-    )
+    assert describe(state, 0.6) == ("sampling stacks · 3 rounds · 7 of 8 ranks captured · 1.4 s left of the 2 s window")
 
 
 def test_after_the_window_it_says_the_step_native_frames_and_probes() -> None:
     state = Sampling(Step.NATIVE, ranks=4, captured=4, rounds=5, elapsed=2.1, window=2.0, native=2, probes=3)
     assert describe(state, 2.5) == (
-        "taking native frames · 5 rounds · 4 of 4 rank(s) captured · 2.5 s · "
-        "native frames of 2 rank(s) · 3 probe(s) answered"
+        "taking native frames · 5 rounds · 4 of 4 ranks captured · 2.5 s · native frames of 2 ranks · 3 probes answered"
     )
 
 
@@ -97,11 +94,11 @@ def test_off_a_terminal_the_messages_are_plain_lines() -> None:
     out = io.StringIO()
     with StatusDisplay.on(out, quiet=False, json=False) as shown:
         assert not shown.live
-        shown.say("found 4 rank process(es) for x")
+        shown.say("found 4 rank processes for x")
         shown.update(Sampling(Step.SAMPLING, ranks=4, rounds=1))
         with shown.busy("analysing", after=0.0):
             time.sleep(0.05)
-    assert out.getvalue() == "hangdoc: found 4 rank process(es) for x\n"
+    assert out.getvalue() == "hangdoc: found 4 rank processes for x\n"
 
 
 @pytest.mark.parametrize(("quiet", "json_flag"), [(True, False), (False, True), (True, True)])
@@ -119,11 +116,11 @@ def test_on_a_terminal_the_live_line_is_drawn_then_erased() -> None:
     with StatusDisplay.on(out, quiet=False, json=False) as shown:
         assert shown.live
         shown.update(Sampling(Step.SAMPLING, ranks=4, captured=4, rounds=2, elapsed=0.5, window=2.0))
-        shown.say("found 4 rank process(es)")
+        shown.say("found 4 rank processes")
         time.sleep(0.3)
     text = out.getvalue()
-    assert "sampling stacks · 2 rounds · 4 of 4 rank(s) captured" in text
-    assert "hangdoc: found 4 rank process(es)" in ANSI.sub("", text)
+    assert "sampling stacks · 2 rounds · 4 of 4 ranks captured" in text
+    assert "hangdoc: found 4 rank processes" in ANSI.sub("", text)
     assert text.endswith("\x1b[2K") or text.rstrip("\r\n").endswith("\x1b[2K")  # erased last
 
 
@@ -137,10 +134,10 @@ def test_a_long_step_gets_a_live_line_only_once_it_is_long() -> None:
         shown.busy("reading hang.json", after=0.05) as now_doing,
     ):
         time.sleep(0.3)
-        now_doing("analysing 4 rank(s)")
+        now_doing("analysing 4 ranks")
         time.sleep(0.3)
     assert "reading hang.json" in slow.getvalue()
-    assert "analysing 4 rank(s)" in slow.getvalue()
+    assert "analysing 4 ranks" in slow.getvalue()
 
 
 # ------------------------------------------------------------------ the CLI, off a terminal
@@ -266,9 +263,9 @@ def test_on_a_terminal_diagnose_shows_the_live_line_and_leaves_the_report_intact
     assert code == 0
     code, raw = _run(saved, 0.0, argv, terminal=True)
     assert code == 0, raw
-    assert "sampling stacks · 1 round · 4 of 4 rank(s) captured" in raw
+    assert "sampling stacks · 1 round · 4 of 4 ranks captured" in raw
     assert re.search(
-        r"sampling stacks · [2-9] rounds · 4 of 4 rank\(s\) captured · \d\.\d s left of "
+        r"sampling stacks · [2-9] rounds · 4 of 4 ranks captured · \d\.\d s left of "
         r"the 0\.6 s window",
         raw,
     )
@@ -293,7 +290,7 @@ def test_on_a_terminal_a_long_analysis_gets_a_live_line(saved) -> None:
     assert code == 0
     code, raw = _run(saved, 1.6, argv, terminal=True)
     assert code == 0, raw
-    assert "analysing 4 rank(s) · 1." in raw  # shown after 1 s, with its clock
+    assert "analysing 4 ranks · 1." in raw  # shown after 1 s, with its clock
     assert _after_the_live_line(raw) == report
     code, raw = _run(saved, 0.0, argv, terminal=True)  # a quick one: no live line at all
     assert code == 0, raw

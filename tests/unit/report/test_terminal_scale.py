@@ -106,7 +106,7 @@ def test_the_trunk_every_rank_shares_is_folded(straggler_10k: list[str]) -> None
     assert lines[start + 1 : start + 5] == [
         "└── <module> (train.py:212)",
         "    … 19 frames in common …",
-        "    torch: wrapper › _use_grad › step (torch/optim/adamw.py:220)",
+        "    torch.optim.AdamW.step (torch/optim/adamw.py:220)",
         "    closure (lightning/pytorch/loops/optimization/automatic.py:146)",
     ]
     assert lines[start + 5].startswith("    ├── [5000] training_step (train.py:84)")
@@ -420,6 +420,32 @@ def test_a_long_rank_list_in_a_sentence_is_cut_with_its_count() -> None:
     assert lines[1].startswith("ranks 0,2,4,6,8,")
     assert lines[1].endswith(",… (1,000 ranks) wait in all_reduce")
     assert len(lines[1]) < 100
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "ranks " + ",".join(map(str, range(0, 80, 2))) + "x wait",  # no list: no part of it is cut
+        "ranks_" + ",".join(map(str, range(0, 80, 2))) + " wait",
+        "ranks " + ",".join(map(str, range(0, 80, 2))) + ".5 wait",
+        "read 1,234,567,890,123,456,789,012,345,678,901,234,567,890,123,456,789 bytes",  # not rising
+    ],
+)
+def test_what_is_no_whole_rank_list_is_never_cut(text: str) -> None:
+    assert _summary(text) == text
+
+
+def test_a_rank_list_is_cut_between_whole_items_and_counted_whole() -> None:
+    ranges = ",".join(f"{r}-{r + 1}" for r in range(100_000, 100_300, 3))
+    said = _summary(f"ranks {ranges}.")
+    head, tail = said.removeprefix("ranks ").split(",…")
+    assert tail == " (200 ranks)." and len(head) <= 60
+    assert ranges.startswith(head + ",")  # cut at a comma, after a whole range
+
+
+def _summary(text: str) -> str:
+    snap = make_snapshot({0: AR4})
+    return rendered(make_diagnosis(snap, summary=text), snap, width=1000)[1]
 
 
 def test_a_small_tree_keeps_every_line_and_marks_the_outlier_once() -> None:
