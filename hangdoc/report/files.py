@@ -1,5 +1,5 @@
 """The report files a run writes besides its terminal or JSON report: ``--html``, ``--dot``,
-``--svg``.
+``--svg``, and the sampled stacks for profilers' viewers, ``--speedscope`` and ``--folded``.
 
 ``check_targets`` runs before the capture, so that a path that cannot be written fails in
 a second, not after a diagnosis; ``write_reports`` writes each file whole and private
@@ -21,6 +21,7 @@ _HELP = "Give a file path in an existing directory this user can write."
 
 
 def _renderers() -> dict[str, Callable[[Diagnosis, JobSnapshot], str]]:
+    from .exports import render_folded, render_speedscope
     from .graph import render_dot, render_svg
     from .html import render_html
 
@@ -28,6 +29,8 @@ def _renderers() -> dict[str, Callable[[Diagnosis, JobSnapshot], str]]:
         "html": render_html,
         "dot": lambda diagnosis, _snapshot: render_dot(diagnosis),
         "svg": lambda diagnosis, _snapshot: render_svg(diagnosis),
+        "speedscope": render_speedscope,
+        "folded": render_folded,
     }
 
 
@@ -44,7 +47,8 @@ def check_targets(targets: Mapping[str, str | None]) -> None:
 
 
 def write_reports(targets: Mapping[str, str | None], diagnosis: Diagnosis, snapshot: JobSnapshot) -> list[Path]:
-    """Write each requested report (``html``, ``dot``, ``svg`` -> path); returns the paths."""
+    """Write each requested report (``html``, ``dot``, ``svg``, ``speedscope``, ``folded``
+    -> path); returns the paths."""
     renderers = _renderers()
     written = []
     for kind, path in targets.items():
