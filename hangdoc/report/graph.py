@@ -15,20 +15,28 @@ are written from that one graph:
   children, one row per depth. That keeps ``--svg`` working on a cluster's login node
   where ``dot`` is not installed, and the picture the same on every machine. In the SVG
   an edge is labelled where its rank set changes (below the root and at divergence
-  points): inside an unbranched stretch every edge would repeat the same label.
+  points): inside an unbranched stretch every edge would repeat the same label. Runs of
+  library frames from one package are folded into one box, by the terminal report's rule
+  and in its words (``terminal._fold``), so that the picture shows the job's own calls;
+  the DOT keeps every frame, for the tools that read it. ``svg_element`` is the same
+  picture without its title, for the ``--html`` page to embed; its legend names only the
+  marks the picture uses.
 
 Strings from the job pass through ``errors.printable`` and are escaped for DOT or XML.
 """
 
 from __future__ import annotations
 
+import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from xml.sax.saxutils import escape
 
 from ..errors import printable
-from ..model import ROOT, Diagnosis, Frame, Verdict
-from ..rankranges import ranges_text, short_ranges
+from ..model import ROOT, CallTree, Diagnosis, Frame, TreeNode, Verdict
+from ..rankranges import count_text, cut_ranges, ranges_text, short_ranges
+from .terminal import _fold
 
 OUTLIER_FILL, OUTLIER_LINE = "#fff3d6", "#f79009"
 CULPRIT_FILL, CULPRIT_LINE = "#ffe4e1", "#d92d20"
@@ -55,49 +63,86 @@ class TreeGraph:
         return len(self.nodes)
 
 
-def tree_graph(diagnosis: Diagnosis) -> TreeGraph:
+def tree_graph(diagnosis: Diagnosis, *, fold: bool = False) -> TreeGraph:
     """The merged tree as a ``TreeGraph``: node ``n<id>`` per tree node, with ``label``
     (function and location; the root: the job's rank count), ``kind`` (root, frame,
-    outlier, culprit), ``ranks`` (a range string), ``count``, ``depth``, ``tooltip`` and
-    ``native``; an edge per call with ``label`` (rank count and ranges), ``count`` and
-    ``changes`` (its rank set differs from the parent's)."""
+    outlier, culprit), ``ranks`` (a range string), ``count``, ``depth``, ``tooltip``,
+    ``native`` and ``folded`` (the frames a box stands for); an edge per call with
+    ``label`` (rank count and ranges), ``count`` and ``changes`` (its rank set differs
+    from the parent's). With ``fold``, a run of library frames of one package in an
+    unbranched stretch is one node (named after its first tree node), as in the terminal."""
     graph = TreeGraph()
     tree = diagnosis.tree
     if tree is None:
         return graph
     culprits = frozenset(diagnosis.culprit_ranks)
-    for node in tree.nodes:
-        count, ranks = len(node.ranks), ranges_text(node.ranks)
-        if node.node_id == ROOT:
+    boxes = _folded_runs(tree) if fold else [([node], "") for node in tree.nodes]
+    box_of = {box[-1].node_id: box for box, _ in boxes}  # the box a child hangs below
+    depth: dict[int, int] = {}
+    parent_of = {kid: node for node in tree.nodes for kid in node.children}
+    for box, words in boxes:
+        head = box[0]
+        count, ranks = len(head.ranks), ranges_text(head.ranks)
+        above = parent_of.get(head.node_id)
+        depth[head.node_id] = 0 if above is None else depth[box_of[above.node_id][0].node_id] + 1
+        if head.node_id == ROOT:
             kind = "root"
-        elif count and count <= len(culprits) and culprits.issuperset(node.ranks):
+        elif count and count <= len(culprits) and culprits.issuperset(head.ranks):
             kind = "culprit"
         else:
-            kind = "outlier" if node.node_id in tree.outliers else "frame"
-        graph.nodes[_name(node.node_id)] = {
-            "label": _label(node.frame, count),
+            kind = "outlier" if head.node_id in tree.outliers else "frame"
+        frames = [n.frame for n in box if n.frame is not None]
+        graph.nodes[_name(head.node_id)] = {
+            "label": _label(head.frame, count) if len(box) == 1 else _folded_label(words, len(frames)),
             "kind": kind,
             "ranks": ranks,
             "count": count,
-            "depth": node.depth,
-            "tooltip": _tooltip(node.frame, count, ranks),
-            "native": bool(node.frame and node.frame.native),
+            "depth": depth[head.node_id],
+            "tooltip": _tooltip(frames, count, ranks),
+            "native": bool(frames) and all(f.native for f in frames),
+            "folded": len(frames) if len(box) > 1 else 0,
         }
-    for node in tree.nodes:
-        for kid in node.children:
+    for box, _ in boxes:
+        last = box[-1]
+        for kid in last.children:
             kid_ranks = tree.nodes[kid].ranks
             graph.edges.append(
                 (
-                    _name(node.node_id),
+                    _name(box[0].node_id),
                     _name(kid),
                     {
                         "count": len(kid_ranks),
                         "label": f"{_ranks_word(len(kid_ranks))}\n[{short_ranges(kid_ranks, _LABEL_RANGES)}]",
-                        "changes": kid_ranks != node.ranks or node.node_id == ROOT,
+                        "changes": kid_ranks != last.ranks or last.node_id == ROOT,
                     },
                 )
             )
     return graph
+
+
+def _folded_runs(tree: CallTree) -> list[tuple[list[TreeNode], str]]:
+    """The tree's nodes in runs, parents' runs first, each with the terminal's line for it:
+    each unbranched stretch of one rank set cut where the terminal's ``_fold`` cuts it (the
+    stretch whole, as the terminal folds it: a run's words may name it by its caller's
+    call), the root alone."""
+    runs: list[tuple[list[TreeNode], str]] = []
+    todo = [tree.nodes[ROOT]]
+    while todo:
+        start = todo.pop()
+        stretch = [start]
+        below = tree.children(start.node_id)
+        while start.node_id != ROOT and len(below) == 1 and below[0].ranks == start.ranks:
+            stretch.append(below[0])
+            below = tree.children(below[0].node_id)
+        if start.node_id == ROOT:
+            runs.append((stretch, ""))
+        else:
+            i = 0
+            for row, n in _fold([node.frame for node in stretch if node.frame is not None]):
+                runs.append((stretch[i : i + n], row.plain))
+                i += n
+        todo += reversed(below)
+    return sorted(runs, key=lambda run: run[0][0].node_id)
 
 
 def _name(node_id: int) -> str:
@@ -105,7 +150,7 @@ def _name(node_id: int) -> str:
 
 
 def _ranks_word(count: int) -> str:
-    return f"{count} rank{'s' if count != 1 else ''}"
+    return f"{count_text(count)} rank{'s' if count != 1 else ''}"
 
 
 def _label(frame: Frame | None, count: int) -> str:
@@ -114,15 +159,47 @@ def _label(frame: Frame | None, count: int) -> str:
     return f"{printable(frame.function)}\n{printable(frame.location)}"
 
 
-def _tooltip(frame: Frame | None, count: int, ranks: str) -> str:
-    where = "all ranks" if frame is None else printable(frame.filename) + (f":{frame.line}" if frame.line else "")
-    return f"{where} · {_ranks_word(count)} [{ranks}]"
+def _folded_label(words: str, count: int) -> str:
+    """A folded run's box: the terminal's line for it (wrapped), and how many frames it
+    holds."""
+    lines = textwrap.wrap(words, _BOX_CHARS, max_lines=3, placeholder=" …")
+    return "\n".join([*lines, f"{count} frames folded"])
+
+
+def _tooltip(frames: list[Frame], count: int, ranks: str) -> str:
+    where = (
+        "\n".join(printable(f.filename) + (f":{f.line}" if f.line else "") for f in frames) if frames else "all ranks"
+    )
+    return f"{where}\n{_ranks_word(count)} [{ranks}]"
+
+
+def culprit_parts(ranks: Sequence[int], limit: int = 40) -> tuple[str, str]:
+    """``("culprit", "rank 3")``, ``("culprits", "ranks 3, 5-7")``; a long set cut, with
+    its count (``ranks 0, 2, 4, … (5,000)``); ``("", "")`` for none."""
+    ordered = sorted(set(ranks))
+    if not ordered:
+        return "", ""
+    if len(ordered) == 1:
+        return "culprit", f"rank {ordered[0]}"
+    text, cut = cut_ranges(ordered, limit)
+    return "culprits", f"ranks {text.replace(',', ', ')}" + (f" ({count_text(len(ordered))})" if cut else "")
+
+
+def culprit_words(ranks: Sequence[int], limit: int = 40) -> str:
+    """``culprit: rank 3``, ``culprits: ranks 3, 5-7`` (see ``culprit_parts``); ``""`` for none."""
+    word, said = culprit_parts(ranks, limit)
+    return f"{word}: {said}" if said else ""
 
 
 def _title(diagnosis: Diagnosis) -> str:
-    culprits = ranges_text(sorted(set(diagnosis.culprit_ranks)))
-    who = f" · culprit ranks [{culprits}]" if culprits else ""
-    return f"hangdoc: {diagnosis.verdict.value}{who} · confidence {diagnosis.confidence.value}"
+    who = culprit_words(diagnosis.culprit_ranks)
+    if not who and diagnosis.verdict is not Verdict.NOT_HUNG:
+        who = "no culprit"
+    return (
+        f"hangdoc: {diagnosis.verdict.value}"
+        + (f" · {who}" if who else "")
+        + (f" · confidence {diagnosis.confidence.value}")
+    )
 
 
 # ------------------------------------------------------------------------- DOT
@@ -186,7 +263,7 @@ _GAP_X = 18  # between sibling subtrees
 _GAP_LABELLED, _GAP_PLAIN = 40, 14  # between rows, with and without edge labels
 _MARGIN = 20
 _BOX_CHARS = 64
-_TITLE_H = 56
+_SVG_CLASS = "hangdoc-tree"  # the picture's styles apply below it only, also inside a page
 _SVG_FILL = {
     "root": ("#eef1f5", PLAIN_LINE),
     "frame": (PLAIN_FILL, PLAIN_LINE),
@@ -205,8 +282,9 @@ def _box(label: str) -> tuple[float, float]:
     return (max(len(line) for line in lines) * _CHAR_W + 2 * _PAD_X, len(lines) * _LINE_H + 2 * _PAD_Y)
 
 
-def _layout(graph: TreeGraph, root: str) -> dict[str, tuple[float, float, float, float]]:
-    """``node -> (x centre, y top, width, height)``: a layered tree layout."""
+def _layout(graph: TreeGraph, root: str, top_y: float) -> dict[str, tuple[float, float, float, float]]:
+    """``node -> (x centre, y top, width, height)``: a layered tree layout, its first row
+    at ``top_y``."""
     size = {n: _box(d["label"]) for n, d in graph.nodes.items()}
     children = graph.kids()
     span: dict[str, float] = {}
@@ -223,7 +301,7 @@ def _layout(graph: TreeGraph, root: str) -> dict[str, tuple[float, float, float,
     for _, kid, data in graph.edges:
         labelled[depth[kid]] = labelled[depth[kid]] or data["changes"]
     top = [0.0] * rows
-    y = float(_MARGIN + _TITLE_H)
+    y = top_y
     for d in range(rows):
         if d:
             y += _GAP_LABELLED if labelled[d] else _GAP_PLAIN
@@ -244,18 +322,35 @@ def _layout(graph: TreeGraph, root: str) -> dict[str, tuple[float, float, float,
 
 
 def render_svg(diagnosis: Diagnosis) -> str:
-    """The merged tree as an SVG document (drawn here; Graphviz is not needed)."""
-    graph = tree_graph(diagnosis)
-    title = printable(_title(diagnosis))
+    """The merged tree as an SVG document (drawn here; Graphviz is not needed), library
+    frames folded, with a title line that says the verdict."""
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + _svg(diagnosis, titled=True)
+
+
+def svg_element(diagnosis: Diagnosis) -> str:
+    """The picture of ``render_svg`` as one ``<svg>`` element for an HTML page to hold
+    inline: no XML declaration, no namespace (the HTML parser knows ``<svg>``) and no
+    title line (the page's header says the verdict)."""
+    return _svg(diagnosis, titled=False)
+
+
+def _svg(diagnosis: Diagnosis, *, titled: bool) -> str:
+    graph = tree_graph(diagnosis, fold=True)
+    parts: list[str] = []
+    y = float(_MARGIN)
+    if titled:
+        parts.append(_text(_MARGIN, y + 16, printable(_title(diagnosis)), "title"))
+        y += 24
     if not len(graph):
-        return _svg_document(
-            520, 90, [_text(_MARGIN, 40, title, "title"), _text(_MARGIN, 64, "no stacks were merged", "sub")]
-        )
-    root = _name(ROOT)
-    place = _layout(graph, root)
+        parts.append(_text(_MARGIN, y + 20, "no stacks were merged", "sub"))
+        return _svg_document(520, y + 40, parts, titled)
+    legend = _legend(graph, y + 14)
+    if legend:
+        parts.append(legend)
+        y += 24
+    place = _layout(graph, _name(ROOT), y + 8)
     width = max(x + w / 2 for x, _, w, _ in place.values()) + _MARGIN
-    height = max(y + h for _, y, _, h in place.values()) + _MARGIN
-    parts = [_text(_MARGIN, _MARGIN + 16, title, "title"), _legend(diagnosis, _MARGIN + 38)]
+    height = max(yy + h for _, yy, _, h in place.values()) + _MARGIN
     for parent, kid, data in graph.edges:
         px, py, _, ph = place[parent]
         kx, ky, _, _ = place[kid]
@@ -275,39 +370,53 @@ def render_svg(diagnosis: Diagnosis) -> str:
                 f"{escape(second)}</tspan></text>"
             )
     for name, data in graph.nodes.items():
-        x, y, w, h = place[name]
+        x, top, w, h = place[name]
         fill, line = _SVG_FILL[data["kind"]]
         dashed = ' stroke-dasharray="4 2"' if data["native"] else ""
         thick = "2" if data["kind"] in ("outlier", "culprit") else "1"
+        folded = " folded" if data["folded"] else ""
         parts.append(
-            f'<g class="node {data["kind"]}" id="{name}"><title>{escape(data["tooltip"])}</title>'
-            f'<rect x="{x - w / 2:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" rx="5" '
+            f'<g class="node {data["kind"]}{folded}" id="{name}"><title>{escape(data["tooltip"])}</title>'
+            f'<rect x="{x - w / 2:.1f}" y="{top:.1f}" width="{w:.1f}" height="{h:.1f}" rx="5" '
             f'fill="{fill}" stroke="{line}" stroke-width="{thick}"{dashed}/>'
         )
         for i, text in enumerate(_svg_label(data["label"])):
-            cls = "fn" if i == 0 else "loc"
+            cls = "lib" if data["folded"] else "fn" if i == 0 else "loc"
             parts.append(
-                f'<text class="{cls}" x="{x:.1f}" y="{y + _PAD_Y + 11 + i * _LINE_H:.1f}" '
+                f'<text class="{cls}" x="{x:.1f}" y="{top + _PAD_Y + 11 + i * _LINE_H:.1f}" '
                 f'text-anchor="middle">{escape(text)}</text>'
             )
         parts.append("</g>")
-    return _svg_document(width, height, parts)
+    return _svg_document(width, height, parts, titled)
 
 
-def _legend(diagnosis: Diagnosis, y: float) -> str:
-    items = [("outlier branch", OUTLIER_FILL, OUTLIER_LINE)]
-    if diagnosis.culprit_ranks:
-        items.append(("culprit ranks only", CULPRIT_FILL, CULPRIT_LINE))
+def legend_marks(graph: TreeGraph) -> list[str]:
+    """The marks the picture uses, in the legend's order: ``outlier``, ``culprit``,
+    ``native``."""
+    kinds = {data["kind"] for data in graph.nodes.values()}
+    native = any(data["native"] for data in graph.nodes.values())
+    return [mark for mark, used in (("outlier", "outlier" in kinds), ("culprit", "culprit" in kinds),
+                                    ("native", native)) if used]  # fmt: skip
+
+
+_LEGEND = {
+    "outlier": ("outlier branch", OUTLIER_FILL, OUTLIER_LINE, ""),
+    "culprit": ("culprits only", CULPRIT_FILL, CULPRIT_LINE, ""),
+    "native": ("native frames", PLAIN_FILL, PLAIN_LINE, ' stroke-dasharray="4 2"'),
+}
+
+
+def _legend(graph: TreeGraph, y: float) -> str:
+    """One entry per mark the picture uses; ``""`` when it uses none."""
     out, x = [], float(_MARGIN)
-    for label, fill, line in items:
+    for mark in legend_marks(graph):
+        label, fill, line, dash = _LEGEND[mark]
+        width = "1" if dash else "2"
         out.append(
-            f'<rect x="{x:.1f}" y="{y - 10:.1f}" width="14" height="12" rx="3" fill="{fill}" '
-            f'stroke="{line}" stroke-width="2"/>'
+            f'<g class="legend {mark}"><rect x="{x:.1f}" y="{y - 10:.1f}" width="14" height="12" rx="3" '
+            f'fill="{fill}" stroke="{line}" stroke-width="{width}"{dash}/>{_text(x + 20, y, label, "sub")}</g>'
         )
-        out.append(_text(x + 20, y, label, "sub"))
         x += 40 + len(label) * 7
-    if diagnosis.verdict is not Verdict.NOT_HUNG and not diagnosis.culprit_ranks:
-        out.append(_text(x, y, "no culprit ranks", "sub"))
     return "".join(out)
 
 
@@ -315,18 +424,21 @@ def _text(x: float, y: float, text: str, cls: str) -> str:
     return f'<text class="{cls}" x="{x:.1f}" y="{y:.1f}">{escape(text)}</text>'
 
 
-def _svg_document(width: float, height: float, parts: list[str]) -> str:
-    style = (
-        ".title{font:600 15px Helvetica,Arial,sans-serif;fill:#1d2330}"
-        ".sub{font:12px Helvetica,Arial,sans-serif;fill:#475467}"
-        ".fn{font:600 11px monospace;fill:#1d2330}.loc{font:11px monospace;fill:#475467}"
-        ".elabel{font:10px Helvetica,Arial,sans-serif;fill:#344054;paint-order:stroke;"
-        "stroke:#fff;stroke-width:3px}.edge{fill:none;stroke-width:1.4}"
-    )
+def _svg_document(width: float, height: float, parts: list[str], standalone: bool) -> str:
+    rules = {
+        ".title": "font:600 15px Helvetica,Arial,sans-serif;fill:#1d2330",
+        ".sub": "font:12px Helvetica,Arial,sans-serif;fill:#475467",
+        ".fn": "font:600 11px monospace;fill:#1d2330",
+        ".loc": "font:11px monospace;fill:#475467",
+        ".lib": "font:11px monospace;fill:#475467",
+        ".elabel": "font:10px Helvetica,Arial,sans-serif;fill:#344054;paint-order:stroke;stroke:#fff;stroke-width:3px",
+        ".edge": "fill:none;stroke-width:1.4",
+    }
+    style = "".join(f".{_SVG_CLASS} {sel}{{{rule}}}" for sel, rule in rules.items())
     head = (
-        f'<?xml version="1.0" encoding="UTF-8"?>\n<svg xmlns="http://www.w3.org/2000/svg" '
+        "<svg" + (' xmlns="http://www.w3.org/2000/svg"' if standalone else "") + f' class="{_SVG_CLASS}" '
         f'width="{width:.0f}" height="{height:.0f}" viewBox="0 0 {width:.0f} {height:.0f}" '
-        f'font-family="monospace">\n<title>{escape(printable("hangdoc merged stack tree"))}</title>\n'
+        f'font-family="monospace">\n<title>hangdoc merged stack tree</title>\n'
         f'<style>{style}</style>\n<rect width="100%" height="100%" fill="#fff"/>\n'
     )
     return head + "\n".join(parts) + "\n</svg>\n"

@@ -3,10 +3,14 @@
 The page needs nothing but itself: its CSS and JavaScript (``assets/report.css``,
 ``assets/report.js``, written for hangdoc, no third-party code) are inlined, and a
 Content-Security-Policy forbids every fetch, so it opens the same from a mail attachment,
-a CI artifact or an air-gapped cluster. The verdict, confidence, culprits, summary, basis,
-evidence, next steps and notes are plain HTML; the script draws the merged stack tree
-(``Diagnosis.tree``, as the analysis built it), the classes of ranks and a rank's own
-stacks from one JSON object embedded in the page (``report_data``).
+a CI artifact or an air-gapped cluster. The verdict, confidence, culprits, summary, the
+rank table (the terminal's, by its helpers), evidence, next steps, the picture of
+``--svg`` (``graph.svg_element``, inline), basis and notes are plain HTML; the script
+draws the merged stack tree (``Diagnosis.tree``, as the analysis built it), the classes
+of ranks and a rank's own stacks from one JSON object embedded in the page
+(``report_data``). The tree, the proof, comes first below a three-line header, so that it
+is on the first screen at 1280x800 (tests/live/test_html_browser.py checks it there and
+at 800x1000).
 
 That object stays small at 100,000 ranks, and the page opens in well under a second,
 because nothing in it grows with ranks times frames:
@@ -46,12 +50,15 @@ from ..model import (
     JobSnapshot,
     RankAnalysis,
     RankSnapshot,
+    RankState,
     RootCause,
     Sample,
     Verdict,
 )
-from ..rankranges import ranges_text
+from ..rankranges import count_text, cut_ranges, ranges_text, scope_text
 from ..waitwords import waits_words, who
+from .graph import culprit_parts, svg_element
+from .terminal import _common, _detail, _details, _hosts, _op_text, _site, _state
 
 DATA_VERSION = 1  # the layout of the embedded object; bumped when the script must change
 
@@ -100,37 +107,27 @@ def _verdict_class(verdict: Verdict) -> str:
 
 
 def _static(diagnosis: Diagnosis, snapshot: JobSnapshot) -> str:
-    """The header and the text sections, as HTML; the script fills the placeholders."""
-    culprits = ranges_text(sorted(set(diagnosis.culprit_ranks)))
-    if culprits:
-        who = (
-            f'culprit ranks <span class="culprits" id="culprits">{_esc(culprits)}</span>'
-            f' <span class="dim">({len(set(diagnosis.culprit_ranks))})</span>'
-        )
-    else:
-        who = "no culprit ranks" if diagnosis.verdict is not Verdict.NOT_HUNG else ""
-    found = len(snapshot.ranks)
-    size = f" of {snapshot.world_size}" if snapshot.world_size is not None else ""
-    job = f"job {_esc(snapshot.spec)} · {found}{size} rank processes found"
-    if snapshot.captured_at:
-        job += f" · captured {_esc(snapshot.captured_at)}"
+    """The header and the text sections, as HTML; the script fills the placeholders.
+
+    The merged tree, the proof, comes first below a header of three lines, so that it is
+    on the first screen; the rank table, as the terminal prints it, follows; the longer
+    sections (evidence, next steps, the picture, the basis, notes) come after."""
     partial = ' <span class="partial">partial evidence</span>' if diagnosis.partial else ""
     head = [
         "<header>",
-        '<div class="brand">hangdoc report</div>',
         (
             f'<h1><span class="verdict {_verdict_class(diagnosis.verdict)}" id="verdict">'
-            f'{_esc(diagnosis.verdict.value)}</span> <span class="who">{who}</span></h1>'
-        ),
-        (
-            f'<p class="meta">confidence <b class="conf-{diagnosis.confidence.value}" id="confidence">'
-            f"{diagnosis.confidence.value}</b>{partial}</p>"
+            f"{_esc(diagnosis.verdict.value)}</span> {_culprit_line(diagnosis)}"
+            f'<span class="meta">confidence <b class="conf-{diagnosis.confidence.value}" id="confidence">'
+            f"{diagnosis.confidence.value}</b>{partial}</span>"
+            '<span class="brand">hangdoc report</span></h1>'
         ),
         f'<p class="summary" id="summary">{_esc(diagnosis.summary)}</p>',
+        f'<p class="job dim">{_job_line(diagnosis, snapshot)}</p>',
+        "</header>",
+        "<main>",
+        '<div id="content">',
     ]
-    if diagnosis.basis:
-        head.append(f'<p class="basis"><b>basis:</b> {_esc(" · ".join(diagnosis.basis))}</p>')
-    head += [f'<p class="job dim">{job}</p>', "</header>", "<main>"]
     samples = max((len(rs.samples) for rs in snapshot.ranks), default=0)
     notes = [
         (f"observed for {diagnosis.observed_seconds:.1f} s over {samples} sample{'s' if samples != 1 else ''}"),
@@ -141,9 +138,6 @@ def _static(diagnosis: Diagnosis, snapshot: JobSnapshot) -> str:
         for u in snapshot.unreachable
     ]
     body = [
-        _chain(diagnosis.root_cause),
-        _list("evidence", "Evidence", [e.words() for e in diagnosis.evidence], "ul"),
-        _list("next-steps", "Next steps", diagnosis.next_steps, "ol"),
         (
             '<section id="tree-section"><h2>Merged stacks</h2>'
             '<div class="toolbar"><input id="search" type="search" placeholder="search a '
@@ -155,7 +149,17 @@ def _static(diagnosis: Diagnosis, snapshot: JobSnapshot) -> str:
             '<div id="tree" class="tree"><p class="dim">the tree is drawn by the page\'s '
             "script</p></div></section>"
         ),
+        rank_table(diagnosis.ranks, frozenset(diagnosis.culprit_ranks), healthy=diagnosis.verdict is Verdict.NOT_HUNG),
+        _chain(diagnosis.root_cause),
+        _list("evidence", "Evidence", [e.words() for e in diagnosis.evidence], "ul"),
+        _list("next-steps", "Next steps", diagnosis.next_steps, "ol"),
+        _picture(diagnosis),
         '<section id="classes-section"><h2>Classes of ranks</h2><div id="classes"></div></section>',
+        _list("basis", "Basis of the verdict", diagnosis.basis, "ul"),
+        _list("unreachable", "Unreachable", unreachable, "ul"),
+        _list("notes", "Notes", notes, "ul"),
+        f'<footer class="dim">hangdoc {html.escape(__version__)}</footer>',
+        "</div>",
         (
             '<aside id="rank-panel"><h2>Rank</h2><div class="toolbar">'
             '<input id="rank-input" type="text" inputmode="numeric" placeholder="rank number" '
@@ -163,14 +167,142 @@ def _static(diagnosis: Diagnosis, snapshot: JobSnapshot) -> str:
             '<button id="rank-prev" type="button" title="previous rank">◀</button>'
             '<button id="rank-next" type="button" title="next rank">▶</button></div>'
             '<div id="rank-set"></div><div id="rank-view" class="dim">click a rank (a culprit, '
-            "a rank set on the tree) or type its number</div></aside>"
+            "a rank set on the tree, a row of the rank table) or type its number</div></aside>"
         ),
-        _list("unreachable", "Unreachable", unreachable, "ul"),
-        _list("notes", "Notes", notes, "ul"),
-        f'<footer class="dim">hangdoc {html.escape(__version__)}</footer>',
         "</main>",
     ]
     return "\n".join(head + [b for b in body if b]) + "\n"
+
+
+def _culprit_line(diagnosis: Diagnosis) -> str:
+    """``culprit: rank 3`` (the ranks a link that lists them); ``no culprit named``."""
+    word, ranks = culprit_parts(diagnosis.culprit_ranks)
+    if ranks:
+        return f'<span class="who">{word}: <span class="culprits" id="culprits">{_esc(ranks)}</span></span>'
+    if diagnosis.verdict is Verdict.NOT_HUNG:
+        return ""
+    return '<span class="who dim">no culprit named</span>'
+
+
+def _job_line(diagnosis: Diagnosis, snapshot: JobSnapshot) -> str:
+    found = count_text(len(snapshot.ranks))
+    size = f" of {count_text(snapshot.world_size)}" if snapshot.world_size is not None else ""
+    parts = [f"job {_esc(snapshot.spec)}", f"{found}{size} rank processes found"]
+    scope = diagnosis.scope
+    if said := scope_text(scope.seen, scope.not_seen, scope.absent, scope.world_size):
+        parts.append(_esc(said))
+    if snapshot.captured_at:
+        parts.append(f"captured {_esc(snapshot.captured_at)}")
+    return " · ".join(parts)
+
+
+_PICTURE_NODES = 2_000  # tree nodes past which the page leaves the picture to --svg
+
+
+def _picture(diagnosis: Diagnosis) -> str:
+    """The STAT-style picture of ``--svg``, inline (the page fetches nothing)."""
+    if diagnosis.tree is None:
+        return ""
+    if len(diagnosis.tree) > _PICTURE_NODES:
+        inner = (
+            f'<p class="dim">{count_text(len(diagnosis.tree))} frames: too many for a picture on this '
+            "page; <code>--svg FILE</code> writes it</p>"
+        )
+    else:
+        inner = f'<div class="picture">{svg_element(diagnosis)}</div>'
+    return f'<section id="picture-section"><h2>Picture of the merged stacks</h2>{inner}</section>'
+
+
+# ------------------------------------------------------------------ the rank table
+
+_RANK_ROWS = 32  # one row a rank up to this many, as in the terminal; beyond, one a class
+_CLASS_ROWS = 24  # classes listed; the rest counted in one row (the panel shows any rank)
+_STATE_CLASS = {state: f"st-{state.value}" for state in RankState}
+
+
+def rank_table(ranks: Sequence[RankAnalysis], culprits: frozenset[int], *, healthy: bool = False) -> str:
+    """The terminal's rank table as HTML: a row per rank (rank, host, pid, state, op, call
+    site, detail where any says more than its op), culprits marked; past ``_RANK_ROWS``
+    ranks, a row per class of ranks in one state, op and call site, culprits first, then
+    the largest. Built from the same values as the terminal's, by its helpers; ``healthy``
+    (a job that is not hung) words the states as the terminal does."""
+    if not ranks:
+        return ""
+    if len(ranks) > _RANK_ROWS:
+        return _class_rows(ranks, culprits, healthy)
+    with_detail = any(_detail(ra) for ra in ranks)
+    names = ["rank", "host", "pid", "state", "op", "call site"] + (["detail"] if with_detail else [])
+    rows = []
+    for ra in sorted(ranks, key=lambda ra: (ra.rank is None, ra.rank or 0)):
+        is_culprit = ra.rank is not None and ra.rank in culprits
+        mark = ' <span class="tag culprit">culprit</span>' if is_culprit else ""
+        cells = [
+            f'<td class="mono">{"?" if ra.rank is None else ra.rank}{mark}</td>',
+            f"<td>{_esc(ra.host)}</td>",
+            f'<td class="mono">{"" if ra.pid is None else ra.pid}</td>',
+            _state_cell(ra.state, healthy),
+            f'<td class="mono">{_esc(_op_text(ra.op))}</td>',
+            f'<td class="mono site">{_esc(_site(ra))}</td>',
+        ]
+        if with_detail:
+            cells.append(f'<td class="dim">{_esc(_detail(ra))}</td>')
+        attrs = (' class="culprit"' if is_culprit else "") + (f' data-rank="{ra.rank}"' if ra.rank is not None else "")
+        rows.append(f"<tr{attrs}>{''.join(cells)}</tr>")
+    return _table_section(names, rows, f"{count_text(len(ranks))} ranks")
+
+
+def _state_cell(state: RankState, healthy: bool) -> str:
+    """A rank's state in the terminal's words (in a job that is not hung no rank is
+    ``blocked``), coloured by the state where the words are the state's."""
+    words = _state(state, healthy).plain
+    return f'<td class="{_STATE_CLASS[state] if words == state.value else "st-healthy"}">{_esc(words)}</td>'
+
+
+def _class_rows(ranks: Sequence[RankAnalysis], culprits: frozenset[int], healthy: bool) -> str:
+    classes: dict[tuple[bool, RankState, str, str], list[RankAnalysis]] = {}
+    said: dict[int, tuple[str, str]] = {}  # by op object: 100,000 ranks share a few ops
+    for ra in ranks:
+        where = said.get(id(ra.op))
+        if where is None:
+            where = said[id(ra.op)] = (_op_text(ra.op), _site(ra))
+        classes.setdefault((ra.rank is not None and ra.rank in culprits, ra.state, *where), []).append(ra)
+
+    def first(members: list[RankAnalysis]) -> int:
+        return min((m.rank for m in members if m.rank is not None), default=-1)
+
+    ordered = sorted(classes.items(), key=lambda kv: (not kv[0][0], -len(kv[1]), first(kv[1])))
+    rows = []
+    for (is_culprit, state, op, site), members in ordered[:_CLASS_ROWS]:
+        numbers = sorted({m.rank for m in members if m.rank is not None})
+        unnumbered = len(members) - len(numbers)
+        label = (f"[{cut_ranges(numbers, 40)[0]}]" if numbers else "") + (
+            f" +{unnumbered} unnumbered" if unnumbered else ""
+        )
+        mark = ' <span class="tag culprit">culprit</span>' if is_culprit else ""
+        attrs = (' class="culprit"' if is_culprit else "") + (f' data-rank="{numbers[0]}"' if numbers else "")
+        rows.append(
+            f'<tr{attrs}><td class="mono">{_esc(label)}{mark}</td><td class="num">{count_text(len(members))}</td>'
+            f"<td>{_esc(_hosts(members))}</td>"
+            f'{_state_cell(state, healthy)}<td class="mono">{_esc(op)}</td>'
+            f'<td class="mono site">{_esc(site)}</td><td class="dim">{_esc(_common(_details(members)))}</td></tr>'
+        )
+    if len(ordered) > _CLASS_ROWS:
+        rest = sum(len(members) for _, members in ordered[_CLASS_ROWS:])
+        rows.append(
+            f'<tr class="dim"><td>… {count_text(len(ordered) - _CLASS_ROWS)} more classes</td>'
+            f'<td class="num">{count_text(rest)}</td><td colspan="5">the rank panel shows any rank</td></tr>'
+        )
+    names = ["ranks", "count", "hosts", "state", "op", "call site", "detail"]
+    return _table_section(names, rows, f"{count_text(len(ranks))} ranks in {count_text(len(ordered))} classes")
+
+
+def _table_section(names: Sequence[str], rows: Sequence[str], caption: str) -> str:
+    head = "".join(f"<th>{name}</th>" for name in names)
+    return (
+        f'<section id="ranks-section"><h2>Ranks</h2><div class="scroll"><table class="ranks" id="ranks">'
+        f'<caption class="dim">{caption}</caption><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table></div></section>"
+    )
 
 
 def _chain(root: RootCause | None) -> str:
@@ -261,7 +393,7 @@ def report_data(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
     culprits = frozenset(diagnosis.culprit_ranks)
     tree = _tree(diagnosis.tree, stacks, rsets, culprits) if diagnosis.tree is not None else None
     tables = _RankTables()
-    ranks = _ranks(diagnosis.ranks, snapshot, stacks, tables)
+    ranks = _ranks(diagnosis.ranks, snapshot, stacks, tables, healthy=diagnosis.verdict is Verdict.NOT_HUNG)
     return {
         "version": DATA_VERSION,
         "verdict": diagnosis.verdict.value,
@@ -333,9 +465,11 @@ class _RankTables:
 
 
 def _ranks(
-    analyses: Sequence[RankAnalysis], snapshot: JobSnapshot, stacks: StackTable, tables: _RankTables
+    analyses: Sequence[RankAnalysis], snapshot: JobSnapshot, stacks: StackTable, tables: _RankTables, *, healthy: bool
 ) -> dict[str, Any]:
-    """The per-rank columns, in rank order (one entry per rank number)."""
+    """The per-rank columns, in rank order (one entry per rank number); states in the
+    terminal's words (``healthy``: a job that is not hung has no rank ``blocked``)."""
+    state_words = {state: _state(state, healthy).plain for state in RankState}
     by_rank: dict[int, RankAnalysis] = {}
     for ra in analyses:
         if ra.rank is not None:
@@ -352,7 +486,7 @@ def _ranks(
         op = ""
         if ra.op is not None:
             op = described.get(id(ra.op)) or described.setdefault(id(ra.op), printable(ra.op.describe()))
-        key = (ra.state.value, op, printable(ra.thread or ""), printable(ra.detail), int(ra.working))
+        key = (state_words[ra.state], op, printable(ra.thread or ""), printable(ra.detail), int(ra.working))
         info_of.append(tables.info.add(key, list(key)))
     views = [_view(snaps.get(rank), stacks, tables) for rank in order]
     return {

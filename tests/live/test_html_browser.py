@@ -1,7 +1,9 @@
 """The --html report in a real headless Chromium (Debian's ``chromium``, driven over the
 DevTools protocol by ``support.browser``): it loads without a console error, shows the
 verdict, expands a branch, shows a rank's stacks, finds a function, is drawn (a screenshot
-with many colours), keeps a hostile function name as text, and opens a large report fast.
+with many colours), keeps a hostile function name as text, opens a large report fast, and
+is laid out so that the merged tree is on the first screen at 1280x800 and nothing runs
+off the side at 1280x800 or 800x1000 (screenshots of both kept as test artefacts).
 
 CI installs chromium (``.ci/run``); elsewhere these tests are skipped when it is absent.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,7 +57,7 @@ def test_a_recorded_report_in_chromium(browser: Browser, corpus_report: Path, tm
     assert browser.errors == []
     # the verdict, as a person sees it
     assert browser.evaluate("document.getElementById('verdict').innerText") == "collective_mismatch"
-    assert "culprit ranks" in browser.evaluate("document.querySelector('header').innerText")
+    assert "culprit: rank 1" in browser.evaluate("document.querySelector('header').innerText")
     assert browser.evaluate("document.title").startswith("hangdoc: collective_mismatch")
 
     # expand a branch: collapse everything, then open the first branch by a click
@@ -112,9 +115,9 @@ def test_a_recorded_report_in_chromium(browser: Browser, corpus_report: Path, tm
     (tmp_path / "report.png").write_bytes(png)
     width, height, pixels = png_pixels(browser.screenshot(scale=0.5))
     assert width > 300 and height > 200
-    colours = set(pixels)
-    background = max(colours, key=pixels.count)
-    drawn = sum(1 for p in pixels if p != background) / len(pixels)
+    counted = Counter(pixels)
+    colours = set(counted)
+    drawn = 1 - counted.most_common(1)[0][1] / len(pixels)  # not the background
     assert len(colours) > 50 and drawn > 0.05, (len(colours), drawn)
     assert browser.errors == []
 
@@ -175,3 +178,62 @@ def test_a_thousand_branches_are_drawn_in_batches(browser: Browser, tmp_path: Pa
     )
     assert browser.evaluate("document.querySelector('#tree .ln.flash').innerText").startswith("leaf777")
     assert browser.errors == []
+
+
+_GEOMETRY = """(() => {
+  const box = (e) => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+  const lines = [...document.querySelectorAll('#tree .ln')].filter((e) => e.offsetParent !== null);
+  const svg = document.querySelector('#picture-section svg');
+  return {
+    view: [innerWidth, innerHeight],
+    scroll: [document.documentElement.scrollWidth, document.body.scrollWidth],
+    header: box(document.querySelector('header')),
+    tree: box(document.getElementById('tree')),
+    lines: lines.slice(0, 4).map(box),
+    panel: box(document.getElementById('rank-panel')),
+    content: box(document.getElementById('content')),
+    rows: document.querySelectorAll('#ranks tbody tr').length,
+    culpritRow: (document.querySelector('#ranks tr.culprit') || {}).innerText || '',
+    svgBoxes: svg ? svg.querySelectorAll('g.node').length : 0,
+    svgFolded: svg ? svg.querySelectorAll('g.node.folded').length : 0,
+    legend: svg ? [...svg.querySelectorAll('g.legend')].map((g) => g.getAttribute('class')) : [],
+    svgWidth: svg ? svg.getBoundingClientRect().width : 0,
+    picture: box(document.querySelector('#picture-section .picture')),
+    header_text: document.querySelector('header').innerText,
+  };
+})()"""
+
+
+def test_the_layout_at_two_sizes(browser: Browser, corpus_report: Path, tmp_path: Path) -> None:
+    """One page, two windows: the proof on the first screen, nothing off the side."""
+    try:
+        for width, height in ((1280, 800), (800, 1000)):
+            browser.set_viewport(width, height)
+            browser.open(corpus_report.as_uri())
+            g = browser.evaluate(_GEOMETRY)
+            (tmp_path / f"report-{width}x{height}.png").write_bytes(browser.screenshot())
+            (tmp_path / f"report-{width}x{height}-full.png").write_bytes(browser.full_screenshot())
+            assert g["view"] == [width, height]
+            assert g["scroll"][0] <= width and g["scroll"][1] <= width, g["scroll"]  # no sideways scroll
+            # a compact header, then the merged tree: its first rows whole on the first screen
+            assert g["header"][3] < 130, g["header"]
+            assert len(g["lines"]) == 4
+            for left, top, right, bottom in g["lines"]:
+                assert left >= 0 and right <= width and g["header"][3] < top and bottom <= height, g["lines"]
+            assert "culprit: rank 1" in g["header_text"] and "(1)" not in g["header_text"]
+            # the rank table (a row a rank, the culprit's marked) and the picture, inside the page
+            assert g["rows"] == 3 and g["culpritRow"].startswith("1")
+            assert g["svgBoxes"] >= 5 and g["svgFolded"] >= 2 and g["svgWidth"] > 300
+            assert g["legend"] == ["legend culprit", "legend native"]
+            assert g["picture"][2] <= width
+            if width >= 1280:  # the rank panel beside the sections, from the top
+                assert g["panel"][0] >= g["content"][2] and g["panel"][1] < g["tree"][1]
+            else:  # one column: the panel below them
+                assert g["panel"][1] >= g["content"][3]
+            assert browser.errors == []
+    finally:
+        browser.reset_viewport()
+    for name in ("report-1280x800.png", "report-800x1000.png"):
+        w, h, pixels = png_pixels((tmp_path / name).read_bytes())
+        assert (w, h) == tuple(int(x) for x in name[7:-4].split("x"))
+        assert len(set(pixels[:: max(1, len(pixels) // 20_000)])) > 20  # drawn, not blank

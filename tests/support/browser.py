@@ -207,6 +207,25 @@ class Browser:
             params["clip"] = {"x": 0, "y": 0, "width": size[0], "height": size[1], "scale": scale}
         return base64.b64decode(self.call("Page.captureScreenshot", params)["data"])
 
+    def set_viewport(self, width: int, height: int) -> None:
+        """Lay the page out as in a window of ``width`` x ``height`` CSS pixels (until
+        ``reset_viewport``); takes effect at once, also on the page already open."""
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+        )
+
+    def reset_viewport(self) -> None:
+        """Back to the window's own size."""
+        self.call("Emulation.clearDeviceMetricsOverride")
+
+    def full_screenshot(self) -> bytes:
+        """A PNG of the whole page, below the fold too, at the viewport's width."""
+        width, height = self.evaluate("[document.documentElement.clientWidth, document.documentElement.scrollHeight]")
+        clip = {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}
+        params = {"format": "png", "captureBeyondViewport": True, "clip": clip}
+        return base64.b64decode(self.call("Page.captureScreenshot", params)["data"])
+
     # ------------------------------------------------------------------ end
 
     def close(self) -> None:

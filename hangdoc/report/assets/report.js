@@ -167,7 +167,7 @@
     const set = rset(rsIdx);
     const rs = el('span', 'rs', '[' + shortText(D.rsets[rsIdx], 48) + ']');
     rs.title = 'ranks ' + D.rsets[rsIdx] + '\nclick: list them, show the first';
-    rs.addEventListener('click', (ev) => { ev.stopPropagation(); showSet(rsIdx); });
+    rs.addEventListener('click', (ev) => { ev.stopPropagation(); showSet(rsIdx); toPanel(); });
     edge.append(tog, rs, el('span', 'cnt', plural(set.count, 'rank')));
     if (culprit[first]) edge.appendChild(el('span', 'tag culprit', 'culprit'));
     else if (outlier[first]) edge.appendChild(el('span', 'tag outlier', 'outlier'));
@@ -377,6 +377,10 @@
     if (set.length) showRank(set[0][0]);
   }
 
+  function toPanel() {  // one column (a narrow window): the panel is below the sections
+    if (window.matchMedia('(max-width: 900px)').matches) $('rank-panel').scrollIntoView({ block: 'start' });
+  }
+
   function showRank(rank) {
     const view = $('rank-view');
     view.textContent = '';
@@ -524,10 +528,13 @@
     $('collapse-all').addEventListener('click', () => {
       for (let b = 0; b < blocks.length; b++) if (blocks[b].drawn) setOpen(b, false);
     });
+    for (const row of document.querySelectorAll('#ranks tr[data-rank]')) {
+      row.addEventListener('click', () => { showRank(Number(row.dataset.rank)); toPanel(); });
+    }
     const culprits = $('culprits');
     if (culprits) {
       culprits.title = 'click: list the culprit ranks, show the first';
-      culprits.addEventListener('click', () => { if (D.culprits >= 0) showSet(D.culprits); });
+      culprits.addEventListener('click', () => { if (D.culprits >= 0) { showSet(D.culprits); toPanel(); } });
     }
   }
 

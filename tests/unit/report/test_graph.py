@@ -1,5 +1,6 @@
 """--dot and --svg: the merged tree read back from the DOT by networkx (pydot), and an SVG
-that is well-formed XML showing the verdict's frames."""
+that is well-formed XML showing the verdict's frames, library frames folded as in the
+terminal, with a legend of the marks it uses only."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from hangdoc.analysis.analyse import analyse
 from hangdoc.bundle import load_snapshot
 from hangdoc.cli import main
 from hangdoc.model import Frame, Verdict
-from hangdoc.report.graph import render_dot, render_svg, tree_graph
+from hangdoc.report.graph import culprit_words, render_dot, render_svg, svg_element, tree_graph
+from hangdoc.report.terminal import _fold
 
 pytest.importorskip("pydot", reason="the DOT is read back with networkx's pydot reader (pip install pydot)")
 # pydot's parser calls pyparsing's old names, which pyparsing 3.3 warns about
@@ -111,7 +113,7 @@ def test_the_svg_is_xml_with_the_verdicts_frames() -> None:
     root = ET.fromstring(render_svg(diag))
     assert root.tag == f"{SVG}svg"
     texts = [part for t in root.iter(f"{SVG}text") for part in t.itertext()]
-    assert any("collective_mismatch" in t and "culprit ranks [2]" in t for t in texts)
+    assert any("collective_mismatch" in t and "culprit: rank 2" in t for t in texts)
     for name in ("barrier", "evaluate", "all_reduce", "<module>"):
         assert name in texts
     nodes = [g for g in root.iter(f"{SVG}g") if "node" in (g.get("class") or "")]
@@ -161,3 +163,118 @@ def test_cli_writes_dot_and_svg(tmp_path: Path, capsys: pytest.CaptureFixture[st
 def test_cli_refuses_a_directory_as_the_svg(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["analyze", str(CORPUS), "--svg", str(tmp_path)]) == 2
     assert "--svg" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ folding and the legend
+
+TORCH_RUN = [
+    "train.py:<module>:1",
+    "train.py:main:9",
+    "torch/distributed/c10d_logger.py:wrapper:83",
+    "torch/distributed/distributed_c10d.py:all_reduce:2800",
+]
+
+
+def _parse(svg: str) -> ET.Element:
+    """The SVG, an inline one (no namespace: the HTML parser knows ``<svg>``) as a file's."""
+    if "xmlns=" not in svg.split("<svg ", 1)[1].split(">", 1)[0]:
+        svg = svg.replace("<svg ", '<svg xmlns="http://www.w3.org/2000/svg" ', 1)
+    return ET.fromstring(svg)
+
+
+def _nodes(svg: str) -> list[ET.Element]:
+    return [g for g in _parse(svg).iter(f"{SVG}g") if "node" in (g.get("class") or "").split()]
+
+
+def _lines(g: ET.Element) -> list[str]:
+    return ["".join(t.itertext()) for t in g.iter(f"{SVG}text")]
+
+
+def _legend(svg: str) -> set[str]:
+    marks = set()
+    for g in _parse(svg).iter(f"{SVG}g"):
+        classes = (g.get("class") or "").split()
+        if "legend" in classes:
+            marks |= set(classes) - {"legend"}
+    return marks
+
+
+def test_library_frames_fold_in_the_svg_as_in_the_terminal(tmp_path: Path) -> None:
+    native = [Frame(f"c10d::Work{i}::wait", "/venv/lib/python3.11/site-packages/torch/lib/libtorch.so", native=True)
+              for i in range(3)]  # fmt: skip
+    stacks = {0: TORCH_RUN, 1: TORCH_RUN, 2: [*TORCH_RUN, *native]}
+    diag = make_diagnosis(make_snapshot(stacks), verdict=Verdict.NCCL_TIMEOUT)
+    nodes = _nodes(render_svg(diag))
+    folded = [g for g in nodes if "folded" in (g.get("class") or "").split()]
+    # the two torch frames are one box in the terminal's words (for the stretch all ranks
+    # share, as the terminal folds it), the three native ones another
+    shared = [n.frame for n in diag.tree.nodes if n.frame is not None and len(n.ranks) == 3]
+    ((row, count),) = [(row, n) for row, n in _fold(shared) if n > 1]
+    assert count == 2
+    texts = [" ".join(_lines(g)) for g in folded]
+    assert any(row.plain in t and "2 frames folded" in t for t in texts), texts
+    assert any("3 frames folded" in t for t in texts), texts
+    assert len(nodes) == len(diag.tree) - 1 - 2  # 5 torch and native frames in 2 boxes
+    # the user's own frames keep a box each
+    assert {_lines(g)[0] for g in nodes} >= {"<module>", "main"}
+    # every box's tooltip names the files it stands for
+    assert "c10d_logger.py" in folded[0].find(f"{SVG}title").text  # type: ignore[union-attr,operator]
+    # the DOT, read by tools, keeps every frame
+    assert _read_dot(render_dot(diag), tmp_path).number_of_nodes() == len(diag.tree)
+    assert len(tree_graph(diag)) == len(diag.tree) > len(tree_graph(diag, fold=True))
+
+
+def test_folding_stops_at_a_divergence_point() -> None:
+    a = [*TORCH_RUN[:3], "torch/distributed/distributed_c10d.py:all_reduce:2800"]
+    b = [*TORCH_RUN[:3], "torch/distributed/distributed_c10d.py:barrier:4100"]
+    diag = make_diagnosis(make_snapshot({0: a, 1: a, 2: b}), verdict=Verdict.COLLECTIVE_MISMATCH, culprits=[2])
+    graph = tree_graph(diag, fold=True)
+    assert not any(d["folded"] for d in graph.nodes.values())  # wrapper is above the split
+    labels = {d["label"].split("\n")[0] for d in graph.nodes.values()}
+    assert {"wrapper", "all_reduce", "barrier"} <= labels
+
+
+def test_the_legend_names_only_the_marks_the_picture_uses() -> None:
+    # an outlier, no culprit, no native frame: only the outlier entry
+    diag = make_diagnosis(make_snapshot({0: AR, 1: AR, 2: BAR}), verdict=Verdict.UNKNOWN)
+    assert _legend(render_svg(diag)) == {"outlier"}
+    # a culprit branch (drawn red, not orange): the culprit entry only
+    assert _legend(render_svg(_mismatch())) == {"culprit"}
+    # nothing marked: no legend at all
+    same = make_diagnosis(make_snapshot({0: AR, 1: AR}), verdict=Verdict.NCCL_TIMEOUT)
+    assert _legend(render_svg(same)) == set()
+    assert "outlier branch" not in render_svg(same)
+    # native frames, dashed: their entry
+    native = Frame("pthread_cond_wait", "/usr/lib/libc.so.6", native=True)
+    with_native = make_diagnosis(make_snapshot({0: [*AR, native], 1: [*AR, native]}), verdict=Verdict.NCCL_TIMEOUT)
+    assert _legend(render_svg(with_native)) == {"native"}
+
+
+def test_the_corpus_picture_folds_torch_and_marks_the_culprit() -> None:
+    diag = analyse(load_snapshot(CORPUS))
+    svg = svg_element(diag)
+    assert svg.startswith("<svg ") and "<?xml" not in svg
+    assert "collective_mismatch" not in svg  # the page's header says it; no title line
+    nodes = _nodes(svg)
+    assert len(nodes) < len(diag.tree) - 5  # 21 frames, most of them torch's
+    assert _legend(svg) == {"culprit", "native"}
+    culprit_boxes = [g for g in nodes if "culprit" in (g.get("class") or "").split()]
+    assert any("barrier" in " ".join(_lines(g)) and "folded" in (g.get("class") or "") for g in culprit_boxes)
+
+
+@pytest.mark.parametrize(
+    ("ranks", "words"),
+    [
+        ([], ""),
+        ([3], "culprit: rank 3"),
+        ([7, 3, 5, 6], "culprits: ranks 3, 5-7"),
+        (list(range(0, 10_000, 2)), "culprits: ranks 0, 2, 4"),
+    ],
+)
+def test_culprit_words(ranks: list[int], words: str) -> None:
+    said = culprit_words(ranks)
+    assert said.startswith(words) and "(" not in words
+    if len(ranks) > 100:
+        assert said.endswith("… (5,000)") and len(said) < 90
+    else:
+        assert said == words

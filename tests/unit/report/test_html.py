@@ -83,7 +83,8 @@ def test_the_page_is_self_contained_and_says_the_verdict() -> None:
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", page, re.IGNORECASE)
     assert "http://" not in page and "https://" not in page
     assert 'id="verdict">collective_mismatch<' in page
-    assert 'id="culprits">2<' in page
+    assert 'culprit: <span class="culprits" id="culprits">rank 2<' in page
+    assert "(1)" not in _header(page)  # no "2 (1)": the words say how many
     assert "rank 2 is in barrier" in page and "ranks 0,1,3,5 wait in all_reduce" in page
     assert "look at evaluate" in page and "observed for" in page
     assert page.count("<script") == 2  # the data and the page's own code, nothing else
@@ -189,6 +190,123 @@ def test_large_jobs_cost_little_per_rank() -> None:
     columns = len(json.dumps([data["ranks"], data["hosts"]], separators=(",", ":")))
     assert columns / world < 25, f"{columns / world:.1f} bytes a rank"
     assert len(data["ranks"]["host"]) == 2 * (world // 8)  # one run a node
+
+
+# ------------------------------------------------------------------ layout, rank table, picture
+
+
+def _header(page: str) -> str:
+    return page[page.index("<header>") : page.index("</header>")]
+
+
+def _section(page: str, ident: str) -> str:
+    start = page.index(f'<section id="{ident}"')
+    return page[start : page.index("</section>", start)]
+
+
+def _rows(table: str) -> list[list[str]]:
+    body = table.split("<tbody>", 1)[1]
+    return [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr[^>]*>(.*?)</tr>", body)]
+
+
+def test_the_tree_comes_right_below_a_short_header() -> None:
+    snap, diag = _mismatch()
+    diag = dataclasses.replace(diag, basis=("stacks of all 5 ranks", "rank 2 named by its stack"))
+    page = render_html(diag, snap)
+    header = _header(page)
+    assert header.count("<p") == 2  # the summary and the job's line, below the verdict's
+    assert "basis" not in header and "Evidence" not in header
+    order = [
+        page.index(f'id="{ident}"')
+        for ident in ("tree-section", "ranks-section", "evidence", "next-steps", "picture-section", "basis", "notes")
+    ]
+    assert order == sorted(order)
+    assert "<li>rank 2 named by its stack</li>" in _section(page, "basis")  # one item a reason
+
+
+@pytest.mark.parametrize(
+    ("culprits", "said"),
+    [([2], "culprit: <span"), ([0, 1, 3], "culprits: <span"), ([], "no culprit named")],
+)
+def test_the_culprit_line_says_the_ranks_in_words(culprits: list[int], said: str) -> None:
+    snap, diag = _mismatch()
+    diag = dataclasses.replace(diag, culprit_ranks=tuple(culprits))
+    header = _header(render_html(diag, snap))
+    assert said in header
+    if culprits == [0, 1, 3]:
+        assert 'id="culprits">ranks 0-1, 3<' in header
+    not_hung = dataclasses.replace(diag, verdict=Verdict.NOT_HUNG, culprit_ranks=())
+    assert "culprit" not in _header(render_html(not_hung, snap))
+
+
+def test_the_rank_table_has_a_row_per_rank_as_the_terminal() -> None:
+    snap, diag = _mismatch()
+    table = _section(render_html(diag, snap), "ranks-section")
+    rows = _rows(table)
+    assert [re.sub(r"<.*", "", r[0]).strip() for r in rows] == ["0", "1", "2", "3", "5"]
+    by_rank = {ra.rank: ra for ra in diag.ranks}
+    hosts = {rs.rank: rs.process for rs in snap.ranks}
+    for row in rows:
+        rank = int(re.sub(r"<.*", "", row[0]))
+        assert row[1] == hosts[rank].host and row[2] == str(hosts[rank].pid)
+        assert row[3] == by_rank[rank].state.value
+        assert row[4] == ("barrier" if rank == 2 else "all_reduce")
+    # the culprit's row is marked, and only it
+    assert [("culprit" in r[0]) for r in rows] == [False, False, True, False, False]
+    assert table.count('class="culprit" data-rank="2"') == 1
+    assert "<th>rank</th><th>host</th><th>pid</th><th>state</th><th>op</th><th>call site</th>" in table
+
+
+def test_a_job_that_is_not_hung_has_no_rank_blocked() -> None:
+    snap, diag = _mismatch()
+    states = {r: RankState.BLOCKED if r == 1 else RankState.PROGRESSING for r in (0, 1, 2, 3, 5)}
+    calm = make_diagnosis(snap, verdict=Verdict.NOT_HUNG, states=states)
+    page = render_html(calm, snap)
+    rows = _rows(_section(page, "ranks-section"))
+    assert [r[3] for r in rows] == ["progressing", "waiting", "progressing", "progressing", "progressing"]
+    assert "blocked" not in _section(page, "ranks-section")
+    assert "blocked" not in {info[0] for info in report_data(calm, snap)["info"]}  # nor in the panel
+    hung = make_diagnosis(snap, verdict=Verdict.STRAGGLER, culprits=[1], states=states)
+    assert [r[3] for r in _rows(_section(render_html(hung, snap), "ranks-section"))][1] == "blocked"
+
+
+def test_past_32_ranks_the_table_has_a_row_per_class() -> None:
+    world = 200
+    snap = synthetic_snapshot(world, "straggler")
+    diag = analyse(snap)
+    table = _section(render_html(diag, snap), "ranks-section")
+    rows = _rows(table)
+    assert 1 < len(rows) < 10
+    counts = [int(r[1].replace(",", "")) for r in rows]
+    assert sum(counts) == world
+    culprits = set(diag.culprit_ranks)
+    assert "culprit" in rows[0][0]  # culprits first
+    assert _ranks_of(re.sub(r"[\[\]]|<.*", "", rows[0][0]).strip()) == sorted(culprits)
+    assert counts[1:] == sorted(counts[1:], reverse=True)  # then the largest
+    assert f"{world} ranks in {len(rows)} classes" in table
+
+
+def test_the_picture_is_inline_and_folds_library_frames() -> None:
+    snap = load_snapshot(CORPUS)
+    diag = analyse(snap)
+    page = render_html(diag, snap)
+    picture = _section(page, "picture-section")
+    assert '<svg class="hangdoc-tree"' in picture
+    assert "<?xml" not in page and "xlink:href" not in picture and "<image" not in picture
+    assert "frames folded" in picture  # torch's own frames, one box a run
+    assert 'class="legend culprit"' in picture and 'class="legend outlier"' not in picture
+    # the picture's styles apply to it only: they cannot restyle the tree's rows
+    style = re.search(r"<svg[^>]*>.*?<style>(.*?)</style>", picture, re.DOTALL)
+    assert style is not None
+    assert all(rule.startswith(".hangdoc-tree ") for rule in style.group(1).split("}") if rule)
+
+
+def test_a_huge_tree_leaves_the_picture_to_svg() -> None:
+    stacks = {r: ["train.py:<module>:1", f"train.py:leaf{r}:{r + 10}"] for r in range(2_100)}
+    snap = make_snapshot(stacks)
+    page = render_html(make_diagnosis(snap, verdict=Verdict.UNKNOWN), snap)
+    picture = _section(page, "picture-section")
+    assert "<svg" not in picture and "--svg FILE" in picture
 
 
 # ------------------------------------------------------------------ CLI and watch
