@@ -75,13 +75,15 @@ def test_the_build_prints_no_warning(built) -> None:
     assert [line for line in built.log.splitlines() if re.search(r"warn|deprecat", line, re.IGNORECASE)] == []
 
 
-def test_the_wheel_holds_the_license_types_proto_and_start_up_hook(built) -> None:
+def test_the_wheel_holds_the_license_types_proto_schema_and_start_up_hook(built) -> None:
     files = built.wheel_files
     (license_file,) = [n for n in files if n.endswith(".dist-info/licenses/LICENSE")]
     assert files[license_file] == (REPO / "LICENSE").read_bytes()
     assert "hangdoc/py.typed" in files
     assert "hangdoc/fleet/v1/agent_pb2.pyi" in files
     assert files["hangdoc/fleet/v1/agent.proto"] == (REPO / PROTO).read_bytes()
+    schema = "hangdoc/report/report.schema.json"  # hangdoc.report_schema() reads it
+    assert files[schema] == (REPO / schema).read_bytes()
     hook = (REPO / "hangdoc" / "probe_hook" / PTH).read_bytes()
     assert files[PTH] == files[f"hangdoc/probe_hook/{PTH}"] == hook  # the root copy is the one Python runs
     record = next(n for n in files if n.endswith(".dist-info/RECORD"))

@@ -118,7 +118,12 @@ def load_evidence(path: str | Path, stdin: BinaryIO | None = None) -> JobSnapsho
     path = Path("<stdin>") if stdin is not None else Path(path)
     if stdin is None and path.is_dir():  # torch's flight recorder: one dump per rank
         return read_flight_dir(path)
-    raw = read_stdin(stdin) if stdin is not None else read_input(path)
+    return evidence_from_bytes(read_stdin(stdin) if stdin is not None else read_input(path), path)
+
+
+def evidence_from_bytes(raw: bytes, path: Path) -> JobSnapshot:
+    """The snapshot in ``raw``, the (inflated) content of a file ``load_evidence`` reads,
+    named ``path`` in the snapshot and in errors. Raises ``BundleError`` and nothing else."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
