@@ -57,7 +57,6 @@ from run_demo import tagged
 
 from hangdoc.analysis.analyse import analyse
 from hangdoc.capture.find.jobspec import parse_job_spec
-from hangdoc.pipeline import CaptureOptions, observe
 from hangdoc.fleet import coordinator, wire
 from hangdoc.fleet.agent import MAX_DUMP_TIMEOUT
 from hangdoc.fleet.client import AgentAuth, RemoteNode
@@ -65,6 +64,7 @@ from hangdoc.fleet.coordinator import Fleet, fan_out, find_ranks, sample_all
 from hangdoc.fleet.node import Node
 from hangdoc.fleet.v1 import agent_pb2 as pb
 from hangdoc.model import Sample
+from hangdoc.pipeline import CaptureOptions, observe
 
 SNAPSHOT = ROOT / "tests" / "snapshots" / "mismatch_uneven_shards_eval_gather.json.gz"
 RANKS_PER_AGENT = 3  # the snapshot's world size

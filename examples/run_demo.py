@@ -7,7 +7,10 @@ report, then shows the fix the report points to: the line of ``demo_train.py`` t
 decides rank 3's path, the line that is wrong, and what to change (``the_fix``, read from
 the JSON report of the saved snapshot, so what is shown is what hangdoc found). Finally it
 kills the job and all its workers (torchrun puts them in sessions of their own, so they
-are found by an environment tag, not by process group).
+are found by an environment tag, not by process group) and removes its scratch directory
+(the job's log and ready files). The snapshot is kept where the demo says it saved it:
+``ARGS``' own ``--save FILE``, else ``kept_snapshot()`` in the temporary directory, one
+file per user that each run replaces.
 
 ``examples/watch_demo.py`` (``make watch-demo``) tells the same story under ``hangdoc watch``.
 Its narrative goes to stderr, so ``make demo ARGS=--json`` still prints one JSON object on
@@ -19,6 +22,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -166,6 +171,12 @@ def kill_all(launcher: subprocess.Popen, tag: str) -> None:
     psutil.wait_procs(procs, timeout=10)
 
 
+def kept_snapshot() -> Path:
+    """Where the demo saves its snapshot when ``ARGS`` has no ``--save``: outside the
+    scratch directory, which goes at exit; one file per user, replaced by each run."""
+    return Path(tempfile.gettempdir()) / f"hangdoc-demo-snapshot-{os.getuid()}.json.gz"
+
+
 def report_of(snapshot: Path) -> dict | None:
     """The JSON report of a saved snapshot (``hangdoc analyze --json``), None if it fails."""
     done = subprocess.run(
@@ -184,7 +195,14 @@ def report_of(snapshot: Path) -> dict | None:
 def main(argv: list[str]) -> int:
     intro()
     tag = uuid.uuid4().hex
-    ready = Path(tempfile.mkdtemp(prefix="hangdoc-demo-"))
+    ready = Path(tempfile.mkdtemp(prefix="hangdoc-demo-"))  # scratch: removed at exit
+    try:
+        return _demo(argv, tag, ready)
+    finally:
+        shutil.rmtree(ready, ignore_errors=True)
+
+
+def _demo(argv: list[str], tag: str, ready: Path) -> int:
     env = dict(os.environ, HANGDOC_DEMO_TAG=tag, HANGDOC_READY_DIR=str(ready), OMP_NUM_THREADS="1")
     torchrun = Path(sys.executable).with_name("torchrun")
     cmd = [
@@ -198,8 +216,8 @@ def main(argv: list[str]) -> int:
         str(TRAIN),
     ]
     print(f"$ {' '.join(cmd)}", file=sys.stderr)
-    log = open(ready / "job.log", "w")  # noqa: SIM115 - the child writes to it for its whole life
-    launcher = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    with open(ready / "job.log", "w") as log:  # the child has its own copy of the descriptor
+        launcher = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
         while len(list(ready.glob("ready.*"))) < NPROC:
@@ -209,18 +227,19 @@ def main(argv: list[str]) -> int:
                 return 1
             time.sleep(0.2)
         time.sleep(1.0)
-        snapshot = _saves(argv) or str(ready / "snapshot.json.gz")  # the user's --save, or ours
+        snapshot = _saves(argv) or str(kept_snapshot())  # the user's --save, or ours
         saved = [] if _saves(argv) else ["--save", snapshot]
         print(f"$ hangdoc diagnose pid:{launcher.pid} {' '.join(argv)}", file=sys.stderr)
         code = subprocess.call([sys.executable, "-m", "hangdoc", "diagnose", f"pid:{launcher.pid}", *argv, *saved])
         if code == 0:
             show_fix(report_of(Path(snapshot)))
+            say(f"The snapshot is kept in {snapshot}: `hangdoc analyze {snapshot}` replays it.")
         return code
     finally:
         kill_all(launcher, tag)
         left = tagged(tag)
         if left:
-            print(f"warning: {len(left)} demo process(es) survived", file=sys.stderr)
+            print(f"warning: {len(left)} demo process{'' if len(left) == 1 else 'es'} survived", file=sys.stderr)
 
 
 def _saves(argv: list[str]) -> str | None:
@@ -234,4 +253,5 @@ def _saves(argv: list[str]) -> str | None:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # clean up as for Ctrl-C
     sys.exit(main(sys.argv[1:]))

@@ -21,6 +21,7 @@ from . import __version__
 from .cliargs import (
     CHECK_INTERVAL_SECONDS,
     DUMP_TIMEOUT_SECONDS,
+    DURATION_FORMS,
     INTERVAL_SECONDS,
     KILL_GRACE_SECONDS,
     MAX_POSTPONE,
@@ -41,13 +42,15 @@ from .cliargs import (
     seconds,
     whole_number,
 )
+from .completion import SHELLS, completion_script
 from .errors import HangdocError, InternalError, UsageError, one_line
 from .model import MAX_INCLUDE
+from .settings import CONFIG_ENV, ENVIRONMENT, SYSTEM_CONFIG, Defaults, load_defaults
 
 if TYPE_CHECKING:
-    from .pipeline import FleetSource
     from .fleet.client import RemoteNode
     from .model import Diagnosis, JobSnapshot
+    from .pipeline import FleetSource
     from .report.status import StatusDisplay
     from .watch.config import Level
 
@@ -60,13 +63,18 @@ class _Parser(argparse.ArgumentParser):
     (argparse would print its usage block and exit from inside ``parse_args``)."""
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(message, help=f"Run `{self.prog} --help` for the accepted options.")
+        raise UsageError(message, help=_help_of(self.prog))
+
+
+def _help_of(prog: str) -> str:
+    return f"Run `{prog} --help` for the accepted options."
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="hangdoc",
         description="Diagnose a hung distributed PyTorch job: which ranks, which collective, why.",
+        epilog=_DEFAULTS_EPILOG,
     )
     parser.add_argument("--version", action="version", version=f"hangdoc {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -74,12 +82,29 @@ def build_parser() -> argparse.ArgumentParser:
     output = _Parser(add_help=False)
     output.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     output.add_argument("--width", type=whole_number(WIDTH_COLUMNS), default=None, help="terminal width for the report")
+    output.add_argument(
+        "--color",
+        choices=COLOR_CHOICES,
+        default="auto",
+        help="colour the report: auto (on a terminal, unless NO_COLOR is set), always (also into a "
+        "pipe or file), never (default auto)",
+    )
     files = output.add_argument_group("report files (docs/reports.md)")
     files.add_argument(
         "--html", metavar="FILE", help="also write a self-contained HTML report with the merged tree to explore"
     )
     files.add_argument("--dot", metavar="FILE", help="also write the merged tree as Graphviz DOT")
     files.add_argument("--svg", metavar="FILE", help="also write the merged tree as an SVG picture")
+    files.add_argument(
+        "--speedscope",
+        metavar="FILE",
+        help="also write the sampled stacks as speedscope JSON, one profile per class of ranks",
+    )
+    files.add_argument(
+        "--folded",
+        metavar="FILE",
+        help="also write the sampled stacks as folded stacks, flame graph input (flamegraph.pl)",
+    )
 
     auth = _Parser(add_help=False)
     group = auth.add_argument_group("authentication")
@@ -191,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_watch(sub, auth)
     _add_server(sub, auth)
+    _add_completion(sub)
 
     run = sub.add_parser(
         "run",
@@ -234,7 +260,52 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ana.add_argument("-q", "--quiet", action="store_true", help="nothing on stderr but errors (no live status line)")
     ana.set_defaults(func=_cmd_analyze)
+    _finish_commands(parser)
     return parser
+
+
+COLOR_CHOICES = ("auto", "always", "never")
+_DEFAULTS_EPILOG = (
+    "Option defaults come from, highest first: the command line; the environment ("
+    + ", ".join(env.name for env in ENVIRONMENT)
+    + f"); the user's config file (${CONFIG_ENV}, else $XDG_CONFIG_HOME/hangdoc/config.toml, else "
+    f"~/.config/hangdoc/config.toml); {SYSTEM_CONFIG}; the built-in default. A config file's keys are "
+    'long options without dashes (token_file = "/etc/hangdoc/token"), at the top or in a [COMMAND] '
+    f"table (docs/cli.md#configuration). Durations take {DURATION_FORMS}."
+)
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Each subcommand's parser by its name (aliases left out)."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {p.prog.split()[-1]: p for p in dict.fromkeys(sub.choices.values())}
+
+
+def _finish_commands(parser: argparse.ArgumentParser) -> None:
+    """What every subcommand has: ``--version``, and a word on durations where it takes one."""
+    for command in _commands(parser).values():
+        command.add_argument("--version", action="version", version=f"hangdoc {__version__}")
+        command.set_defaults(command_prog=command.prog)  # whose help an error points to
+        if any(getattr(a.type, "__name__", "") == "duration" for a in command._actions):
+            note = f"Durations take {DURATION_FORMS}."
+            command.epilog = f"{command.epilog} {note}" if command.epilog else note
+
+
+def _add_completion(sub: argparse._SubParsersAction[_Parser]) -> None:
+    completion = sub.add_parser(
+        "completion",
+        help="print a shell completion script (bash, zsh, fish)",
+        description="Print the completion script for SHELL, made from this hangdoc's own options. "
+        'bash: `eval "$(hangdoc completion bash)"` in ~/.bashrc; zsh: `hangdoc completion zsh > '
+        '"${fpath[1]}/_hangdoc"`; fish: `hangdoc completion fish > ~/.config/fish/completions/hangdoc.fish`.',
+    )
+    completion.add_argument("shell", metavar="SHELL", choices=SHELLS, help="bash, zsh or fish")
+    completion.set_defaults(func=_cmd_completion)
+
+
+def _cmd_completion(args: argparse.Namespace) -> int:
+    sys.stdout.write(completion_script(args.shell, build_parser()))
+    return EXIT_OK
 
 
 def _add_ray(command: argparse.ArgumentParser, after: str) -> None:
@@ -301,7 +372,6 @@ def _add_server(sub: argparse._SubParsersAction[_Parser], auth: _Parser) -> None
     server.add_argument(
         "--notify-webhook",
         metavar="URL",
-        default=os.environ.get("HANGDOC_NOTIFY_WEBHOOK"),
         help="post each new incident here as JSON a Slack-compatible incoming webhook takes "
         "(default: HANGDOC_NOTIFY_WEBHOOK, which keeps the URL out of the process list)",
     )
@@ -322,7 +392,7 @@ def _add_server(sub: argparse._SubParsersAction[_Parser], auth: _Parser) -> None
     )
     incidents.add_argument(
         "--server",
-        default=os.environ.get("HANGDOC_SERVER", "http://127.0.0.1:7430"),
+        default="http://127.0.0.1:7430",
         metavar="URL",
         help="the server (default: HANGDOC_SERVER, else http://127.0.0.1:7430)",
     )
@@ -394,6 +464,14 @@ def _add_watch(sub: argparse._SubParsersAction[_Parser], auth: _Parser) -> None:
         default=30.0,
         metavar="SECONDS",
         help="the learned timeout is never shorter (default 30)",
+    )
+    stall.add_argument(
+        "--first-step-timeout",
+        type=seconds(MIN_STALL_SECONDS),
+        default=120.0,
+        metavar="SECONDS",
+        help="during warm-up, a stall when the job is silent and every rank has been still "
+        "(same stack, no CPU, no I/O) this long (default 120; 0: off)",
     )
     stall.add_argument(
         "--check-interval",
@@ -480,7 +558,7 @@ def _status(args: argparse.Namespace) -> StatusDisplay:
 
 
 def _report_files(args: argparse.Namespace) -> dict[str, str | None]:
-    return {kind: getattr(args, kind, None) for kind in ("html", "dot", "svg")}
+    return {kind: getattr(args, kind, None) for kind in ("html", "dot", "svg", "speedscope", "folded")}
 
 
 def _emit(args: argparse.Namespace, snapshot: JobSnapshot, diagnosis: Diagnosis) -> None:
@@ -502,11 +580,25 @@ def _emit(args: argparse.Namespace, snapshot: JobSnapshot, diagnosis: Diagnosis)
     from .report.terminal import render
 
     # a closed pipe raises BrokenPipeError (rich's own would exit 1): main's handler decides
-    render(diagnosis, snapshot, PlainConsole(width=args.width, pipe_errors=True))
+    no_color, force_terminal = _colour(args.color)
+    console = PlainConsole(width=args.width, no_color=no_color, force_terminal=force_terminal, pipe_errors=True)
+    render(diagnosis, snapshot, console)
+
+
+def _colour(choice: str) -> tuple[bool | None, bool | None]:
+    """``--color`` as PlainConsole's ``no_color`` and ``force_terminal``: auto leaves both
+    to rich (colour on a terminal; none where NO_COLOR is set, or TERM=dumb); never sends
+    no escape sequence at all (NO_COLOR keeps bold, which is no colour)."""
+    if choice == "always":
+        return False, True
+    if choice == "never":
+        return True, False
+    return None, None
 
 
 def _check_report_files(args: argparse.Namespace) -> None:
-    """--html/--dot/--svg paths that cannot be written fail now, not after the capture."""
+    """--html/--dot/--svg/--speedscope/--folded paths that cannot be written fail now, not
+    after the capture."""
     if any(_report_files(args).values()):
         from .report.files import check_targets
 
@@ -565,13 +657,29 @@ def _ray_source(args: argparse.Namespace, job: str | None, nodes: object) -> Fle
     return fleet_source(RayOptions(args.ray_address, parse_patterns(args.workers), args.keep_agents))
 
 
+def _agent_list(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """``--agents`` and ``--hostfile``. Either given on the command line leaves out the
+    other's configured value (HANGDOC_AGENTS, a config file); a ``ray:`` job, which places
+    its own agents, leaves out both configured values."""
+    from .capture.find.jobspec import JobKind, parse_job_spec
+
+    agents, hostfile = args.agents, args.hostfile
+    given = {dest for dest in ("agents", "hostfile") if getattr(args, dest) and not _configured(args, dest)}
+    job = getattr(args, "job", None) or getattr(args, "job_of_command", None)
+    if given or (job is not None and parse_job_spec(job).kind is JobKind.RAY):
+        agents = agents if "agents" in given else None
+        hostfile = hostfile if "hostfile" in given else None
+    return agents, hostfile
+
+
 def _remote_nodes(args: argparse.Namespace) -> list[RemoteNode] | None:
-    if not (args.agents or args.hostfile):
+    agents, hostfile = _agent_list(args)
+    if not (agents or hostfile):
         return None
     from .fleet.agent import read_token
     from .fleet.client import AgentAuth, RemoteNode, parse_agents
 
-    addresses = parse_agents(args.agents, args.hostfile)
+    addresses = parse_agents(agents, hostfile)
     if not addresses:
         raise _usage("--agents/--hostfile named no agent")
     token = read_token(args.token_file) if args.token_file else None
@@ -599,7 +707,14 @@ def _cmd_watch(args: argparse.Namespace) -> int:
         except re.error as err:
             raise _usage(f"--step-regex {args.step_regex!r}: {err}") from None
     nodes = _remote_nodes(args)
-    policy = StallPolicy(args.stall_after, args.warmup_steps, args.warmup_timeout, args.stall_factor, args.min_stall)
+    policy = StallPolicy(
+        args.stall_after,
+        args.warmup_steps,
+        args.warmup_timeout,
+        args.stall_factor,
+        args.min_stall,
+        args.first_step_timeout,
+    )
     config = WatchConfig(
         command=tuple(args.command_argv),
         job=args.job or args.job_of_command,
@@ -701,7 +816,8 @@ def _cmd_server(args: argparse.Namespace) -> int:
     if bool(args.tls_cert) != bool(args.tls_key):
         raise _usage("HTTPS needs both --tls-cert and --tls-key")
     token = read_token(args.token_file) if args.token_file else None
-    agents = tuple(parse_agents(args.agents, args.hostfile)) if (args.agents or args.hostfile) else ()
+    listed = _agent_list(args)
+    agents = tuple(parse_agents(*listed)) if any(listed) else ()
     config = ServiceConfig(
         stall_after=args.stall_after,
         check_interval=args.check_interval,
@@ -744,7 +860,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     with _status(args) as shown, shown.busy(f"reading {args.bundle}") as now_doing:
         # a saved snapshot, or py-spy / ray stack dumps / pasted stacks; `-`: standard input
         snapshot = load_evidence(args.bundle, sys.stdin.buffer if args.bundle == "-" else None)
-        now_doing(f"analysing {len(snapshot.ranks)} rank(s)")
+        count = len(snapshot.ranks)
+        now_doing(f"analysing {count} rank{'' if count == 1 else 's'}")
         diagnosis = analyse(snapshot)
     _emit(args, snapshot, diagnosis)
     return EXIT_OK
@@ -752,6 +869,24 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 def _usage(message: str) -> HangdocError:
     return UsageError(message)
+
+
+def _configure(commands: dict[str, argparse.ArgumentParser], defaults: Defaults) -> None:
+    """Make the configured values the commands' defaults, and list them in their help."""
+    for name, settings in defaults.items():
+        command = commands[name]
+        command.set_defaults(**{dest: setting.value for dest, setting in settings.items()})
+        command.set_defaults(configured=settings)
+        if settings:
+            listed = "; ".join(f"{s.option} {s.text} ({s.source})" for s in settings.values())
+            command.epilog = f"{command.epilog or ''} Configured defaults: {listed}.".strip()
+
+
+def _configured(args: argparse.Namespace, dest: str) -> bool:
+    """Whether ``dest``'s value is the one the environment or a config file set (not given
+    on the command line, or given as the same)."""
+    setting = getattr(args, "configured", {}).get(dest)
+    return setting is not None and getattr(args, dest, None) == setting.value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -763,20 +898,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif argv and argv[0] == "run":
         argv, command = _split_run(argv)
     wants_json = "--json" in argv  # until the arguments are parsed, or fail to be
+    args = None
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        commands = _commands(parser)
+        try:
+            _configure(commands, load_defaults(commands, os.environ))
+            unusable: HangdocError | None = None
+        except HangdocError as err:  # --help and --version still answer
+            unusable = err
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # the command's parser would not take them: its help is the one to read
+            prog = getattr(args, "command_prog", parser.prog)
+            raise UsageError(f"unrecognized arguments: {' '.join(extra)}", help=_help_of(prog))
         wants_json = bool(getattr(args, "json", False))
         if command:
             args.command_argv = command
         if not getattr(args, "func", None):
             parser.print_help(sys.stderr)
             return 2
+        if unusable is not None:
+            raise unusable
         code = int(args.func(args))
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return code
     except HangdocError as err:
-        return _fail(type(err).__name__, str(err), err.help, err.exit_code, wants_json)
+        help_text = err.help
+        prog = getattr(args, "command_prog", None)
+        if isinstance(err, UsageError) and "help" not in vars(err) and prog:
+            help_text = _help_of(prog)  # a usage error found by the command itself
+        return _fail(type(err).__name__, str(err), help_text, err.exit_code, wants_json)
     except KeyboardInterrupt:
         return _fail("Interrupted", "interrupted", "", EXIT_INTERRUPTED, wants_json)
     except BrokenPipeError:  # `hangdoc ... | head`: the reader has gone, so has the output

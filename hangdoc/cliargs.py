@@ -81,9 +81,37 @@ def _range_type(lo: float, hi: float, integer: bool, unit: str) -> Callable[[str
     return parse
 
 
+DURATION_FORMS = "90s, 5m, 1.5h, 500ms; a plain number is seconds"
+_DURATION = re.compile(r"(?P<number>.+?)(?P<unit>ms|s|m|h)?", re.ASCII | re.DOTALL)
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": HOUR, None: 1.0}
+
+
+def _duration(text: str) -> float | None:
+    """Seconds in ``text`` (a number, or a number and ``ms``/``s``/``m``/``h``); None if not one."""
+    match = _DURATION.fullmatch(text)
+    if match is None:
+        return None
+    number = _parse_number(match["number"], integer=False)
+    if number is None:
+        return None
+    value = number * _UNIT_SECONDS[match["unit"]]
+    return value if math.isfinite(value) else None
+
+
 def seconds(bounds: tuple[float, float]) -> Callable[[str], float]:
-    """A finite duration in seconds within ``bounds``."""
-    return _range_type(bounds[0], bounds[1], integer=False, unit=" (seconds)")
+    """A finite duration within ``bounds`` (seconds): ``90``, ``90s``, ``1.5m``, ``1h``, ``500ms``."""
+    lo, hi = bounds
+
+    def parse(text: str) -> float:
+        value = _duration(text)
+        if value is None or not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(
+                f"{shown(text, 40)} is not a duration from {_fmt(lo)} to {_fmt(hi)} seconds ({DURATION_FORMS})"
+            )
+        return value
+
+    parse.__name__ = "duration"
+    return parse
 
 
 def finite_float(bounds: tuple[float, float]) -> Callable[[str], float]:

@@ -157,8 +157,9 @@ class RayNotInstalled(HangdocError):
 
     exit_code = 4  # like PySpyMissing: a tool hangdoc needs is missing
     help = (
-        "Install hangdoc's Ray extra into hangdoc's environment: `pip install 'hangdoc[ray]'` "
-        "(Ray with its dashboard client, `ray[default]`); use the Ray version the cluster runs."
+        "Install Ray with its dashboard client into hangdoc's environment: `pip install 'ray[default]'`, "
+        "or hangdoc's Ray extra, `pip install '.[ray]'` in a clone of hangdoc (`pip install 'hangdoc[ray]'` "
+        "once hangdoc is published); use the Ray version the cluster runs."
     )
 
 

@@ -28,13 +28,13 @@ from .capture.find.discover import Discovery
 from .capture.find.jobspec import JobSpec, parse_job_spec
 from .capture.find.ray_job import find_ray_job
 from .capture.find.ray_workers import RayJob, RayWorker
-from .pipeline import CaptureOptions, FleetFinder, FleetSource, Message
-from .pipeline import diagnose as diagnose_job
 from .errors import RayNotInstalled, RayUnreachable, UsageError, one_line
 from .fleet.client import AgentAuth, RemoteNode
 from .fleet.coordinator import Fleet, fan_out
 from .fleet.ray_agents import ray_agents
 from .model import Diagnosis, JobSnapshot, Note, RankProcess, Unreachable
+from .pipeline import CaptureOptions, FleetFinder, FleetSource, Message
+from .pipeline import diagnose as diagnose_job
 
 FIND_TIMEOUT = 30.0  # seconds for every agent to list the job's processes on its node
 

@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hangdoc import errors
+from hangdoc import errors, settings
 from hangdoc.cli import build_parser
 from hangdoc.model import CaptureErrorKind
 
@@ -37,7 +37,58 @@ def cli_reference() -> str:
             continue
         seen.add(id(command))
         parts += [f"## hangdoc {name}", "", "```", command.format_help().rstrip(), "```", ""]
-    return "\n".join(parts)
+    return "\n".join(parts + configuration(sub.choices))
+
+
+def configuration(commands: dict[str, argparse.ArgumentParser]) -> list[str]:
+    """The config files, the environment variables and the keys each command takes."""
+    parts = [
+        "## Configuration",
+        "",
+        "Option defaults come from, highest first: the command line; the environment; the "
+        f"user's config file (`${settings.CONFIG_ENV}`, else `$XDG_CONFIG_HOME/hangdoc/config.toml`, "
+        f"else `~/.config/hangdoc/config.toml`); the system's (`{settings.SYSTEM_CONFIG}`); the "
+        "built-in default. A missing file is skipped (one named by "
+        f"`{settings.CONFIG_ENV}` must exist). `hangdoc COMMAND --help` lists the defaults "
+        "configured for that command and where each comes from.",
+        "",
+        "A config file is TOML. Its keys are long options without the dashes (`token_file` or "
+        '`token-file`), with the values the command line takes (durations as `"5s"` or `5`, '
+        "switches as `true`/`false`): at the top for every command that has the option, in a "
+        "`[COMMAND]` table for that command only (over the top). An unknown key or table, or "
+        "a bad value, stops the command with an error naming the file and the key (`--help` "
+        "and `--version` still answer). Repeatable options (`--include`) are not configurable.",
+        "",
+        "```toml",
+        'agents = "node1:7431,node2:7431"',
+        'token_file = "/etc/hangdoc/token"',
+        "",
+        "[diagnose]",
+        'window = "5s"',
+        "",
+        "[watch]",
+        'stall_after = "10m"',
+        "```",
+        "",
+        "Setting `--agents` or `--hostfile` at one level (the command line, the environment, "
+        "a file, a table) drops what a lower level set for the other. A `ray:` job places its "
+        "own agents: configured ones are left out for it.",
+        "",
+        "| environment variable | option | commands |",
+        "|---|---|---|",
+    ]
+    for env in settings.ENVIRONMENT:
+        where = ", ".join(env.commands) if env.commands else "every command that has it"
+        parts.append(f"| `{env.name}` | `{env.option}` | {where} |")
+    parts += ["", "| command | config keys |", "|---|---|"]
+    seen = set()
+    for name, command in commands.items():
+        if id(command) in seen:
+            continue
+        seen.add(id(command))
+        keys = [option[2:].replace("-", "_") for option in settings.configurable(command)]
+        parts.append(f"| `{name}` | {', '.join(f'`{k}`' for k in keys) or '-'} |")
+    return parts + [""]
 
 
 def troubleshooting() -> str:

@@ -16,13 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..bundle.writer import snapshot_bytes
-from ..pipeline import CaptureOptions, diagnose
 from ..errors import HangdocError, UsageError
 from ..fleet import jobreport
 from ..fleet.client import AgentAuth, RemoteNode
 from ..fleet.jobreport import from_json
 from ..fleet.jobwatch import NodeJobs
 from ..model import Verdict
+from ..pipeline import CaptureOptions, diagnose
 from ..report.html import render_html
 from ..report.json_report import render_json
 from .fingerprint import fingerprint

@@ -42,7 +42,7 @@ MAX_ID = 2**31 - 1  # incidents.id is a 32-bit integer on PostgreSQL
 POSTGRES_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg")
 WHERE_HELP = (
     "Give --db a SQLite file (created if absent, in a folder that exists), sqlite:///PATH, or "
-    "postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE (PostgreSQL needs `pip install 'hangdoc[postgres]'`; "
+    "postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE (PostgreSQL needs psycopg: `pip install 'psycopg[binary]'`; "
     "the password may come from PGPASSWORD or ~/.pgpass)."
 )
 REACH_HELP = (
@@ -319,7 +319,8 @@ def _postgres_engine(url: URL) -> Engine:
     except ImportError:
         raise UsageError(
             "a PostgreSQL incident store needs psycopg, which is not installed",
-            help="Install hangdoc's PostgreSQL extra into hangdoc's environment: pip install 'hangdoc[postgres]'.",
+            help="Install psycopg into hangdoc's environment: `pip install 'psycopg[binary]'` (hangdoc's "
+            "postgres extra: `pip install '.[postgres]'` in a clone of hangdoc).",
         ) from None
 
 

@@ -180,7 +180,10 @@ def test_bad_option_values_are_one_line_errors(argv, option, capsys) -> None:
 
 def test_option_ranges_name_their_bounds(capsys) -> None:
     line = _one_error(capsys, 2, ["diagnose", "pid:1", "--timeout", "inf"])
-    assert line == ("hangdoc: error: argument --timeout: 'inf' is not a number from 0.1 to 600 (seconds)")
+    assert line == (
+        "hangdoc: error: argument --timeout: 'inf' is not a duration from 0.1 to 600 seconds "
+        "(90s, 5m, 1.5h, 500ms; a plain number is seconds)"
+    )
     line = _one_error(capsys, 2, ["watch", "pid:1", "--metrics-port", "70000"])
     assert "from 0 to 65535 (0: any free port)" in line
 
@@ -190,10 +193,136 @@ def test_argparse_errors_take_the_same_path(capsys) -> None:
     _one_error(capsys, 2, ["diagnose"], "the following arguments are required: JOB")
     _one_error(capsys, 2, ["diagnose", "pid:1", "--timeout"], "expected one argument")
     _one_error(capsys, 2, ["analyze", "x.json", "--no-such-option"], "unrecognized arguments")
-    assert main(["diagnose", "--bogus", "pid:1"]) == 2
-    assert "`hangdoc diagnose --help`" not in capsys.readouterr().err  # top-level parser's
+    assert main(["diagnose", "--bogus", "pid:1"]) == 2  # found by the top-level parser, for diagnose
+    assert "help: Run `hangdoc diagnose --help`" in capsys.readouterr().err
     assert main(["diagnose", "pid:1", "--timeout", "0"]) == 2
     assert "help: Run `hangdoc diagnose --help`" in capsys.readouterr().err
+    assert main(["frobnicate"]) == 2
+    assert "help: Run `hangdoc --help`" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ conventions of a CLI
+
+COMMANDS = ["diagnose", "agent", "watch", "server", "incidents", "run", "analyze", "analyse", "completion"]
+
+
+@pytest.fixture(autouse=True)
+def _no_outside_config(monkeypatch, tmp_path) -> None:
+    """Option defaults come from this test alone: no config file or HANGDOC_* variable of
+    the machine it runs on."""
+    from hangdoc import settings
+
+    for env in settings.ENVIRONMENT:
+        monkeypatch.delenv(env.name, raising=False)
+    monkeypatch.delenv("HANGDOC_CONFIG", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-config"))
+    monkeypatch.setattr(settings, "SYSTEM_CONFIG", tmp_path / "no-system-config.toml")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_answers_version(command, capsys) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main([command, "--version"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out == f"hangdoc {__version__}\n"
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_an_error_of_a_command_points_to_its_own_help(command, capsys) -> None:
+    name = "analyze" if command == "analyse" else command
+    _one_error(capsys, 2, [command, "--no-such-option"])
+    assert main([command, "--no-such-option"]) == 2
+    assert f"help: Run `hangdoc {name} --help` for the accepted options." in capsys.readouterr().err
+    # a usage error the command finds itself, after parsing, points there too
+    found_later = {"diagnose": ["diagnose", "pid:1", "--window", "5", "--max-window", "1"], "watch": ["watch"]}
+    if command in found_later:
+        assert main(found_later[command]) == 2
+        assert f"help: Run `hangdoc {name} --help`" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90s", 90.0), ("5m", 300.0), ("1h", 3600.0), ("1.5m", 90.0), ("500ms", 0.5), ("2", 2.0), ("0.25", 0.25)],
+)
+def test_durations_take_units(text, seconds) -> None:
+    from hangdoc.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["diagnose", "pid:1", "--window", text]).window == seconds
+    assert parser.parse_args(["watch", "pid:1", "--stall-after", text]).stall_after == seconds
+    assert parser.parse_args(["server", "--check-interval", text]).check_interval == seconds
+
+
+@pytest.mark.parametrize("text", ["5x", "-1s", "nan", "nans", "infs", "1h30m", "5 s", "5M", "s", "2h"])
+def test_bad_durations_are_one_line_errors(text, capsys) -> None:
+    line = _one_error(capsys, 2, ["diagnose", "pid:1", f"--window={text}"], "argument --window")
+    assert "is not a duration from 0 to 3600 seconds (90s, 5m, 1.5h, 500ms" in line
+
+
+def test_help_says_durations_take_units(capsys) -> None:
+    for command in ("diagnose", "watch", "server"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert "Durations take 90s, 5m, 1.5h, 500ms" in " ".join(capsys.readouterr().out.split())
+
+
+def _report_on_a_terminal(tmp_path, *options: str, **env: str) -> str:
+    """``hangdoc analyze`` with its stdout on a pseudo-terminal, as a user runs it."""
+    import pty
+
+    path = tmp_path / "hang.json"
+    save_snapshot(mismatch_snapshot(), path)
+    leader, follower = pty.openpty()
+    environ = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "TERM")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hangdoc", "analyze", str(path), "--width", "100", *options],
+        stdout=follower,
+        stderr=subprocess.DEVNULL,
+        env={**environ, "TERM": "xterm-256color", **env},
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the other side closed
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    assert proc.wait(timeout=60) == 0
+    os.close(leader)
+    return b"".join(chunks).decode()
+
+
+def _coloured(text: str) -> bool:
+    """Whether ``text`` sets a colour (SGR 30-38, 40-48, 90-97, 100-107; bold is no colour)."""
+    import re
+
+    colours = {*range(30, 39), *range(40, 49), *range(90, 98), *range(100, 108)}
+    for params in re.findall(r"\x1b\[([0-9;]*)m", text):
+        if any(p.isdigit() and int(p) in colours for p in params.split(";")):
+            return True
+    return False
+
+
+def test_color_auto_always_never_and_no_color(tmp_path, capsys, monkeypatch) -> None:
+    path = tmp_path / "hang.json"
+    save_snapshot(mismatch_snapshot(), path)
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    assert main(["analyze", str(path)]) == 0  # auto, into a pipe: plain
+    assert "\x1b[" not in capsys.readouterr().out
+    assert main(["analyze", str(path), "--color", "always"]) == 0  # forced, even into a pipe
+    assert _coloured(capsys.readouterr().out)
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert main(["analyze", str(path), "--color", "always"]) == 0  # always wins over NO_COLOR
+    assert _coloured(capsys.readouterr().out)
+    # on a terminal: auto colours unless NO_COLOR says not to (bold may stay: it is no
+    # colour); never sends no escape sequence at all
+    assert _coloured(_report_on_a_terminal(tmp_path))
+    assert not _coloured(_report_on_a_terminal(tmp_path, NO_COLOR="1"))
+    assert "\x1b[" not in _report_on_a_terminal(tmp_path, "--color", "never")
 
 
 def test_watch_checks_its_job_spec_before_starting(capsys) -> None:

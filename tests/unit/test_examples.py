@@ -6,7 +6,9 @@ The runs on the real job are in ``tests/live/test_demo_live.py``."""
 from __future__ import annotations
 
 import copy
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -82,6 +84,28 @@ def test_intro_says_the_job_is_broken_on_purpose(capsys) -> None:
     number, line = run_demo.source_line(run_demo.BUG_MARK)
     assert f"{number:>3} | {line.split('#')[0].rstrip()}" in err
     assert max(len(line) for line in err.splitlines()) <= run_demo.WIDTH
+
+
+def test_the_demo_removes_its_scratch_directory_and_keeps_the_snapshot_elsewhere(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    seen = []
+
+    def demo(argv: list[str], tag: str, ready: Path) -> int:
+        (ready / "job.log").write_text("the job's output")
+        (ready / "ready.0").touch()
+        seen.append(ready)
+        if argv:
+            raise KeyboardInterrupt  # Ctrl-C while the job runs
+        return 0
+
+    monkeypatch.setattr(run_demo, "_demo", demo)
+    assert run_demo.main([]) == 0
+    with pytest.raises(KeyboardInterrupt):
+        run_demo.main(["--json"])
+    assert len(seen) == 2 and all(p.parent == tmp_path and p.name.startswith("hangdoc-demo-") for p in seen)
+    assert list(tmp_path.iterdir()) == []  # nothing left behind, either way
+    kept = run_demo.kept_snapshot()
+    assert kept.parent == tmp_path and kept.name.endswith(".json.gz") and str(os.getuid()) in kept.name
 
 
 def test_user_save_is_used_for_the_fix() -> None:

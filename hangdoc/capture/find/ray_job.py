@@ -11,7 +11,7 @@ same search from an agent placed on a Ray node, for that node's processes.
 Address (``address``, else ``RAY_ADDRESS``, else ``auto``): the dashboard URL
 ``http://HEAD:8265``, the GCS ``HEAD:6379`` (a dashboard's ``HOST:PORT`` works too), a Ray
 Client address ``ray://HEAD:10001``, or ``auto`` (the cluster this node runs). Ray is
-imported inside the functions: hangdoc imports without it (``pip install 'hangdoc[ray]'``).
+imported inside the functions: hangdoc imports without it (``pip install '.[ray]'`` from a clone).
 This is the one module of ``capture/`` that imports Ray.
 """
 

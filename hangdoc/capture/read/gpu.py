@@ -2,7 +2,7 @@
 "``nvidia-smi`` shows some GPUs idle while others at 100%", per rank.
 
 NVML is read through nvidia-ml-py (imported as ``pynvml``), an optional dependency:
-``pip install 'hangdoc[gpu]'``. Without it, or without an NVIDIA driver, ``read_gpus``
+``pip install nvidia-ml-py`` (hangdoc's ``gpu`` extra). Without it, or without an NVIDIA driver, ``read_gpus``
 returns no state and one line saying why; it never raises.
 
 What is read, once per diagnosis and node (``read_nvml``): for each GPU (at most
@@ -54,7 +54,7 @@ MAX_GPUS = 64  # per node (the largest nodes have 16)
 MAX_XIDS = 64  # XID events kept per reading
 MAX_PROCESSES = 1024  # compute processes kept per GPU
 _MAPS_LIMIT = 4 * 2**20  # bytes of /proc/PID/maps read when looking for a library
-INSTALL_HINT = "pip install 'hangdoc[gpu]'"
+INSTALL_HINT = "pip install nvidia-ml-py"  # works wherever hangdoc came from; `.[gpu]` only in a clone
 
 # one NVML worker at a time: held while it runs; a worker stuck in the driver keeps it
 _worker = threading.Lock()

@@ -16,7 +16,6 @@ from support.factories import make_rank
 from hangdoc.capture.find.discover import Discovery
 from hangdoc.capture.find.jobspec import parse_job_spec
 from hangdoc.capture.find.wholejob import Elsewhere
-from hangdoc.pipeline import CaptureOptions, observe
 from hangdoc.errors import JobNotFound
 from hangdoc.fleet.client import AgentError
 from hangdoc.fleet.coordinator import Fleet, Round, find_ranks, sample_all
@@ -32,6 +31,7 @@ from hangdoc.model import (
     Unreachable,
     Verdict,
 )
+from hangdoc.pipeline import CaptureOptions, observe
 
 C10D = "torch/distributed/distributed_c10d.py"
 SPEC = parse_job_spec("10.0.0.1:29500")

@@ -37,9 +37,9 @@ from hangdoc.capture.read.pyspy import (
     source_line,
 )
 from hangdoc.capture.read.sample import sample_round
-from hangdoc.pipeline import CaptureOptions, diagnose
 from hangdoc.errors import PySpyMissing
 from hangdoc.model import CaptureErrorKind, Frame, FrameLocals, ProcessState, RankProcess
+from hangdoc.pipeline import CaptureOptions, diagnose
 
 DATA = TESTS / "data"
 
