@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 from support.harness import is_running
 from support.said import Said, silent
+from support.waiting import until
 
 from hangdoc.errors import HangdocError, JobNotFound, UsageError
 from hangdoc.watch.activity import Event
@@ -31,15 +32,6 @@ from hangdoc.watch.watchdog import OnHang, WatchConfig, Watchdog
 # a command that says when it is ready; IGNORE_TERM: it and its background sleep ignore SIGTERM
 WAITS = "echo ready; exec sleep 60"
 IGNORE_TERM = "trap '' TERM; sleep 60 & echo $!; wait"
-
-
-def _until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 @pytest.fixture
@@ -82,7 +74,7 @@ def test_the_command_runs_in_a_session_of_its_own_with_its_heartbeat_directory(s
     sup, line = started('echo "$PYTHONUNBUFFERED $HANGDOC_HEARTBEAT_DIR"; exit 3')
     assert line == f"1 {tmp_path}"
     assert sup.child is not None and os.getsid(sup.child.pid) == sup.child.pid
-    assert _until(sup.exited)
+    assert until(sup.exited)
     assert sup.status() == 3
 
 
@@ -127,7 +119,7 @@ def test_the_first_signal_goes_to_the_command_a_second_asks_to_end_the_job(start
     sup, _ = started(WAITS)
     sup.signals.forward(signal.SIGTERM, None)
     assert not sup.signals.stop_requested
-    assert _until(sup.exited)
+    assert until(sup.exited)
     assert sup.status() == 128 + signal.SIGTERM
     sup.signals.forward(signal.SIGTERM, None)
     assert sup.signals.stop_requested and sup.signals.seen == 2
@@ -145,7 +137,7 @@ def test_signals_are_forwarded_only_while_installed(started) -> None:
     with sup.signals.installed():
         assert all(signal.getsignal(s) == sup.signals.forward for s in FORWARDED)
         os.kill(os.getpid(), signal.SIGHUP)  # to us: passed on to the command
-        assert _until(sup.exited)
+        assert until(sup.exited)
     assert {s: signal.getsignal(s) for s in FORWARDED} == before
     assert sup.signals.seen == 1 and sup.status() == 128 + signal.SIGHUP
 
@@ -161,7 +153,7 @@ def test_a_hook_gets_the_report_and_a_failure_is_said_when_it_is_reaped(tmp_path
     hooks.start(hang, "pid:1")
     assert said == [(Level.INFO, f"ran --on-hang exec: sh -c '{script}' {out} {hang}")]
     assert len(hooks.pids()) == 1
-    assert _until(lambda: (hooks.reap(), not hooks.running)[1])
+    assert until(lambda: (hooks.reap(), not hooks.running)[1])
     assert said[1:] == [(Level.WARNING, "--on-hang exec command exited with status 3")]
     assert out.read_text() == f"{hang}|{hang}|{hang}/report.json\n"
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 from support.said import Said
+from support.waiting import until
 
 from hangdoc.capture.find.jobspec import parse_job_spec
 from hangdoc.fleet.coordinator import find_ranks
@@ -25,16 +26,6 @@ from hangdoc.watch.config import Level, WatchConfig
 from hangdoc.watch.stall import Alarm, Signal, StallClock, StallPolicy, TimeoutNews, early_stall
 from hangdoc.watch.still import STILL_CPU, STILL_IO, EarlyLook, Look, Stillness, moved
 from hangdoc.watch.watchdog import Watchdog, WrappedRun
-
-
-def _until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
 
 # ------------------------------------------------------------------ the words
 
@@ -196,7 +187,7 @@ def test_a_first_ctrl_c_is_passed_on_and_said_a_second_kills_the_whole_tree(tmp_
             worker = int(child.stdout.readline())
             pids = [child.pid, worker]
             os.kill(os.getpid(), signal.SIGINT)
-            assert _until(lambda: len(said) == 1)
+            assert until(lambda: len(said) == 1)
             assert said[0][0] is Level.STOP and said[0][1].startswith(
                 f"stopping: SIGINT passed to the command (pid {child.pid}), which ends its job its own way"
             )
@@ -204,8 +195,8 @@ def test_a_first_ctrl_c_is_passed_on_and_said_a_second_kills_the_whole_tree(tmp_
             time.sleep(0.3)
             assert child.poll() is None and psutil.pid_exists(worker)  # it ignores SIGINT
             os.kill(os.getpid(), signal.SIGINT)
-            assert _until(lambda: not psutil.pid_exists(worker) and child.poll() is not None)
-            assert _until(lambda: len(said) == 2)
+            assert until(lambda: not psutil.pid_exists(worker) and child.poll() is not None)
+            assert until(lambda: len(said) == 2)
         assert sup.signals.stop_requested and sup.status() == 128 + signal.SIGKILL
         assert said[1] == (
             Level.STOP,
