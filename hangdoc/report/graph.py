@@ -17,7 +17,7 @@ are written from that one graph:
   an edge is labelled where its rank set changes (below the root and at divergence
   points): inside an unbranched stretch every edge would repeat the same label. Runs of
   library frames from one package are folded into one box, by the terminal report's rule
-  and in its words (``terminal._fold``), so that the picture shows the job's own calls;
+  and in its words (``frames.fold``), so that the picture shows the job's own calls;
   the DOT keeps every frame, for the tools that read it. ``svg_element`` is the same
   picture without its title, for the ``--html`` page to embed; its legend names only the
   marks the picture uses.
@@ -28,15 +28,16 @@ Strings from the job pass through ``errors.printable`` and are escaped for DOT o
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from xml.sax.saxutils import escape
 
 from ..errors import printable
 from ..model import ROOT, CallTree, Diagnosis, Frame, TreeNode, Verdict
-from ..rankranges import count_text, cut_ranges, ranges_text, short_ranges
-from .terminal import _fold
+from ..rankranges import ranges_text, short_ranges
+from ..waitwords import counted
+from .frames import fold
+from .rows import culprit_words
 
 OUTLIER_FILL, OUTLIER_LINE = "#fff3d6", "#f79009"
 CULPRIT_FILL, CULPRIT_LINE = "#ffe4e1", "#d92d20"
@@ -112,7 +113,7 @@ def tree_graph(diagnosis: Diagnosis, *, fold: bool = False) -> TreeGraph:
                     _name(kid),
                     {
                         "count": len(kid_ranks),
-                        "label": f"{_ranks_word(len(kid_ranks))}\n[{short_ranges(kid_ranks, _LABEL_RANGES)}]",
+                        "label": f"{counted(len(kid_ranks), 'rank')}\n[{short_ranges(kid_ranks, _LABEL_RANGES)}]",
                         "changes": kid_ranks != last.ranks or last.node_id == ROOT,
                     },
                 )
@@ -122,7 +123,7 @@ def tree_graph(diagnosis: Diagnosis, *, fold: bool = False) -> TreeGraph:
 
 def _folded_runs(tree: CallTree) -> list[tuple[list[TreeNode], str]]:
     """The tree's nodes in runs, parents' runs first, each with the terminal's line for it:
-    each unbranched stretch of one rank set cut where the terminal's ``_fold`` cuts it (the
+    each unbranched stretch of one rank set cut where the terminal's ``fold`` cuts it (the
     stretch whole, as the terminal folds it: a run's words may name it by its caller's
     call), the root alone."""
     runs: list[tuple[list[TreeNode], str]] = []
@@ -138,9 +139,9 @@ def _folded_runs(tree: CallTree) -> list[tuple[list[TreeNode], str]]:
             runs.append((stretch, ""))
         else:
             i = 0
-            for row, n in _fold([node.frame for node in stretch if node.frame is not None]):
-                runs.append((stretch[i : i + n], row.plain))
-                i += n
+            for row in fold([node.frame for node in stretch if node.frame is not None]):
+                runs.append((stretch[i : i + row.frames], row.words))
+                i += row.frames
         todo += reversed(below)
     return sorted(runs, key=lambda run: run[0][0].node_id)
 
@@ -149,13 +150,9 @@ def _name(node_id: int) -> str:
     return f"n{node_id}"
 
 
-def _ranks_word(count: int) -> str:
-    return f"{count_text(count)} rank{'s' if count != 1 else ''}"
-
-
 def _label(frame: Frame | None, count: int) -> str:
     if frame is None:
-        return f"{_ranks_word(count)}"
+        return counted(count, "rank")
     return f"{printable(frame.function)}\n{printable(frame.location)}"
 
 
@@ -170,25 +167,7 @@ def _tooltip(frames: list[Frame], count: int, ranks: str) -> str:
     where = (
         "\n".join(printable(f.filename) + (f":{f.line}" if f.line else "") for f in frames) if frames else "all ranks"
     )
-    return f"{where}\n{_ranks_word(count)} [{ranks}]"
-
-
-def culprit_parts(ranks: Sequence[int], limit: int = 40) -> tuple[str, str]:
-    """``("culprit", "rank 3")``, ``("culprits", "ranks 3, 5-7")``; a long set cut, with
-    its count (``ranks 0, 2, 4, … (5,000)``); ``("", "")`` for none."""
-    ordered = sorted(set(ranks))
-    if not ordered:
-        return "", ""
-    if len(ordered) == 1:
-        return "culprit", f"rank {ordered[0]}"
-    text, cut = cut_ranges(ordered, limit)
-    return "culprits", f"ranks {text.replace(',', ', ')}" + (f" ({count_text(len(ordered))})" if cut else "")
-
-
-def culprit_words(ranks: Sequence[int], limit: int = 40) -> str:
-    """``culprit: rank 3``, ``culprits: ranks 3, 5-7`` (see ``culprit_parts``); ``""`` for none."""
-    word, said = culprit_parts(ranks, limit)
-    return f"{word}: {said}" if said else ""
+    return f"{where}\n{counted(count, 'rank')} [{ranks}]"
 
 
 def _title(diagnosis: Diagnosis) -> str:

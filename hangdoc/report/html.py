@@ -4,7 +4,7 @@ The page needs nothing but itself: its CSS and JavaScript (``assets/report.css``
 ``assets/report.js``, written for hangdoc, no third-party code) are inlined, and a
 Content-Security-Policy forbids every fetch, so it opens the same from a mail attachment,
 a CI artifact or an air-gapped cluster. The verdict, confidence, culprits, summary, the
-rank table (the terminal's, by its helpers), evidence, next steps, the picture of
+rank table (the terminal's, from ``rows``), evidence, next steps, the picture of
 ``--svg`` (``graph.svg_element``, inline), basis and notes are plain HTML; the script
 draws the merged stack tree (``Diagnosis.tree``, as the analysis built it), the classes
 of ranks and a rank's own stacks from one JSON object embedded in the page
@@ -55,10 +55,10 @@ from ..model import (
     Sample,
     Verdict,
 )
-from ..rankranges import count_text, cut_ranges, ranges_text, scope_text
+from ..rankranges import count_text, ranges_text, scope_text
 from ..waitwords import waits_words, who
-from .graph import culprit_parts, svg_element
-from .terminal import _common, _detail, _details, _hosts, _op_text, _site, _state
+from .graph import svg_element
+from .rows import CLASS_ROWS, RANK_ROWS, RankClass, RankRow, culprit_parts, rank_classes, rank_rows, state_word
 
 DATA_VERSION = 1  # the layout of the embedded object; bumped when the script must change
 
@@ -149,7 +149,7 @@ def _static(diagnosis: Diagnosis, snapshot: JobSnapshot) -> str:
             '<div id="tree" class="tree"><p class="dim">the tree is drawn by the page\'s '
             "script</p></div></section>"
         ),
-        rank_table(diagnosis.ranks, frozenset(diagnosis.culprit_ranks), healthy=diagnosis.verdict is Verdict.NOT_HUNG),
+        rank_table(diagnosis.ranks, frozenset(diagnosis.culprit_ranks), diagnosis.verdict),
         _chain(diagnosis.root_cause),
         _list("evidence", "Evidence", [e.words() for e in diagnosis.evidence], "ul"),
         _list("next-steps", "Next steps", diagnosis.next_steps, "ol"),
@@ -215,85 +215,72 @@ def _picture(diagnosis: Diagnosis) -> str:
 
 # ------------------------------------------------------------------ the rank table
 
-_RANK_ROWS = 32  # one row a rank up to this many, as in the terminal; beyond, one a class
-_CLASS_ROWS = 24  # classes listed; the rest counted in one row (the panel shows any rank)
+_RANKS_LABEL = 40  # characters of a class's rank ranges before they are cut
 _STATE_CLASS = {state: f"st-{state.value}" for state in RankState}
 
 
-def rank_table(ranks: Sequence[RankAnalysis], culprits: frozenset[int], *, healthy: bool = False) -> str:
+def rank_table(ranks: Sequence[RankAnalysis], culprits: frozenset[int], verdict: Verdict) -> str:
     """The terminal's rank table as HTML: a row per rank (rank, host, pid, state, op, call
-    site, detail where any says more than its op), culprits marked; past ``_RANK_ROWS``
+    site, detail where any says more than its op), culprits marked; past ``RANK_ROWS``
     ranks, a row per class of ranks in one state, op and call site, culprits first, then
-    the largest. Built from the same values as the terminal's, by its helpers; ``healthy``
-    (a job that is not hung) words the states as the terminal does."""
+    the largest. The rows and their words are the terminal's (``rows.rank_rows``,
+    ``rows.rank_classes``): in a job that is not hung no rank is ``blocked``."""
     if not ranks:
         return ""
-    if len(ranks) > _RANK_ROWS:
-        return _class_rows(ranks, culprits, healthy)
-    with_detail = any(_detail(ra) for ra in ranks)
+    if len(ranks) > RANK_ROWS:
+        return _class_rows(rank_classes(ranks, culprits, verdict))
+    rows = rank_rows(ranks, culprits, verdict)
+    with_detail = any(row.detail for row in rows)
     names = ["rank", "host", "pid", "state", "op", "call site"] + (["detail"] if with_detail else [])
-    rows = []
-    for ra in sorted(ranks, key=lambda ra: (ra.rank is None, ra.rank or 0)):
-        is_culprit = ra.rank is not None and ra.rank in culprits
-        mark = ' <span class="tag culprit">culprit</span>' if is_culprit else ""
+    out = []
+    for row in rows:
+        mark = ' <span class="tag culprit">culprit</span>' if row.culprit else ""
         cells = [
-            f'<td class="mono">{"?" if ra.rank is None else ra.rank}{mark}</td>',
-            f"<td>{_esc(ra.host)}</td>",
-            f'<td class="mono">{"" if ra.pid is None else ra.pid}</td>',
-            _state_cell(ra.state, healthy),
-            f'<td class="mono">{_esc(_op_text(ra.op))}</td>',
-            f'<td class="mono site">{_esc(_site(ra))}</td>',
+            f'<td class="mono">{"?" if row.rank is None else row.rank}{mark}</td>',
+            f"<td>{_esc(row.host)}</td>",
+            f'<td class="mono">{"" if row.pid is None else row.pid}</td>',
+            _state_cell(row),
+            f'<td class="mono">{_esc(row.op)}</td>',
+            f'<td class="mono site">{_esc(row.site)}</td>',
         ]
         if with_detail:
-            cells.append(f'<td class="dim">{_esc(_detail(ra))}</td>')
-        attrs = (' class="culprit"' if is_culprit else "") + (f' data-rank="{ra.rank}"' if ra.rank is not None else "")
-        rows.append(f"<tr{attrs}>{''.join(cells)}</tr>")
-    return _table_section(names, rows, f"{count_text(len(ranks))} ranks")
+            cells.append(f'<td class="dim">{_esc(row.detail)}</td>')
+        out.append(f"<tr{_row_attrs(row.culprit, row.rank)}>{''.join(cells)}</tr>")
+    return _table_section(names, out, f"{count_text(len(ranks))} ranks")
 
 
-def _state_cell(state: RankState, healthy: bool) -> str:
-    """A rank's state in the terminal's words (in a job that is not hung no rank is
-    ``blocked``), coloured by the state where the words are the state's."""
-    words = _state(state, healthy).plain
-    return f'<td class="{_STATE_CLASS[state] if words == state.value else "st-healthy"}">{_esc(words)}</td>'
+def _row_attrs(culprit: bool, rank: int | None) -> str:
+    """A row's class and the rank the panel shows when it is clicked."""
+    return (' class="culprit"' if culprit else "") + (f' data-rank="{rank}"' if rank is not None else "")
 
 
-def _class_rows(ranks: Sequence[RankAnalysis], culprits: frozenset[int], healthy: bool) -> str:
-    classes: dict[tuple[bool, RankState, str, str], list[RankAnalysis]] = {}
-    said: dict[int, tuple[str, str]] = {}  # by op object: 100,000 ranks share a few ops
-    for ra in ranks:
-        where = said.get(id(ra.op))
-        if where is None:
-            where = said[id(ra.op)] = (_op_text(ra.op), _site(ra))
-        classes.setdefault((ra.rank is not None and ra.rank in culprits, ra.state, *where), []).append(ra)
+def _state_cell(row: RankRow | RankClass) -> str:
+    """A rank's state in the terminal's words, coloured by the state where the words are
+    the state's own."""
+    own = row.state_word == row.state.value
+    return f'<td class="{_STATE_CLASS[row.state] if own else "st-healthy"}">{_esc(row.state_word)}</td>'
 
-    def first(members: list[RankAnalysis]) -> int:
-        return min((m.rank for m in members if m.rank is not None), default=-1)
 
-    ordered = sorted(classes.items(), key=lambda kv: (not kv[0][0], -len(kv[1]), first(kv[1])))
+def _class_rows(classes: Sequence[RankClass]) -> str:
     rows = []
-    for (is_culprit, state, op, site), members in ordered[:_CLASS_ROWS]:
-        numbers = sorted({m.rank for m in members if m.rank is not None})
-        unnumbered = len(members) - len(numbers)
-        label = (f"[{cut_ranges(numbers, 40)[0]}]" if numbers else "") + (
-            f" +{unnumbered} unnumbered" if unnumbered else ""
-        )
-        mark = ' <span class="tag culprit">culprit</span>' if is_culprit else ""
-        attrs = (' class="culprit"' if is_culprit else "") + (f' data-rank="{numbers[0]}"' if numbers else "")
+    for rc in classes[:CLASS_ROWS]:
+        mark = ' <span class="tag culprit">culprit</span>' if rc.culprit else ""
+        first = rc.numbers[0] if rc.numbers else None
         rows.append(
-            f'<tr{attrs}><td class="mono">{_esc(label)}{mark}</td><td class="num">{count_text(len(members))}</td>'
-            f"<td>{_esc(_hosts(members))}</td>"
-            f'{_state_cell(state, healthy)}<td class="mono">{_esc(op)}</td>'
-            f'<td class="mono site">{_esc(site)}</td><td class="dim">{_esc(_common(_details(members)))}</td></tr>'
+            f'<tr{_row_attrs(rc.culprit, first)}><td class="mono">{_esc(rc.label(_RANKS_LABEL))}{mark}</td>'
+            f'<td class="num">{count_text(len(rc.members))}</td><td>{_esc(rc.hosts)}</td>'
+            f'{_state_cell(rc)}<td class="mono">{_esc(rc.op)}</td>'
+            f'<td class="mono site">{_esc(rc.site)}</td><td class="dim">{_esc(rc.detail)}</td></tr>'
         )
-    if len(ordered) > _CLASS_ROWS:
-        rest = sum(len(members) for _, members in ordered[_CLASS_ROWS:])
+    if len(classes) > CLASS_ROWS:
+        rest = sum(len(rc.members) for rc in classes[CLASS_ROWS:])
         rows.append(
-            f'<tr class="dim"><td>… {count_text(len(ordered) - _CLASS_ROWS)} more classes</td>'
+            f'<tr class="dim"><td>… {count_text(len(classes) - CLASS_ROWS)} more classes</td>'
             f'<td class="num">{count_text(rest)}</td><td colspan="5">the rank panel shows any rank</td></tr>'
         )
     names = ["ranks", "count", "hosts", "state", "op", "call site", "detail"]
-    return _table_section(names, rows, f"{count_text(len(ranks))} ranks in {count_text(len(ordered))} classes")
+    ranks = sum(len(rc.members) for rc in classes)
+    return _table_section(names, rows, f"{count_text(ranks)} ranks in {count_text(len(classes))} classes")
 
 
 def _table_section(names: Sequence[str], rows: Sequence[str], caption: str) -> str:
@@ -393,7 +380,7 @@ def report_data(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
     culprits = frozenset(diagnosis.culprit_ranks)
     tree = _tree(diagnosis.tree, stacks, rsets, culprits) if diagnosis.tree is not None else None
     tables = _RankTables()
-    ranks = _ranks(diagnosis.ranks, snapshot, stacks, tables, healthy=diagnosis.verdict is Verdict.NOT_HUNG)
+    ranks = _ranks(diagnosis.ranks, snapshot, stacks, tables, diagnosis.verdict)
     return {
         "version": DATA_VERSION,
         "verdict": diagnosis.verdict.value,
@@ -465,11 +452,11 @@ class _RankTables:
 
 
 def _ranks(
-    analyses: Sequence[RankAnalysis], snapshot: JobSnapshot, stacks: StackTable, tables: _RankTables, *, healthy: bool
+    analyses: Sequence[RankAnalysis], snapshot: JobSnapshot, stacks: StackTable, tables: _RankTables, verdict: Verdict
 ) -> dict[str, Any]:
     """The per-rank columns, in rank order (one entry per rank number); states in the
-    terminal's words (``healthy``: a job that is not hung has no rank ``blocked``)."""
-    state_words = {state: _state(state, healthy).plain for state in RankState}
+    terminal's words (``rows.state_word``: a job that is not hung has no rank ``blocked``)."""
+    state_words = {state: state_word(state, verdict) for state in RankState}
     by_rank: dict[int, RankAnalysis] = {}
     for ra in analyses:
         if ra.rank is not None:

@@ -19,7 +19,8 @@ the divergence points and the leaves.
 
 The header says what the confidence rests on one phrase a line (``basis: · …``). The rank
 table says each rank's state; in a job that is not hung no rank is "blocked": off CPU, it is
-waiting, on CPU, running (``_HEALTHY_WORDS``).
+waiting, on CPU, running. Which frames fold and in what words is ``frames``'s to decide; a
+rank's row, the classes of ranks and their words are ``rows``'s, shared with ``--html``.
 
 The same report reads at 4 ranks and at 100,000 (a screen or two, a few hundred lines at
 most); what changes with size changes only where it helps:
@@ -46,7 +47,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from itertools import chain, pairwise
 
@@ -62,13 +62,11 @@ from ..model import (
     CallTree,
     Confidence,
     Diagnosis,
-    DistOp,
     Evidence,
     Frame,
     JobSnapshot,
     Note,
     NoteKind,
-    RankAnalysis,
     RankState,
     RootCause,
     ThreadStack,
@@ -78,6 +76,8 @@ from ..model import (
 )
 from ..rankranges import count_text, cut_ranges, ranks_label, scope_text
 from ..waitwords import command_words, counted, waits_words, who
+from .frames import Row, RowKind, fold
+from .rows import CLASS_ROWS, RANK_ROWS, RankClass, RankRow, rank_classes, rank_rows
 
 _VERDICT_STYLE = {Verdict.NOT_HUNG: "bold green", Verdict.UNKNOWN: "bold yellow"}
 _HANG_STYLE = "bold red"
@@ -95,18 +95,12 @@ _STATE_STYLE = {
     RankState.MISSING: "bold red",
     RankState.UNKNOWN: "dim",
 }
-# A job that is not hung has no rank stuck: off CPU outside any op, a rank waits (for I/O, a
-# timer, its GPU); on CPU, it runs. The state stays the fact; only its words change.
-_HEALTHY_WORDS = {RankState.BLOCKED: ("waiting", ""), RankState.BUSY: ("running", "")}
 _CULPRIT_STYLE = "bold red"
 _OUTLIER_STYLE = "bold yellow"
-_LIB_MARKERS = ("site-packages/", "dist-packages/", "/lib/python3")
 _RANKS_LABEL_MAX = 24  # characters of ranges in a tree or table label before it is cut
 _LABEL_BESIDE = 16  # a tree label this wide sits beside its frames; a wider one above them
 _HEADER_RANKS_MAX = 60  # ... in the header's culprit ranks
 _CODE_MAX = 60
-_RANK_ROWS = 32  # ranks listed one a row; beyond, one row per class (see the module doc)
-_CLASS_ROWS = 24  # classes listed in the table; the rest are counted in one row
 _TRUNK_ROWS = 5  # lines of the common trunk shown whole; a longer one is folded
 _BRANCHES = 8  # branches shown at one divergence point; the rest fold into one line
 _TREE_ROWS = 120  # lines of tree after which branches that are not outliers fold
@@ -122,7 +116,7 @@ def render(
     console: Console,
     *,
     max_frames: int = 12,
-    max_rank_rows: int = _RANK_ROWS,
+    max_rank_rows: int = RANK_ROWS,
 ) -> None:
     """Print the report of ``diagnosis`` to ``console``.
 
@@ -139,11 +133,10 @@ def render(
         console.print(_group_tree(diagnosis, culprits, max_frames))
     if diagnosis.ranks:
         console.print()
-        healthy = diagnosis.verdict is Verdict.NOT_HUNG
         if len(diagnosis.ranks) <= max_rank_rows:
-            console.print(_rank_table(diagnosis.ranks, culprits, healthy))
+            console.print(_rank_table(rank_rows(diagnosis.ranks, culprits, diagnosis.verdict)))
         else:
-            console.print(_class_table(diagnosis.ranks, culprits, healthy))
+            console.print(_class_table(rank_classes(diagnosis.ranks, culprits, diagnosis.verdict)))
     _section(console, "Wait chain (where the ranks' wait ends)", _chain(diagnosis.root_cause, snapshot))
     _section(console, "Other processes of the job", _others(snapshot))
     _section(console, "Evidence", _bullets(_evidence(diagnosis.evidence)))
@@ -334,7 +327,7 @@ def _stretch_label(
 ) -> tuple[RenderableType, int]:
     """One unbranched stretch: its lines beside its ranks (when given), marks on line one;
     and how many lines it has (before wrapping)."""
-    rows = _fold(frames)
+    rows = [(_row_text(row), row.frames) for row in fold(frames)]
     lines = (_fold_trunk(rows) if trunk else _elide(rows, max_frames)) or [Text("(no frames)", "dim")]
     marks = [m for m, on in (("outlier", outlier), ("culprit", culprit)) if on]
     body: RenderableType
@@ -384,111 +377,25 @@ def _label(ranks: Sequence[int], limit: int = _RANKS_LABEL_MAX, *, count: bool |
     ``count`` forces the count on or off."""
     ordered = ranks if all(a < b for a, b in pairwise(ranks)) else sorted(set(ranks))
     if count is None:
-        return ranks_label(ordered, limit, _RANK_ROWS)
+        return ranks_label(ordered, limit, RANK_ROWS)
     text, _ = cut_ranges(ordered, limit)
     return f"[{text}]" + (f" ({count_text(len(ordered))})" if count else "")
 
 
-def _package(frame: Frame) -> str | None:
-    """The library a frame belongs to, or None for the job's own code."""
-    if frame.native:
-        return "native"
-    name = frame.filename.replace("\\", "/")
-    if name.startswith("<"):
-        words = name.strip("<>").split()  # "<frozen runpy>" -> "runpy"
-        return words[-1] if words else name
-    if any(marker in name for marker in _LIB_MARKERS):
-        return frame.short_filename.split("/", 1)[0].removesuffix(".py")
-    return None
-
-
-def _fold(frames: Sequence[Frame]) -> list[tuple[Text, int]]:
-    """One row per user frame, one per run of library frames of one package.
-
-    Each row carries the number of frames it stands for.
-    """
-    rows: list[tuple[Text, int]] = []
-    i = 0
-    while i < len(frames):
-        pkg = _package(frames[i])
-        j = i + 1
-        while pkg is not None and j < len(frames) and _package(frames[j]) == pkg:
-            j += 1
-        run = frames[i:j]
-        caller = frames[i - 1] if i else None
-        rows.append((_library_row(pkg, run, caller) if len(run) > 1 else _frame_row(run[0]), len(run)))
-        i = j
-    return rows
-
-
-def _frame_row(frame: Frame) -> Text:
-    if frame.native:
-        return Text(f"{printable(str(frame))} [native]", "dim italic")
-    if _package(frame) is not None:
-        return Text(printable(str(frame)), "dim")
-    row = Text(printable(str(frame)))
-    if frame.code:
-        code = frame.code.strip()
+def _row_text(row: Row) -> Text:
+    """A folded stack's line styled: library and native lines dim, a line of the job's own
+    code followed by its source line (cut to ``_CODE_MAX``)."""
+    if row.kind is RowKind.NATIVE:
+        return Text(row.words, "dim italic")
+    if row.kind is not RowKind.OWN:
+        return Text(row.words, "dim")
+    text = Text(row.words)
+    if row.code:
+        code = row.code.strip()
         if len(code) > _CODE_MAX:
             code = code[: _CODE_MAX - 1] + "…"
-        row.append(f"  {printable(code)}", "dim cyan")
-    return row
-
-
-_TELLING_NATIVE = re.compile(r"c10d::|gloo::|nccl|Reducer|Work::wait|ProcessGroup", re.IGNORECASE)
-
-
-def _short_name(frame: Frame) -> str:
-    if frame.native:
-        return frame.function.split("(", 1)[0].split("<", 1)[0]
-    return frame.function.rsplit(".", 1)[-1]
-
-
-def _library_row(pkg: str | None, run: Sequence[Frame], caller: Frame | None) -> Text:
-    """A run of one library's frames in one line: the function the job called by the name
-    the library gives it (``torch.distributed.all_reduce``, not the decorator's ``wrapper``
-    it passes through), then, where the run goes deeper, the frames it ends in."""
-    at = _called(run, caller)
-    api = library_name(run[at])
-    if api is None:  # native code, a frozen module: the run by its frames' names
-        at, api = 0, f"{pkg}: {_short_name(run[0])}"
-    last = run[-1]
-    if at == len(run) - 1:
-        return Text(printable(f"{api} ({last.location})"), "dim")
-    names = [api, *(_short_name(f) for f in run[at + 1 : -1])]
-    if len(names) > 3:
-        # keep the frames that say which collective the C++ side waits in
-        keep = [n for n in names[1:-1] if _TELLING_NATIVE.search(n)][:3]
-        hidden = len(names) - 2 - len(keep)
-        names = [names[0], *keep, *([f"…{hidden} more…"] if hidden else []), names[-1]]
-    return Text(printable(" › ".join([*names, str(last)])), "dim")
-
-
-_CALLS = re.compile(r"([A-Za-z_]\w*)\s*\(")
-
-
-def _called(run: Sequence[Frame], caller: Frame | None) -> int:
-    """Which frame of a library's ``run`` the job called: the one its caller's source line
-    calls by name (``dist.all_reduce(x)``), else the first that is not a closure (a
-    decorator's ``<locals>.wrapper``), else the first."""
-    if caller is not None and caller.code:
-        names = set(_CALLS.findall(caller.code))
-        hit = next((i for i, f in enumerate(run) if _short_name(f) in names), None)
-        if hit is not None:
-            return hit
-    return next((i for i, f in enumerate(run) if "<locals>" not in f.function), 0)
-
-
-def library_name(frame: Frame) -> str | None:
-    """A library's function by its package's dotted path, where libraries export their API
-    (``torch.distributed.all_reduce`` for ``all_reduce`` in
-    ``torch/distributed/distributed_c10d.py``; ``threading.Event.wait``); None for native
-    code and frozen modules."""
-    if frame.native or frame.filename.startswith("<"):
-        return None
-    parts = frame.short_filename.replace("\\", "/").removesuffix(".py").split("/")
-    package = parts[:-1] or parts  # a module that is no package's (threading.py) names itself
-    return ".".join([*package, _short_name(frame) if "<locals>" in frame.function else frame.function])
+        text.append(f"  {printable(code)}", "dim cyan")
+    return text
 
 
 def _elide(rows: list[tuple[Text, int]], max_frames: int) -> list[Text]:
@@ -516,157 +423,76 @@ def _fold_trunk(rows: list[tuple[Text, int]]) -> list[Text]:
 # ---------------------------------------------------------------------- rank table
 
 
-def _rank_table(ranks: Sequence[RankAnalysis], culprits: frozenset[int], healthy: bool = False) -> Table:
+def _rank_table(rows: Sequence[RankRow]) -> Table:
     """One row per rank."""
-    with_detail = any(_detail(ra) for ra in ranks)
+    with_detail = any(row.detail for row in rows)
     table = Table(title=None, show_edge=False, header_style="bold", pad_edge=False)
     for name in ("rank", "host", "pid", "state", "op", "call site"):
         table.add_column(name, no_wrap=name in ("rank", "pid", "state"))
     if with_detail:
         table.add_column("detail")
-    marked = False
-    for ra in sorted(ranks, key=lambda ra: (ra.rank is None, ra.rank or 0)):
-        is_culprit = ra.rank is not None and ra.rank in culprits
-        marked |= is_culprit
-        rank_cell = ("?" if ra.rank is None else str(ra.rank)) + (" *" if is_culprit else "")
+    for row in rows:
+        rank_cell = ("?" if row.rank is None else str(row.rank)) + (" *" if row.culprit else "")
         cells = [
-            Text(rank_cell, _CULPRIT_STYLE if is_culprit else ""),
-            Text(printable(ra.host)),
-            Text(str(ra.pid) if ra.pid is not None else ""),
-            _state(ra.state, healthy),
-            Text(printable(_op_text(ra.op))),
-            Text(printable(_site(ra))),
+            Text(rank_cell, _CULPRIT_STYLE if row.culprit else ""),
+            Text(printable(row.host)),
+            Text(str(row.pid) if row.pid is not None else ""),
+            _state(row.state, row.state_word),
+            Text(printable(row.op)),
+            Text(printable(row.site)),
         ]
         if with_detail:
-            cells.append(Text(printable(_detail(ra)), "dim"))
+            cells.append(Text(printable(row.detail), "dim"))
         table.add_row(*cells)
-    if marked:
+    if any(row.culprit for row in rows):
         table.caption = "* culprit"
         table.caption_justify = "left"
     return table
 
 
-def _class_table(ranks: Sequence[RankAnalysis], culprits: frozenset[int], healthy: bool = False) -> Group:
-    """One row per class of ranks in the same state, op and call site (culprits apart from
-    the rest): culprits first, then the largest, at most ``_CLASS_ROWS`` rows. What the
-    analysis says of each class (``detail``) follows the table, a line or two per class:
-    in a column it would wrap a word a line."""
-    classes: dict[tuple[bool, RankState, str, str], list[RankAnalysis]] = {}
-    said: dict[int, tuple[str, str]] = {}  # by op object: ranks share a few of them
-    for ra in ranks:
-        where = said.get(id(ra.op))
-        if where is None:
-            where = said[id(ra.op)] = (_op_text(ra.op), _site(ra))
-        key = (ra.rank is not None and ra.rank in culprits, ra.state, *where)
-        classes.setdefault(key, []).append(ra)
-    ordered = sorted(classes.items(), key=lambda kv: (not kv[0][0], -len(kv[1]), _first(kv[1])))
+def _class_table(classes: Sequence[RankClass]) -> Group:
+    """One row per class of ranks (``rows.rank_classes``: culprits first, then the
+    largest), at most ``CLASS_ROWS`` rows. What the analysis says of each class
+    (``detail``) follows the table, a line or two per class: in a column it would wrap a
+    word a line."""
     table = Table(title=None, show_edge=False, header_style="bold", pad_edge=False)
     for name in ("ranks", "count", "hosts", "state", "op", "call site"):
         table.add_column(
             name, no_wrap=name in ("ranks", "count", "state"), justify="right" if name == "count" else "left"
         )
     details = []
-    for (is_culprit, state, op, site), members in ordered[:_CLASS_ROWS]:
-        cell = Text(_rank_cell(members) + (" *" if is_culprit else ""), _CULPRIT_STYLE if is_culprit else "")
+    for rc in classes[:CLASS_ROWS]:
+        cell = Text(rc.label(_RANKS_LABEL_MAX) + (" *" if rc.culprit else ""), _CULPRIT_STYLE if rc.culprit else "")
         table.add_row(
             cell,
-            Text(count_text(len(members))),
-            Text(printable(_hosts(members))),
-            _state(state, healthy),
-            Text(printable(op)),
-            Text(printable(site)),
+            Text(count_text(len(rc.members))),
+            Text(printable(rc.hosts)),
+            _state(rc.state, rc.state_word),
+            Text(printable(rc.op)),
+            Text(printable(rc.site)),
         )
-        detail = _common(_details(members))
+        detail = rc.detail
         if detail:
             details.append(Text.assemble(cell, ": ", (printable(detail), "dim")))
-    if len(ordered) > _CLASS_ROWS:
-        rest = [ra for _, members in ordered[_CLASS_ROWS:] for ra in members]
+    if len(classes) > CLASS_ROWS:
+        rest = sum(len(rc.members) for rc in classes[CLASS_ROWS:])
         table.add_row(
-            Text(f"… {count_text(len(ordered) - _CLASS_ROWS)} more classes", "dim"),
-            Text(count_text(len(rest)), "dim"),
+            Text(f"… {count_text(len(classes) - CLASS_ROWS)} more classes", "dim"),
+            Text(count_text(rest), "dim"),
             Text("(--json lists every rank)", "dim"),
         )
-    table.caption = f"{count_text(len(ranks))} ranks in {count_text(len(ordered))} classes" + (
-        " · * culprit" if any(key[0] for key, _ in ordered) else ""
+    ranks = sum(len(rc.members) for rc in classes)
+    table.caption = f"{count_text(ranks)} ranks in {count_text(len(classes))} classes" + (
+        " · * culprit" if any(rc.culprit for rc in classes) else ""
     )
     table.caption_justify = "left"
     return Group(table, *details)
 
 
-def _state(state: RankState, healthy: bool) -> Text:
-    """A rank's state in words: in a job that is not hung (``healthy``), no rank is blocked."""
-    if healthy and state in _HEALTHY_WORDS:
-        return Text(*_HEALTHY_WORDS[state])
-    return Text(state.value, _STATE_STYLE.get(state, ""))
-
-
-def _details(members: Sequence[RankAnalysis]) -> list[str]:
-    """The ranks' details that say more than their op (``_detail``), each worked out once
-    per op object and text: a class may hold 100,000 ranks."""
-    seen: dict[tuple[int, str], str] = {}
-    out = []
-    for ra in members:
-        key = (id(ra.op), ra.detail)
-        if key not in seen:
-            seen[key] = _detail(ra)
-        if seen[key]:
-            out.append(seen[key])
-    return out
-
-
-def _first(members: Sequence[RankAnalysis]) -> int:
-    return min((m.rank for m in members if m.rank is not None), default=-1)
-
-
-def _site(ra: RankAnalysis) -> str:
-    return ra.op.call_site.location if ra.op and ra.op.call_site else ""
-
-
-def _hosts(members: Sequence[RankAnalysis]) -> str:
-    hosts = sorted({m.host for m in members if m.host})
-    if len(hosts) <= 2:
-        return ", ".join(hosts)
-    return f"{count_text(len(hosts))} hosts"
-
-
-def _common(details: Sequence[str]) -> str:
-    """The detail the ranks of a class share, or the commonest and how many others."""
-    if not details:
-        return ""
-    counted = Counter(details).most_common()
-    text = counted[0][0]
-    return text if len(counted) == 1 else f"{text} (and {len(counted) - 1} other details)"
-
-
-def _detail(ra: RankAnalysis) -> str:
-    """A rank's detail, blank where it only says again what the op and call site columns
-    say (``in all_reduce (train.py:30)``): a column of repeats that squeezes the others."""
-    if (
-        ra.op is not None
-        and ra.op.call_site is not None
-        and ra.detail == f"in {ra.op.describe()}"
-        and ra.op.describe() == f"{ra.op.name} ({ra.op.call_site.location})"
-    ):
-        return ""
-    return ra.detail
-
-
-def _rank_cell(members: Sequence[RankAnalysis]) -> str:
-    numbers = sorted(m.rank for m in members if m.rank is not None)
-    unnumbered = len(members) - len(numbers)
-    cell = _label(numbers, count=False) if numbers else ""
-    return cell + (f" +{unnumbered} unnumbered" if unnumbered else "")
-
-
-def _op_text(op: DistOp | None) -> str:
-    if op is None:
-        return "—"
-    text = op.name
-    if op.peer is not None:
-        text += f" (peer {op.peer})"
-    if op.in_cleanup:
-        text += " [cleanup]"
-    return text
+def _state(state: RankState, word: str) -> Text:
+    """A rank's state in its words (``rows.state_word``), coloured by the state where the
+    words are the state's own."""
+    return Text(word, _STATE_STYLE.get(state, "") if word == state.value else "")
 
 
 # ---------------------------------------------------------------------- sections

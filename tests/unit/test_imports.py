@@ -257,6 +257,64 @@ def test_a_room_is_imported_only_by_its_floors(name: str) -> None:
     assert {floor(m) for m in users} <= ROOM_USERS[name], sorted(users)
 
 
+REPORTERS = "hangdoc.report"
+
+
+def sibling_privates(source: str, module: str) -> list[str]:
+    """The ``_private`` names that ``module`` (a module of ``REPORTERS``, its ``source``)
+    takes from another module there: ``from .terminal import _fold``, and
+    ``terminal._fold`` where ``terminal`` names a sibling module. What reporters share
+    lives under a public name in a module of its own (``rows``, ``frames``)."""
+    package = module.rpartition(".")[0]
+    tree = ast.parse(source)
+    siblings: set[str] = set()  # local names bound to a sibling module
+    found: list[str] = []
+
+    def sibling(name: str) -> bool:
+        return name.startswith(REPORTERS + ".") and name != module
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else [])) if node.level else node.module or ""
+            for alias in node.names:
+                if is_module(f"{target}.{alias.name}") and sibling(f"{target}.{alias.name}"):
+                    siblings.add(alias.asname or alias.name)
+                elif sibling(target) and alias.name.startswith("_"):
+                    found.append(f"{target}.{alias.name}")
+        elif isinstance(node, ast.Import):
+            siblings.update(alias.asname for alias in node.names if alias.asname and sibling(alias.name))
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in siblings
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
+            found.append(f"{node.value.id}.{node.attr}")
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if m.startswith(REPORTERS + ".")))
+def test_no_reporter_takes_a_private_name_of_another(module: str) -> None:
+    path = PACKAGE.parent.joinpath(*module.split(".")).with_suffix(".py")
+    if not path.exists():
+        path = path.with_suffix("") / "__init__.py"
+    assert sibling_privates(path.read_text(), module) == [], f"{module}: share it under a public name"
+
+
+def test_the_private_name_rule_sees_what_it_forbids() -> None:
+    me = "hangdoc.report.html"
+    assert sibling_privates("from .terminal import _fold, render", me) == ["hangdoc.report.terminal._fold"]
+    assert sibling_privates("from hangdoc.report.graph import _svg", me) == ["hangdoc.report.graph._svg"]
+    assert sibling_privates("from . import terminal\nterminal._state(1)", me) == ["terminal._state"]
+    assert sibling_privates("import hangdoc.report.terminal as t\nt._fold([])", me) == ["t._fold"]
+    # public names, the module's own private names, and other floors' are no concern here
+    assert sibling_privates("from .rows import rank_rows\nfrom ..errors import printable", me) == []
+    assert sibling_privates("from .html import _esc", me) == []
+
+
 def test_no_import_circles() -> None:
     graph = nx.DiGraph()
     for module, names in GRAPH.items():

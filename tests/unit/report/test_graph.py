@@ -17,8 +17,8 @@ from hangdoc.analysis.analyse import analyse
 from hangdoc.bundle import load_snapshot
 from hangdoc.cli import main
 from hangdoc.model import Frame, Verdict
-from hangdoc.report.graph import culprit_words, render_dot, render_svg, svg_element, tree_graph
-from hangdoc.report.terminal import _fold
+from hangdoc.report.frames import fold
+from hangdoc.report.graph import render_dot, render_svg, svg_element, tree_graph
 
 pytest.importorskip("pydot", reason="the DOT is read back with networkx's pydot reader (pip install pydot)")
 # pydot's parser calls pyparsing's old names, which pyparsing 3.3 warns about
@@ -209,10 +209,10 @@ def test_library_frames_fold_in_the_svg_as_in_the_terminal(tmp_path: Path) -> No
     # the two torch frames are one box in the terminal's words (for the stretch all ranks
     # share, as the terminal folds it), the three native ones another
     shared = [n.frame for n in diag.tree.nodes if n.frame is not None and len(n.ranks) == 3]
-    ((row, count),) = [(row, n) for row, n in _fold(shared) if n > 1]
-    assert count == 2
+    (row,) = [row for row in fold(shared) if row.frames > 1]
+    assert row.frames == 2
     texts = [" ".join(_lines(g)) for g in folded]
-    assert any(row.plain in t and "2 frames folded" in t for t in texts), texts
+    assert any(row.words in t and "2 frames folded" in t for t in texts), texts
     assert any("3 frames folded" in t for t in texts), texts
     assert len(nodes) == len(diag.tree) - 1 - 2  # 5 torch and native frames in 2 boxes
     # the user's own frames keep a box each
@@ -260,21 +260,3 @@ def test_the_corpus_picture_folds_torch_and_marks_the_culprit() -> None:
     assert _legend(svg) == {"culprit", "native"}
     culprit_boxes = [g for g in nodes if "culprit" in (g.get("class") or "").split()]
     assert any("barrier" in " ".join(_lines(g)) and "folded" in (g.get("class") or "") for g in culprit_boxes)
-
-
-@pytest.mark.parametrize(
-    ("ranks", "words"),
-    [
-        ([], ""),
-        ([3], "culprit: rank 3"),
-        ([7, 3, 5, 6], "culprits: ranks 3, 5-7"),
-        (list(range(0, 10_000, 2)), "culprits: ranks 0, 2, 4"),
-    ],
-)
-def test_culprit_words(ranks: list[int], words: str) -> None:
-    said = culprit_words(ranks)
-    assert said.startswith(words) and "(" not in words
-    if len(ranks) > 100:
-        assert said.endswith("… (5,000)") and len(said) < 90
-    else:
-        assert said == words

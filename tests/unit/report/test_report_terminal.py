@@ -339,33 +339,6 @@ def test_folded_runs_name_the_function_the_job_called_past_its_decorator() -> No
     assert "wrapper" not in out
 
 
-@pytest.mark.parametrize(
-    ("code", "frames", "row"),
-    [
-        # the caller's line names the function (a Python without qualified names in py-spy)
-        ("opt.step()", ["torch/optim/optimizer.py:wrapper:493", "torch/optim/adamw.py:AdamW.step:220"],
-         "torch.optim.AdamW.step (torch/optim/adamw.py:220)"),
-        # no name in the line: the first frame that is no closure, then where the run ends
-        ("loss = model(x)", ["torch/nn/modules/module.py:Module._wrapped_call_impl:1773",
-                             "torch/nn/modules/module.py:Module._call_impl:1784",
-                             "torch/nn/parallel/distributed.py:DistributedDataParallel.forward:1633"],
-         "torch.nn.modules.Module._wrapped_call_impl › _call_impl › "
-         "DistributedDataParallel.forward (torch/nn/parallel/distributed.py:1633)"),
-        # a package's __init__.py is the package; a module of its own names itself
-        ("torch.cuda.synchronize()",
-         ["torch/cuda/__init__.py:synchronize:985", "torch/cuda/__init__.py:_lazy_init:300"],
-         "torch.cuda.synchronize › _lazy_init (torch/cuda/__init__.py:300)"),
-        ("done.wait()", ["/usr/lib/python3.11/threading.py:Event.wait:629",
-                         "/usr/lib/python3.11/threading.py:Condition.wait:327"],
-         "threading.Event.wait › Condition.wait (threading.py:327)"),
-    ],
-)  # fmt: skip
-def test_a_folded_run_is_named_by_its_library_path(code: str, frames: list[str], row: str) -> None:
-    stack = ["train.py:main:5", make_frame("train.py:step:9", code=code), *frames]
-    snap = make_snapshot({0: stack})
-    assert row in rendered(make_diagnosis(snap), snap, width=200)
-
-
 # ------------------------------------------------------- text from the job is inert
 
 
