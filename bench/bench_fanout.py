@@ -63,7 +63,7 @@ from hangdoc.fleet.client import AgentAuth, RemoteNode
 from hangdoc.fleet.coordinator import Fleet, fan_out, find_ranks, sample_all
 from hangdoc.fleet.node import Node
 from hangdoc.fleet.v1 import agent_pb2 as pb
-from hangdoc.model import Sample
+from hangdoc.model import Sample, counted
 from hangdoc.pipeline import CaptureOptions, observe
 
 SNAPSHOT = ROOT / "tests" / "snapshots" / "mismatch_uneven_shards_eval_gather.json.gz"
@@ -615,7 +615,7 @@ def findings(rows: list[dict[str, Any]]) -> list[str]:
             f'{f["sources"]:.3f} s at {n:,} agents (the "SampleSources, serial" column); `watch` asks '
             "all nodes at once and only for (file, line) pairs it has not fetched from that node "
             "before, so only the first round pays, and rounds start on a fixed tick "
-            f"(`t0 + k * interval`). `watch` took {big['watch_rounds']} round(s) in its 2 s window at {n:,} "
+            f"(`t0 + k * interval`). `watch` took {counted(big['watch_rounds'], 'round')} in its 2 s window at {n:,} "
             f"agents, {small['watch_rounds']} at {small['n']:,} agents."
         ),
     ]

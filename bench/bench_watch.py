@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from hangdoc.model import counted
+
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "tests" / "watchjobs" / "ddp_train.py"
 BIN = Path(sys.executable).parent
@@ -160,7 +162,8 @@ def main() -> int:
         "",
         (
             f"Healthy run: {args.steps} jittery steps in {healthy['seconds']:.0f} s, learned timeout (floor 2 s): "
-            f"exit status {healthy['exit']}, **{healthy['alarms']} alarm(s)**; {healthy['suspected']} silence(s) "
+            f"exit status {healthy['exit']}, **{counted(healthy['alarms'], 'alarm')}**; "
+            f"{counted(healthy['suspected'], 'silence')} "
             f"checked by a diagnosis, {healthy['dismissed']} dismissed as progress."
         ),
         "",

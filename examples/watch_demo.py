@@ -118,7 +118,7 @@ def main(argv: list[str]) -> int:
         kill_all(watch, tag)
         left = tagged(tag)
         if left:
-            print(f"warning: {len(left)} demo process(es) survived", file=sys.stderr)
+            print(f"warning: {len(left)} demo {'process' if len(left) == 1 else 'processes'} survived", file=sys.stderr)
     elapsed = time.monotonic() - started
     if held:
         out.mkdir(parents=True, exist_ok=True)

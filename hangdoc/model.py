@@ -26,6 +26,14 @@ MAX_WORLD_SIZE = 2**18
 PID_MIN, PID_MAX = 1, 2**22  # Linux: pid_max is at most 2**22 (PID_MAX_LIMIT)
 
 
+def counted(count: int, one: str, many: str | None = None) -> str:
+    """``1 rank``, ``4 ranks``, ``1,024 processes`` (``many``: the plural, where it is not
+    ``one`` + s): a count and its noun in the right number, for every floor's words. Here,
+    not with the reporters' words, because this module imports no other of hangdoc and
+    its own ``describe`` methods count too."""
+    return f"{count:,} {one if count == 1 else many or one + 's'}"
+
+
 class Origin(enum.Enum):
     """Where a frame's code comes from, by the layout of the installation it was loaded from."""
 
@@ -469,7 +477,7 @@ class GpuState:
         if self.xids:
             parts.append("XID " + ",".join(map(str, self.xids)))
         if self.ecc_uncorrected:
-            parts.append(f"{self.ecc_uncorrected} uncorrectable ECC error(s)")
+            parts.append(counted(self.ecc_uncorrected, "uncorrectable ECC error"))
         if self.matched_by != "pid":
             parts.append(f"matched by {self.matched_by}")
         return " ".join(parts[:1]) + (": " + ", ".join(parts[1:]) if parts[1:] else "")

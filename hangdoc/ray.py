@@ -32,7 +32,7 @@ from .errors import RayNotInstalled, RayUnreachable, UsageError, one_line
 from .fleet.client import AgentAuth, RemoteNode
 from .fleet.coordinator import Fleet, fan_out
 from .fleet.ray_agents import ray_agents
-from .model import Diagnosis, JobSnapshot, Note, RankProcess, Unreachable
+from .model import Diagnosis, JobSnapshot, Note, RankProcess, Unreachable, counted
 from .pipeline import CaptureOptions, FleetFinder, FleetSource, Message
 from .pipeline import diagnose as diagnose_job
 
@@ -79,7 +79,9 @@ class _Session:
     def find(self, job: JobSpec, say: Message) -> Fleet:
         assert job.ray_job is not None
         found = find_ray_job(job.ray_job, address=self.options.address, patterns=self.options.workers)
-        say(f"Ray job {found.job_id}: {len(found.workers)} worker(s) on {len(found.node_ids)} node(s)")
+        say(
+            f"Ray job {found.job_id}: {counted(len(found.workers), 'worker')} on {counted(len(found.node_ids), 'node')}"
+        )
         self._place([n for n in found.node_ids if n not in self.nodes and n not in self.failed], say)
         nodes = {n: self.nodes[n] for n in found.node_ids if n in self.nodes}
         failed = {n: self.failed[n] for n in found.node_ids if n in self.failed}
@@ -94,7 +96,7 @@ class _Session:
         keep = self.options.keep_agents
         agents = self.stack.enter_context(ray_agents(node_ids, token=self.token, keep=keep, partial=True))
         say(
-            f"started {len(agents)} hangdoc agent actor(s)"
+            f"started {counted(len(agents), 'hangdoc agent actor')}"
             + (" (kept after the diagnosis: --keep-agents)" if keep else "")
         )
         self.nodes.update({node_id: _RayNode(node_id, address, self.auth) for node_id, address in agents.items()})

@@ -1,7 +1,7 @@
 """The words of a wait followed past the ranks (``analysis.beyond``): who waits, on what,
 and the process at the end. Shared by ``analysis.wording`` and the reporters' chain lines.
-Besides, ``counted``: a count and its noun in the right number (``1 rank``, ``2 ranks``), for
-every floor's words, never ``rank(s)``."""
+``counted`` (a count and its noun in the right number: ``1 rank``, ``2 ranks``) lives in
+``model``, which imports nothing of hangdoc, and is re-exported here for the reporters."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 from collections.abc import Sequence
 
 from .model import LinkKind, RootCause, WaitLink
+from .model import counted as counted
 
 _KIND_WORDS = {
     LinkKind.COLLECTIVE: "in a collective, for",
@@ -23,12 +24,6 @@ _KIND_WORDS = {
     LinkKind.CONDITION: "on a condition or event",
 }
 _COMMAND_CHARS = 72
-
-
-def counted(count: int, one: str, many: str | None = None) -> str:
-    """``1 rank``, ``4 ranks``, ``1,024 processes`` (``many``: the plural, where it is not
-    ``one`` + s)."""
-    return f"{count:,} {one if count == 1 else many or one + 's'}"
 
 
 def command_words(command: Sequence[str]) -> str:

@@ -118,7 +118,7 @@ def start(token_file: Path, hostfile: Path, port: int, extra_args: list[str]) ->
         ).remote(token, port, extra_args))
     addresses = ray.get([a.wait_ready.remote(READY_TIMEOUT_S) for a in actors])
     hostfile.write_text("".join(f"{a}\n" for a in sorted(addresses)))
-    print(f"{len(addresses)} hangdoc agent(s) listening; addresses in {hostfile}")
+    print(f"{len(addresses)} hangdoc {'agent' if len(addresses) == 1 else 'agents'} listening; addresses in {hostfile}")
     return 0
 
 
@@ -132,7 +132,7 @@ def stop() -> int:
             ray.get(actor.stop.remote(), timeout=30)
         finally:
             ray.kill(actor)
-    print(f"stopped {len(names)} hangdoc agent(s)")
+    print(f"stopped {len(names)} hangdoc {'agent' if len(names) == 1 else 'agents'}")
     return 0
 
 

@@ -44,7 +44,7 @@ start() {
         stop
         return 1
     fi
-    echo "hangdoc agents on $(wc -l < "$HANGDOC_DIR/nodes.txt") node(s), port $HANGDOC_PORT"
+    echo "hangdoc agents started; nodes listed in $HANGDOC_DIR/nodes.txt ($(wc -l < "$HANGDOC_DIR/nodes.txt")), port $HANGDOC_PORT"
     echo "  hangdoc diagnose MASTER_ADDR:MASTER_PORT --hostfile $HANGDOC_DIR/nodes.txt --token-file $HANGDOC_DIR/token"
 }
 

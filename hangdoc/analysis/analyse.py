@@ -27,6 +27,7 @@ from ..model import (
     Scope,
     Stack,
     StackGroup,
+    counted,
 )
 from ..rankranges import ranges_text
 from . import classify, confidence, gpu_state, phrases
@@ -130,7 +131,7 @@ def off_node_ranks(snapshot: JobSnapshot, absent: set[int], views: Sequence[Rank
         note = (
             (
                 f"ranks {ranges_text(sorted(set(elsewhere)))} may run on nodes that were not asked "
-                f"({per_node} ranks per node, {len(hosts)} node(s) seen): their state is unknown; "
+                f"({per_node} ranks per node, {counted(len(hosts), 'node')} seen): their state is unknown; "
                 "diagnose with an agent on every node to see them"
             )
             if elsewhere
@@ -143,7 +144,8 @@ def off_node_ranks(snapshot: JobSnapshot, absent: set[int], views: Sequence[Rank
     return Placement(
         frozenset(absent),
         note=(
-            f"ranks {ranges_text(sorted(set(absent)))} have no process on the node(s) searched "
+            f"ranks {ranges_text(sorted(set(absent)))} have no process on the "
+            f"{'node' if len(hosts) == 1 else 'nodes'} searched "
             f"({searched}), and nothing shows the job has no other node: not seen, not missing; "
             "run `hangdoc agent` on the job's other nodes and add --agents NODE:7420,... "
             "(or --hostfile FILE) to see them"

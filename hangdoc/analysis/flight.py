@@ -93,6 +93,7 @@ from ..model import (
     FlightRecord,
     JobSnapshot,
     Verdict,
+    counted,
 )
 from ..rankranges import ranges_text, rank_phrase
 
@@ -283,7 +284,7 @@ def _with_missing(finding: FlightFinding, group: _Group, records: dict[int, Flig
     undumped = sorted(group.configured - set(records))
     if not undumped or finding.kind is FlightKind.UNSEEN:  # that one says so itself
         return finding
-    line = f"no flight recorder dump from rank(s) {ranges_text(sorted(set(undumped)))} of {group.label}"
+    line = f"no flight recorder dump from {rank_phrase(undumped)} of {group.label}"
     return dataclasses.replace(finding, evidence=(*finding.evidence, line))
 
 
@@ -392,7 +393,7 @@ def _shifts(
             extra = ops[ranks[0]][seq].describe()
             lines.append(
                 f"{who} issued as collective #{seq + k} the call rank {ahead} issued as #{seq} ({call}): "
-                f"{who} looks to have made {k} call(s) of {label} the others did not (from {extra} "
+                f"{who} looks to have made {counted(k, 'call')} of {label} the others did not (from {extra} "
                 f"as #{seq}), which shifts every later number by {k}"
             )
     return lines
@@ -870,7 +871,7 @@ def _match_p2p(group: _Group, records: dict[int, FlightRecord]) -> tuple[FlightF
     notes = []
     if unjudged:
         notes.append(
-            f"p2p ops of {group.label} with rank(s) {ranges_text(sorted(set(unjudged)))} not matched: "
+            f"p2p ops of {group.label} with {rank_phrase(unjudged)} not matched: "
             "no dump, or a ring that no longer holds the process's first op (counts from the start unknown)"
         )
     label = group.label
@@ -932,11 +933,11 @@ def _wait_line(label: str, w: _Wait) -> str:
     if w.op.op == "send":
         return (
             f"rank {w.rank} waits in p2p #{w.op.seq} of {label} (send {_shape(w.op)} to rank {w.peer}, its "
-            f"{_ordinal(w.nth)} to rank {w.peer}); rank {w.peer} has posted {w.posted} receive(s) from it"
+            f"{_ordinal(w.nth)} to rank {w.peer}); rank {w.peer} has posted {counted(w.posted, 'receive')} from it"
         )
     return (
         f"rank {w.rank} waits in p2p #{w.op.seq} of {label} (recv {_shape(w.op)} from rank {w.peer}, its "
-        f"{_ordinal(w.nth)} from rank {w.peer}); rank {w.peer} has issued {w.posted} send(s) to it"
+        f"{_ordinal(w.nth)} from rank {w.peer}); rank {w.peer} has issued {counted(w.posted, 'send')} to it"
     )
 
 

@@ -61,6 +61,7 @@ from ..model import (
     NcclRasReport,
     RasCommunicator,
     RasRank,
+    counted,
 )
 from ..rankranges import rank_phrase
 
@@ -121,7 +122,7 @@ def find(snapshot: JobSnapshot) -> DeviceFindings | None:
     if faulty:
         next_steps = (
             (
-                f"Look for Xid lines in the kernel log of the node(s) of {rank_phrase(faulty)} "
+                f"Look for Xid lines in the kernel log of the nodes of {rank_phrase(faulty)} "
                 "(`dmesg -T | grep -i xid`) and check the GPU there (`nvidia-smi -q`)"
             ),
         )
@@ -195,8 +196,8 @@ def _faults(gpus: dict[int, tuple[GpuState, ...]]) -> tuple[tuple[int, ...], lis
                 lines.append(f"rank {rank}'s GPU {gpu.index} " + " and ".join(said))
             if gpu.ecc_uncorrected:
                 lines.append(
-                    f"rank {rank}'s GPU {gpu.index} counts {gpu.ecc_uncorrected} uncorrectable "
-                    "ECC error(s) since its driver loaded (NVML)"
+                    f"rank {rank}'s GPU {gpu.index} counts {counted(gpu.ecc_uncorrected, 'uncorrectable ECC error')} "
+                    "since its driver loaded (NVML)"
                 )
     return tuple(sorted(set(faulty))), lines
 
@@ -242,7 +243,7 @@ def read_ras(snapshot: JobSnapshot, report: NcclRasReport) -> RasFindings:
         if found is not None:
             lags.append((found[0], f"{origin}: {label}: {found[1]}"))
     if report.timeouts:
-        evidence.append(f"{origin}: {report.timeouts} timeout(s) while RAS gathered its data")
+        evidence.append(f"{origin}: {counted(report.timeouts, 'timeout')} while RAS gathered its data")
     return RasFindings(tuple(evidence), tuple(sorted(unreachable)), tuple(lags))
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ..memo import once_per_object
-from ..model import DistOp, Heartbeat, ThreadException
+from ..model import DistOp, Heartbeat, ThreadException, counted
 from ..rankranges import rank_phrase
 from .views import RankView
 
@@ -45,7 +45,7 @@ def exception_lines(views: Sequence[RankView]) -> list[str]:
             f"{rank_phrase(ranks)}'s {_thread_words(thread, one)} {'is' if one else 'are'} handling {type_name} "
             f"raised at {where}{within} ({'its probe' if one else 'their probes'})"
         )
-    return _bounded(lines, "thread(s) with a live exception")
+    return _bounded(lines, "thread with a live exception", "threads with a live exception")
 
 
 def heartbeat_lines(views: Sequence[RankView]) -> list[str]:
@@ -65,7 +65,7 @@ def heartbeat_lines(views: Sequence[RankView]) -> list[str]:
             f"{rank_phrase(ranks)} last beat{at}{inside}, {age} s before hangdoc asked "
             f"({'its probe' if len(ranks) == 1 else 'their probes'})"
         )
-    return _bounded(lines, "heartbeat line(s)")
+    return _bounded(lines, "heartbeat line", "heartbeat lines")
 
 
 def _within(exc: ThreadException, v: RankView, described: Callable[[DistOp], str]) -> str:
@@ -87,7 +87,7 @@ def _first(item: tuple[tuple[bool, str, str, str, str], list[int]]) -> tuple[boo
     return outside, min(ranks), item[0][2]
 
 
-def _bounded(lines: list[str], what: str) -> list[str]:
+def _bounded(lines: list[str], one: str, many: str) -> list[str]:
     if len(lines) <= MAX_LINES:
         return lines
-    return [*lines[:MAX_LINES], f"and {len(lines) - MAX_LINES} more {what} (their probes)"]
+    return [*lines[:MAX_LINES], f"and {counted(len(lines) - MAX_LINES, 'more ' + one, 'more ' + many)} (their probes)"]

@@ -63,6 +63,7 @@ from ..model import (
     ProbeStatus,
     Sample,
     SourceFile,
+    counted,
 )
 from . import limits, wire
 from .callers import OPERATOR_BY_CERT, OPERATOR_BY_TOKEN, Caller, identify
@@ -612,7 +613,7 @@ async def serve(
     await server.stop(grace=limits.STOP_GRACE_S)
     running = service.lanes.shutdown()
     if running:
-        log.info("%d request(s) still running after the grace period, not waited for", running)
+        log.info("%s still running after the grace period, not waited for", counted(running, "request"))
     return running
 
 

@@ -21,7 +21,7 @@ from ..capture.find.jobspec import JobKind, JobSpec, parse_job_spec
 from ..capture.find.jobsplit import MultipleJobs, rendezvous_key
 from ..capture.find.wholejob import Elsewhere, elsewhere_note
 from ..errors import HangdocError, JobNotFound
-from ..model import Note, NoteKind, RankProcess, Sample, Unreachable
+from ..model import Note, NoteKind, RankProcess, Sample, Unreachable, counted
 from .node import LocalNode, Node
 
 MAX_IN_FLIGHT = 64
@@ -177,12 +177,12 @@ def _find_by_pid(nodes: Sequence[Node], spec: JobSpec, deadline: float | None) -
     if job is None:
         note = (
             f"{spec} is on {anchor}; its ranks show no rendezvous (MASTER_ADDR/MASTER_PORT, "
-            f"a Slurm step) to ask the other {len(others)} node(s) for: they were not asked"
+            f"a Slurm step) to ask the other {counted(len(others), 'node')} for: they were not asked"
         )
         rest: list[tuple[Node, Discovery | None, BaseException | None]] = []
     else:
         job_spec = parse_job_spec(job)
-        note = f"{spec} is on {anchor}, a rank of {job}; the other node(s) were asked for {job}"
+        note = f"{spec} is on {anchor}, a rank of {job}; the other nodes were asked for {job}"
         rest = _fan_out_caught(others, lambda n: n.find_ranks(job_spec), deadline)
     fleet = _assemble(nodes, spec, kept + rest)
     return dataclasses.replace(fleet, notes=(Note(note), *fleet.notes))

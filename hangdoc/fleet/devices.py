@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
-from ..model import GpuState, JobSnapshot, NcclRasReport, Note
+from ..model import GpuState, JobSnapshot, NcclRasReport, Note, counted
 from .coordinator import Fleet, NodeAnswer, fan_out_pids
 from .node import Node, NodeDevices
 
@@ -76,13 +76,13 @@ def gather_devices(
             reasons.setdefault(answer.gpu_reason, []).append(told.node.name)
         if told.node is first:
             ras, ras_reason = answer.ras, answer.ras_reason
-    notes = [f"GPU state (NVML) of {len(gpus)} of {len(fleet.placed)} rank(s)"] if gpus else []
+    notes = [f"GPU state (NVML) of {len(gpus)} of {counted(len(fleet.placed), 'rank')}"] if gpus else []
     notes += [
         f"GPU state on {', '.join(names[:4])}{' and more' if len(names) > 4 else ''}: {why}"
         for why, names in reasons.items()
     ]
     if ras is not None:
-        notes.append(f"NCCL RAS report ({ras.source or 'ncclras'}): {len(ras.communicators)} communicator(s)")
+        notes.append(f"NCCL RAS report ({ras.source or 'ncclras'}): {counted(len(ras.communicators), 'communicator')}")
     elif ras_reason:
         notes.append(f"no NCCL RAS report: {ras_reason}")
     return JobDevices(gpus, ras, tuple(map(Note, notes)))

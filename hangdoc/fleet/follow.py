@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..model import Frame, Note, NoteKind, RankProcess, RankSnapshot, Sample, ThreadWait
+from ..model import Frame, Note, NoteKind, RankProcess, RankSnapshot, Sample, ThreadWait, counted
 from .coordinator import Fleet, fan_out
 from .node import Node, Waited
 
@@ -112,9 +112,11 @@ def follow_waits(
             for pid, waits in waited.waits.items():
                 _set_waits(beyond, node, pid, waits)
         pids = tuple(sorted(pid for _, pid in beyond.held))
-        what = f"followed the waits of {len(wanted)} rank(s)" if wanted else "followed"
+        what = f"followed the waits of {counted(len(wanted), 'rank')}" if wanted else "followed"
         what += " and --include" if include else ""
-        notes.append(Note(f"{what} to {len(pids)} process(es) beyond the ranks", NoteKind.OTHER, pids=pids))
+        notes.append(
+            Note(f"{what} to {counted(len(pids), 'process', 'processes')} beyond the ranks", NoteKind.OTHER, pids=pids)
+        )
     return beyond, notes
 
 

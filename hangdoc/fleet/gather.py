@@ -28,6 +28,7 @@ from ..model import (
     SourceFile,
     ThreadStack,
     Unreachable,
+    counted,
 )
 from .coordinator import Fleet, Round, fan_out, sample_all
 from .devices import JobDevices, gather_devices
@@ -111,7 +112,9 @@ class Gather:
         self.deepened |= want
         self._add(Round({i: s for i, s in taken.samples.items() if s.error is None}, taken.lost))
         pids = tuple(self.fleet.placed[i][1].pid for i in sorted(want))
-        self.notes.append(Note(f"native frames taken of pid(s) {', '.join(map(str, pids))}", pids=pids))
+        self.notes.append(
+            Note(f"native frames taken of pid{'s' if len(pids) > 1 else ''} {', '.join(map(str, pids))}", pids=pids)
+        )
         return pids
 
     def follow(
@@ -221,9 +224,8 @@ def _refused(samples: list[list[Sample]]) -> PermissionDenied | None:
     """Every rank refused ptrace in its last sample: the error that says so, else None."""
     last = [s[-1] for s in samples if s]
     if last and all(x.error is not None and x.error.kind is CaptureErrorKind.PTRACE_DENIED for x in last):
-        return PermissionDenied(
-            f"ptrace was refused for all {len(last)} rank process(es): {last[0].error.message}"  # type: ignore[union-attr]
-        )
+        every = counted(len(last), "rank process", "rank processes")
+        return PermissionDenied(f"ptrace was refused for all {every}: {last[0].error.message}")  # type: ignore[union-attr]
     return None
 
 

@@ -12,7 +12,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from ..errors import one_line
-from ..model import Note, ProbeAnswer, ProbeStatus
+from ..model import Note, ProbeAnswer, ProbeStatus, counted
 from .coordinator import Fleet, NodeAnswer, fan_out_pids
 from .node import ProbeAnswers
 
@@ -52,7 +52,7 @@ def ask_probes(
                 no_dump.append(f"pid {pid}: {answer.reason}")
     notes = []
     if dumps := sum(a.flight is not None for a in answers.values()):
-        notes.append(f"flight recorder dumps of {dumps} of {len(fleet.placed)} rank(s), through their probes")
+        notes.append(f"flight recorder dumps of {dumps} of {counted(len(fleet.placed), 'rank')}, through their probes")
     for what, which in (("no answer from the probe of ", failed), ("no flight recorder dump from ", no_dump)):
         if which:
             notes.append(what + "; ".join(which[:4]) + (f"; and {len(which) - 4} more" if len(which) > 4 else ""))

@@ -31,6 +31,7 @@ from typing import Any
 from .. import __version__
 from ..capture.find.ray_job import ADDRESS_ENV, NODE_ID_ENV
 from ..errors import UsageError, one_line, shown
+from ..model import counted
 from .client import AgentError
 
 NAMESPACE = "hangdoc"  # the Ray namespace of the agents' named actors
@@ -259,7 +260,7 @@ def _wait_ready(
 
 def _failure_message(failed: Mapping[str, str], total: int) -> str:
     each = "; ".join(f"node {node_id}: {why}" for node_id, why in failed.items())
-    return f"no hangdoc agent on {len(failed)} of {total} Ray node(s): {each}"
+    return f"no hangdoc agent on {len(failed)} of {counted(total, 'Ray node')}: {each}"
 
 
 def _remove(ray: Any, actors: list[Any], timeout: float = STOP_TIMEOUT) -> None:

@@ -21,7 +21,7 @@ from ..fleet import jobreport
 from ..fleet.client import AgentAuth, RemoteNode
 from ..fleet.jobreport import from_json
 from ..fleet.jobwatch import NodeJobs
-from ..model import Verdict
+from ..model import Verdict, counted
 from ..pipeline import CaptureOptions, diagnose
 from ..report.html import render_html
 from ..report.json_report import render_json
@@ -123,10 +123,10 @@ class HangService:
 
     def run(self) -> None:
         log.info(
-            "watching: stall after %g s, checks every %g s, %d polled agent(s)",
+            "watching: stall after %g s, checks every %g s, %s",
             self.config.stall_after,
             self.config.check_interval,
-            len(self.config.agents),
+            counted(len(self.config.agents), "polled agent"),
         )
         while not self._stop.is_set():
             try:

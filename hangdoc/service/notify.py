@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from .. import __version__
 from ..errors import UsageError, described
+from ..model import counted
 from ..rankranges import rank_phrase
 from .records import Incident
 from .shapes import iso
@@ -113,7 +114,7 @@ class Notifier:
             left = len(self._pending)
             self._pending.clear()
         if left:
-            log.warning("%d notification(s) to %s not sent: the server is stopping", left, self.target)
+            log.warning("%s to %s not sent: the server is stopping", counted(left, "notification"), self.target)
             for _ in range(left):
                 self._result("failed")
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from ..capture.find.jobspec import parse_job_spec
 from ..errors import HangdocError
+from ..model import counted
 from .config import Level, OnHang, Say
 from .hooks import Hooks
 from .jobcontrol import adopted, end_job
-from .stall import plural
 from .supervisor import Supervisor
 from .tracked import TrackedRanks
 
@@ -64,11 +64,11 @@ class Job:
         else:
             left = end_job(self._roots(), grace, spare=self.hooks.pids())
         if left:
-            self.say(Level.ERROR, f"could not end {plural(len(left), 'pid')} {', '.join(map(str, left))}")
+            self.say(Level.ERROR, f"could not end {counted(len(left), 'pid')} {', '.join(map(str, left))}")
 
     def kill(self) -> int:
         """``--on-hang kill``: end the job, wait for the hook commands; the exit status."""
-        trees = plural(1 if self._started() else len(self._roots()), "process tree")
+        trees = counted(1 if self._started() else len(self._roots()), "process tree")
         self.say(Level.INFO, f"--on-hang kill: ending the job ({trees}), grace {self.grace:g} s")
         self.end(self.grace)
         self.hooks.end()
@@ -100,7 +100,7 @@ class Job:
             self.say(Level.STOP, f"killing the wrapped command (pid {sup.pid}) and all its processes now (SIGKILL)")
             left = sup.kill_tree(spare=self.hooks.pids())
         if left:
-            self.say(Level.ERROR, f"could not end {plural(len(left), 'pid')} {', '.join(map(str, left))}")
+            self.say(Level.ERROR, f"could not end {counted(len(left), 'pid')} {', '.join(map(str, left))}")
 
     def stop(self) -> int:
         """A second signal: kill the whole job now; the command's status, else 137."""

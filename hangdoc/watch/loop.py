@@ -13,13 +13,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from ..model import counted
 from .config import Level, Say, WatchConfig
 from .hooks import Hooks
 from .job import Job
 from .metrics import MetricsBoard
 from .pace import Pace
 from .respond import Responder
-from .stall import Alarm, Signal, Timeout, TimeoutNews, plural
+from .stall import Alarm, Signal, Timeout, TimeoutNews
 from .still import EarlyLook
 
 
@@ -90,7 +91,7 @@ class Loop:
         self.early.poll(now)
         if self.early.ranks_seen and not seen and not self.found_said and self.job.supervisor is not None:
             self.found_said = True
-            self.say(Level.INFO, f"found {plural(self.early.ranks_seen, 'rank process', 'rank processes')} of the job")
+            self.say(Level.INFO, f"found {counted(self.early.ranks_seen, 'rank process', 'rank processes')} of the job")
         still = self.early.stillness.still_for(now)
         if not self.alarm.due_early(clock, now, still):
             return None

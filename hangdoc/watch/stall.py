@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 
 from ..errors import UsageError
-from ..model import Diagnosis, Verdict
+from ..model import Diagnosis, Verdict, counted
 
 DEFAULT_WARMUP_TIMEOUT = 600.0
 DEFAULT_FIRST_STEP_TIMEOUT = 120.0  # see ``still``: far above a hung rank's stillness, below the warm-up
@@ -104,13 +104,8 @@ class StallPolicy:
             before.append(f"{self.first_step_timeout:g} s when every rank is also still")
         if before:
             verb = "is" if self.warmup_steps == 1 else "are"
-            rule += f"; until {plural(self.warmup_steps, 'step')} {verb} seen: {', or '.join(before)}"
+            rule += f"; until {counted(self.warmup_steps, 'step')} {verb} seen: {', or '.join(before)}"
         return rule
-
-
-def plural(n: int, word: str, words: str | None = None) -> str:
-    """``1 step``, ``2 steps``: a count and its noun (``words``: its plural, when not ``word`` + s)."""
-    return f"{n} {word}" if n == 1 else f"{n} {words or word + 's'}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,7 +334,7 @@ def judge(diagnosis: Diagnosis, postponed: int, max_postpone: int) -> Decision:
                 ),
             )
     if diagnosis.verdict is Verdict.STRAGGLER:
-        return Decision(Action.FIRE, f"confirmed after {plural(postponed + 1, 'look')}: {diagnosis.summary}")
+        return Decision(Action.FIRE, f"confirmed after {counted(postponed + 1, 'look')}: {diagnosis.summary}")
     return Decision(Action.FIRE, f"confirmed by diagnosis: {diagnosis.summary}")
 
 

@@ -36,7 +36,7 @@ from ..capture.read.pyspy import find_pyspy
 from ..errors import HangdocError, InternalError, described
 from ..fleet.coordinator import Fleet, find_ranks
 from ..fleet.node import LocalNode
-from ..model import Heartbeat
+from ..model import Heartbeat, counted
 from .activity import HeartbeatSource, tee
 from .config import Level, OnHang, Say, WatchConfig, check_config, messages
 from .hooks import Hooks
@@ -46,7 +46,6 @@ from .jobcontrol import adopted
 from .loop import Loop
 from .metrics import MetricsBoard, Textfile, identity, serve, textfile_path
 from .pace import Pace
-from .stall import plural
 from .still import EarlyLook
 from .supervisor import Supervisor, become_subreaper, heartbeat_dir, local_heartbeats
 from .tracked import TrackedRanks
@@ -253,7 +252,7 @@ class AttachedRun:
 
     def run(self) -> int:
         fleet = self.ranks.find()
-        found = plural(len(fleet.placed), "rank process", "rank processes")
+        found = counted(len(fleet.placed), "rank process", "rank processes")
         self.say(Level.INFO, f"watching {self.c.job} ({found}): {self.rule()}; reports go to {self.c.out}/")
         self.pace.heartbeats = HeartbeatSource(self.ranks.heartbeats)
         self.ranks.start()

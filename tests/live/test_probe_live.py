@@ -111,5 +111,5 @@ def test_hangdoc_run_brings_flight_recorder_and_exceptions_into_the_diagnosis(tm
     snapshot = load_snapshot(saved)
     assert all(r.flight is not None and r.flight.entries for r in snapshot.ranks)
     assert [r.rank for r in snapshot.ranks if r.exceptions] == [0]
-    assert any(n.words().startswith(f"flight recorder dumps of {RANKS} of {RANKS} rank(s)") for n in snapshot.notes)
+    assert any(n.words().startswith(f"flight recorder dumps of {RANKS} of {RANKS} ranks") for n in snapshot.notes)
     assert "hangdoc.probe" not in log.read_text()  # hangdoc run said nothing of its own in the job's output

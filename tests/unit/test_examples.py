@@ -116,17 +116,25 @@ def test_user_save_is_used_for_the_fix() -> None:
 
 # ------------------------------------------------------------------------ watch-demo
 
+# `make watch-demo`'s output, from a real run (paths and pids shortened), the launcher's
+# traceback on SIGTERM cut to its first and last lines; then one of the watch's own lines
+# after the kill, as when a process outlives the grace
 WATCH_OUTPUT = [
-    "hangdoc watch: watching torchrun ... (pid 10); reports go to hangs/\n",
-    "step 4 losses [0.1]\n",
-    "hangdoc watch: HANG collective_mismatch (culprit ranks 3): ...\n",
-    "hangdoc watch: report: hangs/hang-20260101T000000Z/report.txt (json: hangs/hang-20260101T000000Z/report.json)\n",
-    "W1123 torch/distributed/run.py] a launcher line before the kill\n",
-    "hangdoc watch: --on-hang kill: ending the job (1 process tree(s)), grace 5 s\n",
-    "W1123 ... api.py:753] Received 15 death signal, shutting down workers\n",
+    "hangdoc watch: watching torchrun ... examples/demo_train.py (pid 22136): a hang is no output for more "
+    "than 5 s (--stall-after); reports go to hangs/\n",
+    "hangdoc watch: stall suspected: no output for 5.0 s; stall timeout 5.0 s (warm-up: 0 of 5 steps seen); "
+    "diagnosing pid:22136\n",
+    "hangdoc watch: not a hang: the job is progressing: not hung: rank 0 completed distributed operations "
+    "during the window\n",
+    "hangdoc watch: HANG collective_mismatch (culprit ranks 3): collective mismatch: rank 3 is in all_gather "
+    "(demo_train.py:24) while ranks 0-2 are in all_reduce (demo_train.py:30)\n",
+    "hangdoc watch: report: hangs/hang-20261128T160619Z/report.txt (json: hangs/hang-20261128T160619Z/report.json)\n",
+    "hangdoc watch: --on-hang kill: ending the job (1 process tree), grace 5 s\n",
+    "W1128 16:06:19.211000 22136 torch/distributed/elastic/agent/server/api.py:753] Received 15 death signal, "
+    "shutting down workers\n",
     "Traceback (most recent call last):\n",
-    "torch.distributed.elastic.multiprocessing.api.SignalException: Process 10 got signal: 15\n",
-    "hangdoc watch: the job's processes are gone\n",
+    "torch.distributed.elastic.multiprocessing.api.SignalException: Process 22136 got signal: 15\n",
+    "hangdoc watch: could not end pid 22150\n",
 ]
 
 
@@ -137,8 +145,8 @@ def test_watch_demo_holds_back_only_the_launcher_lines_after_the_kill() -> None:
 
 
 def test_watch_demo_finds_the_hang_directory() -> None:
-    assert watch_demo.report_dir(WATCH_OUTPUT[3]) == Path("hangs/hang-20260101T000000Z")
-    assert watch_demo.report_dir(WATCH_OUTPUT[2]) is None
+    assert watch_demo.report_dir(WATCH_OUTPUT[4]) == Path("hangs/hang-20261128T160619Z")
+    assert watch_demo.report_dir(WATCH_OUTPUT[3]) is None
     assert watch_demo.report_dir("report: hangs/x/report.txt (json: y)") is None  # the job's, not the watch's
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from ... import __version__
 from ...errors import BundleError
 from ...filekinds import file_kind
-from ...model import FlightRecord, JobSnapshot, Note, RankProcess, RankSnapshot, RankSource
+from ...model import FlightRecord, JobSnapshot, Note, RankProcess, RankSnapshot, RankSource, counted
 from ...safefiles import open_to_read, read_at_most
 from ..read.flight_recorder import MAX_ENTRIES, FlightRecordInvalid, read_dump
 
@@ -80,7 +80,7 @@ def _read_all(path: Path, dir_fd: int) -> JobSnapshot:
     total = 0
     for at, (name, rank) in enumerate(names):
         if total >= MAX_DIR_BYTES:
-            more.append(f"{len(names) - at:,} file(s) not read: {MAX_DIR_BYTES >> 20:,} MiB read already")
+            more.append(f"{counted(len(names) - at, 'file')} not read: {MAX_DIR_BYTES >> 20:,} MiB read already")
             break
         try:
             raw = _read(dir_fd, name, seen)
@@ -109,7 +109,8 @@ def _read_all(path: Path, dir_fd: int) -> JobSnapshot:
             help=FlightDirError.help,
         )
     notes = [
-        (f"flight recorder dumps of {len(ranks)} rank(s) from {path}; no stacks: the verdict rests on the dumps alone")
+        f"flight recorder dumps of {counted(len(ranks), 'rank')} from {path}; "
+        "no stacks: the verdict rests on the dumps alone"
     ]
     if keep < MAX_ENTRIES:
         notes.append(f"{len(names):,} dumps: the newest {keep:,} entries of each were kept")
@@ -169,7 +170,7 @@ def _list(path: Path, dir_fd: int) -> tuple[list[tuple[str, int]], list[str], li
     except OSError as err:
         raise FlightDirError(f"cannot list directory {path}: {err.strerror or err}", help=FlightDirError.help) from None
     if others > _LISTED:
-        more.append(f"{others - _LISTED:,} more file(s) without a rank at the end of the name not read")
+        more.append(f"{counted(others - _LISTED, 'more file')} without a rank at the end of the name not read")
     return sorted(names), skipped, more
 
 

@@ -24,10 +24,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ...errors import JobNotFound
-from ...model import Note, NoteKind, RankProcess
+from ...model import Note, NoteKind, RankProcess, counted
 from .hosts import endpoint_scope
 from .jobspec import JobKind, JobSpec
-from .jobsplit import Member, MultipleJobs, check_one_job, plural
+from .jobsplit import Member, MultipleJobs, check_one_job
 from .owners import by_owner, job_owner
 from .processes import ProcessTable, describe, read_process_table, withhold
 from .rankenv import env_int_notes
@@ -141,12 +141,12 @@ def _widen(
         who = f"pid {spec.pid} is a rank (number unknown) of"
     else:
         who = f"pid {spec.pid} is rank {mine.rank} of"
-    note = f"{who} {job.name}; took in its {plural(len(chosen.ranks), 'rank', 'ranks')} on this node"
+    note = f"{who} {job.name}; took in its {counted(len(chosen.ranks), 'rank', 'ranks')} on this node"
     if job.others:
         shown = ", ".join(f"pid {pid} (uid {table.procs[pid].uid})" for pid in job.others[:8])
         more = f" and {len(job.others) - 8} more" if len(job.others) > 8 else ""
         note += (
-            f", not {plural(len(job.others), 'process', 'processes')} of other users "
+            f", not {counted(len(job.others), 'process', 'processes')} of other users "
             f"that name its rendezvous ({shown}{more})"
         )
     return chosen, Note(note, NoteKind.WIDENED), f"{scope.what}, widened to {job.name}"

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ...errors import UsageError
+from ...model import counted
 from .jobspec import normalise_host, parse_job_spec
 
 _ENDPOINT = ("MASTER_ADDR", "MASTER_PORT")
@@ -142,7 +143,7 @@ def check_one_job(spec: str, members: Sequence[Member]) -> None:
     tail = ""
     if keyless:
         tail = (
-            f"; and {plural(len(keyless), 'rank process', 'rank processes')} with no "
+            f"; and {counted(len(keyless), 'rank process', 'rank processes')} with no "
             f"rendezvous variables ({pid_list(m.pid for m in keyless)})"
         )
     example = next((n for n in names if _is_spec(n)), None)
@@ -196,7 +197,7 @@ def _is_spec(name: str) -> bool:
 
 
 def _shape(job: Job) -> str:
-    ranks = plural(len(job.members), "rank", "ranks")
+    ranks = counted(len(job.members), "rank", "ranks")
     launchers = job.launchers
     if len(launchers) == 1:
         return f"{ranks}, launcher pid {launchers[0]}"
@@ -211,8 +212,3 @@ def pid_list(pids: Iterable[int]) -> str:
     shown = ", ".join(map(str, ordered[:_LISTED_PIDS]))
     more = len(ordered) - _LISTED_PIDS
     return f"pid {shown}" + (f" and {more} more" if more > 0 else "")
-
-
-def plural(count: int, one: str, many: str) -> str:
-    """``1 rank``, ``2 ranks``."""
-    return f"{count} {one if count == 1 else many}"

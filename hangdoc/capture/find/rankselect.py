@@ -29,8 +29,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ...errors import PermissionDenied
-from ...model import Note, NoteKind, RankProcess, RankSource
-from .jobsplit import pid_list, plural, rendezvous_key
+from ...model import Note, NoteKind, RankProcess, RankSource, counted
+from .jobsplit import pid_list, rendezvous_key
 from .processes import (
     ProcessTable,
     ProcInfo,
@@ -429,7 +429,7 @@ def permission_denied(procs: list[ProcInfo], table: ProcessTable, rest: str) -> 
 
 
 def _python_processes(count: int) -> str:
-    return plural(count, "Python process", "Python processes")
+    return counted(count, "Python process", "Python processes")
 
 
 def unreadable_notes(selection: Selection) -> list[Note]:

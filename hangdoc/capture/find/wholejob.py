@@ -29,10 +29,10 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ...model import RankSource
+from ...model import RankSource, counted
 from ...rankranges import rank_phrase
 from .hosts import same_host
-from .jobsplit import RendezvousKey, plural, rendezvous_key
+from .jobsplit import RendezvousKey, rendezvous_key
 from .owners import listening_uids
 from .processes import ProcessTable, is_python
 from .rankenv import parse_env_int
@@ -235,7 +235,7 @@ def elsewhere_note(
     if not found or world is None or len(set(ranks)) >= world:
         return None
     numbered = sorted({r for r in ranks if r is not None})
-    here = rank_phrase(numbered) if numbered else plural(len(ranks), "rank", "ranks")
+    here = rank_phrase(numbered) if numbered else counted(len(ranks), "rank", "ranks")
     why = found[0].why
     jobs = {e.job for e in found}
     named = jobs.pop() if len(jobs) == 1 else None

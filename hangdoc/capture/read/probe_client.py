@@ -32,7 +32,7 @@ import stat
 import struct
 import time
 
-from ...model import FlightRecord, Frame, Heartbeat, ProbeAnswer, ProbeStatus, ThreadException
+from ...model import FlightRecord, Frame, Heartbeat, ProbeAnswer, ProbeStatus, ThreadException, counted
 from ...probe import (
     DIR_PREFIX,
     LENGTH,
@@ -145,7 +145,9 @@ def _ask_probe(pid: int, request: str, timeout: float) -> ProbeAnswer:
         record, reason = _flight_record(flight, pid)
     left_out = answer.get("exceptions_left_out")
     if type(left_out) is int and left_out > 0:
-        reason = "; ".join(filter(None, (reason, f"the live exceptions of {left_out} more thread(s) left out")))
+        reason = "; ".join(
+            filter(None, (reason, f"the live exceptions of {counted(left_out, 'more thread')} left out"))
+        )
     return ProbeAnswer(ProbeStatus.ANSWERED, reason, record, heartbeat, exceptions)
 
 

@@ -33,7 +33,7 @@ import socket
 import struct
 from collections.abc import Callable, Iterable, Sequence
 
-from ...model import ThreadWait, WaitKind
+from ...model import ThreadWait, WaitKind, counted
 
 # System call numbers by machine (the kernel's tables: arch/x86/entry/syscalls/syscall_64.tbl,
 # include/uapi/asm-generic/unistd.h for arm64).
@@ -177,7 +177,8 @@ def _on_several(
     watched = [fd for fd in fds if (_link(pid, fd) or "").startswith(("pipe:", "socket:"))]
     if len(watched) == 1:
         return _on_fd(pid, tid, call, watched[0], table, readable)
-    unresolved = Wait(tid, call, WaitKind.POLL, own, f"{len(watched)} pipe(s)/socket(s)" if watched else "")
+    several = counted(len(watched), "pipe or socket", "pipes and sockets") if watched else ""
+    unresolved = Wait(tid, call, WaitKind.POLL, own, several)
     if not watched:
         return unresolved
     each = [_on_fd(pid, tid, call, fd, table, readable) for fd in watched]

@@ -404,7 +404,7 @@ def waiting_outside(*, runs: bool = False, via_loop: bool = False) -> JobSnapsho
     beyond = [server]
     if via_loop:
         front = make_rank(None, ["front.py:<module>:5", "selectors.py:EpollSelector.select:468"], pid=700, samples=2)
-        loop = ThreadWait(700, "epoll_wait", WaitKind.POLL, 3, "3 pipe(s)/socket(s)", (1000, 1001, server_pid))
+        loop = ThreadWait(700, "epoll_wait", WaitKind.POLL, 3, "3 pipes and sockets", (1000, 1001, server_pid))
         beyond.append(
             _with_waits(dataclasses.replace(front, process=dataclasses.replace(front.process, rank=None)), (loop,))
         )

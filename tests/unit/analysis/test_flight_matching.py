@@ -235,11 +235,11 @@ def test_both_stages_sending_is_a_p2p_deadlock_naming_both() -> None:
     assert found.evidence == (
         (
             "rank 0 waits in p2p #2 of default_pg (0) (send Float[4,8] to rank 1, its 2nd to rank 1); rank 1 has "
-            "posted 1 receive(s) from it"
+            "posted 1 receive from it"
         ),
         (
             "rank 1 waits in p2p #2 of default_pg (0) (send Float[4,8] to rank 0, its 1st to rank 0); rank 0 has "
-            "posted 0 receive(s) from it"
+            "posted 0 receives from it"
         ),
     )
     diagnosis = analyse(pipe_snapshot(records))
@@ -331,7 +331,7 @@ def test_a_ring_that_wrapped_is_not_paired_and_says_why() -> None:
     notes = [e.words() for e in analyse(snap).evidence if e.words().startswith("p2p ops of default_pg (0)")]
     assert notes == [
         (
-            "p2p ops of default_pg (0) with rank(s) 1 not matched: no dump, or a ring that no longer "
+            "p2p ops of default_pg (0) with rank 1 not matched: no dump, or a ring that no longer "
             "holds the process's first op (counts from the start unknown)"
         )
     ]

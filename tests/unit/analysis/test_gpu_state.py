@@ -155,7 +155,7 @@ def test_a_lost_gpu_and_ecc_errors_are_evidence_under_any_verdict() -> None:
     diagnosis = analyse(snap)
     assert diagnosis.verdict is Verdict.STRAGGLER and diagnosis.culprit_ranks == (3,)
     assert "rank 3's GPU 3 is lost (NVML: fallen off the bus or inaccessible)" in said(diagnosis)
-    assert "rank 1's GPU 1 counts 2 uncorrectable ECC error(s) since its driver loaded (NVML)" in said(diagnosis)
+    assert "rank 1's GPU 1 counts 2 uncorrectable ECC errors since its driver loaded (NVML)" in said(diagnosis)
 
 
 # ------------------------------------------------------------------ NCCL RAS
@@ -188,7 +188,7 @@ def test_ras_s_dead_rank_names_the_culprit_of_a_transport_hang() -> None:
         "NCCL RAS 2.28.9: communicator 0x7d3a9c1e2f4b5a60 (4 ranks) cannot reach rank 3; 1 considered dead"
     ) in said(diagnosis)
     assert diagnosis.summary.endswith("; NCCL RAS cannot reach rank 3")
-    assert "NCCL RAS 2.28.9: 2 timeout(s) while RAS gathered its data" in said(diagnosis)
+    assert "NCCL RAS 2.28.9: 2 timeouts while RAS gathered its data" in said(diagnosis)
     assert diagnosis.confidence is base.confidence
 
 

@@ -251,7 +251,7 @@ def test_a_loop_idle_in_backward_gets_its_native_frames_whatever_its_thread(loop
     fleet = find_ranks([node], SPEC)
     snapshot, _ = observe("x", fleet, CaptureOptions(window=0.2, interval=0.05), lambda m: None)
     assert sorted(node.native_for) == [100, 101]  # once per rank
-    assert any(n.words().startswith("native frames taken of pid(s) 100, 101") for n in snapshot.notes)
+    assert any(n.words().startswith("native frames taken of pids 100, 101") for n in snapshot.notes)
     assert [n.pids for n in snapshot.notes if n.text.startswith("native frames")] == [(100, 101)]
 
 
@@ -289,7 +289,7 @@ def test_a_rank_at_a_host_sync_by_its_python_frames_gets_its_native_frames(stack
     fleet = find_ranks([node], SPEC)
     snapshot, _ = observe("x", fleet, CaptureOptions(window=0.2, interval=0.05), lambda m: None)
     assert sorted(node.native_for) == ([100, 101] if asked else [])
-    assert any(n.words().startswith("native frames taken of pid(s) 100, 101") for n in snapshot.notes) == asked
+    assert any(n.words().startswith("native frames taken of pids 100, 101") for n in snapshot.notes) == asked
     assert [n.pids for n in snapshot.notes if n.text.startswith("native frames")] == ([(100, 101)] if asked else [])
 
 
@@ -327,7 +327,7 @@ def test_a_pid_is_looked_up_on_its_node_and_the_others_are_asked_for_its_job() -
     assert [(n.name, p.rank) for n, p in fleet.placed] == [("a", 1), ("b", 2), ("b", 3)]
     assert b.asked == ["pid:4242", "10.0.0.1:29500"]  # never the pid, once it is known where it is
     assert fleet.notes[0] == Note(
-        "pid:4242 is on a, a rank of 10.0.0.1:29500; the other node(s) were asked for 10.0.0.1:29500"
+        "pid:4242 is on a, a rank of 10.0.0.1:29500; the other nodes were asked for 10.0.0.1:29500"
     )
 
 

@@ -115,6 +115,6 @@ def test_gather_takes_native_frames_where_the_question_it_was_given_says_once_pe
     assert gather.take_native(1.0) == () and node.native_for == [101]
     assert asked == [100, 101, 100]  # a rank given its native sample is not asked of again
     snapshot = gather.snapshot(1.0)
-    assert snapshot.notes == (Note("native frames taken of pid(s) 101", pids=(101,)),)
-    assert snapshot.notes[0].words() == "native frames taken of pid(s) 101"
+    assert snapshot.notes == (Note("native frames taken of pid 101", pids=(101,)),)
+    assert snapshot.notes[0].words() == "native frames taken of pid 101"
     assert [len(r.samples) for r in snapshot.ranks] == [1, 2]

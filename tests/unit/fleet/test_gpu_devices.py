@@ -131,12 +131,12 @@ def test_ras_is_asked_of_the_first_node_only_and_failures_become_notes() -> None
     assert a.asked == [((10, 11), True)] and b.asked == [((12,), False)] and c.asked == [((13,), False)]
     assert found.gpus == {0: (BUSY,)} and found.ras == REPORT
     assert found.notes == (
-        Note("GPU state (NVML) of 1 of 5 rank(s)"),
+        Note("GPU state (NVML) of 1 of 5 ranks"),
         Note("GPU state on b:7420: agent b:7420 unavailable"),
         Note("GPU state on c:7420: no NVIDIA driver on this node (libnvidia-ml.so.1 not found)"),
         Note(
             "NCCL RAS report (ncclras on node0; malformed NCCL 2.28 JSON repaired: a missing rank's comma "
-            "after nvml_dev): 2 communicator(s)"
+            "after nvml_dev): 2 communicators"
         ),
     )
     snap = found.apply(make_snapshot({r: AR for r in range(5)}))

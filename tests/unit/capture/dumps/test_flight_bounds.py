@@ -307,7 +307,7 @@ def test_bytes_are_capped_over_the_directory(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(flight_files, "MAX_DIR_BYTES", 5_000)
     snap = read_flight_dir(good_dir(tmp_path))
     assert [r.rank for r in snap.ranks] == [0, 1]
-    assert Note("1 file(s) not read: 0 MiB read already") in snap.notes
+    assert Note("1 file not read: 0 MiB read already") in snap.notes
 
 
 def test_a_directory_of_attacks_only_is_one_error(tmp_path: Path) -> None:

@@ -603,5 +603,5 @@ def test_an_answer_is_bounded_and_says_what_it_left_out(tmp_path: Path) -> None:
     finally:
         _end(proc)
     assert len(answer.exceptions) == 64 and {e.type_name for e in answer.exceptions} == {"ValueError"}
-    assert answer.reason == f"{NOT_INITIALISED}; the live exceptions of 6 more thread(s) left out"
+    assert answer.reason == f"{NOT_INITIALISED}; the live exceptions of 6 more threads left out"
     assert len(json.dumps(raw)) < 64 * 1_500  # no message, whatever its length

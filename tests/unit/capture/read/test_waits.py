@@ -172,7 +172,7 @@ def test_a_poll_of_several_descriptors_stays_a_poll(started: list[subprocess.Pop
     code = "import os, select; p = select.poll(); [p.register(os.pipe()[0]) for _ in range(3)]; p.poll(60000)"
     waiter = _start(started, code)
     wait = _blocked(waiter.pid, "poll")
-    assert wait.kind is WaitKind.POLL and wait.peers == () and wait.target == "3 pipe(s)/socket(s)"
+    assert wait.kind is WaitKind.POLL and wait.peers == () and wait.target == "3 pipes and sockets"
 
 
 def test_a_poll_restarted_by_a_ptrace_pause_is_still_read_as_its_poll(started: list[subprocess.Popen[bytes]]) -> None:
