@@ -33,8 +33,10 @@ def test_a_thread_agent_answers_with_the_token_and_refuses_without() -> None:
         good.close()
     finally:
         agent.stop()
-    with socket.socket() as s:  # the port is free again: the server is gone
-        s.bind(("127.0.0.1", agent.port))
+    # the server is gone: nothing listens on its port (binding the port again instead races
+    # any other process on the machine that is handed the freed port meanwhile)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", agent.port), timeout=5).close()
 
 
 def test_a_thread_agent_keeps_the_listen_policy() -> None:

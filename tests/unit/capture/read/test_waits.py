@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.waiting import until
 
 from hangdoc.capture.read.waits import SYSCALLS, Wait, WaitKind, _address, process_waits, read_syscall, thread_waits
 
@@ -199,6 +200,9 @@ def test_a_restarted_call_whose_registers_are_no_poll_is_other(started: list[sub
     _blocked(sleeper.pid, "clock_nanosleep")
     pyspy = Path(sys.executable).with_name("py-spy")
     subprocess.run([str(pyspy), "dump", "--pid", str(sleeper.pid)], capture_output=True, timeout=30, check=True)
+    # released by py-spy, the sleeper runs for a moment (longer on a loaded machine) before it
+    # is back in a call
+    assert until(lambda: read_syscall(sleeper.pid, sleeper.pid) is not None)
     call = read_syscall(sleeper.pid, sleeper.pid)
     assert call is not None
     waits = thread_waits(sleeper.pid)
