@@ -232,8 +232,8 @@ def _demo(argv: list[str], tag: str, ready: Path) -> int:
         print(f"$ hangdoc diagnose pid:{launcher.pid} {' '.join(argv)}", file=sys.stderr)
         code = subprocess.call([sys.executable, "-m", "hangdoc", "diagnose", f"pid:{launcher.pid}", *argv, *saved])
         if code == 0:
-            show_fix(report_of(Path(snapshot)))
             say(f"The snapshot is kept in {snapshot}: `hangdoc analyze {snapshot}` replays it.")
+            show_fix(report_of(Path(snapshot)))  # last: the fix is what the reader came for
         return code
     finally:
         kill_all(launcher, tag)
