@@ -31,6 +31,7 @@ from typing import Any
 import psutil
 
 from .paths import TESTS as TESTS_DIR
+from .waiting import alive
 
 JOBS_DIR = TESTS_DIR / "jobs"
 FAKE_SRUN = TESTS_DIR / "launchers" / "fake_srun.py"
@@ -194,18 +195,11 @@ def _tagged_pids(tag: str) -> set[int]:
             continue
         try:
             with open(f"/proc/{entry.name}/environ", "rb") as handle:
-                if needle in handle.read() + b"\0" and _alive(int(entry.name)):
+                if needle in handle.read() + b"\0" and alive(int(entry.name)):
                     found.add(int(entry.name))
         except OSError:
             continue
     return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def _descendants(pid: int) -> set[int]:
@@ -258,7 +252,7 @@ class RunningJob:
             if proc.poll() is None:
                 found.add(proc.pid)
                 found |= _descendants(proc.pid)
-        return sorted(pid for pid in found if _alive(pid))
+        return sorted(pid for pid in found if alive(pid))
 
     def output(self) -> str:
         """Everything the job printed so far (stdout and stderr of all its processes)."""

@@ -74,6 +74,7 @@ class KVCache:
 
     def evict(self, n: int) -> None:
         """Drop the oldest cached sequences until ``n`` blocks are free."""
+        mark_ready(int(os.environ["RANK"]))  # the scheduler inherits rank 0's environment
         with self.lock:  # also called from allocate, which holds the lock already
             while len(self.free) < n and self.cached:
                 oldest = next(iter(self.cached))
@@ -213,8 +214,8 @@ def main() -> None:
         batch: list = [None]
         if rank == 0:
             prompts = torch.randint(0, VOCAB, (PROMPTS_PER_STEP, PROMPT_LEN), generator=gen).tolist()
-            if step == HANG_STEP:
-                mark_ready(rank)
+            # rank 0 is ready when the scheduler is about to block (KVCache.evict): marked
+            # here, the front end could still be forwarding the request when sampled
             batch = [request_rollouts(url, prompts)]
         elif step == HANG_STEP:
             mark_ready(rank)

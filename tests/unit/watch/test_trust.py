@@ -14,10 +14,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 from support.said import Said
-from support.waiting import until
+from support.waiting import alive, until
 
 from hangdoc.capture.find.jobspec import parse_job_spec
 from hangdoc.fleet.coordinator import find_ranks
@@ -193,9 +192,9 @@ def test_a_first_ctrl_c_is_passed_on_and_said_a_second_kills_the_whole_tree(tmp_
             )
             assert said[0][1].endswith("signal again (Ctrl-C) to kill the whole job now")
             time.sleep(0.3)
-            assert child.poll() is None and psutil.pid_exists(worker)  # it ignores SIGINT
+            assert child.poll() is None and alive(worker)  # it ignores SIGINT
             os.kill(os.getpid(), signal.SIGINT)
-            assert until(lambda: not psutil.pid_exists(worker) and child.poll() is not None)
+            assert until(lambda: not alive(worker) and child.poll() is not None)
             assert until(lambda: len(said) == 2)
         assert sup.signals.stop_requested and sup.status() == 128 + signal.SIGKILL
         assert said[1] == (
