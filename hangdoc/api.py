@@ -238,8 +238,7 @@ def remote_nodes(
     import argparse
 
     from .cliargs import agent_list
-    from .fleet.agent import read_token
-    from .fleet.client import AgentAuth, RemoteNode, parse_agents
+    from .fleet.client import named_agents
 
     listed = None
     if agents is not None:
@@ -248,13 +247,17 @@ def remote_nodes(
             agent_list(listed)
         except argparse.ArgumentTypeError as err:
             raise UsageError(f"agents: {err}", help=_HELP) from None
-    addresses = parse_agents(listed, _path("hostfile", hostfile))
-    if not addresses:
+    nodes = named_agents(
+        listed,
+        _path("hostfile", hostfile),
+        _path("token_file", token_file),
+        _path("tls_cert", tls_cert),
+        _path("tls_key", tls_key),
+        _path("tls_ca", tls_ca),
+    )
+    if not nodes:
         raise UsageError("agents/hostfile named no agent", help=_HELP)
-    token_path = _path("token_file", token_file)
-    token = read_token(token_path) if token_path else None
-    auth = AgentAuth(token, _path("tls_cert", tls_cert), _path("tls_key", tls_key), _path("tls_ca", tls_ca))
-    return [RemoteNode(a, auth) for a in addresses]
+    return nodes
 
 
 def ray_source(

@@ -676,15 +676,12 @@ def _remote_nodes(args: argparse.Namespace) -> list[RemoteNode] | None:
     agents, hostfile = _agent_list(args)
     if not (agents or hostfile):
         return None
-    from .fleet.agent import read_token
-    from .fleet.client import AgentAuth, RemoteNode, parse_agents
+    from .fleet.client import named_agents
 
-    addresses = parse_agents(agents, hostfile)
-    if not addresses:
+    nodes = named_agents(agents, hostfile, args.token_file, args.tls_cert, args.tls_key, args.tls_ca)
+    if not nodes:
         raise _usage("--agents/--hostfile named no agent")
-    token = read_token(args.token_file) if args.token_file else None
-    auth = AgentAuth(token, args.tls_cert, args.tls_key, args.tls_ca)
-    return [RemoteNode(a, auth) for a in addresses]
+    return nodes
 
 
 def _cmd_watch(args: argparse.Namespace) -> int:

@@ -34,7 +34,7 @@ from ..model import (
 )
 from ..probe import MAX_EXCEPTIONS
 from . import wire
-from .credfiles import check_tls, read_private
+from .credfiles import check_tls, read_private, read_token
 from .jobwatch import NodeJobs
 from .node import NodeDevices, ProbeAnswers, Waited
 from .v1 import agent_pb2 as pb
@@ -286,6 +286,23 @@ class RemoteNode:
 
 def _subclasses(cls: type[HangdocError]) -> list[type[HangdocError]]:
     return [cls] + [s for sub in cls.__subclasses__() for s in _subclasses(sub)]
+
+
+def named_agents(
+    agents: str | None,
+    hostfile: str | None,
+    token_file: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    tls_ca: str | None,
+) -> list[RemoteNode]:
+    """The agents ``--agents``/``--hostfile`` name, each with the authentication the token
+    and TLS files give; [] when they name none (the token is then not read)."""
+    addresses = parse_agents(agents, hostfile)
+    if not addresses:
+        return []
+    auth = AgentAuth(read_token(token_file) if token_file else None, tls_cert, tls_key, tls_ca)
+    return [RemoteNode(a, auth) for a in addresses]
 
 
 def parse_agents(agents: str | None, hostfile: str | None, default_port: int = 7420) -> list[str]:
