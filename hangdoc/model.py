@@ -165,6 +165,12 @@ class Frame:
 Stack = tuple[Frame, ...]
 
 
+def tree_frames(frames: Stack) -> Stack:
+    """The stack as merged across ranks: unsymbolised native frames (bare addresses, which
+    differ per process under ASLR) are left out so identical stacks stay identical."""
+    return tuple(f for f in frames if not (f.native and f.function.startswith("0x")))
+
+
 @dataclass(frozen=True, slots=True)
 class FrameLocals:
     """Selected arguments of one frame of torch.distributed, as ``py-spy --locals`` showed

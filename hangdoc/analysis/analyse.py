@@ -28,6 +28,7 @@ from ..model import (
     Stack,
     StackGroup,
     counted,
+    tree_frames,
 )
 from ..rankranges import ranges_text
 from . import classify, confidence, gpu_state, phrases
@@ -38,12 +39,6 @@ from .host_sync import waits_for_device
 from .merge import build_tree, with_culprits
 from .ops import Recogniser
 from .views import RankView, Views
-
-
-def _tree_frames(frames: Stack) -> Stack:
-    """The stack as merged across ranks: unsymbolised native frames (bare addresses, which
-    differ per process under ASLR) are left out so identical stacks stay identical."""
-    return tuple(f for f in frames if not (f.native and f.function.startswith("0x")))
 
 
 def expected_ranks(snapshot: JobSnapshot, views: Sequence[RankView] = ()) -> set[int]:
@@ -198,7 +193,7 @@ def _analyse(snapshot: JobSnapshot) -> Diagnosis:
     missing = set(placement.proven)
     elsewhere_note = placement.note
 
-    merged = once_per_object(_tree_frames)  # ranks share stacks: one merged stack for each
+    merged = once_per_object(tree_frames)  # ranks share stacks: one merged stack for each
     stacks: dict[int, Stack] = {v.rank: merged(v.thread.frames) for v in views if v.thread is not None}
     tree = build_tree(stacks)
     groups, group_of = _groups(tree, {v.rank: v.op for v in views})

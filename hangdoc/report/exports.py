@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from .. import __version__
 from ..errors import printable
-from ..model import Diagnosis, Frame, JobSnapshot, RankSnapshot, Stack
+from ..model import Diagnosis, Frame, JobSnapshot, RankSnapshot, Stack, tree_frames
 from ..rankranges import count_text, short_ranges
 
 MAX_CLASSES = 200
@@ -130,18 +130,12 @@ def _count(snaps: Iterable[RankSnapshot]) -> list[tuple[str, Stack, int]]:
     for (name, ident), count in by_object.items():
         frames = shown.get(ident)
         if frames is None:
-            frames = shown[ident] = _shown(objects[ident])
+            frames = shown[ident] = tree_frames(objects[ident])  # the stacks the merged tree sees
         shape = (_thread_name(name), frames)
         by_value[shape] = by_value.get(shape, 0) + count
     out = [(thread, frames, count) for (thread, frames), count in by_value.items()]
     out.sort(key=lambda item: -item[2])  # stable: equal counts stay in the order first seen
     return out
-
-
-def _shown(frames: Stack) -> Stack:
-    # bare addresses (unsymbolised native frames) differ per process under ASLR: left out,
-    # as the merged tree leaves them out, so that the same stack of two ranks is one stack
-    return tuple(f for f in frames if not (f.native and f.function.startswith("0x")))
 
 
 def _thread_name(name: str | None) -> str:
