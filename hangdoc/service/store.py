@@ -11,7 +11,9 @@ import json
 import logging
 import os
 import re
+import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -294,7 +296,7 @@ def _sqlite_engine(path: str) -> Engine:
         cursor = dbapi_connection.cursor()
         try:
             cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_MS}")
-            cursor.execute("PRAGMA journal_mode = WAL")
+            _switch_to_wal(cursor)
             cursor.execute("PRAGMA synchronous = FULL")  # a committed incident survives a power cut
             cursor.execute("PRAGMA foreign_keys = ON")
         finally:
@@ -307,6 +309,26 @@ def _sqlite_engine(path: str) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE) else "BEGIN")
 
     return engine
+
+
+def _switch_to_wal(cursor: Any) -> None:
+    """Put the file in WAL mode, retrying while another connection switches it too.
+
+    The switch takes the file's exclusive lock from a shared one; when two connections do it at
+    once SQLite sees a deadlock and fails one at once, without its busy handler (three servers
+    opening a new store together hit it), so the wait is here, bounded as the busy handler is.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_MS / 1000
+    pause = 0.005
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as err:
+            if "locked" not in str(err) and "busy" not in str(err) or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
 
 
 def _postgres_engine(url: URL) -> Engine:

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -467,3 +467,29 @@ def test_a_missing_folder_or_a_folder_or_not_a_database(tmp_path: Path) -> None:
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"this is no database " * 100)
     _refused(str(junk), "not a database")
+
+
+def test_opening_a_new_file_while_another_connection_writes_it_waits_for_the_switch_to_wal(tmp_path: Path) -> None:
+    # SQLite fails the switch to WAL at once, busy_timeout or not, while another connection
+    # holds the file's write lock (how three servers opening one new store together failed)
+    where = tmp_path / "incidents.db"
+    other = sqlite3.connect(where, isolation_level=None, check_same_thread=False)
+    try:
+        other.execute("CREATE TABLE unrelated (a)")
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("INSERT INTO unrelated VALUES (1)")
+        with pytest.raises(sqlite3.OperationalError, match="locked"):  # SQLite's own behaviour
+            raw = sqlite3.connect(where, isolation_level=None, timeout=5)
+            try:
+                raw.execute("PRAGMA journal_mode = WAL")
+            finally:
+                raw.close()
+        release = threading.Timer(0.3, lambda: other.execute("COMMIT"))
+        release.start()
+        with Store.open(str(where)) as opened:
+            assert opened.list() == []
+        release.join()
+    finally:
+        other.close()
+    with closing(sqlite3.connect(where)) as fresh:
+        assert fresh.execute("PRAGMA journal_mode").fetchone() == ("wal",)
