@@ -16,9 +16,13 @@ what is measured is the coordinator itself: fan-out, gRPC, protobuf decode. In o
   the protobuf bytes of one round (requests + responses, re-encoded here);
 - the coordinator's peak RSS (``ru_maxrss``, monotonic over the run, sizes run ascending).
 
+With ``--tree`` (hosted agents only) it compares instead, over the same agents, the flat
+fan-out and the relay tree (``hangdoc.fleet.tree``): find_ranks, one whole ``observe()``,
+rounds, and the coordinator's and the agents' CPU of each, printed as one table.
+
 Every agent is killed at the end of its size, also on error, and the run checks none is left.
 
-Usage: ``python bench/bench_fanout.py [--sizes 8,32,128] [--per-process K] [--write docs/benchmarks.md]``.
+Usage: ``python bench/bench_fanout.py [--sizes 8,32,128] [--per-process K] [--tree] [--write docs/benchmarks.md]``.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ from run_demo import tagged
 
 from hangdoc.analysis.analyse import analyse
 from hangdoc.capture.find.jobspec import parse_job_spec
-from hangdoc.fleet import coordinator, wire
+from hangdoc.fleet import coordinator, tree, wire
 from hangdoc.fleet.agent import MAX_DUMP_TIMEOUT
 from hangdoc.fleet.client import AgentAuth, RemoteNode
 from hangdoc.fleet.coordinator import Fleet, fan_out, find_ranks, sample_all
@@ -75,11 +79,11 @@ SERIAL_AT_MOST = 1000  # nodes the one-at-a-time timings visit; scaled to all of
 TOKEN = "bench-" + uuid.uuid4().hex  # what hosted agents require (--per-process)
 
 
-def start_agents(n: int, tag: str, logs: Path) -> tuple[list[subprocess.Popen], list[int]]:
-    """N agents, batch by batch; returns them with their ports once every one listens."""
+def start_agents(n: int, tag: str, logs: Path) -> tuple[list[subprocess.Popen], list[str]]:
+    """N agents, batch by batch; returns them with their addresses once every one listens."""
     env = dict(os.environ, HANGDOC_DEMO_TAG=tag, OMP_NUM_THREADS="1")
     procs: list[subprocess.Popen] = []
-    ports: list[int] = []
+    ports: list[str] = []
     for first in range(0, n, BATCH):
         batch = range(first, min(first + BATCH, n))
         for k in batch:
@@ -105,12 +109,12 @@ def start_agents(n: int, tag: str, logs: Path) -> tuple[list[subprocess.Popen], 
                         cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True
                     )
                 )
-        ports += [wait_port(procs[k], logs / f"agent{k}.log") for k in batch]
+        ports += [f"127.0.0.1:{wait_port(procs[k], logs / f'agent{k}.log')}" for k in batch]
     return procs, ports
 
 
-def start_hosts(n: int, per: int, tag: str, logs: Path) -> tuple[list[subprocess.Popen], list[int]]:
-    """N agents in hosts of PER each (``--serve``); returns the hosts and the agents' ports."""
+def start_hosts(n: int, per: int, tag: str, logs: Path) -> tuple[list[subprocess.Popen], list[str]]:
+    """N agents in hosts of PER each (``--serve``); returns the hosts and the agents' addresses."""
     env = dict(os.environ, HANGDOC_DEMO_TAG=tag, OMP_NUM_THREADS="1")
     token_file = logs / "token"
     token_file.write_text(TOKEN)
@@ -127,15 +131,25 @@ def start_hosts(n: int, per: int, tag: str, logs: Path) -> tuple[list[subprocess
             str(RANKS_PER_AGENT * n),
             "--token-file",
             str(token_file),
+            "--per",
+            str(per),
         ]
         with open(logs / f"host{first}.log", "w") as log:
             procs.append(
                 subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
             )
-    ports: list[int] = []
+    ports: list[str] = []
     for first, proc in zip(range(0, n, per), procs, strict=False):
-        ports += wait_ports(proc, logs / f"host{first}.log", timeout=60.0 + per * 0.05)
+        # every host starts at once on the same cores: the last waits for all of them
+        found = wait_ports(proc, logs / f"host{first}.log", timeout=60.0 + n * 0.02)
+        ports += [f"{host_ip(first // per)}:{port}" for port in found]
     return procs, ports
+
+
+def host_ip(host: int) -> str:
+    """The loopback address host process HOST listens on: one each, as one address has
+    only ~28,000 ephemeral ports (ip_local_port_range), fewer than 50,000 agents."""
+    return f"127.0.{host // 250 + 1}.{host % 250 + 1}"
 
 
 def wait_ports(proc: subprocess.Popen, log: Path, timeout: float) -> list[int]:
@@ -150,7 +164,7 @@ def wait_ports(proc: subprocess.Popen, log: Path, timeout: float) -> list[int]:
     raise SystemExit(f"host did not listen within {timeout:.0f} s: {log.read_text()[-2000:]}")
 
 
-def serve_hosted(first: int, count: int, world: int, token_file: str) -> int:
+def serve_hosted(first: int, count: int, world: int, token_file: str, per: int) -> int:
     """``--serve FIRST:COUNT``: agents FIRST..FIRST+COUNT-1 in this process, each
     ``hangdoc.fleet.agent.serve`` (the server ``hangdoc agent --replay`` runs) on its own
     port, all on one event loop; prints their ports on one stderr line, runs until SIGTERM.
@@ -167,7 +181,7 @@ def serve_hosted(first: int, count: int, world: int, token_file: str) -> int:
         tasks = []
         for k in range(first, first + count):
             config = AgentConfig(
-                listen="127.0.0.1:0",
+                listen=f"{host_ip(first // per)}:0",
                 token=token,
                 host=f"node{k}",
                 replay=str(SNAPSHOT),
@@ -267,7 +281,7 @@ def bench_size(
     options = widened(options, n)
     auth = AgentAuth(token=TOKEN) if per > 1 else AgentAuth()
     with agents(n, per) as (ports, started, agents_rss, agent_procs):
-        nodes = [RemoteNode(f"127.0.0.1:{port}", auth) for port in ports]
+        nodes = [RemoteNode(address, auth) for address in ports]
         try:
             t0 = time.perf_counter()
             fleet = find_ranks(nodes, parse_job_spec(JOB), deadline=options.timeout + 10.0 + n * 0.01)
@@ -621,6 +635,101 @@ def findings(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def bench_modes(n: int, per: int, repeat: int, options: CaptureOptions, modes: list[str]) -> list[dict[str, Any]]:
+    """``--tree``: over the same N hosted agents, each of ``modes`` ("flat": every call from
+    the coordinator; "tree": through relays, ``fleet.tree``) in turn, fresh ``RemoteNode``s
+    each: find_ranks, one whole ``observe()`` (the diagnosis after discovery), ``repeat``
+    sample rounds; wall time, the coordinator's CPU and the agents' (relays included)."""
+    options = widened(options, n)
+    auth = AgentAuth(token=TOKEN)
+    rows = []
+    default_at = tree.TREE_AT
+    with agents(n, per) as (ports, _started, _rss, agent_procs):
+        for mode in modes:
+            tree.TREE_AT = default_at if mode == "tree" else 10**9
+            if mode == "tree" and n <= default_at:
+                tree.TREE_AT = 1  # below the threshold: forced, to compare
+            # above FLAT_LIMIT every per-call deadline is widened like the dump timeout: with all
+            # relays' calls in flight at once on 2 cores, a first FindRanks can wait past 15 s
+            connect = 5.0 if n <= FLAT_LIMIT else 60.0
+            nodes = [RemoteNode(address, auth, connect_timeout=connect) for address in ports]
+            try:
+                cpu0, agents0, t0 = own_cpu(), agents_cpu(agent_procs), time.perf_counter()
+                fleet = find_ranks(nodes, parse_job_spec(JOB), deadline=options.timeout + 10.0 + n * 0.01)
+                t_find, cpu_find = time.perf_counter() - t0, own_cpu() - cpu0
+                agents_find = agents_cpu(agent_procs) - agents0
+                found_ok = len(fleet.placed) == RANKS_PER_AGENT * n and not fleet.unreachable
+                cpu0, agents0, t0 = own_cpu(), agents_cpu(agent_procs), time.perf_counter()
+                snapshot, diagnosis = observe(JOB, fleet, options, lambda _msg: None)
+                t_watch, cpu_watch = time.perf_counter() - t0, own_cpu() - cpu0
+                agents_watch = agents_cpu(agent_procs) - agents0
+                culprits = list(diagnosis.culprit_ranks)
+                rounds, lost = [], 0
+                cpu0, agents0 = own_cpu(), agents_cpu(agent_procs)
+                for _ in range(repeat):
+                    t0 = time.perf_counter()
+                    taken = sample_all(fleet, 1.0, native=False, timeout=options.timeout)
+                    rounds.append(time.perf_counter() - t0)
+                    lost += len(taken.lost)
+                rows.append(
+                    {
+                        "n": n,
+                        "mode": mode,
+                        "find": t_find,
+                        "cpu_find": cpu_find,
+                        "agents_find": agents_find,
+                        "found_ok": found_ok,
+                        "unreachable_find": len(fleet.unreachable),
+                        "watch": t_watch,
+                        "cpu_watch": cpu_watch,
+                        "agents_watch": agents_watch,
+                        "watch_rounds": min(len(r.samples) for r in snapshot.ranks),
+                        "unreachable_watch": len(snapshot.unreachable),
+                        "round": statistics.median(rounds),
+                        "rounds": rounds,
+                        "lost": lost,
+                        "cpu": (own_cpu() - cpu0) / repeat,
+                        "agents_cpu": (agents_cpu(agent_procs) - agents0) / repeat,
+                        "verdict": diagnosis.verdict.value,
+                        "verdict_ok": diagnosis.verdict.value == "collective_mismatch"
+                        and culprits == expected_culprits(n),
+                        "timeout": options.timeout,
+                    }
+                )
+                print({k: v for k, v in rows[-1].items() if k != "rounds"}, file=sys.stderr, flush=True)
+            finally:
+                tree.TREE_AT = default_at
+                for node in nodes:
+                    node.close()
+    return rows
+
+
+def render_modes(rows: list[dict[str, Any]], repeat: int, cmd: str, load_before: str) -> str:
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    lines = [
+        f"`{cmd}` on {platform.node()} ({os.cpu_count()} cores shared with other work: load average "
+        f"{load_before} before, {load} after), {time.strftime('%Y-%m-%d %H:%M')}. Agents hosted "
+        f"{rows[0].get('per', '')} to a process on the coordinator's own cores (relays are agents of "
+        f"those processes); rounds: median of {repeat}; observe: window 2.0 s, interval 0.5 s. "
+        'CPU in seconds; "agents" is every agent process\'s CPU, relays included.',
+        "",
+        "| agents | mode | find_ranks (s) | its coordinator CPU | its agents CPU | observe() (s) | its coordinator CPU "
+        "| its agents CPU | rounds in it | one round (s) | coordinator CPU a round | agents CPU a round "
+        "| nodes lost (find / observe / rounds) | dump timeout (s) | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ok = "as expected" if r["verdict_ok"] else "UNEXPECTED"
+        lines.append(
+            f"| {r['n']:,} | {r['mode']} | {r['find']:.2f} | {r['cpu_find']:.2f} | {r['agents_find']:.2f} "
+            f"| {r['watch']:.2f} | {r['cpu_watch']:.2f} | {r['agents_watch']:.2f} | {r['watch_rounds']} "
+            f"| {r['round']:.2f} ({min(r['rounds']):.2f}-{max(r['rounds']):.2f}) | {r['cpu']:.2f} "
+            f"| {r['agents_cpu']:.2f} | {r['unreachable_find']} / {r['unreachable_watch']} / {r['lost']} "
+            f"| {r['timeout']:g} | {r['verdict']} ({ok}) |"
+        )
+    return "\n".join(lines)
+
+
 def write_section(path: Path, text: str) -> None:
     """Append (or replace) this section; the file's other sections stay as they are."""
     from docs_section import write_section as write
@@ -654,18 +763,41 @@ def main() -> int:
     parser.add_argument(
         "--in-flight-at", type=int, metavar="N", help="the one size to time --in-flight at (default: every size)"
     )
+    parser.add_argument(
+        "--tree",
+        nargs="?",
+        const="flat,tree",
+        metavar="MODES",
+        help="compare fan-out modes over the same agents (default flat,tree: every call from the "
+        "coordinator, then through relays) instead of the flat breakdown; prints a table",
+    )
     parser.add_argument("--serve", metavar="FIRST:COUNT", help=argparse.SUPPRESS)  # a host process
     parser.add_argument("--world", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--token-file", help=argparse.SUPPRESS)
+    parser.add_argument("--per", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         first, count = (int(x) for x in args.serve.split(":"))
-        return serve_hosted(first, count, args.world, args.token_file)
+        return serve_hosted(first, count, args.world, args.token_file, args.per)
     options = CaptureOptions(window=2.0, interval=0.5)
     load_before = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     rows = []
     sizes = sorted(int(s) for s in args.sizes.split(","))
     windows = [int(w) for w in args.in_flight.split(",") if w]
+    if args.tree:
+        if args.per_process < 2:
+            raise SystemExit("--tree needs --per-process K (hosted agents with a token: relays serve operators only)")
+        found = []
+        for n in sizes:
+            print(f"fan-out modes {args.tree} at {n} agents ...", file=sys.stderr, flush=True)
+            found += [
+                dict(r, per=args.per_process)
+                for r in bench_modes(n, args.per_process, args.repeat, options, args.tree.split(","))
+            ]
+        cmd = "python bench/bench_fanout.py " + " ".join(sys.argv[1:])
+        print(render_modes(found, args.repeat, cmd.strip(), load_before))
+        return 0 if all(r["verdict_ok"] for r in found) else 1
+    tree.TREE_AT = 10**9  # the flat fan-out this section measures (--tree compares both)
     for n in sizes:
         print(f"fan-out to {n} agents ...", file=sys.stderr, flush=True)
         rows.append(

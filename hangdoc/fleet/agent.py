@@ -34,13 +34,14 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NoReturn, Protocol, TypeVar
 
 import grpc
 import psutil
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from .. import SCHEMA_VERSION, __version__
@@ -67,11 +68,13 @@ from ..model import (
 )
 from . import limits, wire
 from .callers import OPERATOR_BY_CERT, OPERATOR_BY_TOKEN, Caller, identify
+from .client import AgentAuth, AgentError, Metadata, call_error
 from .credfiles import check_tls, read_private, read_token
 from .jobwatch import JobWatch, NodeJobs, Position, main_position
 from .limits import Lanes, OverQuota
 from .node import MAX_SOCKETS, LocalNode, NodeDevices, ProbeAnswers, ReplayNode, Waited
 from .serverlink import ServerLink
+from .tree import FANOUT, RELAY_SLACK
 from .v1 import agent_pb2 as pb
 from .v1 import agent_pb2_grpc as pb_grpc
 from .wire import ERROR_HELP, ERROR_KIND
@@ -93,6 +96,12 @@ MAX_SOURCE_FRAMES = 20_000
 FEATURES = ["sources", "heartbeats", "flight", "probe-state", "devices", "waits", "jobs"]
 FEATURES_REPLAY = ["sources", "flight", "probe-state", "devices", "waits"]
 MAX_XID_LISTEN = 10.0  # seconds a Devices call may listen for XID events
+# what a relay forwards (the Agent API's reads of a diagnosis), how deep, how long
+RELAYED = frozenset({"GetInfo", "FindRanks", "Sample", "SampleSources", "Heartbeats", "Flight", "Devices", "Waits"})
+MAX_RELAY_DEPTH = 3  # levels below a relay: 64**3 = 262,144 nodes
+MAX_RELAY_TIMEOUT = 600.0  # a find_ranks over 50,000 agents on a loaded machine
+MAX_RELAY_CHANNELS = 4096  # children whose channels a relay keeps open
+VIA = "x-hangdoc-via"  # metadata a relay adds: whom it asks for (the children's audit lines)
 _PROBE_STATUS = {
     ProbeStatus.ANSWERED: pb.PROBE_STATUS_ANSWERED,
     ProbeStatus.NO_PROBE: pb.PROBE_STATUS_NO_PROBE,
@@ -456,6 +465,8 @@ class AgentService(pb_grpc.AgentServicer):
     ) -> T:
         t0 = time.monotonic()
         peer = context.peer()
+        if via := _via(context):
+            what = f"{what} via={via}"
         try:
             result = await self.lanes.run(self.lanes.lane(caller), fn, *args)
         except Exception as exc:  # noqa: BLE001 - the agent stays up whatever one request hits
@@ -463,6 +474,13 @@ class AgentService(pb_grpc.AgentServicer):
         else:
             audit(peer, caller.label, method, what, "ok", _ms(t0))
             return result
+        await self._refuse(context, caller, method, what, failure, t0)
+
+    async def _refuse(
+        self, context: _CallContext, caller: Caller, method: str, what: str, failure: Exception, t0: float
+    ) -> NoReturn:
+        """Audit ``failure`` and end the call with its status (and its kind and help)."""
+        peer = context.peer()
         outcome, code = _status_of(failure)
         told = isinstance(failure, (HangdocError, OverQuota))
         detail = str(failure) if told else f"{type(failure).__name__}: {failure}"
@@ -474,6 +492,152 @@ class AgentService(pb_grpc.AgentServicer):
             # help (ptrace rights, how to name one job) as on a single node
             context.set_trailing_metadata(((ERROR_KIND, type(failure).__name__), (ERROR_HELP, failure.help.encode())))
         await context.abort(code, detail)
+
+
+def _via(context: object) -> str:
+    """The caller a relay asked for (metadata ``x-hangdoc-via``): for the audit log only."""
+    metadata = getattr(context, "invocation_metadata", None)
+    found = (v for k, v in (metadata() or ()) if k == VIA) if callable(metadata) else iter(())
+    return str(next(found, ""))
+
+
+class RelayService(pb_grpc.RelayServicer):
+    """The agent's relay role (docs/scale.md): the caller's call, made to the agents the
+    request names, all at once from the agent's event loop (no thread a call), with
+    ``RELAY_SLACK`` less than its own deadline; their answers merged (Sample answers into
+    one table) and the nodes that failed named with their errors. It serves operators only,
+    asks with the caller's ``authorization`` (and its own TLS certificate), and keeps
+    nothing of what it forwards."""
+
+    def __init__(self, agent: AgentService) -> None:
+        self.agent = agent
+        self._channels: dict[str, grpc.aio.Channel] = {}  # its children's, kept open between calls
+        config = agent.config
+        self._auth = AgentAuth(None, config.tls_cert, config.tls_key, config.tls_ca)
+
+    async def Forward(self, request: pb.RelayRequest, context: grpc.aio.ServicerContext) -> pb.RelayResponse:
+        caller = await self.agent.caller(context)
+        what = f"method={request.method[:40]} children={len(request.children)}"
+        t0 = time.monotonic()
+        try:
+            if caller not in (OPERATOR_BY_TOKEN, OPERATOR_BY_CERT):
+                raise PermissionDenied(
+                    f"a relay serves only the operator (token or client certificate), not {caller.label}",
+                    help="A caller without the token is known only to its own node's agent: call that "
+                    "node's agent directly (hangdoc diagnose --agents HOST:PORT), or give the "
+                    "operator's --token-file or client certificate.",
+                )
+            _check_relay(request)
+        except HangdocError as refused:
+            await self.agent._refuse(context, caller, "Relay.Forward", what, refused, t0)
+        metadata = tuple((k, str(v)) for k, v in context.invocation_metadata() or () if k == "authorization")
+        metadata += ((VIA, f"{caller.label} at relay {self.agent.node.name}"),)
+        answer = await self._forward(request, metadata)
+        audit(context.peer(), caller.label, "Relay.Forward", what, "ok", _ms(t0))
+        return answer
+
+    async def _forward(self, request: pb.RelayRequest, metadata: Metadata) -> pb.RelayResponse:
+        budget = request.timeout_seconds - RELAY_SLACK
+
+        async def ask(child: pb.RelayChild) -> tuple[bytes | None, HangdocError | None]:
+            channel = self._channel(child.address)
+            if child.children:
+                call = channel.unary_unary(
+                    "/hangdoc.v1.Relay/Forward", request_serializer=pb.RelayRequest.SerializeToString
+                )
+                body: object = pb.RelayRequest(method=request.method, children=child.children, timeout_seconds=budget)
+                timeout = budget
+            else:
+                call = channel.unary_unary(f"/hangdoc.v1.Agent/{request.method}")
+                body, timeout = child.request, min(child.timeout_seconds, budget)
+            try:
+                return await call(body, timeout=timeout, metadata=metadata), None
+            except grpc.RpcError as err:
+                return None, call_error(child.address, err, timeout)
+
+        answers = await asyncio.gather(*(ask(child) for child in request.children))
+        out = pb.RelayResponse()
+        merger = wire.TableMerger() if request.method == "Sample" else None
+        for child, (got, error) in zip(request.children, answers, strict=True):
+            if got is None:
+                _failed(out, child, error)
+            elif child.children:
+                try:
+                    out.MergeFromString(got)
+                except DecodeError:
+                    _failed(
+                        out, child, wire.AgentApiError(f"relay {child.address} sent an answer that is no RelayResponse")
+                    )
+            elif merger is not None:
+                try:
+                    merger.add(child.address, pb.SampleResponse.FromString(got))
+                except (DecodeError, HangdocError) as err:
+                    _failed(out, child, err)
+            else:
+                out.answers.add(target=child.address, response=got)
+        if merger is not None and merger.table.nodes:
+            out.tables.append(merger.table)
+        return out
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            if len(self._channels) >= MAX_RELAY_CHANNELS:
+                old = self._channels.pop(next(iter(self._channels)))
+                asyncio.get_running_loop().create_task(old.close())
+            channel = self._channels[address] = self._auth.aio_channel(address)
+        return channel
+
+
+def _check_relay(request: pb.RelayRequest | pb.RelayChild, depth: int = 0) -> None:
+    """A relay request within bounds: a method a relay forwards, at most ``FANOUT`` children
+    a level, at most ``MAX_RELAY_DEPTH`` levels, a finite deadline."""
+    if isinstance(request, pb.RelayRequest):
+        timeout = request.timeout_seconds
+        if request.method not in RELAYED:
+            raise UsageError(f"a relay forwards {', '.join(sorted(RELAYED))}, not {request.method[:40]!r}")
+        if not (math.isfinite(timeout) and RELAY_SLACK < timeout <= MAX_RELAY_TIMEOUT):
+            raise UsageError(f"timeout_seconds must be in ({RELAY_SLACK:g}, {MAX_RELAY_TIMEOUT:g}], not {timeout!r}")
+    children: Sequence[pb.RelayChild] = request.children
+    if len(children) > FANOUT:
+        raise UsageError(f"{len(children)} children of one relay; at most {FANOUT}")
+    if depth >= MAX_RELAY_DEPTH:
+        raise UsageError(f"a relay tree deeper than {MAX_RELAY_DEPTH} levels")
+    for child in children:
+        split_address(child.address)
+        if child.children:
+            _check_relay(child, depth + 1)
+        elif not (math.isfinite(child.timeout_seconds) and 0 < child.timeout_seconds <= MAX_RELAY_TIMEOUT):
+            raise UsageError(
+                f"a child's timeout_seconds must be in (0, {MAX_RELAY_TIMEOUT:g}], not {child.timeout_seconds!r}"
+            )
+
+
+def _failed(out: pb.RelayResponse, child: pb.RelayChild, exc: BaseException | None) -> None:
+    """``child`` (and, for a sub-relay, every node below it) failed this call."""
+    failure = _failure(child.address, exc)
+    if not child.children:
+        out.answers.add(target=child.address, failure=failure)
+        return
+    below = pb.RelayFailure(
+        message=f"relay {child.address}: {failure.message}",
+        kind=AgentError.__name__,
+        help=failure.help,
+        relay=child.address,
+    )
+    for leaf in _leaves(child):
+        out.answers.add(target=leaf, failure=below)
+
+
+def _leaves(child: pb.RelayChild) -> list[str]:
+    return [a for c in child.children for a in _leaves(c)] if child.children else [child.address]
+
+
+def _failure(address: str, exc: BaseException | None) -> pb.RelayFailure:
+    if isinstance(exc, HangdocError):
+        return pb.RelayFailure(message=str(exc), kind=type(exc).__name__, help=exc.help)
+    text = f"{type(exc).__name__}: {exc}" if exc is not None else "failed"
+    return pb.RelayFailure(message=f"agent {address}: {text}", kind=AgentError.__name__, help=AgentError.help)
 
 
 def _status_of(failure: Exception) -> tuple[str, grpc.StatusCode]:
@@ -562,6 +726,7 @@ async def serve(
     )
     service = AgentService(config)
     pb_grpc.add_AgentServicer_to_server(service, server)
+    pb_grpc.add_RelayServicer_to_server(RelayService(service), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     creds = _credentials(config)

@@ -7,12 +7,15 @@ values with the agent's address in them: the coordinator lists such a node as un
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, Protocol
 
 import grpc
+from google.protobuf.message import Message
 
 from .. import SCHEMA_VERSION
 from ..capture.find.discover import Discovery
@@ -41,7 +44,35 @@ from .v1 import agent_pb2 as pb
 from .v1 import agent_pb2_grpc as pb_grpc
 from .wire import ERROR_HELP, ERROR_KIND
 
-_Response = TypeVar("_Response")
+Metadata = tuple[tuple[str, str], ...]
+# each Agent method's response message, to read an answer that came through a relay
+RESPONSES: dict[str, type[Message]] = {
+    m.name: getattr(pb, m.output_type.name) for m in pb.DESCRIPTOR.services_by_name["Agent"].methods
+}
+_planning = threading.local()  # .plan: the Plan answering this thread's calls, if any
+
+
+class Plan(Protocol):
+    """Answers a ``RemoteNode``'s calls in place of the agent (``fleet.tree``): the agent's
+    serialized answer or a decoded one, or raises the call's error, or ``Planned``."""
+
+    def answer(self, node: RemoteNode, method: str, request: Message, timeout: float) -> object: ...
+
+
+class Planned(BaseException):  # noqa: N818 - not an error: a call put aside (callers catch Exception)
+    """A call a ``Plan`` has no answer for yet: it will make it through the relays."""
+
+
+@contextmanager
+def planning(plan: Plan) -> Iterator[None]:
+    """Calls of ``RemoteNode``s in this thread answered by ``plan`` within the block."""
+    _planning.plan = plan
+    try:
+        yield
+    finally:
+        _planning.plan = None
+
+
 MAX_THREADS_WAITING = 4096  # waits kept of one process's answer
 MAX_PEERS = 1024  # peer processes kept of one answer
 
@@ -75,13 +106,22 @@ class AgentAuth:
         options = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
         if not self.tls_ca:
             return grpc.insecure_channel(address, options=options)
+        return grpc.secure_channel(address, self._credentials(), options=options)
+
+    def aio_channel(self, address: str) -> grpc.aio.Channel:
+        """The same channel for an event loop's calls (a relay's)."""
+        options = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
+        if not self.tls_ca:
+            return grpc.aio.insecure_channel(address, options=options)
+        return grpc.aio.secure_channel(address, self._credentials(), options=options)
+
+    def _credentials(self) -> grpc.ChannelCredentials:
         check_tls(self.tls_cert, self.tls_key, self.tls_ca, server=False)
-        creds = grpc.ssl_channel_credentials(
-            root_certificates=read_private(self.tls_ca, "TLS CA"),
+        return grpc.ssl_channel_credentials(
+            root_certificates=read_private(self.tls_ca or "", "TLS CA"),
             private_key=read_private(self.tls_key, "TLS key") if self.tls_key else None,
             certificate_chain=read_private(self.tls_cert, "TLS certificate") if self.tls_cert else None,
         )
-        return grpc.secure_channel(address, creds, options=options)
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
@@ -101,13 +141,15 @@ class RemoteNode:
         # the last Sample request's processes, as sent: a watch asks for the same ones every
         # round; one attribute, so a concurrent call sees a matching pair or none
         self._asked: tuple[tuple[RankProcess, ...], pb.RankProcessList] | None = None
+        self._raw: dict[str, Callable[..., bytes]] = {}  # Agent methods taking and giving bytes (relays)
+        self.relay_failed = False  # as a relay, in this diagnosis: not asked to relay again (fleet.tree)
 
     @property
     def name(self) -> str:
         return self.address
 
     def info(self) -> pb.AgentInfo:
-        info: pb.AgentInfo = self._call(self._stub.GetInfo, pb.GetInfoRequest(), self.connect_timeout)
+        info: pb.AgentInfo = self._call("GetInfo", pb.GetInfoRequest(), self.connect_timeout)
         if info.schema_version != SCHEMA_VERSION:
             raise AgentError(
                 f"agent {self.address} speaks schema {info.schema_version} (hangdoc "
@@ -120,12 +162,12 @@ class RemoteNode:
     def find_ranks(self, spec: JobSpec) -> Discovery:
         if self._host is None:
             self.info()
-        msg = self._call(self._stub.FindRanks, pb.FindRanksRequest(job=spec.raw), self.connect_timeout + 10)
+        msg = self._call("FindRanks", pb.FindRanksRequest(job=spec.raw), self.connect_timeout + 10)
         return wire.discovery_from_proto(msg)
 
     def sample(self, procs: Sequence[RankProcess], t: float, *, native: bool, timeout: float) -> list[Sample]:
         request = pb.SampleRequest(processes=self._process_list(procs), t=t, native=native, timeout_seconds=timeout)
-        response = self._call(self._stub.Sample, request, timeout + 2.0)
+        response = self._call("Sample", request, timeout + 2.0)
         by_pid = wire.samples_from_proto(response)
         return [by_pid[p.pid] for p in procs]
 
@@ -146,21 +188,19 @@ class RemoteNode:
         if not queries:
             return ()
         try:
-            response = self._call(
-                self._stub.SampleSources, pb.SampleSourcesRequest(queries=queries), self.connect_timeout
-            )
+            response = self._call("SampleSources", pb.SampleSourcesRequest(queries=queries), self.connect_timeout)
         except AgentError:
             return ()  # source lines refine the analysis; their absence does not stop it
         return tuple(wire.source_file_from_proto(f) for f in response.files)
 
     def heartbeats(self, pids: Sequence[int]) -> dict[int, Heartbeat]:
-        response = self._call(self._stub.Heartbeats, pb.HeartbeatsRequest(pids=list(pids)), self.connect_timeout)
+        response = self._call("Heartbeats", pb.HeartbeatsRequest(pids=list(pids)), self.connect_timeout)
         return {b.pid: wire.heartbeat_from_proto(b) for b in response.heartbeats}
 
     def probe(self, pids: Sequence[int], timeout: float) -> ProbeAnswers:
         request = pb.FlightRequest(pids=list(pids), timeout_seconds=timeout)
         try:
-            response = self._call(self._stub.Flight, request, timeout + self.connect_timeout)
+            response = self._call("Flight", request, timeout + self.connect_timeout)
         except AgentError as err:  # an agent without the call: probes refine, never block
             return {pid: ProbeAnswer(ProbeStatus.FAILED, f"its agent gave none: {err}") for pid in pids}
         return {rank.pid: self._probe_answer(rank) for rank in response.ranks}
@@ -190,7 +230,7 @@ class RemoteNode:
     def devices(self, pids: Sequence[int], *, listen: float, timeout: float, ras: bool) -> NodeDevices:
         request = pb.DevicesRequest(pids=list(pids), listen_seconds=listen, timeout_seconds=timeout, ras=ras)
         try:
-            response = self._call(self._stub.Devices, request, timeout + listen + self.connect_timeout + 4.0)
+            response = self._call("Devices", request, timeout + listen + self.connect_timeout + 4.0)
         except AgentError as err:  # an agent without the call: GPU state refines, never blocks
             return NodeDevices(gpu_reason=f"its agent gave none: {err}", ras_reason=f"its agent gave none: {err}")
         wanted = set(pids)
@@ -214,7 +254,7 @@ class RemoteNode:
         (older than the "waits" feature): the wait is then not followed on its node."""
         try:
             request = pb.WaitsRequest(pids=list(pids), include=list(include), sockets=[f"{a}>{b}" for a, b in sockets])
-            response = self._call(self._stub.Waits, request, 10.0 + self.connect_timeout)
+            response = self._call("Waits", request, 10.0 + self.connect_timeout)
         except AgentError:
             return Waited()
         wanted = set(pids)
@@ -240,48 +280,92 @@ class RemoteNode:
     def jobs(self, timeout: float = 60.0) -> NodeJobs:
         """One look at the node's jobs (``jobwatch``); an agent without the call raises
         ``AgentError`` like any failed call."""
-        response = self._call(self._stub.Jobs, pb.JobsRequest(), timeout + self.connect_timeout)
+        response = self._call("Jobs", pb.JobsRequest(), timeout + self.connect_timeout)
         return wire.node_jobs_from_proto(response)
 
     def close(self) -> None:
         self._channel.close()
 
-    def _call(self, method: Callable[..., _Response], request: object, timeout: float) -> _Response:
-        try:
-            return method(request, timeout=timeout, metadata=self.auth.metadata)
-        except grpc.RpcError as err:
-            code = err.code() if hasattr(err, "code") else None
-            detail = err.details() if hasattr(err, "details") else str(err)
-            if (known := self._agent_error(err, detail)) is not None:
-                raise known from None
-            if code == grpc.StatusCode.NOT_FOUND:
-                raise JobNotFound(detail) from None
-            if code == grpc.StatusCode.PERMISSION_DENIED:
-                raise PermissionDenied(f"agent {self.address}: {detail}") from None
-            if code == grpc.StatusCode.UNAUTHENTICATED:
-                raise AgentError(f"agent {self.address} refused the call: {detail}") from None
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise AgentError(f"agent {self.address} did not answer within {timeout:.1f} s") from None
-            if code == grpc.StatusCode.UNAVAILABLE:
-                raise AgentError(f"agent {self.address} unavailable: {detail}") from None
-            name = code.name if code is not None else "error"
-            raise AgentError(f"agent {self.address}: {name}: {detail}") from None
+    def forward(self, method: str, request: bytes, timeout: float, metadata: Metadata) -> bytes:
+        """``method`` of the Agent API with a request serialized elsewhere, its answer as sent:
+        what a relay does for its caller, with the caller's ``metadata``."""
+        call = self._raw.get(method)
+        if call is None:
+            call = self._raw[method] = self._channel.unary_unary(f"/hangdoc.v1.Agent/{method}")
+        answer: bytes = self._invoke(call, request, timeout, metadata)
+        return answer
 
-    def _agent_error(self, err: grpc.RpcError, detail: str) -> HangdocError | None:
-        """The agent's own HangdocError, rebuilt from the kind and help it sent along, or
-        None when it sent none (an older agent, a transport failure)."""
-        trailing = dict(err.trailing_metadata() or ()) if hasattr(err, "trailing_metadata") else {}
-        name = str(trailing.get(ERROR_KIND, ""))
-        kind = next((cls for cls in _subclasses(HangdocError) if cls.__name__ == name), None)
-        if kind is None:
-            return None
-        raw_help = trailing.get(ERROR_HELP, b"")
-        help_text = raw_help.decode(errors="replace") if isinstance(raw_help, bytes) else str(raw_help)
-        message = detail if kind is JobNotFound else f"agent {self.address}: {detail}"
+    def relay(self, request: bytes, timeout: float, metadata: Metadata) -> bytes:
+        """This agent's relay role (``Relay.Forward``) for a serialized ``RelayRequest``
+        (``wire.relay_request``): its serialized ``RelayResponse``."""
+        call = self._channel.unary_unary("/hangdoc.v1.Relay/Forward")
+        answer: bytes = self._invoke(call, request, timeout, metadata)
+        return answer
+
+    def _call(self, method: str | Callable[..., object], request: Message, timeout: float) -> Any:
+        """``method`` (an Agent method's name) of this agent; while a ``Plan`` is under way
+        in this thread (``fleet.tree``), the plan answers it instead."""
+        if not isinstance(method, str):
+            return self._invoke(method, request, timeout, self.auth.metadata)
+        plan: Plan | None = getattr(_planning, "plan", None)
+        if plan is None:
+            return self._invoke(getattr(self._stub, method), request, timeout, self.auth.metadata)
+        got = plan.answer(self, method, request, timeout)
+        return RESPONSES[method].FromString(got) if isinstance(got, bytes) else got
+
+    def _invoke(self, method: Callable[..., Any], request: object, timeout: float, metadata: Metadata) -> Any:
         try:
-            return kind(message, help=help_text or None)
-        except TypeError:  # a class that takes other arguments: keep the status mapping
-            return None
+            return method(request, timeout=timeout, metadata=metadata)
+        except grpc.RpcError as err:
+            raise call_error(self.address, err, timeout) from None
+
+
+def call_error(address: str, err: grpc.RpcError, timeout: float) -> HangdocError:
+    """What a failed call to the agent at ``address`` raises: the agent's own error (its kind
+    and help came along), or one for the call's status."""
+    code = err.code() if hasattr(err, "code") else None
+    detail = err.details() if hasattr(err, "details") else str(err)
+    if (known := _agent_error(address, err, detail)) is not None:
+        return known
+    if code == grpc.StatusCode.NOT_FOUND:
+        return JobNotFound(detail)
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return PermissionDenied(f"agent {address}: {detail}")
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return AgentError(f"agent {address} refused the call: {detail}")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return AgentError(f"agent {address} did not answer within {timeout:.1f} s")
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return AgentError(f"agent {address} unavailable: {detail}")
+    name = code.name if code is not None else "error"
+    return AgentError(f"agent {address}: {name}: {detail}")
+
+
+def _agent_error(address: str, err: grpc.RpcError, detail: str) -> HangdocError | None:
+    """The agent's own HangdocError, rebuilt from the kind and help it sent along, or
+    None when it sent none (an older agent, a transport failure)."""
+    trailing = dict(err.trailing_metadata() or ()) if hasattr(err, "trailing_metadata") else {}
+    name = str(trailing.get(ERROR_KIND, ""))
+    kind = next((cls for cls in _subclasses(HangdocError) if cls.__name__ == name), None)
+    if kind is None:
+        return None
+    raw_help = trailing.get(ERROR_HELP, b"")
+    help_text = raw_help.decode(errors="replace") if isinstance(raw_help, bytes) else str(raw_help)
+    message = detail if kind is JobNotFound else f"agent {address}: {detail}"
+    try:
+        return kind(message, help=help_text or None)
+    except TypeError:  # a class that takes other arguments: keep the status mapping
+        return None
+
+
+def rebuilt_error(kind: str, message: str, help_text: str) -> HangdocError:
+    """The error a relay reported for a node (``RelayFailure``), as the caller would have
+    raised it asking the node itself; ``AgentError`` for a kind this side does not know."""
+    cls = next((c for c in _subclasses(HangdocError) if c.__name__ == kind), AgentError)
+    try:
+        return cls(message[:2000], help=help_text[:2000] or None)
+    except TypeError:
+        return AgentError(message[:2000], help=help_text[:2000] or None)
 
 
 def _subclasses(cls: type[HangdocError]) -> list[type[HangdocError]]:

@@ -59,7 +59,22 @@ class Fleet:
 def fan_out(
     nodes: Sequence[Node], call: Callable[[Node], T], deadline: float | None
 ) -> list[tuple[Node, T | None, BaseException | None]]:
-    """``call(node)`` on every node at once; (node, result, None) or (node, None, error)."""
+    """``call(node)`` on every node at once; (node, result, None) or (node, None, error).
+    Above ``tree.TREE_AT`` agents the calls go through relays (``fleet.tree``), each
+    level's deadline one ``RELAY_SLACK`` beyond the one below."""
+    if len(nodes) > 1:
+        from . import tree  # the agents' client: not loaded for a single machine
+
+        if tree.uses_tree(nodes):
+            return tree.tree_fan_out(nodes, call, deadline, flat_fan_out)
+    return flat_fan_out(nodes, call, deadline)
+
+
+def flat_fan_out(
+    nodes: Sequence[Node], call: Callable[[Node], T], deadline: float | None
+) -> list[tuple[Node, T | None, BaseException | None]]:
+    """``fan_out`` with every call made from here, ``MAX_IN_FLIGHT`` at once (what a relay
+    does for its children)."""
     if not nodes:
         return []
     if len(nodes) == 1:  # no threads for the common single-node case; errors pass through

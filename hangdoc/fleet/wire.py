@@ -15,7 +15,8 @@ conversion is exact: ``x_from_proto(x_to_proto(v)) == v`` for every model value 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from ..bundle import StackTable
@@ -360,7 +361,7 @@ def samples_to_proto(
     return response
 
 
-def _stacks_from_proto(msg: pb.SampleResponse) -> list[Stack]:
+def _stacks_from_proto(msg: pb.SampleResponse | pb.RelayTable) -> list[Stack]:
     frames = [frame_from_proto(f) for f in msg.frames]
     stacks = []
     for i, stack in enumerate(msg.stacks):
@@ -396,9 +397,24 @@ def _sample_from_proto(msg: pb.Sample, stacks: list[Stack]) -> Sample:
     return Sample(t=msg.t, threads=tuple(threads), state=state, error=error, waits=waits)
 
 
-def samples_from_proto(msg: pb.SampleResponse) -> dict[int, Sample]:
+@dataclass(frozen=True, slots=True)
+class NodeSamples:
+    """One node's Sample answer as a relay merged it (``RelayTable``): the table's stacks,
+    decoded once for all of its nodes, and the node's own entries."""
+
+    stacks: list[Stack]
+    samples: Sequence[pb.PidSample]
+
+
+def tabled_samples(table: pb.RelayTable) -> dict[str, NodeSamples]:
+    """Each node's answer in a relay's merged table, by the node's address."""
+    stacks = _stacks_from_proto(table)
+    return {node.target: NodeSamples(stacks, node.samples) for node in table.nodes}
+
+
+def samples_from_proto(msg: pb.SampleResponse | NodeSamples) -> dict[int, Sample]:
     """The samples of a ``SampleResponse`` by pid, in the order the agent sent them."""
-    stacks = _stacks_from_proto(msg)
+    stacks = msg.stacks if isinstance(msg, NodeSamples) else _stacks_from_proto(msg)
     out: dict[int, Sample] = {}
     for entry in msg.samples:
         if entry.pid in out:
@@ -482,3 +498,94 @@ def node_jobs_from_proto(msg: pb.JobsResponse) -> NodeJobs:
         if job.job and len(job.job) <= jobreport.MAX_NAME and job.job.isprintable():
             jobs.append(WatchedJob(job.job, world, ranks))
     return NodeJobs(msg.host[: jobreport.MAX_NAME], tuple(jobs), max(0, msg.left_out))
+
+
+class TableMerger:
+    """A leaf relay's children's Sample answers in one ``RelayTable``: each distinct frame
+    and stack of them once, each sample's stack indices rewritten into it."""
+
+    def __init__(self) -> None:
+        self.table = pb.RelayTable()
+        self._frames: dict[bytes, int] = {}
+        self._stacks: dict[tuple[int, ...], int] = {}
+
+    def add(self, target: str, response: pb.SampleResponse) -> None:
+        """``response``, one node's answer, into the table; ``AgentApiError`` when its
+        indices point outside its own tables (nothing of it is added then)."""
+        frames = [self._frame(f) for f in response.frames]
+        try:
+            stacks = [self._stack(tuple(frames[i] for i in s.frames)) for s in response.stacks]
+            for entry in response.samples:
+                for thread in entry.sample.threads:
+                    thread.stack = stacks[thread.stack]
+        except IndexError:
+            raise AgentApiError(f"{target} sent a stack or thread outside its own tables") from None
+        self.table.nodes.add(target=target).samples.extend(response.samples)
+
+    def _frame(self, frame: pb.Frame) -> int:
+        key = frame.SerializeToString(deterministic=True)
+        index = self._frames.get(key)
+        if index is None:
+            index = self._frames[key] = len(self.table.frames)
+            self.table.frames.append(frame)
+        return index
+
+    def _stack(self, frames: tuple[int, ...]) -> int:
+        index = self._stacks.get(frames)
+        if index is None:
+            index = self._stacks[frames] = len(self.table.stacks)
+            self.table.stacks.add(frames=frames)
+        return index
+
+
+# ------------------------------------------------------------------ relays
+
+
+@dataclass(frozen=True, slots=True)
+class RelayTarget:
+    """One agent a relay asks: a leaf (its serialized ``request`` and ``timeout``) or a
+    sub-relay (its ``children``)."""
+
+    address: str
+    request: bytes = b""
+    timeout: float = 0.0
+    children: tuple[RelayTarget, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RelayFailed:
+    """Why a relay got no answer from a node (``RelayFailure``)."""
+
+    kind: str
+    message: str
+    help: str
+    relay: str = ""  # the sub-relay that failed, when the node itself was not asked
+
+
+def relay_request(method: str, children: Sequence[RelayTarget], timeout: float) -> bytes:
+    """A serialized ``RelayRequest``."""
+    request = pb.RelayRequest(method=method, children=map(_relay_child, children), timeout_seconds=timeout)
+    data: bytes = request.SerializeToString()
+    return data
+
+
+def _relay_child(target: RelayTarget) -> pb.RelayChild:
+    if target.children:
+        return pb.RelayChild(address=target.address, children=map(_relay_child, target.children))
+    return pb.RelayChild(address=target.address, request=target.request, timeout_seconds=target.timeout)
+
+
+def relay_answers(raw: bytes) -> dict[str, bytes | NodeSamples | RelayFailed]:
+    """A relay's ``RelayResponse``: each node's serialized answer, merged samples, or failure."""
+    response = pb.RelayResponse.FromString(raw)
+    out: dict[str, bytes | NodeSamples | RelayFailed] = {}
+    for answer in response.answers:
+        failure = answer.failure
+        out[answer.target] = (
+            RelayFailed(failure.kind, failure.message, failure.help, failure.relay)
+            if answer.HasField("failure")
+            else answer.response
+        )
+    for table in response.tables:
+        out.update(tabled_samples(table))
+    return out

@@ -580,3 +580,73 @@ class JobsResponse(_message.Message):
     jobs: _containers.RepeatedCompositeFieldContainer[WatchedJob]
     left_out: int
     def __init__(self, host: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[WatchedJob, _Mapping]]] = ..., left_out: _Optional[int] = ...) -> None: ...
+
+class RelayChild(_message.Message):
+    __slots__ = ("address", "request", "timeout_seconds", "children")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    request: bytes
+    timeout_seconds: float
+    children: _containers.RepeatedCompositeFieldContainer[RelayChild]
+    def __init__(self, address: _Optional[str] = ..., request: _Optional[bytes] = ..., timeout_seconds: _Optional[float] = ..., children: _Optional[_Iterable[_Union[RelayChild, _Mapping]]] = ...) -> None: ...
+
+class RelayRequest(_message.Message):
+    __slots__ = ("method", "children", "timeout_seconds")
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    method: str
+    children: _containers.RepeatedCompositeFieldContainer[RelayChild]
+    timeout_seconds: float
+    def __init__(self, method: _Optional[str] = ..., children: _Optional[_Iterable[_Union[RelayChild, _Mapping]]] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class RelayFailure(_message.Message):
+    __slots__ = ("message", "kind", "help", "relay")
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    HELP_FIELD_NUMBER: _ClassVar[int]
+    RELAY_FIELD_NUMBER: _ClassVar[int]
+    message: str
+    kind: str
+    help: str
+    relay: str
+    def __init__(self, message: _Optional[str] = ..., kind: _Optional[str] = ..., help: _Optional[str] = ..., relay: _Optional[str] = ...) -> None: ...
+
+class RelayAnswer(_message.Message):
+    __slots__ = ("target", "response", "failure")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    response: bytes
+    failure: RelayFailure
+    def __init__(self, target: _Optional[str] = ..., response: _Optional[bytes] = ..., failure: _Optional[_Union[RelayFailure, _Mapping]] = ...) -> None: ...
+
+class RelayTable(_message.Message):
+    __slots__ = ("frames", "stacks", "nodes")
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    STACKS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedCompositeFieldContainer[Frame]
+    stacks: _containers.RepeatedCompositeFieldContainer[Stack]
+    nodes: _containers.RepeatedCompositeFieldContainer[RelayNodeSamples]
+    def __init__(self, frames: _Optional[_Iterable[_Union[Frame, _Mapping]]] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[RelayNodeSamples, _Mapping]]] = ...) -> None: ...
+
+class RelayNodeSamples(_message.Message):
+    __slots__ = ("target", "samples")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    samples: _containers.RepeatedCompositeFieldContainer[PidSample]
+    def __init__(self, target: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[PidSample, _Mapping]]] = ...) -> None: ...
+
+class RelayResponse(_message.Message):
+    __slots__ = ("answers", "tables")
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    answers: _containers.RepeatedCompositeFieldContainer[RelayAnswer]
+    tables: _containers.RepeatedCompositeFieldContainer[RelayTable]
+    def __init__(self, answers: _Optional[_Iterable[_Union[RelayAnswer, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[RelayTable, _Mapping]]] = ...) -> None: ...

@@ -462,3 +462,96 @@ class Agent:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class RelayStub:
+    """------------------------------------------------------------------ Relay
+
+    An agent in its relay role (docs/scale.md): it makes the caller's calls to the agents the
+    request names, at once, and answers with all of theirs. It serves operators only (the
+    agent's token or a client certificate), passes the caller's `authorization` on to its
+    children unchanged and holds no credential of its own beside its TLS certificate; each
+    child applies its own rules and audits the call (metadata `x-hangdoc-via`, for its log).
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Forward = channel.unary_unary(
+                '/hangdoc.v1.Relay/Forward',
+                request_serializer=hangdoc_dot_v1_dot_agent__pb2.RelayRequest.SerializeToString,
+                response_deserializer=hangdoc_dot_v1_dot_agent__pb2.RelayResponse.FromString,
+                _registered_method=True)
+
+
+class RelayServicer:
+    """------------------------------------------------------------------ Relay
+
+    An agent in its relay role (docs/scale.md): it makes the caller's calls to the agents the
+    request names, at once, and answers with all of theirs. It serves operators only (the
+    agent's token or a client certificate), passes the caller's `authorization` on to its
+    children unchanged and holds no credential of its own beside its TLS certificate; each
+    child applies its own rules and audits the call (metadata `x-hangdoc-via`, for its log).
+    """
+
+    def Forward(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_RelayServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Forward': grpc.unary_unary_rpc_method_handler(
+                    servicer.Forward,
+                    request_deserializer=hangdoc_dot_v1_dot_agent__pb2.RelayRequest.FromString,
+                    response_serializer=hangdoc_dot_v1_dot_agent__pb2.RelayResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'hangdoc.v1.Relay', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('hangdoc.v1.Relay', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Relay:
+    """------------------------------------------------------------------ Relay
+
+    An agent in its relay role (docs/scale.md): it makes the caller's calls to the agents the
+    request names, at once, and answers with all of theirs. It serves operators only (the
+    agent's token or a client certificate), passes the caller's `authorization` on to its
+    children unchanged and holds no credential of its own beside its TLS certificate; each
+    child applies its own rules and audits the call (metadata `x-hangdoc-via`, for its log).
+    """
+
+    @staticmethod
+    def Forward(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hangdoc.v1.Relay/Forward',
+            hangdoc_dot_v1_dot_agent__pb2.RelayRequest.SerializeToString,
+            hangdoc_dot_v1_dot_agent__pb2.RelayResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
