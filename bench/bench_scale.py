@@ -64,6 +64,11 @@ class Analyzed:
     seconds: float
     peak_mb: float
     bundle_bytes: int
+    save_s: float = 0.0  # ``bench/synthetic.py`` saving it (``save_snapshot``, as ``--save`` does)
+    terminal_lines: int = 0  # ``hangdoc analyze BUNDLE`` (the terminal report), piped
+    terminal_s: float = 0.0
+    v1_seconds: float = 0.0  # the same snapshot in the first format (0: not measured)
+    v1_peak_mb: float = 0.0
 
 
 def _rss_mb() -> float:
@@ -132,31 +137,45 @@ def measure(size: int, scenario: str) -> Measured:
     return row
 
 
-def measure_cli(size: int, scenario: str, tmp: Path) -> Analyzed:
-    """``hangdoc analyze BUNDLE --json`` of a saved synthetic bundle, as a user runs it."""
+def _analyze_json(bundle: Path, size: int, scenario: str) -> tuple[str, float, float]:
+    """``hangdoc analyze BUNDLE --json``: its text, seconds and peak MB; a wrong answer ends the run."""
     from synthetic import expected
 
-    bundle = tmp / f"{scenario}-{size}.json.gz"
-    _child(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "synthetic.py"),
-            "--ranks",
-            str(size),
-            "--scenario",
-            scenario,
-            "--out",
-            str(bundle),
-        ]
-    )
     text, seconds, peak = _child([sys.executable, "-m", "hangdoc", "analyze", str(bundle), "--json"])
     report = json.loads(text)
     verdict, culprits = expected(size, scenario)
     if report["verdict"] != verdict.value or tuple(report["culprit_ranks"]) != culprits:
-        raise SystemExit(f"hangdoc analyze of {size} ranks said {report['verdict']}, expected {verdict.value}")
+        raise SystemExit(f"hangdoc analyze of {bundle.name} said {report['verdict']}, expected {verdict.value}")
+    return text, seconds, peak
+
+
+def _write_bundle(bundle: Path, size: int, scenario: str, schema_version: int) -> float:
+    """``bench/synthetic.py`` writing ``bundle``: the seconds its saving took."""
+    script = str(ROOT / "bench" / "synthetic.py")
+    args = ["--ranks", str(size), "--scenario", scenario, "--out", str(bundle), "--schema-version"]
+    said, _, _ = _child([sys.executable, script, *args, str(schema_version)])
+    return float(said.rsplit("saved in ", 1)[1].split(" s")[0])
+
+
+def measure_cli(size: int, scenario: str, tmp: Path, v1: bool) -> Analyzed:
+    """``hangdoc analyze BUNDLE --json`` of a saved synthetic bundle, as a user runs it; the
+    terminal report of it (its lines); with ``v1``, the same snapshot in the first format,
+    whose report must be the same."""
+    bundle = tmp / f"{scenario}-{size}.json.gz"
+    save_s = _write_bundle(bundle, size, scenario, 2)
+    text, seconds, peak = _analyze_json(bundle, size, scenario)
+    terminal, terminal_s, _ = _child([sys.executable, "-m", "hangdoc", "analyze", str(bundle)])
     size_bytes = bundle.stat().st_size
     bundle.unlink()
-    return Analyzed(size, scenario, seconds, peak, size_bytes)
+    row = Analyzed(size, scenario, seconds, peak, size_bytes, save_s, len(terminal.splitlines()), terminal_s)
+    if v1:
+        first = tmp / f"{scenario}-{size}-v1.json.gz"
+        _write_bundle(first, size, scenario, 1)
+        v1_text, row.v1_seconds, row.v1_peak_mb = _analyze_json(first, size, scenario)
+        first.unlink()
+        if v1_text != text:
+            raise SystemExit(f"{size} ranks: the report of the first format differs from the second's")
+    return row
 
 
 def _seconds(value: float) -> str:
@@ -195,11 +214,19 @@ def tables(rows: list[Measured], cli: list[Analyzed], sizes: list[int]) -> str:
     text = "\n".join(time_lines) + "\n\n" + "\n".join(memory_lines)
     if cli:
         title = f"`hangdoc analyze FILE --json` of the saved bundle (`{cli[0].scenario}`), loading included:"
-        lines = [title, "", "| ranks | bundle | bytes per rank | time | peak memory |", "|---|---|---|---|---|"]
+        lines = [
+            title,
+            "",
+            "| ranks | bundle | bytes per rank | time | peak memory | format 1: time | peak "
+            "| saving | terminal report | its lines |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for a in cli:
+            v1 = f"{_seconds(a.v1_seconds)} | {a.v1_peak_mb:,.0f} MB" if a.v1_seconds else "- | -"
             lines.append(
                 f"| {a.ranks:,} | {a.bundle_bytes / 1e6:.2f} MB | {a.bundle_bytes / a.ranks:.1f} "
-                f"| **{_seconds(a.seconds)}** | {a.peak_mb:,.0f} MB |"
+                f"| **{_seconds(a.seconds)}** | {a.peak_mb:,.0f} MB | {v1} | {_seconds(a.save_s)} "
+                f"| {_seconds(a.terminal_s)} | {a.terminal_lines} |"
             )
         text += "\n\n" + "\n".join(lines)
     return text
@@ -249,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--huge", type=int, default=0, help="also one analyse() of this many ranks (collective_mismatch), e.g. 1000000"
     )
+    parser.add_argument("--v1", action="store_true", help="also analyze each bundle in the first format")
     parser.add_argument("--write", type=Path, help="write the section into this markdown file")
     parser.add_argument("--worker", nargs=2, metavar=("RANKS", "SCENARIO"), help=argparse.SUPPRESS)
     given = sys.argv[1:] if argv is None else argv
@@ -283,10 +311,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.cli_scenario != "none":
         with tempfile.TemporaryDirectory() as tmp:
             for size in sizes:
-                cli.append(measure_cli(size, args.cli_scenario, Path(tmp)))
+                a = measure_cli(size, args.cli_scenario, Path(tmp), args.v1)
+                cli.append(a)
                 print(
-                    f"analyze --json {size}: {cli[-1].seconds:.2f} s, {cli[-1].peak_mb:.0f} MB, "
-                    f"{cli[-1].bundle_bytes} bytes",
+                    f"analyze --json {size}: {a.seconds:.2f} s, {a.peak_mb:.0f} MB, {a.bundle_bytes} bytes; "
+                    f"v1 {a.v1_seconds:.2f} s {a.v1_peak_mb:.0f} MB; saved in {a.save_s:.2f} s; "
+                    f"terminal {a.terminal_lines} lines in {a.terminal_s:.2f} s",
                     file=sys.stderr,
                 )
     command = " ".join(["python bench/bench_scale.py", *given])
