@@ -258,6 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(frame lines or tracebacks under labels such as `rank 3:`); `-` reads "
         "standard input",
     )
+    ana.add_argument(
+        "--save",
+        metavar="FILE",
+        help="also write what was read as a snapshot in the current format (a first-format bundle "
+        "of 100,000 ranks then loads about 4x faster; dumps become a snapshot)",
+    )
     ana.add_argument("-q", "--quiet", action="store_true", help="nothing on stderr but errors (no live status line)")
     ana.set_defaults(func=_cmd_analyze)
     _finish_commands(parser)
@@ -851,15 +857,23 @@ def _cmd_incidents(args: argparse.Namespace) -> int:
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from .analysis.analyse import analyse
+    from .bundle import check_save_path, save_snapshot
     from .capture.dumps.dumpfile import load_evidence
 
     _check_report_files(args)
+    if args.save:
+        check_save_path(args.save)
     with _status(args) as shown, shown.busy(f"reading {args.bundle}") as now_doing:
         # a saved snapshot, or py-spy / ray stack dumps / pasted stacks; `-`: standard input
         snapshot = load_evidence(args.bundle, sys.stdin.buffer if args.bundle == "-" else None)
         count = len(snapshot.ranks)
         now_doing(f"analysing {count} rank{'' if count == 1 else 's'}")
         diagnosis = analyse(snapshot)
+        if args.save:
+            now_doing(f"saving {args.save}")
+            save_snapshot(snapshot, args.save)
+    if args.save:
+        shown.say(f"snapshot saved to {args.save}; replay with `hangdoc analyze {args.save}`")
     _emit(args, snapshot, diagnosis)
     return EXIT_OK
 

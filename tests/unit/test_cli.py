@@ -41,6 +41,26 @@ def test_analyze_json_replays_verdict(tmp_path, capsys) -> None:
     assert out.err == ""
 
 
+def test_analyze_save_writes_a_first_format_bundle_in_the_current_one(tmp_path, capsys) -> None:
+    old, new = tmp_path / "old.json", tmp_path / "new.json.gz"
+    old.write_text(json.dumps(snapshot_to_dict(mismatch_snapshot(), schema_version=1)))
+    assert main(["analyze", str(old), "--json", "--save", str(new)]) == 0
+    out = capsys.readouterr()
+    assert f"snapshot saved to {new}" in out.err
+    saved = json.loads(gzip.decompress(new.read_bytes()))
+    assert saved["schema_version"] == bundle.BUNDLE_SCHEMA_VERSION == 2
+    assert main(["analyze", str(new), "--json"]) == 0
+    assert capsys.readouterr().out == out.out  # the same report from the converted file
+
+
+def test_analyze_save_to_a_folder_that_does_not_exist_fails_before_reading(tmp_path, capsys) -> None:
+    path = tmp_path / "hang.json"
+    save_snapshot(mismatch_snapshot(), path)
+    assert main(["analyze", str(path), "--save", str(tmp_path / "nowhere" / "x.json")]) != 0
+    err = capsys.readouterr().err
+    assert "cannot write snapshot" in err and len(err.strip().splitlines()) <= 3
+
+
 def test_analyze_terminal_report(tmp_path, capsys) -> None:
     path = tmp_path / "hang.json.gz"
     save_snapshot(mismatch_snapshot(), path)
