@@ -39,6 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from bench_scale import _rss_mb  # noqa: E402 - bench/ is on the path only from here
+
 HEADING = "## The cost curve, 1k to 1M ranks (issue 30)"
 RANKS = (1_000, 10_000, 100_000, 1_000_000)
 GPUS_PER_NODE = 8
@@ -53,11 +55,6 @@ ABOUT = (
     "each stage timed in a fresh process."
 )
 STAGES = ("find_ranks", "one round", "observe()", "save", "load", "analysis", "JSON report", "terminal report")
-
-
-def _rss_mb() -> float:
-    pages = int(Path("/proc/self/statm").read_text().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE") / 1e6
 
 
 def _peak_mb() -> float:

@@ -73,6 +73,7 @@ def planning(plan: Plan) -> Iterator[None]:
         _planning.plan = None
 
 
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
 MAX_THREADS_WAITING = 4096  # waits kept of one process's answer
 MAX_PEERS = 1024  # peer processes kept of one answer
 
@@ -103,17 +104,15 @@ class AgentAuth:
     tls_ca: str | None = None
 
     def channel(self, address: str) -> grpc.Channel:
-        options = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
         if not self.tls_ca:
-            return grpc.insecure_channel(address, options=options)
-        return grpc.secure_channel(address, self._credentials(), options=options)
+            return grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        return grpc.secure_channel(address, self._credentials(), options=_CHANNEL_OPTIONS)
 
     def aio_channel(self, address: str) -> grpc.aio.Channel:
         """The same channel for an event loop's calls (a relay's)."""
-        options = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
         if not self.tls_ca:
-            return grpc.aio.insecure_channel(address, options=options)
-        return grpc.aio.secure_channel(address, self._credentials(), options=options)
+            return grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        return grpc.aio.secure_channel(address, self._credentials(), options=_CHANNEL_OPTIONS)
 
     def _credentials(self) -> grpc.ChannelCredentials:
         check_tls(self.tls_cert, self.tls_key, self.tls_ca, server=False)
