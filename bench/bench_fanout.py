@@ -34,6 +34,7 @@ import io
 import os
 import platform
 import pstats
+import re
 import resource
 import shutil
 import signal
@@ -45,7 +46,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
@@ -67,7 +68,7 @@ from hangdoc.fleet.client import AgentAuth, RemoteNode
 from hangdoc.fleet.coordinator import Fleet, fan_out, find_ranks, sample_all
 from hangdoc.fleet.node import Node
 from hangdoc.fleet.v1 import agent_pb2 as pb
-from hangdoc.model import Sample, counted
+from hangdoc.model import Sample, Unreachable, counted
 from hangdoc.pipeline import CaptureOptions, observe
 
 SNAPSHOT = ROOT / "tests" / "snapshots" / "mismatch_uneven_shards_eval_gather.json.gz"
@@ -635,7 +636,34 @@ def findings(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def bench_modes(n: int, per: int, repeat: int, options: CaptureOptions, modes: list[str]) -> list[dict[str, Any]]:
+_ADDRESS = re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}:\d+\b")
+SHOWN_LOST = 5  # unreachable nodes shown with their own reason, per row
+
+
+class LostReasons:
+    """Why nodes were lost, by stage: the first few (node and reason as the coordinator
+    said it) and a count per reason with the addresses in it replaced by ``ADDR``, so that
+    one lost node among thousands explains itself in the table."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.first: list[str] = []
+
+    def add(self, stage: str, lost: Sequence[Unreachable]) -> None:
+        for node in lost:
+            key = f"{stage}: {_ADDRESS.sub('ADDR', node.reason)}"
+            self.counts[key] = self.counts.get(key, 0) + 1
+            if len(self.first) < SHOWN_LOST:
+                self.first.append(f"{stage}: {node.target}: {node.reason}")
+
+    def lines(self) -> list[str]:
+        by_count = sorted(self.counts.items(), key=lambda kv: -kv[1])
+        return [f"lost {count}x {key}" for key, count in by_count] + [f"e.g. {one}" for one in self.first]
+
+
+def bench_modes(
+    n: int, per: int, repeat: int, options: CaptureOptions, modes: list[str], connect_timeout: float | None = None
+) -> list[dict[str, Any]]:
     """``--tree``: over the same N hosted agents, each of ``modes`` ("flat": every call from
     the coordinator; "tree": through relays, ``fleet.tree``) in turn, fresh ``RemoteNode``s
     each: find_ranks, one whole ``observe()`` (the diagnosis after discovery), ``repeat``
@@ -651,7 +679,7 @@ def bench_modes(n: int, per: int, repeat: int, options: CaptureOptions, modes: l
                 tree.TREE_AT = 1  # below the threshold: forced, to compare
             # above FLAT_LIMIT every per-call deadline is widened like the dump timeout: with all
             # relays' calls in flight at once on 2 cores, a first FindRanks can wait past 15 s
-            connect = 5.0 if n <= FLAT_LIMIT else 60.0
+            connect = connect_timeout or (5.0 if n <= FLAT_LIMIT else 60.0)
             nodes = [RemoteNode(address, auth, connect_timeout=connect) for address in ports]
             try:
                 cpu0, agents0, t0 = own_cpu(), agents_cpu(agent_procs), time.perf_counter()
@@ -665,12 +693,16 @@ def bench_modes(n: int, per: int, repeat: int, options: CaptureOptions, modes: l
                 agents_watch = agents_cpu(agent_procs) - agents0
                 culprits = list(diagnosis.culprit_ranks)
                 rounds, lost = [], 0
+                why = LostReasons()
+                why.add("find", fleet.unreachable)
+                why.add("observe", snapshot.unreachable)
                 cpu0, agents0 = own_cpu(), agents_cpu(agent_procs)
                 for _ in range(repeat):
                     t0 = time.perf_counter()
                     taken = sample_all(fleet, 1.0, native=False, timeout=options.timeout)
                     rounds.append(time.perf_counter() - t0)
                     lost += len(taken.lost)
+                    why.add("round", taken.lost)
                 rows.append(
                     {
                         "n": n,
@@ -694,9 +726,13 @@ def bench_modes(n: int, per: int, repeat: int, options: CaptureOptions, modes: l
                         "verdict_ok": diagnosis.verdict.value == "collective_mismatch"
                         and culprits == expected_culprits(n),
                         "timeout": options.timeout,
+                        "why_lost": why.counts,
+                        "lost_first": why.first,
                     }
                 )
                 print({k: v for k, v in rows[-1].items() if k != "rounds"}, file=sys.stderr, flush=True)
+                for line in why.lines():
+                    print(f"  {mode}: {line}", file=sys.stderr, flush=True)
             finally:
                 tree.TREE_AT = default_at
                 for node in nodes:
@@ -715,8 +751,8 @@ def render_modes(rows: list[dict[str, Any]], repeat: int, cmd: str, load_before:
         "",
         "| agents | mode | find_ranks (s) | its coordinator CPU | its agents CPU | observe() (s) | its coordinator CPU "
         "| its agents CPU | rounds in it | one round (s) | coordinator CPU a round | agents CPU a round "
-        "| nodes lost (find / observe / rounds) | dump timeout (s) | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| nodes lost (find / observe / rounds) | why lost | dump timeout (s) | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ok = "as expected" if r["verdict_ok"] else "UNEXPECTED"
@@ -725,9 +761,20 @@ def render_modes(rows: list[dict[str, Any]], repeat: int, cmd: str, load_before:
             f"| {r['watch']:.2f} | {r['cpu_watch']:.2f} | {r['agents_watch']:.2f} | {r['watch_rounds']} "
             f"| {r['round']:.2f} ({min(r['rounds']):.2f}-{max(r['rounds']):.2f}) | {r['cpu']:.2f} "
             f"| {r['agents_cpu']:.2f} | {r['unreachable_find']} / {r['unreachable_watch']} / {r['lost']} "
-            f"| {r['timeout']:g} | {r['verdict']} ({ok}) |"
+            f"| {why_cell(r['why_lost'])} | {r['timeout']:g} | {r['verdict']} ({ok}) |"
         )
+    if examples := [f"- {r['n']:,} {r['mode']}: {one}" for r in rows for one in r["lost_first"]]:
+        lines += ["", "Lost nodes, the first of each row:", "", *examples]
     return "\n".join(lines)
+
+
+def why_cell(counts: Mapping[str, int]) -> str:
+    """The reasons nodes were lost, most frequent first, for one table cell."""
+    if not counts:
+        return "—"
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])
+    shown = "; ".join(f"{count}x {key}" for key, count in ranked[:3])
+    return (shown + (f"; {len(ranked) - 3} other reasons" if len(ranked) > 3 else "")).replace("|", "\\|")
 
 
 def write_section(path: Path, text: str) -> None:
@@ -771,6 +818,13 @@ def main() -> int:
         help="compare fan-out modes over the same agents (default flat,tree: every call from the "
         "coordinator, then through relays) instead of the flat breakdown; prints a table",
     )
+    parser.add_argument(
+        "--connect-timeout",
+        type=float,
+        metavar="S",
+        help="with --tree: each RemoteNode's connect timeout (GetInfo; FindRanks gets 10 s more); "
+        f"default 5 s, 60 s above {FLAT_LIMIT:,} agents",
+    )
     parser.add_argument("--serve", metavar="FIRST:COUNT", help=argparse.SUPPRESS)  # a host process
     parser.add_argument("--world", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--token-file", help=argparse.SUPPRESS)
@@ -792,7 +846,9 @@ def main() -> int:
             print(f"fan-out modes {args.tree} at {n} agents ...", file=sys.stderr, flush=True)
             found += [
                 dict(r, per=args.per_process)
-                for r in bench_modes(n, args.per_process, args.repeat, options, args.tree.split(","))
+                for r in bench_modes(
+                    n, args.per_process, args.repeat, options, args.tree.split(","), args.connect_timeout
+                )
             ]
         cmd = "python bench/bench_fanout.py " + " ".join(sys.argv[1:])
         print(render_modes(found, args.repeat, cmd.strip(), load_before))
