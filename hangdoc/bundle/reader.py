@@ -21,6 +21,7 @@ from ..model import Frame, JobSnapshot
 from .codec import _codec, _read_column
 from .columns import Ints, _check_indices, _check_range, _ints
 from .files import read_input
+from .first import read_first_format
 from .invalid import _expect_list, _Invalid, _kind
 from .layout import BUNDLE_SCHEMA_VERSION, KIND, _table_order, _table_spec, _TableSpec
 from .limits import MAX_STACK_DEPTH, MAX_TABLE_ITEMS, MAX_TABLE_ROWS
@@ -287,8 +288,12 @@ def load_snapshot(path: str | Path) -> JobSnapshot:
 def snapshot_from_bytes(raw: bytes, path: Path) -> JobSnapshot:
     """The snapshot in ``raw``, the (inflated) bytes of the file ``path``; ``BundleError``
     naming ``path`` when they are not one."""
-    if not raw.strip():
+    if not raw or raw.isspace():  # (raw.strip() would copy the whole file)
         raise BundleError(f"{path}: the file is empty, not a hangdoc snapshot")
+    with collections_paused():
+        snapshot = read_first_format(raw, _load_tables)
+    if snapshot is not None:
+        return snapshot
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -1,0 +1,457 @@
+"""Reading a bundle of the first format (schema_version 1) a rank at a time.
+
+A first-format bundle writes every record field for field: 3.4 kB of JSON a rank, 374 MB
+for 100,000 ranks, whose parse into dicts alone takes 2.3 GB. ``read_first_format`` walks
+the text instead: the envelope, frames and stacks whole, then the snapshot's lists of
+ranks one element at a time (``json``'s own scanner on each), each rank decoded into the
+model at once and its dicts dropped. The text is decoded from the file's bytes a chunk at
+a time, so no copy of the whole text is made either.
+
+Equal records are one object, as the second format's tables make them: environment
+pairs, command lines and environments, process states and capture errors across the job,
+and a rank's equal threads, counters, waits and samples (these hold the rank's process or
+thread ids, so they are equal only within one rank, and are forgotten after it). A rank
+whose samples show the same threads holds one tuple of them, as the analysis' views key
+their work on (``analysis.views``). The threads written the same way in a rank's samples
+are decoded once.
+
+This reader checks what the whole-text reader checks, with the same decoders' rules, but
+says nothing: on anything unexpected (a malformed value, keys in another order, a cap
+passed) it answers None, and the whole text is read as before, whose errors say exactly
+what is wrong and where. Imports only ``codec``, ``invalid``, ``layout``, ``limits`` and
+``tables`` of this package.
+"""
+
+from __future__ import annotations
+
+import codecs
+import dataclasses
+import enum
+import json
+import json.scanner
+import re
+import typing
+from collections.abc import Callable
+from typing import Any
+
+from ..model import (
+    Frame,
+    JobSnapshot,
+    Note,
+    RankProcess,
+    RankSnapshot,
+    Sample,
+    Stack,
+    ThreadCounters,
+    ThreadStack,
+    ThreadWait,
+)
+from .codec import _codec, _ranged
+from .invalid import _Invalid
+from .layout import KIND, _optional_arg, _tabled_key
+from .limits import _FIELD_RANGES, _INT_RANGE
+from .tables import _new, _Tables
+
+# The records a rank's process or thread ids are part of (or that hold such records): equal
+# ones are looked for within the rank only, so what is remembered stays one rank's worth.
+_PER_RANK: tuple[type, ...] = (RankProcess, ThreadStack, ThreadCounters, ThreadWait, Sample)
+_CHUNK = 8 * 2**20  # bytes of the file decoded to text at a time
+_BLANK = re.compile(r"[ \t\n\r]*")  # JSON's whitespace, as ``json.decoder`` skips it
+# one JSON value at a position: (value, end), by the scanner json.loads uses (C); typeshed
+# types make_scanner's argument wrongly
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+
+Decode = Callable[[Any], Any]
+
+
+class _NotHere(Exception):
+    """The text is not read here; the whole-text reader reads it (and says what is wrong)."""
+
+
+def read_first_format(raw: bytes, load_tables: Callable[[dict[str, Any], _Tables], None]) -> JobSnapshot | None:
+    """The snapshot in ``raw``, a first-format bundle's bytes, read a rank at a time; None
+    when ``raw`` is not one this reader takes (another format, keys in another order, or
+    anything wrong). ``load_tables`` reads the frames and stacks of the envelope."""
+    try:
+        return _read(_Cursor(raw), load_tables)
+    except (_NotHere, _Invalid, ValueError, StopIteration, RecursionError, KeyError, TypeError, ArithmeticError):
+        return None
+
+
+def _read(c: _Cursor, load_tables: Callable[[dict[str, Any], _Tables], None]) -> JobSnapshot:
+    """The envelope's members whole, the snapshot's lists of ranks a rank at a time."""
+    c.take("{")
+    top: dict[str, Any] = {}
+    snapshot: JobSnapshot | None = None
+    while True:
+        key = c.key(top)
+        if key == "snapshot":
+            version = top.get("schema_version")
+            if top.get("kind") != KIND or type(version) is not int or "frames" not in top or "stacks" not in top:
+                raise _NotHere
+            tables = _Tables()
+            load_tables(top, tables)
+            snapshot = _read_snapshot(c, tables)
+            top[key] = None
+        else:
+            top[key] = value = c.value()
+            other_version = key == "schema_version" and (type(value) is not int or value != 1)
+            if other_version or (key == "kind" and value != KIND):
+                raise _NotHere  # not a first-format bundle: read whole
+        if c.next_of("}"):
+            break
+    if c.skip() or snapshot is None:  # data after the object, or no snapshot
+        raise _NotHere
+    return snapshot
+
+
+_RANK_LISTS = tuple(
+    name for name, hint in typing.get_type_hints(JobSnapshot).items() if hint == tuple[RankSnapshot, ...]
+)
+
+
+def _read_snapshot(c: _Cursor, tables: _Tables) -> JobSnapshot:
+    decoding = _Decoding(tables)
+    c.take("{")
+    fields: dict[str, Any] = {}
+    ranks: dict[str, Any] = {}
+    if c.skip() == "}":
+        raise _NotHere
+    while True:
+        key = c.key(fields)
+        if key in _RANK_LISTS and c.skip() == "[":
+            ranks[key] = _read_ranks(c, decoding)
+            fields[key] = []
+        else:
+            fields[key] = c.value()
+        if c.next_of("}"):
+            break
+    snapshot: JobSnapshot = _codec(JobSnapshot, "v1")[1](fields, tables)
+    return dataclasses.replace(snapshot, **ranks) if ranks else snapshot
+
+
+def _read_ranks(c: _Cursor, decoding: _Decoding) -> tuple[RankSnapshot, ...]:
+    decode = decoding.decoder(RankSnapshot)
+    c.take("[")
+    if c.skip() == "]":
+        c.pos += 1
+        return ()
+    ranks = []
+    while True:
+        ranks.append(decode(c.value()))
+        decoding.rank_done()
+        if c.next_of("]"):
+            return tuple(ranks)
+
+
+class _Cursor:
+    """A position in the text of ``raw``, decoded a chunk at a time; what is behind the
+    position is dropped as the next chunk is decoded."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = memoryview(raw)
+        self.fed = 0
+        self.utf8 = codecs.getincrementaldecoder("utf-8")()
+        self.text = ""
+        self.pos = 0
+
+    def more(self, at_least: int = 1) -> bool:
+        """Decode at least ``at_least`` more bytes (a chunk at least); False at the end."""
+        if self.fed >= len(self.raw):
+            return False
+        start = self.fed
+        self.fed = min(len(self.raw), start + max(_CHUNK, at_least))
+        added = self.utf8.decode(self.raw[start : self.fed], final=self.fed == len(self.raw))
+        self.text = self.text[self.pos :] + added
+        self.pos = 0
+        return True
+
+    def skip(self) -> str:
+        """The next character that is not blank ("" at the end), the position on it."""
+        while True:
+            self.pos = _BLANK.match(self.text, self.pos).end()  # type: ignore[union-attr]
+            if self.pos < len(self.text):
+                return self.text[self.pos]
+            if not self.more():
+                return ""
+
+    def take(self, char: str) -> None:
+        if self.skip() != char:
+            raise _NotHere
+        self.pos += 1
+
+    def next_of(self, close: str) -> bool:
+        """Past the comma before the next member (False) or the ``close`` after the last (True)."""
+        char = self.skip()
+        self.pos += 1
+        if char == close:
+            return True
+        if char != ",":
+            raise _NotHere
+        return False
+
+    def key(self, seen: dict[str, Any]) -> str:
+        key = self.value()
+        if type(key) is not str or key in seen:  # a key twice: the whole-text reader keeps the last
+            raise _NotHere
+        self.take(":")
+        return key
+
+    def value(self) -> Any:
+        """The JSON value at the position, the position after it."""
+        self.skip()
+        while True:
+            try:
+                value, end = _SCAN(self.text, self.pos)
+            except (StopIteration, ValueError):
+                # cut by the chunk's end, or wrong: decode as much again and retry
+                if self.more(len(self.text) - self.pos):
+                    continue
+                raise _NotHere from None
+            if end == len(self.text) and self.more():  # a number may go on in the next chunk
+                continue
+            self.pos = end
+            return value
+
+
+class _Decoding:
+    """The decoders of one read, by type, and the records met so far (each distinct record
+    once): ``job`` for the whole read, ``rank`` for one rank's records (see ``_PER_RANK``)."""
+
+    def __init__(self, tables: _Tables) -> None:
+        self.t = tables
+        self.job: list[dict[Any, Any]] = []
+        self.rank: list[dict[Any, Any]] = []
+        self._decoders: dict[Any, Decode] = {}
+
+    def rank_done(self) -> None:
+        for met in self.rank:
+            met.clear()
+
+    def met(self, tp: Any) -> dict[Any, Any]:
+        """A new store of the records of type ``tp`` met (or tuples of them)."""
+        item = typing.get_args(tp)[0] if typing.get_origin(tp) is tuple else tp
+        store: dict[Any, Any] = {}
+        (self.rank if item in _PER_RANK else self.job).append(store)
+        return store
+
+    def decoder(self, tp: Any) -> Decode:
+        decode = self._decoders.get(tp)
+        if decode is None:
+            decode = self._decoders[tp] = self._build(tp)
+        return decode
+
+    def _build(self, tp: Any) -> Decode:
+        t = self.t
+        inner = _optional_arg(tp)
+        if inner is not None:
+            some = self.decoder(inner)
+            return lambda v: None if v is None else some(v)
+        if tp is Frame:
+            return t.frame_at
+        if tp == Stack:
+            return t.stack_at
+        if tp in (int, float, bool, str):
+            return _scalar(tp, _INT_RANGE)
+        args = typing.get_args(tp)
+        if typing.get_origin(tp) is tuple and len(args) == 2 and args[1] is Ellipsis:
+            return self._many(tp, args[0])
+        if tp == tuple[str, str]:
+            return self._pair()
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp) and tp is not Note and _plain(tp):
+            return self._record(tp)
+        # the rest (notes, enums, other tuples, ...) as the whole-text reader decodes them
+        old = _codec(tp, "v1")[1]
+        return lambda v: old(v, t)
+
+    def _many(self, tp: Any, item: Any) -> Decode:
+        """``tuple[item, ...]``; one object for equal tuples of shared items."""
+        if item is str:
+            met = self.met(tp)
+
+            def strings(v: Any) -> tuple[str, ...]:
+                if type(v) is not list:
+                    raise _Invalid("")
+                key = tuple(v)
+                found = met.get(key)  # a string equals only a string
+                if found is None:
+                    if not set(map(type, key)) <= {str}:
+                        raise _Invalid("")
+                    found = met[key] = key
+                return found
+
+            return strings
+        decode = self.decoder(item)
+        if not (_tabled_key(item) or item == tuple[str, str]):
+
+            def values(v: Any) -> tuple[Any, ...]:
+                if type(v) is not list:
+                    raise _Invalid("")
+                return tuple(map(decode, v))
+
+            return values
+        met = self.met(tp)
+
+        def shared(v: Any) -> tuple[Any, ...]:
+            if type(v) is not list:
+                raise _Invalid("")
+            items = tuple(map(decode, v))  # each one object per distinct value
+            key = tuple(map(id, items))
+            found = met.get(key)
+            if found is None:
+                found = met[key] = items
+            return found
+
+        return shared
+
+    def _pair(self) -> Decode:
+        met = self.met(tuple[str, str])
+
+        def pair(v: Any) -> tuple[str, str]:
+            if type(v) is not list or len(v) != 2:
+                raise _Invalid("")
+            a, b = v
+            if type(a) is not str or type(b) is not str:
+                raise _Invalid("")
+            key = (a, b)
+            found: tuple[str, str] = met.setdefault(key, key)
+            return found
+
+        return pair
+
+    def _record(self, tp: type) -> Decode:
+        """A dataclass written field for field: each field's decoder, then the record built
+        by its slot setters; for a tabled type, one object per distinct record."""
+        hints = typing.get_type_hints(tp)
+        fields = dataclasses.fields(tp)
+        names = [f.name for f in fields]
+        defaults = [f.default for f in fields]
+        decoders = [self._field(tp, f.name, hints[f.name]) for f in fields]
+        setters = [tp.__dict__[f.name].__set__ for f in fields]
+        plan = list(zip(names, decoders, defaults, strict=True))
+        # fields whose values are shared objects are told apart by identity
+        by_id = [i for i, f in enumerate(fields) if _shared(hints[f.name])]
+        missing = dataclasses.MISSING
+        absent = object()
+        tabled = _tabled_key(tp)
+        met = self.met(tp) if tabled else None
+        t = self.t
+
+        def build(values: list[Any]) -> Any:
+            obj: Any = _new(tp)
+            for setter, value in zip(setters, values, strict=False):
+                setter(obj, value)
+            return obj
+
+        def record(v: Any) -> Any:
+            if type(v) is not dict:
+                raise _Invalid("")
+            values = []
+            for name, decode, default in plan:
+                raw = v.get(name, absent)
+                if raw is absent:
+                    if default is missing:
+                        raise _Invalid("")
+                    values.append(default)
+                else:
+                    values.append(decode(raw))
+            if met is None:
+                return build(values)
+            keyed = values.copy()
+            for i in by_id:
+                keyed[i] = id(keyed[i])
+            found = met.get(key := tuple(keyed))
+            if found is None:
+                found = met[key] = build(values)
+            return found
+
+        if not tabled or tp not in _PER_RANK:
+            return record
+        # a rank's samples often show the same threads: a record written the same way as
+        # one met in this rank is that record (its frames counted again, for the caps)
+        written = self.met(tp)
+
+        def same_as_met(v: Any) -> Any:
+            try:
+                key = (tuple(v.items()), tuple(map(type, v.values())))
+                found = written.get(key)
+            except (AttributeError, TypeError):  # not an object, or values that are lists
+                return record(v)
+            if found is not None:
+                t.use(0, found[1])
+                return found[0]
+            before = t.thread_frames
+            obj = record(v)
+            written[key] = obj, t.thread_frames - before
+            return obj
+
+        return same_as_met
+
+    def _field(self, tp: type, name: str, hint: Any) -> Decode:
+        limits = _FIELD_RANGES.get((tp, name))
+        if limits is None:
+            return self.decoder(hint)
+        inner = _optional_arg(hint)
+        if hint is int or inner is int:
+            ranged = _scalar(int, limits)
+            return ranged if hint is int else (lambda v: None if v is None else ranged(v))
+        old = _ranged(_codec(hint, "v1")[1], *limits)
+        t = self.t
+        return lambda v: old(v, t)
+
+
+def _scalar(tp: type, limits: tuple[int, int]) -> Decode:
+    """As ``codec``'s scalars: exactly the type (a bool is not an int), an int within
+    ``limits``, a float from an int too."""
+    if tp is int:
+        lo, hi = limits
+
+        def integer(v: Any) -> int:
+            if type(v) is not int or not lo <= v <= hi:
+                raise _Invalid("")
+            return v
+
+        return integer
+    if tp is float:
+
+        def number(v: Any) -> float:
+            if type(v) is float:
+                return v
+            if type(v) is int:
+                return float(v)  # OverflowError: read whole, which says so
+            raise _Invalid("")
+
+        return number
+
+    def exactly(v: Any) -> Any:
+        if type(v) is not tp:
+            raise _Invalid("")
+        return v
+
+    return exactly
+
+
+def _plain(tp: type) -> bool:
+    """A frozen slot dataclass without ``__post_init__``: its records are built with the slot setters."""
+    params = getattr(tp, "__dataclass_params__", None)
+    slots = set(getattr(tp, "__slots__", ()))
+    return (
+        params is not None
+        and params.frozen
+        and not hasattr(tp, "__post_init__")
+        and all(f.init and f.name in slots and f.default_factory is dataclasses.MISSING for f in dataclasses.fields(tp))
+    )
+
+
+def _shared(hint: Any) -> bool:
+    """Values of ``hint`` are shared objects (frames, stacks, tabled records, and tuples of
+    strings or pairs), told apart by identity; the rest by value."""
+    tp = _optional_arg(hint) or hint
+    if tp is Frame or tp == Stack or _tabled_key(tp):
+        return True
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return False
+    args = typing.get_args(tp)
+    return (
+        typing.get_origin(tp) is tuple and len(args) == 2 and args[0] in (str, tuple[str, str]) and args[1] is Ellipsis
+    )
