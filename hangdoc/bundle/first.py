@@ -31,7 +31,10 @@ import json
 import json.scanner
 import re
 import typing
+from collections import deque
 from collections.abc import Callable
+from itertools import chain, repeat
+from operator import call
 from typing import Any
 
 from ..model import (
@@ -223,6 +226,7 @@ class _Decoding:
         self.job: list[dict[Any, Any]] = []
         self.rank: list[dict[Any, Any]] = []
         self._decoders: dict[Any, Decode] = {}
+        self.pairs = self.met(tuple[str, str])  # each distinct pair of strings
 
     def rank_done(self) -> None:
         for met in self.rank:
@@ -244,6 +248,8 @@ class _Decoding:
     def _build(self, tp: Any) -> Decode:
         t = self.t
         inner = _optional_arg(tp)
+        if inner in (int, float, bool, str):
+            return _scalar(inner, _INT_RANGE, optional=True)
         if inner is not None:
             some = self.decoder(inner)
             return lambda v: None if v is None else some(v)
@@ -253,6 +259,8 @@ class _Decoding:
             return t.stack_at
         if tp in (int, float, bool, str):
             return _scalar(tp, _INT_RANGE)
+        if isinstance(tp, type) and issubclass(tp, enum.Enum):
+            return _member(tp, t)
         args = typing.get_args(tp)
         if typing.get_origin(tp) is tuple and len(args) == 2 and args[1] is Ellipsis:
             return self._many(tp, args[0])
@@ -287,25 +295,62 @@ class _Decoding:
             def values(v: Any) -> tuple[Any, ...]:
                 if type(v) is not list:
                     raise _Invalid("")
-                return tuple(map(decode, v))
+                return tuple(map(decode, v)) if v else ()
 
             return values
+        if item == tuple[str, str]:
+            return self._pairs(tp)
         met = self.met(tp)
+        last = self.met(tp)  # the list read last: raw, decoded, frames used (and signature)
+        t = self.t
 
         def shared(v: Any) -> tuple[Any, ...]:
             if type(v) is not list:
                 raise _Invalid("")
+            if not v:
+                return ()
+            if v == last.get("raw"):
+                signature = _signature(v)
+                if signature is not None and signature == last.setdefault("signature", _signature(last["raw"])):
+                    t.use(0, last["frames"])  # a rank's samples showing the same threads
+                    same: tuple[Any, ...] = last["decoded"]
+                    return same
+            before = t.thread_frames
             items = tuple(map(decode, v))  # each one object per distinct value
             key = tuple(map(id, items))
-            found = met.get(key)
+            found: tuple[Any, ...] | None = met.get(key)
             if found is None:
                 found = met[key] = items
+            last.clear()
+            last.update(raw=v, decoded=found, frames=t.thread_frames - before)
             return found
 
         return shared
 
+    def _pairs(self, tp: Any) -> Decode:
+        """``tuple[tuple[str, str], ...]`` (an environment): lists of two strings, each
+        distinct pair one tuple, each distinct list of pairs one tuple."""
+        pairs = self.pairs
+        met = self.met(tp)
+        one = self.decoder(tuple[str, str])
+
+        def environment(v: Any) -> tuple[tuple[str, str], ...]:
+            if type(v) is not list or not set(map(type, v)) <= {list}:
+                raise _Invalid("")
+            items = list(map(tuple, v))
+            found = list(map(pairs.get, items))  # a pair met is two strings: only they equal it
+            if None in found:
+                found = [one(raw) if pair is None else pair for pair, raw in zip(found, v, strict=True)]
+            key = tuple(map(id, found))
+            env = met.get(key)
+            if env is None:
+                env = met[key] = tuple(found)
+            return env
+
+        return environment
+
     def _pair(self) -> Decode:
-        met = self.met(tuple[str, str])
+        met = self.pairs
 
         def pair(v: Any) -> tuple[str, str]:
             if type(v) is not list or len(v) != 2:
@@ -325,36 +370,26 @@ class _Decoding:
         hints = typing.get_type_hints(tp)
         fields = dataclasses.fields(tp)
         names = [f.name for f in fields]
-        defaults = [f.default for f in fields]
         decoders = [self._field(tp, f.name, hints[f.name]) for f in fields]
+        # what a field left out is read as: its default written as JSON (nothing, for a
+        # required field: every decoder refuses _ABSENT)
+        fills = [_fill(f.default, decode) for f, decode in zip(fields, decoders, strict=True)]
         setters = [tp.__dict__[f.name].__set__ for f in fields]
-        plan = list(zip(names, decoders, defaults, strict=True))
         # fields whose values are shared objects are told apart by identity
         by_id = [i for i, f in enumerate(fields) if _shared(hints[f.name])]
-        missing = dataclasses.MISSING
-        absent = object()
         tabled = _tabled_key(tp)
         met = self.met(tp) if tabled else None
         t = self.t
 
         def build(values: list[Any]) -> Any:
             obj: Any = _new(tp)
-            for setter, value in zip(setters, values, strict=False):
-                setter(obj, value)
+            deque(map(call, setters, repeat(obj), values), 0)
             return obj
 
         def record(v: Any) -> Any:
             if type(v) is not dict:
                 raise _Invalid("")
-            values = []
-            for name, decode, default in plan:
-                raw = v.get(name, absent)
-                if raw is absent:
-                    if default is missing:
-                        raise _Invalid("")
-                    values.append(default)
-                else:
-                    values.append(decode(raw))
+            values = list(map(call, decoders, map(v.get, names, fills)))
             if met is None:
                 return build(values)
             keyed = values.copy()
@@ -365,10 +400,24 @@ class _Decoding:
                 found = met[key] = build(values)
             return found
 
-        if not tabled or tp not in _PER_RANK:
+        if not tabled:
             return record
-        # a rank's samples often show the same threads: a record written the same way as
-        # one met in this rank is that record (its frames counted again, for the caps)
+        if tp not in _PER_RANK or Stack not in hints.values():
+            # records equal across ranks (process states): the one written last is checked first
+            last: dict[str, Any] = {}
+
+            def same_as_last(v: Any) -> Any:
+                if v == last.get("raw") and _flat(v) and _types(v) == last["types"]:
+                    t.use(0, last["frames"])
+                    return last["decoded"]
+                before = t.thread_frames
+                obj = record(v)
+                last.update(raw=v, decoded=obj, types=_types(v), frames=t.thread_frames - before)
+                return obj
+
+            return same_as_last
+        # a rank's samples often show the same threads: a record holding a stack written the
+        # same way as one met in this rank is that record (its frames counted again, for the caps)
         written = self.met(tp)
 
         def same_as_met(v: Any) -> Any:
@@ -393,42 +442,98 @@ class _Decoding:
             return self.decoder(hint)
         inner = _optional_arg(hint)
         if hint is int or inner is int:
-            ranged = _scalar(int, limits)
-            return ranged if hint is int else (lambda v: None if v is None else ranged(v))
+            return _scalar(int, limits, optional=inner is int)
         old = _ranged(_codec(hint, "v1")[1], *limits)
         t = self.t
         return lambda v: old(v, t)
 
 
-def _scalar(tp: type, limits: tuple[int, int]) -> Decode:
+def _scalar(tp: type, limits: tuple[int, int], optional: bool = False) -> Decode:
     """As ``codec``'s scalars: exactly the type (a bool is not an int), an int within
-    ``limits``, a float from an int too."""
+    ``limits``, a float from an int too; with ``optional``, or None."""
     if tp is int:
         lo, hi = limits
 
-        def integer(v: Any) -> int:
-            if type(v) is not int or not lo <= v <= hi:
-                raise _Invalid("")
-            return v
+        def integer(v: Any) -> int | None:
+            if type(v) is int and lo <= v <= hi:
+                return v
+            if v is None and optional:
+                return None
+            raise _Invalid("")
 
         return integer
     if tp is float:
 
-        def number(v: Any) -> float:
+        def number(v: Any) -> float | None:
             if type(v) is float:
                 return v
             if type(v) is int:
                 return float(v)  # OverflowError: read whole, which says so
+            if v is None and optional:
+                return None
             raise _Invalid("")
 
         return number
 
     def exactly(v: Any) -> Any:
-        if type(v) is not tp:
-            raise _Invalid("")
-        return v
+        if type(v) is tp or (v is None and optional):
+            return v
+        raise _Invalid("")
 
     return exactly
+
+
+def _member(tp: type[enum.Enum], t: _Tables) -> Decode:
+    """An enum's member by its value, as ``tp(value)`` finds it first; anything else as
+    ``codec`` decodes it (``tp(value)``, or what is wrong)."""
+    members = tp._value2member_map_
+    old = _codec(tp, "v1")[1]
+
+    def member(v: Any) -> Any:
+        try:
+            found = members.get(v)
+        except TypeError:  # not hashable
+            found = None
+        return found if found is not None else old(v, t)
+
+    return member
+
+
+_SCALARS = frozenset({int, float, str, bool, type(None)})
+_ABSENT = object()  # a required field left out
+
+
+def _fill(default: Any, decode: Decode) -> Any:
+    """The JSON that ``decode`` reads as ``default`` (``_ABSENT`` for no default)."""
+    if default is dataclasses.MISSING:
+        return _ABSENT
+    raw = [] if default == () else default
+    if type(raw) not in _SCALARS | {list} or (value := decode(raw)) != default or type(value) is not type(default):
+        raise TypeError(f"bundle cannot read a default of {default!r} written as JSON")
+    return raw
+
+
+def _signature(v: list[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
+    """For a list of objects of plain values, their keys and the types of their values (two
+    lists that are ``==`` and of one signature are the same JSON: ``==`` alone takes 1 for
+    1.0 or True); None for other lists."""
+    try:
+        keys = tuple(map(tuple, v))
+        types = tuple(map(tuple, map(map, repeat(type), map(dict.values, v))))
+    except TypeError:  # an item that is not an object
+        return None
+    return (keys, types) if _SCALARS.issuperset(chain.from_iterable(types)) else None
+
+
+def _types(v: dict[str, Any]) -> tuple[tuple[str, ...], tuple[type, ...]]:
+    """An object's keys and the types of its values: two objects that are ``==`` and of the
+    same types are the same JSON where the values are plain (``==`` takes 1 for 1.0 or True)."""
+    return tuple(v), tuple(map(type, v.values()))
+
+
+def _flat(v: Any) -> bool:
+    """An object of plain values."""
+    return type(v) is dict and _SCALARS.issuperset(map(type, v.values()))
 
 
 def _plain(tp: type) -> bool:
