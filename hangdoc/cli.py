@@ -857,7 +857,7 @@ def _cmd_incidents(args: argparse.Namespace) -> int:
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from .analysis.analyse import analyse
-    from .bundle import check_save_path, save_snapshot
+    from .bundle import check_save_path, first, save_snapshot
     from .capture.dumps.dumpfile import load_evidence
 
     _check_report_files(args)
@@ -874,6 +874,11 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             save_snapshot(snapshot, args.save)
     if args.save:
         shown.say(f"snapshot saved to {args.save}; replay with `hangdoc analyze {args.save}`")
+    elif count >= first.NOTICE_RANKS and args.bundle != "-" and first.declared_version(args.bundle) == 1:
+        shown.say(
+            f"{args.bundle} is a snapshot in the first format, which loads {first.SLOWER} times slower "
+            f"than the current one: `hangdoc analyze {args.bundle} --save NEW.json.gz` converts it"
+        )
     _emit(args, snapshot, diagnosis)
     return EXIT_OK
 

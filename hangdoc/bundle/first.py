@@ -29,12 +29,16 @@ import dataclasses
 import enum
 import json
 import json.scanner
+import os
 import re
+import stat
 import typing
+import zlib
 from collections import deque
 from collections.abc import Callable
 from itertools import chain, repeat
 from operator import call
+from pathlib import Path
 from typing import Any
 
 from ..model import (
@@ -49,6 +53,7 @@ from ..model import (
     ThreadStack,
     ThreadWait,
 )
+from ..safefiles import open_to_read
 from .codec import _codec, _ranged
 from .invalid import _Invalid
 from .layout import KIND, _optional_arg, _tabled_key
@@ -65,6 +70,46 @@ _BLANK = re.compile(r"[ \t\n\r]*")  # JSON's whitespace, as ``json.decoder`` ski
 _SCAN: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
 
 Decode = Callable[[Any], Any]
+
+# When ``hangdoc analyze`` says that converting pays: loading a first-format bundle of the
+# synthetic job (bench/synthetic.py: 3 samples, 4 to 12 threads a rank) took LOAD_US_PER_RANK
+# more a rank than the second format's (SLOWER times as long), so from NOTICE_RANKS ranks
+# the difference is a second or more.
+LOAD_US_PER_RANK = 0
+SLOWER = 0
+NOTICE_RANKS = 10_000
+_PEEK = 64 * 2**10  # bytes of a file read to find its schema_version
+
+
+def declared_version(path: str | Path) -> int | None:
+    """The schema_version the bundle file ``path`` declares in its first 64 KiB (hangdoc
+    writes it second, after the kind); None where it declares none there, or is not a
+    regular file that can be read."""
+    try:
+        fd = open_to_read(path)
+    except (OSError, ValueError):
+        return None
+    try:
+        head = os.read(fd, _PEEK) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        if head.startswith(b"\x1f\x8b"):
+            head = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS).decompress(head, _PEEK)
+        c = _Cursor(head, whole=False)
+        c.take("{")
+        seen: dict[str, Any] = {}
+        while True:
+            key = c.key(seen)
+            seen[key] = value = c.value()
+            if key == "schema_version":
+                return value if type(value) is int else None
+            if c.next_of("}"):
+                return None
+    except (_NotHere, ValueError, RecursionError, zlib.error):
+        return None
 
 
 class _NotHere(Exception):
@@ -151,7 +196,8 @@ class _Cursor:
     """A position in the text of ``raw``, decoded a chunk at a time; what is behind the
     position is dropped as the next chunk is decoded."""
 
-    def __init__(self, raw: bytes) -> None:
+    def __init__(self, raw: bytes, whole: bool = True) -> None:
+        self.whole = whole  # False: ``raw`` is the start of the text (a character may be cut)
         self.raw = memoryview(raw)
         self.fed = 0
         self.utf8 = codecs.getincrementaldecoder("utf-8")()
@@ -164,7 +210,7 @@ class _Cursor:
             return False
         start = self.fed
         self.fed = min(len(self.raw), start + max(_CHUNK, at_least))
-        added = self.utf8.decode(self.raw[start : self.fed], final=self.fed == len(self.raw))
+        added = self.utf8.decode(self.raw[start : self.fed], final=self.whole and self.fed == len(self.raw))
         self.text = self.text[self.pos :] + added
         self.pos = 0
         return True
@@ -378,7 +424,7 @@ class _Decoding:
         # fields whose values are shared objects are told apart by identity
         by_id = [i for i, f in enumerate(fields) if _shared(hints[f.name])]
         tabled = _tabled_key(tp)
-        met = self.met(tp) if tabled else None
+        met = self.met(tp) if tabled and tp not in _PER_RANK else None
         t = self.t
 
         def build(values: list[Any]) -> Any:
