@@ -235,6 +235,11 @@ class AgentService(pb_grpc.AgentServicer):
         return await asyncio.get_running_loop().run_in_executor(self._identify, ask)
 
     async def GetInfo(self, request: pb.GetInfoRequest, context: grpc.aio.ServicerContext) -> pb.AgentInfo:
+        info = self._info()
+        audit(context.peer(), "-", "GetInfo", "-", "ok", 0.0)
+        return info
+
+    def _info(self) -> pb.AgentInfo:
         info = pb.AgentInfo(
             hangdoc_version=__version__,
             schema_version=SCHEMA_VERSION,
@@ -249,13 +254,14 @@ class AgentService(pb_grpc.AgentServicer):
             info.pyspy_path = find_pyspy()
         except PySpyMissing:
             pass
-        audit(context.peer(), "-", "GetInfo", "-", "ok", 0.0)
         return info
 
     async def FindRanks(self, request: pb.FindRanksRequest, context: grpc.aio.ServicerContext) -> pb.Discovery:
         caller = await self.caller(context)
         found = await self._run(context, caller, "FindRanks", f"job={request.job}", self._find, request.job, caller)
-        return wire.discovery_to_proto(found)
+        answer = wire.discovery_to_proto(found)
+        answer.agent.CopyFrom(self._info())  # what GetInfo says: one call finds a job
+        return answer
 
     async def Sample(self, request: pb.SampleRequest, context: grpc.aio.ServicerContext) -> pb.SampleResponse:
         caller = await self.caller(context)
@@ -551,7 +557,15 @@ class RelayService(pb_grpc.RelayServicer):
                 call = channel.unary_unary(f"/hangdoc.v1.Agent/{request.method}")
                 body, timeout = child.request, min(child.timeout_seconds, budget)
             try:
-                return await call(body, timeout=timeout, metadata=metadata), None
+                made = call(body, timeout=timeout, metadata=metadata)
+                if 0 < child.connect_seconds < timeout and not _connected(channel):
+                    done, _ = await asyncio.wait({asyncio.ensure_future(made)}, timeout=child.connect_seconds)
+                    if not done and not _connected(channel):
+                        made.cancel()
+                        return None, AgentError(
+                            f"agent {child.address} did not answer within {child.connect_seconds:.1f} s"
+                        )
+                return await made, None
             except grpc.RpcError as err:
                 return None, call_error(child.address, err, timeout)
 
@@ -587,6 +601,10 @@ class RelayService(pb_grpc.RelayServicer):
                 asyncio.get_running_loop().create_task(old.close())
             channel = self._channels[address] = self._auth.aio_channel(address)
         return channel
+
+
+def _connected(channel: grpc.aio.Channel) -> bool:
+    return bool(channel.get_state() is grpc.ChannelConnectivity.READY)
 
 
 def _check_relay(request: pb.RelayRequest | pb.RelayChild, depth: int = 0) -> None:

@@ -149,6 +149,10 @@ class RemoteNode:
 
     def info(self) -> pb.AgentInfo:
         info: pb.AgentInfo = self._call("GetInfo", pb.GetInfoRequest(), self.connect_timeout)
+        return self._checked(info)
+
+    def _checked(self, info: pb.AgentInfo) -> pb.AgentInfo:
+        """``info`` of an agent that speaks this hangdoc's schema; ``AgentError`` otherwise."""
         if info.schema_version != SCHEMA_VERSION:
             raise AgentError(
                 f"agent {self.address} speaks schema {info.schema_version} (hangdoc "
@@ -159,9 +163,19 @@ class RemoteNode:
         return info
 
     def find_ranks(self, spec: JobSpec) -> Discovery:
-        if self._host is None:
+        """The job's ranks on this node. Asked directly, the first time, ``GetInfo`` comes
+        first: answered within the connect timeout, it tells a stopped agent sooner than
+        FindRanks' longer deadline would. Through relays the relay bounds the connection
+        instead (``RelayChild.connect_seconds``) and the FindRanks answer carries what
+        ``GetInfo`` says: one call, one pass through the tree (an older agent's answer does
+        not carry it: it is then asked)."""
+        if self._host is None and getattr(_planning, "plan", None) is None:
             self.info()
         msg = self._call("FindRanks", pb.FindRanksRequest(job=spec.raw), self.connect_timeout + 10)
+        if self._host is None and msg.HasField("agent"):
+            self._checked(msg.agent)
+        elif self._host is None:
+            self.info()  # an agent older than Discovery.agent
         return wire.discovery_from_proto(msg)
 
     def sample(self, procs: Sequence[RankProcess], t: float, *, native: bool, timeout: float) -> list[Sample]:

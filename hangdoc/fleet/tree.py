@@ -226,7 +226,7 @@ def _children(tree: Subtree, encoded: Mapping[str, tuple[bytes, float]]) -> list
             out.append(RelayTarget(child.relay.name, children=tuple(_children(child, encoded))))
         else:
             body, timeout = encoded[child.name]
-            out.append(RelayTarget(child.name, body, timeout))
+            out.append(RelayTarget(child.name, body, timeout, connect=child.connect_timeout))
     return out
 
 

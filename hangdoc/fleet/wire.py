@@ -550,6 +550,7 @@ class RelayTarget:
     request: bytes = b""
     timeout: float = 0.0
     children: tuple[RelayTarget, ...] = ()
+    connect: float = 0.0  # the most the relay waits for a connection to a leaf (0: its timeout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -572,7 +573,9 @@ def relay_request(method: str, children: Sequence[RelayTarget], timeout: float) 
 def _relay_child(target: RelayTarget) -> pb.RelayChild:
     if target.children:
         return pb.RelayChild(address=target.address, children=map(_relay_child, target.children))
-    return pb.RelayChild(address=target.address, request=target.request, timeout_seconds=target.timeout)
+    return pb.RelayChild(
+        address=target.address, request=target.request, timeout_seconds=target.timeout, connect_seconds=target.connect
+    )
 
 
 def relay_answers(raw: bytes) -> dict[str, bytes | NodeSamples | RelayFailed]:

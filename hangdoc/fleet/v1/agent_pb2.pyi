@@ -104,20 +104,22 @@ class FindRanksRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ...) -> None: ...
 
 class Discovery(_message.Message):
-    __slots__ = ("ranks", "world_size", "notes", "searched", "elsewhere", "noted")
+    __slots__ = ("ranks", "world_size", "notes", "searched", "elsewhere", "noted", "agent")
     RANKS_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     NOTES_FIELD_NUMBER: _ClassVar[int]
     SEARCHED_FIELD_NUMBER: _ClassVar[int]
     ELSEWHERE_FIELD_NUMBER: _ClassVar[int]
     NOTED_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
     ranks: _containers.RepeatedCompositeFieldContainer[RankProcess]
     world_size: int
     notes: _containers.RepeatedScalarFieldContainer[str]
     searched: str
     elsewhere: Elsewhere
     noted: _containers.RepeatedCompositeFieldContainer[Note]
-    def __init__(self, ranks: _Optional[_Iterable[_Union[RankProcess, _Mapping]]] = ..., world_size: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., searched: _Optional[str] = ..., elsewhere: _Optional[_Union[Elsewhere, _Mapping]] = ..., noted: _Optional[_Iterable[_Union[Note, _Mapping]]] = ...) -> None: ...
+    agent: AgentInfo
+    def __init__(self, ranks: _Optional[_Iterable[_Union[RankProcess, _Mapping]]] = ..., world_size: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., searched: _Optional[str] = ..., elsewhere: _Optional[_Union[Elsewhere, _Mapping]] = ..., noted: _Optional[_Iterable[_Union[Note, _Mapping]]] = ..., agent: _Optional[_Union[AgentInfo, _Mapping]] = ...) -> None: ...
 
 class Note(_message.Message):
     __slots__ = ("text", "kind", "pids", "listed")
@@ -582,16 +584,18 @@ class JobsResponse(_message.Message):
     def __init__(self, host: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[WatchedJob, _Mapping]]] = ..., left_out: _Optional[int] = ...) -> None: ...
 
 class RelayChild(_message.Message):
-    __slots__ = ("address", "request", "timeout_seconds", "children")
+    __slots__ = ("address", "request", "timeout_seconds", "children", "connect_seconds")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    CONNECT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     address: str
     request: bytes
     timeout_seconds: float
     children: _containers.RepeatedCompositeFieldContainer[RelayChild]
-    def __init__(self, address: _Optional[str] = ..., request: _Optional[bytes] = ..., timeout_seconds: _Optional[float] = ..., children: _Optional[_Iterable[_Union[RelayChild, _Mapping]]] = ...) -> None: ...
+    connect_seconds: float
+    def __init__(self, address: _Optional[str] = ..., request: _Optional[bytes] = ..., timeout_seconds: _Optional[float] = ..., children: _Optional[_Iterable[_Union[RelayChild, _Mapping]]] = ..., connect_seconds: _Optional[float] = ...) -> None: ...
 
 class RelayRequest(_message.Message):
     __slots__ = ("method", "children", "timeout_seconds")
