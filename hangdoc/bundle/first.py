@@ -450,9 +450,9 @@ class _Decoding:
                 found = met[key] = build(values)
             return found
 
-        if not tabled:
+        if not tabled or (tp in _PER_RANK and Stack not in hints.values()):
             return record
-        if tp not in _PER_RANK or Stack not in hints.values():
+        if tp not in _PER_RANK:
             # records equal across ranks (process states): the one written last is checked first
             last: dict[str, Any] = {}
 
