@@ -40,10 +40,8 @@ import re
 import stat
 import typing
 import zlib
-from collections import deque
 from collections.abc import Callable
 from itertools import chain, repeat
-from operator import call
 from pathlib import Path
 from typing import Any
 
@@ -430,25 +428,8 @@ class _Decoding:
         tabled = _tabled_key(tp)
         met = self.met(tp) if tabled and tp not in _PER_RANK else None
         t = self.t
-
-        def build(values: list[Any]) -> Any:
-            obj: Any = _new(tp)
-            deque(map(call, setters, repeat(obj), values), 0)
-            return obj
-
-        def record(v: Any) -> Any:
-            if type(v) is not dict:
-                raise _Invalid("")
-            values = list(map(call, decoders, map(v.get, names, fills)))
-            if met is None:
-                return build(values)
-            keyed = values.copy()
-            for i in by_id:
-                keyed[i] = id(keyed[i])
-            found = met.get(key := tuple(keyed))
-            if found is None:
-                found = met[key] = build(values)
-            return found
+        scalars = [_scalar_kind(hints[f.name], _FIELD_RANGES.get((tp, f.name))) for f in fields]
+        record = _compiled(tp, names, scalars, decoders, fills, setters, by_id, met)
 
         if not tabled or (tp in _PER_RANK and Stack not in hints.values()):
             return record
@@ -496,6 +477,69 @@ class _Decoding:
         old = _ranged(_codec(hint, "v1")[1], *limits)
         t = self.t
         return lambda v: old(v, t)
+
+
+def _scalar_kind(hint: Any, limits: tuple[int, int] | None) -> tuple[type, bool, tuple[int, int]] | None:
+    """A field checked in the record's own code: its scalar type, whether it may be None,
+    and an int's range; None for a field decoded by its decoder."""
+    inner = _optional_arg(hint)
+    base = inner or hint
+    if base not in (int, float, bool, str) or (limits is not None and base is not int):
+        return None
+    return base, inner is not None, limits or _INT_RANGE
+
+
+def _compiled(
+    tp: type,
+    names: list[str],
+    scalars: list[tuple[type, bool, tuple[int, int]] | None],
+    decoders: list[Decode],
+    fills: list[Any],
+    setters: list[Any],
+    by_id: list[int],
+    met: dict[Any, Any] | None,
+) -> Decode:
+    """The decoder of one record type as straight code (as ``dataclasses`` writes its
+    ``__init__``): each scalar field checked in place as ``_scalar`` checks it, the others
+    through their decoders, then the record built by its slot setters, or the one met
+    with the same values (``met``: fields ``by_id`` compared by identity)."""
+    env: dict[str, Any] = {"Invalid": _Invalid, "new": _new, "tp": tp, "met": met}
+    lines = ["def record(v):", "    if type(v) is not dict:", '        raise Invalid("")', "    get = v.get"]
+    for i, (name, scalar) in enumerate(zip(names, scalars, strict=True)):
+        env[f"F{i}"], env[f"D{i}"], env[f"S{i}"] = fills[i], decoders[i], setters[i]
+        x = f"x{i}"
+        if scalar is None:
+            lines.append(f"    {x} = D{i}(get({name!r}, F{i}))")
+            continue
+        lines.append(f"    {x} = get({name!r}, F{i})")
+        base, optional, (env[f"L{i}"], env[f"H{i}"]) = scalar
+        none = f"{x} is not None and " if optional else ""
+        if base is int:
+            lines.append(f"    if {none}(type({x}) is not int or not (L{i} <= {x} <= H{i})):")
+        elif base is float:
+            lines.append(f"    if type({x}) is int:")
+            lines.append(f"        {x} = float({x})  # OverflowError: read whole, which says so")
+            lines.append(f"    elif {none}type({x}) is not float:")
+        else:
+            env[f"T{i}"] = base
+            lines.append(f"    if {none}type({x}) is not T{i}:")
+        lines.append('        raise Invalid("")')
+    if met is not None:
+        key = ", ".join(f"id(x{i})" if i in by_id else f"x{i}" for i in range(len(names)))
+        lines += [
+            f"    key = ({key},)",
+            "    found = met.get(key)",
+            "    if found is not None:",
+            "        return found",
+        ]
+    lines.append("    obj = new(tp)")
+    lines += [f"    S{i}(obj, x{i})" for i in range(len(names))]
+    if met is not None:
+        lines.append("    met[key] = obj")
+    lines.append("    return obj")
+    exec("\n".join(lines), env)  # code made here, from the model's type hints
+    decode: Decode = env["record"]
+    return decode
 
 
 def _scalar(tp: type, limits: tuple[int, int], optional: bool = False) -> Decode:
