@@ -353,6 +353,14 @@ class _Decoding:
         met = self.met(tp)
         last = self.met(tp)  # the list read last: raw, decoded, frames used (and signature)
         t = self.t
+        stacks = _stack_fields(item) if item in _PER_RANK else None
+
+        def again(raw: Any, before: Any, obj: Any) -> Any:
+            """The item read before at this place when it is written the same way, else ``raw`` decoded."""
+            if obj is not None and raw == before and _flat(raw) and _types(raw) == _types(before):
+                t.use(0, sum(len(getattr(obj, name)) for name in stacks or ()))
+                return obj
+            return decode(raw)
 
         def shared(v: Any) -> tuple[Any, ...]:
             if type(v) is not list:
@@ -366,7 +374,10 @@ class _Decoding:
                     same: tuple[Any, ...] = last["decoded"]
                     return same
             before = t.thread_frames
-            items = tuple(map(decode, v))  # each one object per distinct value
+            if stacks is not None and "raw" in last:  # a thread that moved: the others are read before
+                items = tuple(map(again, v, chain(last["raw"], repeat(None)), chain(last["decoded"], repeat(None))))
+            else:
+                items = tuple(map(decode, v))
             key = tuple(map(id, items))
             found: tuple[Any, ...] | None = met.get(key)
             if found is None:
@@ -429,43 +440,24 @@ class _Decoding:
         met = self.met(tp) if tabled and tp not in _PER_RANK else None
         t = self.t
         scalars = [_scalar_kind(hints[f.name], _FIELD_RANGES.get((tp, f.name))) for f in fields]
-        record = _compiled(tp, names, scalars, decoders, fills, setters, by_id, met)
+        defaults = [f.default for f in fields]
+        record = _compiled(tp, names, scalars, decoders, fills, defaults, setters, by_id, met)
 
-        if not tabled or (tp in _PER_RANK and Stack not in hints.values()):
+        if not tabled or tp in _PER_RANK:
             return record
-        if tp not in _PER_RANK:
-            # records equal across ranks (process states): the one written last is checked first
-            last: dict[str, Any] = {}
+        # records equal across ranks (process states): the one written last is checked first
+        last: dict[str, Any] = {}
 
-            def same_as_last(v: Any) -> Any:
-                if v == last.get("raw") and _flat(v) and _types(v) == last["types"]:
-                    t.use(0, last["frames"])
-                    return last["decoded"]
-                before = t.thread_frames
-                obj = record(v)
-                last.update(raw=v, decoded=obj, types=_types(v), frames=t.thread_frames - before)
-                return obj
-
-            return same_as_last
-        # a rank's samples often show the same threads: a record holding a stack written the
-        # same way as one met in this rank is that record (its frames counted again, for the caps)
-        written = self.met(tp)
-
-        def same_as_met(v: Any) -> Any:
-            try:
-                key = (tuple(v.items()), tuple(map(type, v.values())))
-                found = written.get(key)
-            except (AttributeError, TypeError):  # not an object, or values that are lists
-                return record(v)
-            if found is not None:
-                t.use(0, found[1])
-                return found[0]
+        def same_as_last(v: Any) -> Any:
+            if v == last.get("raw") and _flat(v) and _types(v) == last["types"]:
+                t.use(0, last["frames"])
+                return last["decoded"]
             before = t.thread_frames
             obj = record(v)
-            written[key] = obj, t.thread_frames - before
+            last.update(raw=v, decoded=obj, types=_types(v), frames=t.thread_frames - before)
             return obj
 
-        return same_as_met
+        return same_as_last
 
     def _field(self, tp: type, name: str, hint: Any) -> Decode:
         limits = _FIELD_RANGES.get((tp, name))
@@ -495,6 +487,7 @@ def _compiled(
     scalars: list[tuple[type, bool, tuple[int, int]] | None],
     decoders: list[Decode],
     fills: list[Any],
+    defaults: list[Any],
     setters: list[Any],
     by_id: list[int],
     met: dict[Any, Any] | None,
@@ -503,13 +496,17 @@ def _compiled(
     ``__init__``): each scalar field checked in place as ``_scalar`` checks it, the others
     through their decoders, then the record built by its slot setters, or the one met
     with the same values (``met``: fields ``by_id`` compared by identity)."""
-    env: dict[str, Any] = {"Invalid": _Invalid, "new": _new, "tp": tp, "met": met}
+    env: dict[str, Any] = {"Invalid": _Invalid, "new": _new, "tp": tp, "met": met, "absent": _ABSENT}
     lines = ["def record(v):", "    if type(v) is not dict:", '        raise Invalid("")', "    get = v.get"]
     for i, (name, scalar) in enumerate(zip(names, scalars, strict=True)):
-        env[f"F{i}"], env[f"D{i}"], env[f"S{i}"] = fills[i], decoders[i], setters[i]
+        env[f"F{i}"], env[f"D{i}"], env[f"S{i}"], env[f"V{i}"] = fills[i], decoders[i], setters[i], defaults[i]
         x = f"x{i}"
-        if scalar is None:
-            lines.append(f"    {x} = D{i}(get({name!r}, F{i}))")
+        if scalar is None and fills[i] is _ABSENT:
+            lines.append(f"    {x} = D{i}(get({name!r}, absent))")
+            continue
+        if scalar is None:  # left out: its default, without a call
+            lines.append(f"    {x} = get({name!r}, absent)")
+            lines.append(f"    {x} = V{i} if {x} is absent else D{i}({x})")
             continue
         lines.append(f"    {x} = get({name!r}, F{i})")
         base, optional, (env[f"L{i}"], env[f"H{i}"]) = scalar
@@ -628,6 +625,23 @@ def _types(v: dict[str, Any]) -> tuple[tuple[str, ...], tuple[type, ...]]:
 def _flat(v: Any) -> bool:
     """An object of plain values."""
     return type(v) is dict and _SCALARS.issuperset(map(type, v.values()))
+
+
+def _stack_fields(tp: type) -> list[str] | None:
+    """The fields of the record type ``tp`` that hold stacks, where none of its other
+    fields can reach one (so its frames, for the caps, are theirs); else None."""
+    hints = typing.get_type_hints(tp)
+    if any(h != Stack and _reaches_stack(h) for h in hints.values()):
+        return None
+    return [name for name, h in hints.items() if h == Stack]
+
+
+def _reaches_stack(tp: Any) -> bool:
+    if tp == Stack:
+        return True
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return any(map(_reaches_stack, typing.get_type_hints(tp).values()))
+    return any(_reaches_stack(a) for a in typing.get_args(tp) if a is not Ellipsis)
 
 
 def _plain(tp: type) -> bool:

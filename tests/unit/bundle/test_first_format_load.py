@@ -176,12 +176,25 @@ def mutated(raw: bytes, change: str) -> bytes:
         data["snapshot"]["ranks"] = {"0": ranks[0]}
     elif change == "rank not an object":
         ranks[33] = [1, 2]
-    elif change == "world size too large":
+    else:
+        data = mutated_more(data, change)
+    return json.dumps(data).encode()
+
+
+def mutated_more(data: dict[str, Any], change: str) -> dict[str, Any]:
+    ranks = data["snapshot"]["ranks"]
+    if change == "world size too large":
         data["snapshot"]["world_size"] = 10**12
     elif change == "schema_version a bool":
         data["schema_version"] = True
     elif change == "a second sample's threads differ only by type":
         ranks[31]["samples"][2]["threads"][0]["thread_id"] = float(ranks[31]["samples"][2]["threads"][0]["thread_id"])
+    elif change == "a thread moved, another differs only by type":
+        threads = ranks[31]["samples"][2]["threads"]
+        threads[0]["name"] = "moved"
+        threads[1]["native_id"] = float(threads[1]["native_id"])
+    elif change == "a thread moved, the others read before":
+        ranks[31]["samples"][2]["threads"][0]["name"] = "moved"
     elif change == "a state differs only by type":
         ranks[32]["samples"][1]["state"]["num_threads"] = float(ranks[32]["samples"][1]["state"]["num_threads"])
     elif change == "snapshot before the frames":
@@ -191,7 +204,7 @@ def mutated(raw: bytes, change: str) -> bytes:
     elif change == "extra keys":
         ranks[9]["process"]["extra"] = [1, {"a": None}]
         data["snapshot"]["something"] = 1
-    return json.dumps(data).encode()
+    return data
 
 
 CHANGES = [
@@ -210,6 +223,8 @@ CHANGES = [
     "world size too large",
     "schema_version a bool",
     "a second sample's threads differ only by type",
+    "a thread moved, another differs only by type",
+    "a thread moved, the others read before",
     "a state differs only by type",
     "snapshot before the frames",
     "kind last",
