@@ -369,7 +369,9 @@ class _Decoding:
                 return ()
             if v == last.get("raw"):
                 signature = _signature(v)
-                if signature is not None and signature == last.setdefault("signature", _signature(last["raw"])):
+                if "signature" not in last:
+                    last["signature"] = _signature(last["raw"])
+                if signature is not None and signature == last["signature"]:
                     t.use(0, last["frames"])  # a rank's samples showing the same threads
                     same: tuple[Any, ...] = last["decoded"]
                     return same
