@@ -78,9 +78,9 @@ Decode = Callable[[Any], Any]
 # When ``hangdoc analyze`` says that converting pays. Loading a first-format bundle of the
 # synthetic job (bench/synthetic.py: 3 samples, 4 to 12 threads a rank) took 58 to 61 us a
 # rank more than loading the same snapshot's second-format bundle, 5.1 to 5.6 times as long
-# (load_snapshot, 1k to 30k ranks, min of 3; at 100k, 59 us and 4.8 times: 7.4 s against 1.5 s). At NOTICE_RANKS ranks that is 0.6 s more, and
-# `hangdoc analyze --json` takes 1.8 times as long (1.51 s against 0.84 s; at 3,000 ranks
-# 0.78 s against 0.56 s).
+# (load_snapshot, 1k to 30k ranks, min of 3; at 100k ranks 59 us and 4.8 times: 7.4 s
+# against 1.5 s). At NOTICE_RANKS ranks that is 0.6 s more, and `hangdoc analyze --json`
+# takes 1.8 times as long (1.51 s against 0.84 s; at 3,000 ranks 0.78 s against 0.56 s).
 LOAD_US_PER_RANK = 60
 SLOWER = 5
 NOTICE_RANKS = 10_000
