@@ -222,7 +222,11 @@ class AgentService(pb_grpc.AgentServicer):
         self.watch = JobWatch(self.node.name, config.position, config.dump_timeout)
         self.lanes = Lanes()
         self._identify = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hangdoc-identify")
-        self._identify.submit(int)  # its thread started now, counted with the agent's own
+        if not (config.token or config.tls_cert):
+            # its thread started now, counted with the agent's own; an agent that knows its
+            # callers by token or certificate never identifies one (and thousands of hosted
+            # agents, bench_fanout's, would hold a task each: kernel.pid_max is 32,768 here)
+            self._identify.submit(int)
 
     async def caller(self, context: grpc.aio.ServicerContext) -> Caller:
         if self.config.token:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ..capture.read import probe_client
+from ..errors import HangdocError
 from .callers import Caller
 from .node import ProbeReads, Quota
 
@@ -66,7 +67,12 @@ AGE_GRACE_MS = 75_000  # the longest call: Devices, 60 s of timeout + 10 s of li
 MAX_CONNECTIONS = 1024  # of 65,536 descriptors (the unit's LimitNOFILE): every client a node needs, many times
 MAX_STREAMS = 32  # calls at once on one connection; a coordinator sends a node a few
 MAX_CALLS = 256  # calls at once in all (past it: RESOURCE_EXHAUSTED), each a coroutine on the loop
-STOP_GRACE_S = 2.0  # calls in flight when the agent is told to stop get this long
+STOP_GRACE_S = 2.0
+NO_THREAD_HELP = (
+    "The agent's node could not start a thread (its task limit: kernel.pid_max, the agent's "
+    "ulimit -u, or its unit's TasksMax, shared with everything else on the node). Raise the "
+    "limit or stop what holds the tasks; the call may be retried."
+)  # calls in flight when the agent is told to stop get this long
 
 
 def max_connections(fd_limit: int) -> int:
@@ -161,9 +167,11 @@ class Lanes:
             )
         try:
             future = lane.pool.submit(self._counted, fn, *args)
-        except BaseException:
+        except BaseException as exc:
             if lane.quota is not None:
                 lane.quota.give(lane.who)
+            if isinstance(exc, RuntimeError):  # no thread to be had (or the pool shut down)
+                raise HangdocError(f"this agent could not start the call's work: {exc}", help=NO_THREAD_HELP) from None
             raise
         if lane.quota is not None:
             quota, who = lane.quota, lane.who
