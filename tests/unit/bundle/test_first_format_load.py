@@ -102,7 +102,7 @@ def test_equal_records_are_shared_as_the_second_format_shares_them(scenario: str
     assert v1.ranks[0].process.cmdline is v1.ranks[1].process.cmdline
 
 
-@pytest.mark.parametrize("path", sorted((TESTS / "snapshots").glob("*.json.gz"))[:40], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((TESTS / "snapshots").rglob("*.json.gz")), ids=lambda p: p.name)
 def test_recorded_first_format_snapshots_are_read_a_rank_at_a_time(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from hangdoc.bundle import read_input
 
