@@ -445,7 +445,8 @@ class _Decoding:
         t = self.t
         scalars = [_scalar_kind(hints[f.name], _FIELD_RANGES.get((tp, f.name))) for f in fields]
         defaults = [f.default for f in fields]
-        record = _compiled(tp, names, scalars, decoders, fills, defaults, setters, by_id, met)
+        stacks = [hints[f.name] == Stack for f in fields]
+        record = _compiled(tp, names, scalars, stacks, decoders, fills, defaults, setters, by_id, met, t)
 
         if not tabled or tp in _PER_RANK:
             return record
@@ -489,22 +490,33 @@ def _compiled(
     tp: type,
     names: list[str],
     scalars: list[tuple[type, bool, tuple[int, int]] | None],
+    stacks: list[bool],
     decoders: list[Decode],
     fills: list[Any],
     defaults: list[Any],
     setters: list[Any],
     by_id: list[int],
     met: dict[Any, Any] | None,
+    t: _Tables,
 ) -> Decode:
     """The decoder of one record type as straight code (as ``dataclasses`` writes its
     ``__init__``): each scalar field checked in place as ``_scalar`` checks it, the others
-    through their decoders, then the record built by its slot setters, or the one met
-    with the same values (``met``: fields ``by_id`` compared by identity)."""
+    through their decoders, a stack looked up as ``_Tables.stack_at`` does, then the record
+    built by its slot setters, or the one met with the same values (``met``: fields ``by_id``
+    compared by identity)."""
     env: dict[str, Any] = {"Invalid": _Invalid, "new": _new, "tp": tp, "met": met, "absent": _ABSENT}
+    env.update(STACKS=t.stacks, LENGTHS=t.stack_lengths(), use=t.use)
     lines = ["def record(v):", "    if type(v) is not dict:", '        raise Invalid("")', "    get = v.get"]
     for i, (name, scalar) in enumerate(zip(names, scalars, strict=True)):
         env[f"F{i}"], env[f"D{i}"], env[f"S{i}"], env[f"V{i}"] = fills[i], decoders[i], setters[i], defaults[i]
         x = f"x{i}"
+        if stacks[i] and fills[i] is _ABSENT:
+            lines.append(f"    {x} = get({name!r}, absent)")
+            lines.append(f"    if type({x}) is not int or not (0 <= {x} < len(STACKS)):")
+            lines.append('        raise Invalid("")')
+            lines.append(f"    use(0, LENGTHS[{x}])")
+            lines.append(f"    {x} = STACKS[{x}]")
+            continue
         if scalar is None and fills[i] is _ABSENT:
             lines.append(f"    {x} = D{i}(get({name!r}, absent))")
             continue
@@ -608,16 +620,16 @@ def _fill(default: Any, decode: Decode) -> Any:
     return raw
 
 
-def _signature(v: list[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
-    """For a list of objects of plain values, their keys and the types of their values (two
-    lists that are ``==`` and of one signature are the same JSON: ``==`` alone takes 1 for
-    1.0 or True); None for other lists."""
+def _signature(v: list[Any]) -> tuple[list[Any], list[type]] | None:
+    """For a list of objects of plain values, their keys and the types of their values, one
+    after the other (two lists that are ``==``, so of objects of the same sizes, and of one
+    signature are the same JSON: ``==`` alone takes 1 for 1.0 or True); None for other lists."""
     try:
-        keys = tuple(map(tuple, v))
-        types = tuple(map(tuple, map(map, repeat(type), map(dict.values, v))))
+        keys = list(chain.from_iterable(v))
+        types = list(map(type, chain.from_iterable(map(dict.values, v))))
     except TypeError:  # an item that is not an object
         return None
-    return (keys, types) if _SCALARS.issuperset(chain.from_iterable(types)) else None
+    return (keys, types) if _SCALARS.issuperset(types) else None
 
 
 def _types(v: dict[str, Any]) -> tuple[tuple[str, ...], tuple[type, ...]]:
