@@ -40,6 +40,12 @@ FANOUT = 64  # calls one caller makes at once, at every level: 64 x 64 = 4,096 n
 # fast or faster even here, where the relays share the coordinator's cores.
 TREE_AT = 400
 RELAY_SLACK = 1.0  # seconds a relay keeps for itself beyond its children's deadline
+# What an agent receives in one message: gRPC's default, which agents keep (no
+# grpc.max_receive_message_length in limits.server_options: an unauthenticated caller's
+# message is read before it is refused), less room for framing. A relay request carries
+# each leaf's own request: 4,096 Sample requests of 3 ranks (bench_fanout) are 4.2 MB, so
+# above 64 x 64 nodes the coordinator asks the leaf relays of such a subtree itself.
+MAX_RELAY_REQUEST = 4 * 1024 * 1024 - 64 * 1024
 MAX_PASSES = 4  # calls one fan-out's call may make in sequence (GetInfo, then FindRanks)
 T = TypeVar("T")
 Result = tuple[Node, T | None, BaseException | None]
@@ -181,6 +187,8 @@ def relay_call(
     own = deadline if deadline is not None else max(timeout for _, _, timeout in requests.values())
     budget = own + height * RELAY_SLACK
     encoded = {name: (req.SerializeToString(), timeout) for name, (_, req, timeout) in requests.items()}
+    sent: dict[int, bytes] = {}  # each relay's request, by id of the relay
+    top = fitting(top, method, encoded, budget, sent)
 
     roles = {id(_first_leaf(t)): t for t in top}
 
@@ -189,8 +197,7 @@ def relay_call(
         if isinstance(role, RemoteNode):
             body, timeout = encoded[role.name]
             return role.forward(method, body, timeout, role.auth.metadata)
-        request = wire.relay_request(method, _children(role, encoded), budget)
-        return role.relay.relay(request, budget, role.relay.auth.metadata)
+        return role.relay.relay(sent[id(role.relay)], budget, role.relay.auth.metadata)
 
     out: dict[str, Answer] = {}
     for entry, raw, exc in each_answer(flat, [_first_leaf(t) for t in top], ask, budget + RELAY_SLACK / 2):
@@ -204,6 +211,28 @@ def relay_call(
             failure = _error(exc, entry.name)
             for leaf in role.leaves:
                 out[leaf.name] = AgentError(f"relay {role.relay.name}: {failure}", help=failure.help)
+    return out
+
+
+def fitting(
+    top: Sequence[RemoteNode | Subtree],
+    method: str,
+    encoded: Mapping[str, tuple[bytes, float]],
+    budget: float,
+    sent: dict[int, bytes],
+) -> list[RemoteNode | Subtree]:
+    """``top`` with every subtree whose relay request would be larger than an agent
+    receives (``MAX_RELAY_REQUEST``) replaced by its children, asked by the coordinator
+    itself; each relay's request, encoded, in ``sent``."""
+    out: list[RemoteNode | Subtree] = []
+    for entry in top:
+        if isinstance(entry, Subtree):
+            request = wire.relay_request(method, _children(entry, encoded), budget)
+            if len(request) > MAX_RELAY_REQUEST and entry.height > 1:
+                out += fitting(entry.children, method, encoded, budget, sent)
+                continue
+            sent[id(entry.relay)] = request
+        out.append(entry)
     return out
 
 

@@ -176,3 +176,25 @@ def test_samples_decode_alike_from_a_table_and_from_one_answer() -> None:
     (samples,) = wire.tabled_samples(merger.table).values()
     decoded: dict[int, Sample] = wire.samples_from_proto(samples)
     assert decoded == wire.samples_from_proto(one)
+
+
+def test_a_subtree_whose_request_an_agent_would_refuse_is_asked_by_its_leaf_relays(
+    monkeypatch: pytest.MonkeyPatch, nodes: list[RemoteNode]
+) -> None:
+    monkeypatch.setattr(tree, "FANOUT", 4)
+    encoded = {n.name: (b"x" * 100, 5.0) for n in nodes}
+    top = build_tree(nodes)
+    assert [t.height for t in top if isinstance(t, Subtree)] == [2, 2]
+    sent: dict[int, bytes] = {}
+    assert tree.fitting(top, "Sample", encoded, 7.0, sent) == top  # 22 requests of 100 bytes fit
+    big, small = (len(sent[id(t.relay)]) for t in top)  # type: ignore[union-attr]
+    monkeypatch.setattr(tree, "MAX_RELAY_REQUEST", big - 1)
+    sent.clear()
+    split = tree.fitting(top, "Sample", encoded, 7.0, sent)
+    assert [t.height for t in split] == [1, 1, 1, 1, 2]  # type: ignore[union-attr]  # 16 nodes in groups of 4
+    monkeypatch.setattr(tree, "MAX_RELAY_REQUEST", small - 1)
+    sent.clear()
+    split = tree.fitting(top, "Sample", encoded, 7.0, sent)
+    assert [t.height for t in split] == [1] * 6  # type: ignore[union-attr]  # 22 nodes in groups of 4
+    assert [leaf.name for t in split for leaf in t.leaves] == sorted(n.name for n in nodes)  # type: ignore[union-attr]
+    assert set(sent) == {id(t.relay) for t in split}  # type: ignore[union-attr]
