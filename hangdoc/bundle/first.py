@@ -22,8 +22,8 @@ what is wrong and where. Imports only ``codec``, ``invalid``, ``layout``, ``limi
 ``tables`` of this package.
 
 What is left of the time: at 100,000 ranks of the synthetic job, inflating the text takes
-6 us a rank, decoding its UTF-8 and scanning it with ``json``'s scanner 24 us, and decoding
-the scanned values into the model 45 us (a Python call or two a value, where the second
+6 us a rank, decoding its UTF-8 and scanning it with ``json``'s scanner 23 us, and decoding
+the scanned values into the model 34 us (a dict lookup and a check a value, where the second
 format's tables are read a column at a time: about 15 us a rank in all). So ``hangdoc
 analyze`` says when converting pays (``NOTICE_RANKS``).
 """
@@ -76,13 +76,13 @@ _SCAN: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(json.JS
 Decode = Callable[[Any], Any]
 
 # When ``hangdoc analyze`` says that converting pays. Loading a first-format bundle of the
-# synthetic job (bench/synthetic.py: 3 samples, 4 to 12 threads a rank) took 58 to 61 us a
-# rank more than loading the same snapshot's second-format bundle, 5.1 to 5.6 times as long
-# (load_snapshot, 1k to 30k ranks, min of 3; at 100k ranks 59 us and 4.8 times: 7.4 s
-# against 1.5 s). At NOTICE_RANKS ranks that is 0.6 s more, and `hangdoc analyze --json`
-# takes 1.8 times as long (1.51 s against 0.84 s; at 3,000 ranks 0.78 s against 0.56 s).
-LOAD_US_PER_RANK = 60
-SLOWER = 5
+# synthetic job (bench/synthetic.py: 3 samples, 4 to 12 threads a rank) took 52 to 56 us a
+# rank more than loading the same snapshot's second-format bundle, 4.4 to 5.1 times as long
+# (load_snapshot, min of 2 or 3: 1k, 3k, 10k, 30k ranks; at 100k 6.8 s against 1.5 s); the
+# notice says the least. At NOTICE_RANKS ranks that is 0.5 s more, and `hangdoc analyze
+# --json` takes 1.7 times as long (1.41 s against 0.82 s; at 3,000 ranks 0.72 s against 0.54 s).
+LOAD_US_PER_RANK = 53
+SLOWER = 4
 NOTICE_RANKS = 10_000
 _PEEK = 64 * 2**10  # bytes of a file read to find its schema_version
 
