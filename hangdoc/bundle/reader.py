@@ -1,7 +1,8 @@
 """Reading a bundle: ``load_snapshot`` and ``snapshot_from_bytes`` (the file's bytes, read
 by ``files``, parsed), and ``snapshot_from_dict``: the envelope, then the frames and
-stacks, the tables of version 2, and the ``snapshot`` part last. Raises ``BundleError`` and
-nothing else.
+stacks, the tables of version 2, and the ``snapshot`` part last. A version 1 bundle is read
+a rank at a time (``first``), and whole, as here, only where that reader does not take it
+(so its errors are this reader's). Raises ``BundleError`` and nothing else.
 """
 
 from __future__ import annotations
