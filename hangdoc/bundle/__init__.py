@@ -43,8 +43,9 @@ stores every value that repeats once, in tables (docs/json-schema.md, "Snapshot 
 Version 1 (one JSON object per record, only frames and stacks interned) is still read,
 and written by ``snapshot_to_dict(..., schema_version=1)``. On a synthetic 100k-rank job
 (3 samples, 4 to 12 threads and 19 environment variables a rank) version 1 takes 3,430
-bytes a rank (116 gzipped) and took 50 s and 2.4 GB to load before version 2 (32 s and
-2.0 GB now); version 2 takes 151 bytes (17) and about 3 s and 380 MB (docs/benchmarks.md).
+bytes a rank (116 gzipped); ``first`` reads it a rank at a time, with equal records shared
+as version 2 shares them: ``hangdoc analyze --json`` of it takes about 10.7 s and 0.8 GB,
+where version 2 takes 151 bytes a rank (17) and 4.5 s and 0.5 GB (docs/benchmarks.md).
 
 The conversion is driven by the model's type hints, not written field by field: each type
 gets its converters (a codec for the ``snapshot`` part, a column layout for a table)
@@ -79,7 +80,9 @@ The files, each importing only those above it:
 - ``tables``: ``_Tables``, a bundle being read, and what it has used (for the caps);
 - ``codec``: the converters by type hints, and reading one column of any kind;
 - ``writer``: ``snapshot_to_dict``, ``snapshot_bytes``, ``save_snapshot``;
-- ``reader``: ``snapshot_from_dict``, ``snapshot_from_bytes``, ``load_snapshot``.
+- ``reader``: ``snapshot_from_dict``, ``snapshot_from_bytes``, ``load_snapshot``;
+- ``first``: a version 1 bundle read a rank at a time (``reader`` falls back to the whole
+  text for anything it does not expect, so errors stay the same).
 """
 
 from __future__ import annotations

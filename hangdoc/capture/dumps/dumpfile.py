@@ -130,6 +130,7 @@ def evidence_from_bytes(raw: bytes, path: Path) -> JobSnapshot:
         return snapshot_from_bytes(raw, path)  # says what a binary file is not
     fmt = sniff(text)
     if fmt is DumpFormat.SNAPSHOT:
+        del text  # the reader decodes raw itself, a chunk at a time
         return snapshot_from_bytes(raw, path)
     if fmt is None:
         raise DumpFileError(
