@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 
@@ -18,6 +19,7 @@ from hangdoc.capture.find.jobspec import parse_job_spec
 from hangdoc.fleet import tree
 from hangdoc.fleet.client import AgentAuth, RemoteNode
 from hangdoc.fleet.coordinator import find_ranks
+from hangdoc.fleet.v1 import agent_pb2 as pb
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 SNAPSHOT = REPO / "tests" / "snapshots" / "mismatch_uneven_shards_eval_gather.json.gz"
@@ -69,3 +71,36 @@ def test_a_stopped_leaf_is_unreachable_after_the_connect_timeout(
     ]
     assert len(fleet.placed) == 3 * (N - 1)
     assert took < CONNECT + 5  # FindRanks' own deadline is CONNECT + 10
+
+
+def test_a_relay_waits_through_a_failed_connection_attempt(
+    agents: list[Agent], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A leaf whose agent answers too late for one connection attempt (its node busy: at
+    12,500 agents on 2 cores, "Did not receive HTTP/2 settings before handshake timeout") is
+    still asked, within the connect timeout."""
+    from hangdoc.fleet import client, wire
+    from hangdoc.fleet.agent import AgentConfig, serve_in_thread
+
+    # the relay's connection attempts give up after 0.3 s instead of gRPC's 20 s
+    monkeypatch.setattr(client, "_CHANNEL_OPTIONS", [*client._CHANNEL_OPTIONS, ("grpc.min_reconnect_backoff_ms", 300)])
+    relay = serve_in_thread(AgentConfig(listen="127.0.0.1:0", token=TOKEN, replay=str(SNAPSHOT)))
+    leaf = agents[1]
+    node = RemoteNode(f"127.0.0.1:{relay.port}", AgentAuth(token=TOKEN))
+    os.kill(leaf.proc.pid, signal.SIGSTOP)
+    resume = threading.Timer(1.5, os.kill, (leaf.proc.pid, signal.SIGCONT))
+    resume.start()
+    try:
+        target = wire.RelayTarget(
+            leaf.address, pb.FindRanksRequest(job="127.0.0.1:29500").SerializeToString(), 10.0, connect=5.0
+        )
+        answers = wire.relay_answers(
+            node.relay(wire.relay_request("FindRanks", [target], 12.0), 12.0, node.auth.metadata)
+        )
+    finally:
+        resume.join()
+        node.close()
+        relay.stop()
+    got = answers[leaf.address]
+    assert isinstance(got, bytes), got
+    assert len(pb.Discovery.FromString(got).ranks) == 3
