@@ -135,7 +135,7 @@ def analysis_stages(ranks: int, tmp: Path) -> dict[str, Any]:
 def fanout_stages(ranks: int, per: int) -> dict[str, Any]:
     """find_ranks, one round and one observe() over ranks/8 agents, as ``diagnose`` would
     make them (through relays above ``fleet.tree.TREE_AT``)."""
-    from bench_fanout import bench_modes
+    from bench_fanout import bench_modes, why_cell
 
     from hangdoc.fleet import tree
     from hangdoc.pipeline import CaptureOptions
@@ -144,7 +144,10 @@ def fanout_stages(ranks: int, per: int) -> dict[str, Any]:
     mode = "tree" if nodes > tree.TREE_AT else "flat"
     (row,) = bench_modes(nodes, min(per, nodes), 3, CaptureOptions(window=2.0, interval=0.5), [mode])
     if not row["verdict_ok"]:
-        raise SystemExit(f"{nodes} agents: the diagnosis named the wrong verdict or culprits")
+        raise SystemExit(
+            f"{nodes} agents: the diagnosis named the wrong verdict or culprits "
+            f"(nodes lost: {why_cell(row['why_lost'])})"
+        )
     peak = _peak_mb()
     return {
         "nodes": nodes,
@@ -155,6 +158,7 @@ def fanout_stages(ranks: int, per: int) -> dict[str, Any]:
         "cpu_round": row["cpu"],
         "agents_cpu_round": row["agents_cpu"],
         "lost": row["unreachable_find"] + row["unreachable_watch"] + row["lost"],
+        "why_lost": row["why_lost"],
     }
 
 
@@ -164,6 +168,12 @@ def _cell(value: tuple[float, float] | None) -> str:
     seconds, mb = value
     shown = f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.1f} s"
     return f"{shown}, {mb:,.0f} MB"
+
+
+def _lost_cell(row: dict[str, Any]) -> str:
+    from bench_fanout import why_cell
+
+    return f"{row['lost']:,}" + (f" ({why_cell(row['why_lost'])})" if row["lost"] else "")
 
 
 def table(rows: dict[int, dict[str, Any]]) -> str:
@@ -178,6 +188,9 @@ def table(rows: dict[int, dict[str, Any]]) -> str:
         "| nodes asked (mode) | "
         + " | ".join(f"{rows[n]['nodes']:,} ({rows[n]['mode']})" if "nodes" in rows[n] else "—" for n in sizes)
         + " |"
+    )
+    lines.append(
+        "| nodes lost (why) | " + " | ".join(_lost_cell(rows[n]) if "nodes" in rows[n] else "—" for n in sizes) + " |"
     )
     lines.append("| bundle | " + " | ".join(f"{rows[n]['bundle_mb']:.2f} MB" for n in sizes) + " |")
     lines.append("| terminal report lines | " + " | ".join(str(rows[n]["terminal_lines"]) for n in sizes) + " |")

@@ -30,7 +30,7 @@ from .wire import RelayFailed, RelayTarget
 FANOUT = 64  # calls one caller makes at once, at every level: 64 x 64 = 4,096 nodes a level of relays
 # Agents above which the coordinator goes through relays. Measured (bench/bench_fanout.py
 # --sizes 256,500,1000,2000 --per-process 250 --repeat 3 --tree: replaying agents and their
-# relays on this 2-core machine, load 10 falling; /work/notes/relay_bench.md), flat / tree:
+# relays on this 2-core machine, load 10 falling; docs/benchmarks.md), flat / tree:
 #   agents  find_ranks (s)  one round (s)  observe() (s)  coordinator CPU a round (s)
 #      256     0.39 / 0.50    0.17 / 0.18    2.54 / 2.55    0.11 / 0.02
 #      500     0.79 / 0.78    0.39 / 0.34    2.99 / 2.85    0.29 / 0.07
