@@ -186,6 +186,8 @@ def test_the_page_in_a_browser(svc: Jobs) -> None:
 
 def test_a_restart_keeps_the_history_and_the_agents_come_back(svc: Jobs) -> None:
     nodes = svc.nodes
+    # on its own (not after the tests above) the hung job may not be diagnosed yet
+    nodes.wait_for("the hung job's incident", lambda: bool(_incidents(nodes, f"?job={svc.hung}")), 60)
     before = _incidents(nodes)
     assert nodes.stop_server() == 0, nodes.server_log()[-2000:]
     nodes.start_server(*svc.server_args())
