@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.json_places import containers as places
 from support.paths import REPO, TESTS
 
 from hangdoc.bundle import first, reader, snapshot_from_bytes, snapshot_to_dict
@@ -278,19 +279,6 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 BASE = json.loads(first_bytes(synthetic_snapshot(24, "straggler")))
-
-
-def places(value: Any) -> list[tuple[Any, Any]]:
-    found: list[tuple[Any, Any]] = []
-    todo = [value]
-    while todo:
-        node = todo.pop()
-        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-        for key, child in items:
-            found.append((node, key))
-            if isinstance(child, dict | list):
-                todo.append(child)
-    return found
 
 
 @FUZZ

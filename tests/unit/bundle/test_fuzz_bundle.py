@@ -27,6 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
+from support.json_places import containers as _containers
 from support.paths import REPO, TESTS
 
 from hangdoc.analysis.analyse import analyse
@@ -143,20 +144,6 @@ def _write(tmp_path: Path, data: bytes) -> Path:
 
 def _dump(value: Any) -> bytes:
     return json.dumps(value).encode("utf-8", "backslashreplace")
-
-
-def _containers(value: Any) -> list[tuple[Any, Any]]:
-    """Every (container, key) pair in ``value``: the places a mutation can hit."""
-    found: list[tuple[Any, Any]] = []
-    todo = [value]
-    while todo:
-        node = todo.pop()
-        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-        for key, child in items:
-            found.append((node, key))
-            if isinstance(child, dict | list):
-                todo.append(child)
-    return found
 
 
 @FUZZ
