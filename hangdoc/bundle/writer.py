@@ -14,7 +14,7 @@ import gzip
 import json
 import typing
 from collections.abc import Callable
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,9 @@ from .. import __version__
 from ..memo import collections_paused
 from ..model import Frame, JobSnapshot
 from ..outfiles import write_file
+from .adders import _record_adder
 from .codec import _codec
-from .columns import _column_json, _text_length
+from .columns import _column_json, _shorter, _text_length
 from .files import _save_error
 from .layout import (
     BUNDLE_SCHEMA_VERSION,
@@ -55,6 +56,18 @@ class _Numbering(dict[Any, int]):
     def __missing__(self, key: Any) -> int:
         idx = self[key] = len(self)
         return idx
+
+
+class _Lengths(dict[int, int]):
+    """The length of each column's JSON text, written out when first asked for."""
+
+    def __init__(self, columns: dict[int, Any]) -> None:
+        super().__init__()
+        self._columns = columns
+
+    def __missing__(self, i: int) -> int:
+        length = self[i] = _text_length(self._columns[i])
+        return length
 
 
 class _Writer(StackTable):
@@ -147,24 +160,26 @@ class _TableWriter:
         # (Records are not: encoding one costs about what looking it up would.) Tuples of
         # strings (an environment, its variables) are looked up by value: equal ones abound.
         self._by_id: dict[int, int] = {}
-        self.add: Callable[[Any], int] = (
-            self._add if spec.cls else _Memo(self._add).__getitem__ if _only_strings(spec.key) else self._add_by_id
-        )
         self._encoders = [_cell_encoder(f.column, writer) for f in spec.fields]
         # (position, encoder) of the cells that are not the value itself
         self._converted = [(i, enc) for i, enc in enumerate(self._encoders) if enc is not None]
-        self._get = attrgetter(*(f.name for f in spec.fields)) if spec.cls else None
-        self._get_many = len(spec.fields) > 1  # attrgetter gives a tuple
         # the cells a row's dict key holds otherwise: floats by their bits, objects as text
         self._floats = [i for i, f in enumerate(spec.fields) if f.column.kind == "float"]
         self._inlines = [i for i, f in enumerate(spec.fields) if f.column.kind == "inline"]
         # the fields no row has held anything but the default of, yet: left out if it stays so
         self._unused: list[int] = []
         self._set_unused([i for i, f in enumerate(spec.fields) if f.default is not dataclasses.MISSING])
+        self.add: Callable[[Any], int] = (
+            _record_adder(self)
+            if spec.cls
+            else _Memo(self._add).__getitem__
+            if _only_strings(spec.key)
+            else self._add_by_id
+        )
 
     def _set_unused(self, unused: list[int]) -> None:
         self._unused = unused
-        # the unused fields of a row, and their defaults: one comparison a row while they are
+        # the unused fields of a row, and their defaults: one comparison a new row while they are
         self._unused_of = (
             itemgetter(*unused)
             if len(unused) > 1
@@ -176,6 +191,15 @@ class _TableWriter:
     def used(self) -> list[bool]:
         return [i not in self._unused for i in range(len(self.spec.fields))]
 
+    def _new_row(self, key: Any, cells: tuple[Any, ...], parts: tuple[Any, ...]) -> int:
+        """Row ``cells`` (looked up as ``key``), not held before; ``parts``: its fields' values.
+        Equal rows hold equal values, so a field's default is checked once per distinct row."""
+        if self._unused and tuple(self._unused_of(parts)) != self._defaults:
+            self._set_unused([i for i in self._unused if parts[i] == self.spec.fields[i].default])
+        idx = self._index[key] = len(self.rows)
+        self.rows.append(cells)
+        return idx
+
     def _add_by_id(self, value: Any) -> int:
         idx = self._by_id.get(id(value))
         if idx is None:
@@ -183,21 +207,16 @@ class _TableWriter:
         return idx
 
     def _add(self, value: Any) -> int:
-        """The number of the row ``value`` is, a new row if no row holds the same."""
+        """The number of the row ``value`` (a tuple) is, a new row if no row holds the same.
+        (A record table's ``add`` is compiled: ``adders``.)"""
         spec = self.spec
         if spec.shape == "seq":
             enc = self._encoders[0]
             cells = tuple(value) if enc is None else tuple(map(enc, value))
         else:
-            if spec.shape == "fixed":
-                if type(value) is not tuple or len(value) != len(spec.fields):
-                    raise TypeError(f"bundle: {value!r} is not a {spec.name}")
-                parts = list(value)
-            else:
-                got = self._get(value)  # type: ignore[misc]
-                parts = list(got) if self._get_many else [got]
-                if self._unused and tuple(self._unused_of(parts)) != self._defaults:
-                    self._set_unused([i for i in self._unused if parts[i] == spec.fields[i].default])
+            if type(value) is not tuple or len(value) != len(spec.fields):
+                raise TypeError(f"bundle: {value!r} is not a {spec.name}")
+            parts = list(value)
             for i, enc in self._converted:
                 parts[i] = enc(parts[i])
             cells = tuple(parts)
@@ -235,7 +254,7 @@ class _TableWriter:
                     "width": lengths[0],
                     "items": _column_json(kind, [c for p in zip(*self.rows, strict=False) for c in p]),
                 }
-                if _text_length(by_position) < _text_length(by_row):
+                if _shorter(by_position, by_row):
                     return by_position
             return by_row
         cells = list(zip(*self.rows, strict=False)) if self.rows else [() for _ in spec.fields]
@@ -260,9 +279,9 @@ class _TableWriter:
         do not join."""
         n = len(self.rows)
         fields = self.spec.fields
-        length = {i: _text_length(columns[i]) for i in kept}
+        length = _Lengths(columns)  # written out for the fields that may join only
         keys = {
-            i: list(map(_float_key, cells[i])) if fields[i].column.kind == "float" else cells[i]
+            i: [c.hex() if type(c) is float else c for c in cells[i]] if fields[i].column.kind == "float" else cells[i]
             for i in kept
             if fields[i].column.kind != "inline"
         }
