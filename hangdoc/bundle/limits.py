@@ -26,22 +26,25 @@ from ..model import (
 )
 
 # Integer ranges (inclusive); model.MAX_WORLD_SIZE bounds ranks and world sizes.
-# Stacks are interned, so a small file can make thousands of threads share one deep stack;
-# the analysis walks every thread's frames (about 2 us each), so the frames of all threads
-# of all samples together are capped: 50 million is about 90 s of analysis, and 5 times a
-# 10000-rank capture (5 samples, 2 threads, 100 frames deep). One stack holds at most
-# MAX_STACK_DEPTH frames, far past Python's recursion limit (1000 by default).
+# Stacks are interned, so a small file can make thousands of threads share one deep stack.
+# The analysis works once per distinct shape of a rank's stacks, not per distinct stack, and
+# ranks can each have a shape of their own, so the frames of all threads of all samples are
+# capped, counted each time a stack is used. Measured (1,000 ranks of a shape each, threads
+# 20,000 frames deep: 480 million frame uses analysed in 4.7 s, 0.16 s at the usual depth):
+# about 10 ns a frame use, so 2**30 is about 10 s of analysis; the synthetic 1M-rank bundle
+# (bench/synthetic.py: 3 samples, 4 to 12 threads a rank) uses 232 million. One stack holds
+# at most MAX_STACK_DEPTH frames, far past Python's recursion limit (1000 by default).
 MAX_STACK_DEPTH = 100_000
-MAX_THREAD_FRAMES = 50_000_000
+MAX_THREAD_FRAMES = 2**30
 # Records are interned too (version 2), so a few numbers can make a rank hold a million
 # samples of a million threads: the records reachable from the snapshot, counted each time
-# they are used (a rank's samples, their threads, ...), are capped at MAX_RECORDS, 4 times
-# the largest job hangdoc analyses (MAX_WORLD_SIZE ranks, 5 samples of 12 threads). And
-# since a table's rows can come from a few numbers (runs, columns left out), the tables
-# together hold at most MAX_TABLE_ROWS rows (each a Python object: a 512 MB version 1
-# file holds about 13 million thread records) and MAX_TABLE_ITEMS items of tuples.
+# they are used (a rank's samples, their threads, ...), are capped at MAX_RECORDS, twice the
+# 31 million of the synthetic 1M-rank bundle. And since a table's rows can come from a few
+# numbers (runs, columns left out), the tables together hold at most MAX_TABLE_ROWS rows
+# (each a Python object; the synthetic 1M-rank bundle: 17.1 million rows, 30 million items)
+# and MAX_TABLE_ITEMS items of tuples.
 MAX_RECORDS = 2**26
-MAX_TABLE_ROWS = 2**24
+MAX_TABLE_ROWS = 2**25
 MAX_TABLE_ITEMS = 2**26
 _INT_RANGE = (-(2**63), 2**64 - 1)  # any other int: 64 bits (thread ids are pthread_t values)
 _FIELD_RANGES: dict[tuple[type, str], tuple[int, int]] = {

@@ -461,7 +461,7 @@ def test_analyze_undecodable_files(tmp_path, capsys, content, needle) -> None:
 @pytest.mark.parametrize(
     ("world_size", "needle"),
     [
-        (2_000_000_000, "2000000000 is out of range (0 to 262144)"),
+        (2_000_000_000, "2000000000 is out of range (0 to 1048576)"),
         (1e300, "expected int, got the number 1e+300"),
         (-1, "-1 is out of range"),
         (True, "expected int, got a boolean"),

@@ -351,7 +351,7 @@ def test_gzip_is_inflated_up_to_a_cap(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_default_caps() -> None:
     assert bundle.MAX_FILE_BYTES == bundle.MAX_JSON_BYTES == 512 * 2**20
-    assert bundle.MAX_WORLD_SIZE == 2**18
+    assert bundle.MAX_WORLD_SIZE == 2**20
 
 
 def test_multi_member_gzip_and_zero_padding_are_read(tmp_path: Path) -> None:
@@ -486,13 +486,13 @@ def test_a_note_pid_out_of_range_is_refused(tmp_path: Path, version: int) -> Non
     ("mutate", "expected"),
     [
         (_set("snapshot.world_size", 2_000_000_000),
-         "at snapshot.world_size: 2000000000 is out of range (0 to 262144)"),
+         "at snapshot.world_size: 2000000000 is out of range (0 to 1048576)"),
         (_set("snapshot.world_size", 1e300), "at snapshot.world_size: expected int, got the number"),
         (_set("snapshot.world_size", -8), "-8 is out of range"),
         (_set("snapshot.world_size", True), "at snapshot.world_size: expected int, got a boolean"),
-        (_set("snapshot.world_size", 2**18 + 1), "262145 is out of range"),
+        (_set("snapshot.world_size", 2**20 + 1), "1048577 is out of range"),
         (_set("snapshot.ranks.0.process.world_size", 10**12), "process.world_size: 1000000000000"),
-        (_set("snapshot.ranks.0.process.rank", 2**18), "process.rank: 262144 is out of range"),
+        (_set("snapshot.ranks.0.process.rank", 2**20), "process.rank: 1048576 is out of range"),
         (_set("snapshot.ranks.0.process.rank", -1), "process.rank: -1 is out of range"),
         (_set("snapshot.ranks.0.process.local_rank", -1), "process.local_rank: -1 is out"),
         (_set("snapshot.ranks.0.process.pid", 2**22 + 1), "process.pid: 4194305 is out of range"),
@@ -516,11 +516,11 @@ def test_out_of_range_and_odd_values(tmp_path: Path, mutate, expected: str) -> N
 
 def test_bounds_are_inclusive(tmp_path: Path) -> None:
     data = _good_dict()
-    data["snapshot"]["world_size"] = 2**18
+    data["snapshot"]["world_size"] = 2**20
     data["snapshot"]["ranks"][0]["process"]["pid"] = 2**22
     data["snapshot"]["ranks"][0]["samples"][0]["threads"][0]["thread_id"] = 2**64 - 1
     snap = load_snapshot(_write(tmp_path, json.dumps(data).encode()))
-    assert snap.world_size == 2**18 and snap.ranks[0].process.pid == 2**22
+    assert snap.world_size == 2**20 and snap.ranks[0].process.pid == 2**22
 
 
 def test_deep_shared_stacks_are_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

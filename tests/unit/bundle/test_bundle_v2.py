@@ -327,7 +327,7 @@ BAD_TABLES = [
     ),
     (_set(f"{T}.RankProcess.columns.pid", {"runs": [1000, 1]}), "pid.runs: 2 numbers, not a first value"),
     (_set(f"{T}.RankProcess.columns.pid", "1000"), "at tables.RankProcess.columns.pid: expected a list, got a string"),
-    (_set(f"{T}.RankProcess.columns.rank.4", 2**18), "columns.rank[4]: 262144 is out of range"),
+    (_set(f"{T}.RankProcess.columns.rank.4", 2**20), "columns.rank[4]: 1048576 is out of range"),
     (_set(f"{T}.RankProcess.columns.world_size.4", 2_000_000_000), "world_size[4]: 2000000000 is out of range"),
     (
         _set(f"{T}.RankProcess.columns.rank_source.3", "guessed"),
@@ -357,7 +357,7 @@ BAD_TABLES = [
     ),
     (_set(f"{T}.(str,str).columns.0", KeyError), "at tables.(str,str): missing column '0' ((str,str))"),
     (_set(f"{T}.Sample.n", "18"), "at tables.Sample.n: expected the number of rows, got a string"),
-    (_set(f"{T}.Sample.n", 2**30), "at tables.Sample.n: 1073741824 rows: out of range (0 to 16777216)"),
+    (_set(f"{T}.Sample.n", 2**30), "at tables.Sample.n: 1073741824 rows: out of range (0 to 33554432)"),
     (_set(f"{T}.Sample", []), "at tables.Sample: expected an object (a table), got a list"),
     (_set(f"{T}.Sample.columns", [1]), "at tables.Sample.columns: expected an object, got a list"),
     (_set(T, None), "at tables: expected an object, got null"),
@@ -449,10 +449,10 @@ def test_bounds_are_inclusive(tmp_path: Path) -> None:
     data = _good()
     columns = data["tables"]["RankProcess"]["columns"]
     columns["pid"] = [2**22, 1, 2, 3, 4, 5]
-    columns["rank"][0] = 2**18 - 1
+    columns["rank"][0] = 2**20 - 1
     data["tables"]["ThreadStack"]["columns"]["thread_id"][0] = 2**64 - 1
     snap = load_snapshot_of(tmp_path, data)
-    assert snap.ranks[0].process.pid == 2**22 and snap.ranks[0].process.rank == 2**18 - 1
+    assert snap.ranks[0].process.pid == 2**22 and snap.ranks[0].process.rank == 2**20 - 1
 
 
 # ----------------------------------------------------- caps on what sharing multiplies
