@@ -37,9 +37,11 @@ def _column_json(kind: str, cells: list[Any] | tuple[Any, ...]) -> Any:
     deltas = list(map(sub, islice(cells, 1, None), cells))
     # where each run of equal deltas starts, and so how long it is
     starts = [0, *compress(range(1, len(deltas)), map(ne, islice(deltas, 1, None), deltas))]
+    if 1 + 2 * len(starts) > len(cells):
+        return list(cells)  # more numbers than the column
     counts = map(sub, chain(islice(starts, 1, None), (len(deltas),)), starts)
     runs = [cells[0], *chain.from_iterable(zip(map(deltas.__getitem__, starts), counts, strict=False))]
-    if len(runs) > len(cells) or not _shorter(runs, cells):
+    if not _shorter(runs, cells):
         return list(cells)  # runs must be shorter, and have fewer numbers to parse
     return {"runs": runs}
 
