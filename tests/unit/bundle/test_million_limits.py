@@ -103,3 +103,13 @@ def test_the_largest_world_size_and_rank_load(tmp_path: Path, version: int) -> N
     data["snapshot"]["world_size"] = 2**20 + 1
     with pytest.raises(BundleError, match=r"world_size: 1048577 is out of range \(0 to 1048576\)$"):
         load_snapshot(_write(tmp_path, data))
+
+
+def test_a_dict_passed_in_is_read_not_taken_apart(tmp_path: Path) -> None:
+    """``snapshot_from_dict`` leaves its argument whole; a file's own parsed text is taken
+    apart table by table as it is read (its columns go once their rows are made)."""
+    data = snapshot_to_dict(_SNAPSHOT, schema_version=2)
+    before = json.dumps(data)
+    assert bundle.snapshot_from_dict(data) == _SNAPSHOT
+    assert json.dumps(data) == before
+    assert load_snapshot(_write(tmp_path, data)) == _SNAPSHOT
