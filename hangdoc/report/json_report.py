@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
@@ -137,10 +137,15 @@ def to_json_dict(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
     return _report(diagnosis, snapshot)
 
 
-def _report(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
+def _report(diagnosis: Diagnosis, snapshot: JobSnapshot, lazily: bool = False) -> dict[str, Any]:
+    """The report's dict; ``lazily``: its ranks an ``_Each``, their entries made when read."""
     processes = _Processes(snapshot)
     op_entry = once_per_object(_op)  # the ranks of one stack share one op, and its entry
     gpus = {(rs.process.host, rs.process.pid): rs.gpus for rs in snapshot.ranks if rs.gpus}
+
+    def entry(ra: RankAnalysis) -> dict[str, Any]:
+        return _with_gpus(_rank(ra, processes.of(ra), op_entry), gpus.get((ra.host, ra.pid or 0), ()))
+
     return {
         "verdict": diagnosis.verdict.value,
         "culprit_ranks": sorted(diagnosis.culprit_ranks),
@@ -149,10 +154,7 @@ def _report(diagnosis: Diagnosis, snapshot: JobSnapshot) -> dict[str, Any]:
         "basis": list(diagnosis.basis),
         "evidence": [e.words() for e in diagnosis.evidence],
         "next_steps": list(diagnosis.next_steps),
-        "ranks": [
-            _with_gpus(_rank(ra, processes.of(ra), op_entry), gpus.get((ra.host, ra.pid or 0), ()))
-            for ra in diagnosis.ranks
-        ],
+        "ranks": _Each(diagnosis.ranks, entry) if lazily else list(map(entry, diagnosis.ranks)),
         "groups": [_group(g) for g in diagnosis.groups],
         "unreachable": [_unreachable(u) for u in snapshot.unreachable],
         "spec": snapshot.spec,
@@ -315,8 +317,58 @@ def undiagnosed_to_json_dict(spec: str, error: str, help: str, *, noticed: str, 
 
 
 def render_json(diagnosis: Diagnosis, snapshot: JobSnapshot) -> str:
-    """The report as JSON text (indented, strict, non-ASCII kept as is; see ``dumps``)."""
-    return dumps(to_json_dict(diagnosis, snapshot))
+    """The report as JSON text (indented, strict, non-ASCII kept as is; see ``dumps``).
+
+    The text of ``dumps(to_json_dict(...))``, with each rank's entry made as its line is
+    written and the text joined once: at a million ranks the entries held all at once
+    and the nested joins took 1.4 GB over the diagnosis."""
+    try:
+        parts: list[str] = []
+        _layout_into(parts, _report(diagnosis, snapshot, lazily=True), "  ", 0)
+        return "".join(parts)
+    except ValueError:  # a NaN or an infinity somewhere: ``dumps`` writes it as null
+        return dumps(to_json_dict(diagnosis, snapshot))
+
+
+class _Each(list):  # type: ignore[type-arg]
+    """A list whose items are made one at a time as they are read (``make`` of each of
+    ``items``), so no more than one of them is held. A ``list`` to what checks the report's
+    shape; read it by ``len``, iteration and indexing only (``"".join`` and the C JSON
+    encoder read a list's own slots, which this one leaves empty)."""
+
+    def __init__(self, items: Sequence[Any], make: Callable[[Any], Any]) -> None:
+        super().__init__()
+        self.items, self.make = items, make
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    def __iter__(self) -> Iterator[Any]:
+        return map(self.make, self.items)
+
+    def __getitem__(self, at: Any) -> Any:
+        return list(map(self.make, self.items[at])) if isinstance(at, slice) else self.make(self.items[at])
+
+
+def _layout_into(parts: list[str], value: Any, pad: str, depth: int) -> None:
+    """``_text(value)`` as pieces appended to ``parts`` (the same text once joined)."""
+    if depth >= 2 or not isinstance(value, (dict, list, tuple)) or not value:
+        parts.append(_line(value).translate(_JSON_ESCAPES))
+        return
+    inner, outer = pad * (depth + 1), pad * depth
+    if isinstance(value, dict):
+        for i, (k, v) in enumerate(value.items()):
+            parts.append(f"{',' if i else '{'}\n{inner}{_line(_key(k))}: ".translate(_JSON_ESCAPES))
+            _layout_into(parts, v, pad, depth + 1)
+        parts.append(f"\n{outer}}}")
+        return
+    for i, v in enumerate(value):
+        parts.append(f"{',' if i else '['}\n{inner}")
+        _layout_into(parts, v, pad, depth + 1)
+    parts.append(f"\n{outer}]")
 
 
 class _Processes:
