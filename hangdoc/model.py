@@ -20,7 +20,7 @@ from operator import attrgetter
 # The largest rank count any value may claim (a world size, a rank number), wherever it
 # comes from: a process's environment, an agent's answer, a saved snapshot. The largest
 # trainings run about 10^5 ranks; 2**20 lets a million-rank job in (the synthetic 1M-rank
-# bundle: analyze --json 46 s, 4.4 GB). Analysis still lists every expected rank: a
+# bundle: analyze --json 45 s, 3.85 GB). Analysis still lists every expected rank: a
 # snapshot of one rank claiming this world size takes 6.8 s and 1.05 GB to analyse (--json;
 # the terminal report 3.3 s and 450 MB), so the bound stays here until rank sets are compact.
 MAX_WORLD_SIZE = 2**20

@@ -41,8 +41,9 @@ MAX_THREAD_FRAMES = 2**30
 # they are used (a rank's samples, their threads, ...), are capped at MAX_RECORDS, twice the
 # 31 million of the synthetic 1M-rank bundle. And since a table's rows can come from a few
 # numbers (runs, columns left out), the tables together hold at most MAX_TABLE_ROWS rows
-# (each a Python object; the synthetic 1M-rank bundle: 17.1 million rows, 30 million items)
-# and MAX_TABLE_ITEMS items of tuples.
+# and MAX_TABLE_ITEMS items of tuples. Each row is a Python object: the synthetic 1M-rank
+# bundle's 17.1 million rows and 30 million items are 2.6 GiB once loaded (RSS), so a file
+# at both caps could hold about 5 GiB.
 MAX_RECORDS = 2**26
 MAX_TABLE_ROWS = 2**25
 MAX_TABLE_ITEMS = 2**26
