@@ -365,8 +365,9 @@ def _layout_into(parts: list[str], value: Any, pad: str, depth: int) -> None:
             _layout_into(parts, v, pad, depth + 1)
         parts.append(f"\n{outer}}}")
         return
+    after = f",\n{inner}"  # one string between all items (a million ranks: 55 MB less)
     for i, v in enumerate(value):
-        parts.append(f"{',' if i else '['}\n{inner}")
+        parts.append(after if i else f"[\n{inner}")
         _layout_into(parts, v, pad, depth + 1)
     parts.append(f"\n{outer}]")
 
