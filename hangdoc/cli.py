@@ -568,7 +568,7 @@ def _report_files(args: argparse.Namespace) -> dict[str, str | None]:
 
 
 def _emit(args: argparse.Namespace, snapshot: JobSnapshot, diagnosis: Diagnosis) -> None:
-    from .report.json_report import render_json
+    from .report.json_report import write_json
 
     # The last work of a one-shot command: the snapshot and the diagnosis stay as they are,
     # so the cyclic collector need not walk them again while the report is made (at 100k
@@ -579,7 +579,8 @@ def _emit(args: argparse.Namespace, snapshot: JobSnapshot, diagnosis: Diagnosis)
 
         write_reports(_report_files(args), diagnosis, snapshot)
     if args.json:
-        sys.stdout.write(render_json(diagnosis, snapshot) + "\n")
+        write_json(diagnosis, snapshot, sys.stdout.write)  # never whole: 418 MB at a million ranks
+        sys.stdout.write("\n")
         sys.stdout.flush()
         return
     from .report.console import PlainConsole

@@ -316,18 +316,34 @@ def undiagnosed_to_json_dict(spec: str, error: str, help: str, *, noticed: str, 
     }
 
 
+# parts written to the output at once: a rank is 2 parts (its separator, its line: about
+# 420 bytes at a million ranks), so a piece is about 2 MB
+_PIECE = 8_192
+
+
 def render_json(diagnosis: Diagnosis, snapshot: JobSnapshot) -> str:
     """The report as JSON text (indented, strict, non-ASCII kept as is; see ``dumps``).
 
     The text of ``dumps(to_json_dict(...))``, with each rank's entry made as its line is
     written and the text joined once: at a million ranks the entries held all at once
     and the nested joins took 1.4 GB over the diagnosis."""
-    try:
-        parts: list[str] = []
-        _layout_into(parts, _report(diagnosis, snapshot, lazily=True), "  ", 0)
-        return "".join(parts)
-    except ValueError:  # a NaN or an infinity somewhere: ``dumps`` writes it as null
-        return dumps(to_json_dict(diagnosis, snapshot))
+    parts: list[str] = []
+    _layout_into(parts, _report(diagnosis, snapshot, lazily=True), "  ", 0)
+    return "".join(parts)
+
+
+def write_json(diagnosis: Diagnosis, snapshot: JobSnapshot, write: Callable[[str], object]) -> None:
+    """``render_json``'s text passed to ``write`` a piece at a time (about ``_PIECE`` parts
+    each), never whole: at a million ranks it is 418 MB, and printing it whole held it
+    twice more (with its newline, then encoded)."""
+
+    def flush(parts: list[str]) -> None:
+        write("".join(parts))
+        parts.clear()
+
+    parts: list[str] = []
+    _layout_into(parts, _report(diagnosis, snapshot, lazily=True), "  ", 0, flush)
+    flush(parts)
 
 
 class _Each(list):  # type: ignore[type-arg]
@@ -353,23 +369,37 @@ class _Each(list):  # type: ignore[type-arg]
         return list(map(self.make, self.items[at])) if isinstance(at, slice) else self.make(self.items[at])
 
 
-def _layout_into(parts: list[str], value: Any, pad: str, depth: int) -> None:
-    """``_text(value)`` as pieces appended to ``parts`` (the same text once joined)."""
+def _layout_into(
+    parts: list[str], value: Any, pad: str, depth: int, flush: Callable[[list[str]], None] | None = None
+) -> None:
+    """``dumps(value)`` as parts appended to ``parts`` (the same text once joined); with
+    ``flush``, given ``parts`` between two items once it holds ``_PIECE`` of them."""
     if depth >= 2 or not isinstance(value, (dict, list, tuple)) or not value:
-        parts.append(_line(value).translate(_JSON_ESCAPES))
+        parts.append(_finite_line(value).translate(_JSON_ESCAPES))
         return
     inner, outer = pad * (depth + 1), pad * depth
     if isinstance(value, dict):
         for i, (k, v) in enumerate(value.items()):
             parts.append(f"{',' if i else '{'}\n{inner}{_line(_key(k))}: ".translate(_JSON_ESCAPES))
-            _layout_into(parts, v, pad, depth + 1)
+            _layout_into(parts, v, pad, depth + 1, flush)
         parts.append(f"\n{outer}}}")
         return
     after = f",\n{inner}"  # one string between all items (a million ranks: 55 MB less)
     for i, v in enumerate(value):
         parts.append(after if i else f"[\n{inner}")
-        _layout_into(parts, v, pad, depth + 1)
+        _layout_into(parts, v, pad, depth + 1, flush)
+        if flush is not None and len(parts) >= _PIECE:
+            flush(parts)
     parts.append(f"\n{outer}]")
+
+
+def _finite_line(value: Any) -> str:
+    """``_line(value)``, a NaN or an infinity in it written as null (as ``dumps`` does): line
+    by line, so text already written stays right."""
+    try:
+        return _line(value)
+    except ValueError:
+        return _line(_finite(value))
 
 
 class _Processes:

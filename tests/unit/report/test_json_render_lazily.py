@@ -4,6 +4,7 @@ held at once took 1.4 GB): its text is ``dumps(to_json_dict(...))`` exactly."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from typing import Any
 
@@ -39,17 +40,33 @@ def test_terminal_hostile_text_is_escaped_as_before() -> None:
     assert "\x1b" not in text and "\\u001b[2J\\u202e\\u007f" in text
 
 
-def test_a_value_the_line_encoder_refuses_falls_back_to_dumps(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A NaN or an infinity (the C encoder raises ValueError): the text ``dumps`` writes."""
-    snapshot = synthetic_snapshot(24)
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"a": 1.0, "ranks": [{"t": math.nan}, {"t": 2.5}], "b": [math.inf, {"c": -math.inf}]},
+        {"nan": math.nan, "list": [1, 2, math.nan]},
+    ],
+)
+def test_a_nan_or_an_infinity_is_null_line_by_line_as_dumps_writes_it(value: Any) -> None:
+    """The C encoder refuses them; each line that holds one is written again with null,
+    so text already given to the output stays right."""
+    parts: list[str] = []
+    json_report._layout_into(parts, value, "  ", 0)
+    assert "".join(parts) == dumps(value)
+    assert "NaN" not in dumps(value) and "Infinity" not in dumps(value)
+
+
+@pytest.mark.parametrize("piece", [1, 3, 8_192])
+def test_written_in_pieces_the_text_is_the_same(monkeypatch: pytest.MonkeyPatch, piece: int) -> None:
+    """``write_json`` (what ``analyze --json`` prints) never holds the whole text."""
+    snapshot = synthetic_snapshot(96, "straggler")
     diagnosis = analyse(snapshot)
-    expected = dumps(to_json_dict(diagnosis, snapshot))
-
-    def refuses(*args: Any) -> None:
-        raise ValueError("Out of range float values are not JSON compliant")
-
-    monkeypatch.setattr(json_report, "_layout_into", refuses)
-    assert render_json(diagnosis, snapshot) == expected
+    monkeypatch.setattr(json_report, "_PIECE", piece)
+    pieces: list[str] = []
+    json_report.write_json(diagnosis, snapshot, pieces.append)
+    assert "".join(pieces) == render_json(diagnosis, snapshot)
+    # a piece ends between two items: at most _PIECE parts each, so small ones are many
+    assert len(pieces) > (96 // piece if piece < 96 else 0)
 
 
 def test_no_ranks_is_an_empty_list() -> None:
