@@ -18,7 +18,20 @@ from support.paths import REPO
 PACKAGE = REPO / "hangdoc"
 # the snapshot file format's files (hangdoc/bundle/), lowest first: each imports only those
 # before it, and none the package itself (its __init__ re-exports them)
-BUNDLE = ["files", "limits", "invalid", "stacks", "layout", "columns", "tables", "codec", "adders", "writer", "first", "reader"]
+BUNDLE = [
+    "files",
+    "limits",
+    "invalid",
+    "stacks",
+    "layout",
+    "columns",
+    "tables",
+    "codec",
+    "adders",
+    "writer",
+    "first",
+    "reader",
+]
 # the ground floor's own homes for what every floor uses: each imports only the standard
 # library (no hangdoc module, no third-party package)
 HOMES = {
