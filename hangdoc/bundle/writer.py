@@ -22,7 +22,7 @@ from .. import __version__
 from ..memo import collections_paused
 from ..model import Frame, JobSnapshot
 from ..outfiles import write_file
-from .adders import _record_adder
+from .adders import _inline_key, _record_adder
 from .codec import _codec
 from .columns import _column_json, _shorter, _text_length
 from .files import _save_error
@@ -226,8 +226,7 @@ class _TableWriter:
             for i in self._floats:
                 parts[i] = _float_key(parts[i])
             for i in self._inlines:
-                if type(parts[i]) in (list, dict):
-                    parts[i] = json.dumps(parts[i], sort_keys=True)
+                parts[i] = _inline_key(parts[i])
             key = tuple(parts)
         idx = self._index.get(key)
         if idx is None:
