@@ -25,6 +25,7 @@ import psutil
 import pytest
 from support.paths import REPO, TESTS
 from support.stacks import C10D, main_thread
+from support.waiting import until
 
 from hangdoc.capture.read import pyspy
 from hangdoc.capture.read.procstate import parse_ss, read_state, socket_bytes, socket_bytes_many
@@ -341,6 +342,9 @@ def as_rank(pid: int, rank: int | None = None) -> RankProcess:
 def test_non_python_process_is_not_python() -> None:
     sleeper = subprocess.Popen(["sleep", "100"])
     try:
+        # asleep before it is looked at: on busy cores a new process may still be running
+        # its start-up when sampled (seen in CI: status "running", 3 context switches)
+        assert until(lambda: psutil.Process(sleeper.pid).status() == psutil.STATUS_SLEEPING)
         result = dump(sleeper.pid)
         (sample,) = sample_round([as_rank(sleeper.pid)], 1.5)
     finally:
