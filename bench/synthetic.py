@@ -7,7 +7,9 @@ large jobs): 8 ranks a node, 3 samples 0.5 s apart, 4 to 12 threads a rank (a ma
 queue-feeder, thread-pool, logger and watchdog threads), about 20 environment variables a
 rank, pids and thread ids that differ per process, and a few hundred distinct stacks in
 all (side threads sit at different lines; a model's forward nests to different depths).
-Identical frames and stacks are shared objects, as the bundle loader interns them.
+Identical frames and stacks are shared objects, as the bundle loader interns them, and so
+are a rank's threads (and its list of them) that did not change from one sample to the next,
+as a capture shares them (``hangdoc.memo.share_values``) and a bundle read back does.
 
 Each scenario is one verdict, with the culprits the analysis must name (``expected``)::
 
@@ -350,16 +352,16 @@ def _process(rank: int, world: int) -> RankProcess:
 def _rank(scenario: str, rank: int, world: int, samples: int) -> RankSnapshot:
     process = _process(rank, world)
     busy = _role(scenario, rank, world) == "busy"
-    side = _side_threads(rank)
-    taken = []
+    base = 0x7F00_0000_0000 + 0x1000 * rank
+    side = tuple(
+        ThreadStack(base + 0x100 * (k + 1), name, stack, process.pid + k + 1)
+        for k, (name, stack) in enumerate(_side_threads(rank))
+    )
+    taken: list[Sample] = []
     for i in range(samples):
-        main = _main_stack(scenario, rank, world, i)
-        base = 0x7F00_0000_0000 + 0x1000 * rank
-        threads = [ThreadStack(base, "MainThread", main, process.pid, active=busy, owns_gil=busy)]
-        threads += [
-            ThreadStack(base + 0x100 * (k + 1), name, stack, process.pid + k + 1)
-            for k, (name, stack) in enumerate(side)
-        ]
+        main = ThreadStack(base, "MainThread", _main_stack(scenario, rank, world, i), process.pid, busy, busy)
+        last = taken[-1].threads if taken else None
+        threads = last if last is not None and last[0] == main else (main, *side)
         cpu = 120.0 + (1.2 * i if busy else 0.0)  # a waiting rank's counters stand still
         state = ProcessState(
             status="running" if busy else "sleeping",

@@ -1,13 +1,15 @@
 """Working with millions of shared model values: each piece of work done once per object
-(``once_per_object``), and no garbage collection walking them while they are made
-(``collections_paused``). Standard library only."""
+(``once_per_object``), no garbage collection walking them while they are made
+(``collections_paused``), and equal values made during a capture made once
+(``share_values``). Standard library only."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 _In = TypeVar("_In")
 _Out = TypeVar("_Out")
@@ -42,3 +44,48 @@ def collections_paused() -> Iterator[None]:
     finally:
         if collecting:
             gc.enable()
+
+
+class SharedValues:
+    """The values made while captures are under way, each by a key that says what it is
+    equal to. A key may hold ids, of objects its value holds: those stay alive while the
+    entry does, so no id in a key is reused meanwhile."""
+
+    def __init__(self) -> None:
+        self.frames: dict[Any, Any] = {}
+        self.stacks: dict[Any, Any] = {}
+        self.threads: dict[Any, Any] = {}
+        self.thread_lists: dict[Any, Any] = {}
+
+
+_shared: SharedValues | None = None
+_sharing = 0
+_sharing_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def share_values() -> Iterator[None]:
+    """While a capture is under way, what agents' answers decode to is shared by value
+    (``shared_values``): a rank's unchanged threads in each round, a stack in every answer
+    that holds it, are one object, as a bundle read back makes them. Without that, the
+    stacks of a 100k-rank capture through relays would be new objects in each relay's
+    answer of each round, and the analysis and the bundle writer, which work once per
+    object, would work once per copy. The values are dropped when the last capture under
+    way (several run at once in a service) ends."""
+    global _shared, _sharing
+    with _sharing_lock:
+        if _sharing == 0:
+            _shared = SharedValues()
+        _sharing += 1
+    try:
+        yield
+    finally:
+        with _sharing_lock:
+            _sharing -= 1
+            if _sharing == 0:
+                _shared = None
+
+
+def shared_values() -> SharedValues | None:
+    """The values shared by the captures under way; None when none is."""
+    return _shared

@@ -30,6 +30,7 @@ from .fleet.coordinator import Fleet, find_ranks
 from .fleet.devices import JobDevices
 from .fleet.gather import Gather
 from .fleet.node import LocalNode, Node
+from .memo import share_values
 from .model import Diagnosis, JobSnapshot, Note, NoteKind
 from .waitwords import counted
 
@@ -126,6 +127,13 @@ def observe(
     spec: str, fleet: Fleet, options: CaptureOptions, say: Message, status: Status | None = None
 ) -> tuple[JobSnapshot, Diagnosis]:
     """Sample the fleet's ranks until the verdict is clear or ``max_window`` is reached."""
+    with share_values():
+        return _observe(spec, fleet, options, say, status)
+
+
+def _observe(
+    spec: str, fleet: Fleet, options: CaptureOptions, say: Message, status: Status | None
+) -> tuple[JobSnapshot, Diagnosis]:
     gather = Gather(spec, fleet, needs_native, native=options.native, timeout=options.timeout)
     devices: JobDevices | None = None  # the ranks' GPUs and NCCL's RAS report, taken once
     extended = False

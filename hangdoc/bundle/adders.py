@@ -104,7 +104,7 @@ def _record_adder(table: _Table) -> Callable[[Any], int]:
         ]
     )
     exec(compile(source, f"<bundle add {spec.name}>", "exec"), names)  # noqa: S102 - our own source
-    add: Callable[[Any], int] = names["add"]
+    add: Callable[[Any], int] = names.pop("add")  # its globals, which need not hold it back
     return add
 
 

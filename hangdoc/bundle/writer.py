@@ -89,6 +89,14 @@ class _Writer(StackTable):
             table = self.tables[key] = _TableWriter(_table_spec(key), self)
         return table
 
+    def release(self) -> None:
+        """Lets the tables go. A table and its compiled ``add`` refer to each other, so
+        left alone its rows would wait for the cycle collector: 2 million objects at 100k
+        ranks, 0.8 s of collecting when collections resume."""
+        for table in self.tables.values():
+            table.__dict__.clear()
+        self.tables.clear()
+
     def tables_json(self) -> dict[str, Any]:
         return {
             _table_name(key): self.tables[key].to_json()
@@ -325,19 +333,22 @@ def snapshot_to_dict(snapshot: JobSnapshot, schema_version: int = BUNDLE_SCHEMA_
         raise ValueError(f"bundle schema_version is 1 or 2, not {schema_version!r}")
     mode = f"v{schema_version}"
     writer = _Writer()
-    encode_snapshot, _ = _codec(JobSnapshot, mode)
-    body = encode_snapshot(snapshot, writer)
-    encode_frame, _ = _codec(Frame, "plain")
-    out: dict[str, Any] = {"kind": KIND, "schema_version": schema_version, "hangdoc_version": __version__}
-    tables = writer.tables_json() if schema_version == 2 else None  # adds strings
-    if tables is not None:
-        out["strings"] = writer.strings
-    out["frames"] = [encode_frame(f, writer) for f in writer.frames]
-    out["stacks"] = [[writer.frame_id(f) for f in s] for s in writer.stacks]
-    if tables is not None:
-        out["tables"] = tables
-    out["snapshot"] = body
-    return out
+    try:
+        encode_snapshot, _ = _codec(JobSnapshot, mode)
+        body = encode_snapshot(snapshot, writer)
+        encode_frame, _ = _codec(Frame, "plain")
+        out: dict[str, Any] = {"kind": KIND, "schema_version": schema_version, "hangdoc_version": __version__}
+        tables = writer.tables_json() if schema_version == 2 else None  # adds strings
+        if tables is not None:
+            out["strings"] = writer.strings
+        out["frames"] = [encode_frame(f, writer) for f in writer.frames]
+        out["stacks"] = [[writer.frame_id(f) for f in s] for s in writer.stacks]
+        if tables is not None:
+            out["tables"] = tables
+        out["snapshot"] = body
+        return out
+    finally:
+        writer.release()
 
 
 def snapshot_bytes(snapshot: JobSnapshot, compress: bool) -> bytes:

@@ -23,6 +23,7 @@ from ..bundle import StackTable
 from ..capture.find.discover import Discovery
 from ..capture.find.wholejob import Elsewhere
 from ..errors import HangdocError
+from ..memo import SharedValues, shared_values
 from ..model import (
     MAX_WORLD_SIZE,
     PID_MAX,
@@ -362,39 +363,69 @@ def samples_to_proto(
 
 
 def _stacks_from_proto(msg: pb.SampleResponse | pb.RelayTable) -> list[Stack]:
-    frames = [frame_from_proto(f) for f in msg.frames]
+    """The answer's stacks; during a capture, each frame and stack the one object of its
+    value (``memo.share_values``)."""
+    shared = shared_values()
+    frames = [frame_from_proto(f) for f in msg.frames] if shared is None else _shared_frames(msg.frames, shared)
     stacks = []
     for i, stack in enumerate(msg.stacks):
         try:
-            stacks.append(tuple(frames[j] for j in stack.frames))
+            frames_of = tuple(frames[j] for j in stack.frames)
         except IndexError:
             raise AgentApiError(f"stack {i} refers to a frame outside the frame table ({len(frames)} frames)") from None
+        if shared is not None:  # its frames are each the one of its value: their ids say it
+            frames_of = shared.stacks.setdefault(tuple(map(id, frames_of)), frames_of)
+        stacks.append(frames_of)
     return stacks
 
 
+def _shared_frames(msgs: Iterable[pb.Frame], shared: SharedValues) -> list[Frame]:
+    table = shared.frames
+    frames = []
+    for msg in msgs:
+        key = (msg.function, msg.filename, _opt_int(msg, "line"), msg.native, _opt_str(msg, "code"))
+        frame = table.get(key)
+        if frame is None:
+            frame = table[key] = Frame(*key)
+        frames.append(frame)
+    return frames
+
+
 def _sample_from_proto(msg: pb.Sample, stacks: list[Stack]) -> Sample:
+    shared = shared_values()
     threads = []
     for th in msg.threads:
         if th.stack >= len(stacks):
             raise AgentApiError(f"a thread refers to stack {th.stack}, the table has {len(stacks)} stacks")
-        threads.append(
-            ThreadStack(
-                thread_id=th.thread_id,
-                name=_opt_str(th, "name"),
-                frames=stacks[th.stack],
-                native_id=_opt_int(th, "native_id"),
-                active=th.active,
-                owns_gil=th.owns_gil,
-                locals=tuple(_locals_from_proto(found, len(stacks[th.stack])) for found in th.locals),
-            )
+        frames, name, native_id = stacks[th.stack], _opt_str(th, "name"), _opt_int(th, "native_id")
+        key = None
+        if shared is not None and not th.locals:  # a rank's thread as it was last round: the same
+            key = (th.thread_id, name, id(frames), native_id, th.active, th.owns_gil)
+            if (known := shared.threads.get(key)) is not None:
+                threads.append(known)
+                continue
+        thread = ThreadStack(
+            thread_id=th.thread_id,
+            name=name,
+            frames=frames,
+            native_id=native_id,
+            active=th.active,
+            owns_gil=th.owns_gil,
+            locals=tuple(_locals_from_proto(found, len(frames)) for found in th.locals),
         )
+        if key is not None:
+            shared.threads[key] = thread  # type: ignore[union-attr]
+        threads.append(thread)
     error = None
     if msg.HasField("error"):
         kind = _lookup(_ERROR_KIND_FROM_PB, msg.error.kind, "CaptureErrorKind")
         error = CaptureError(kind=kind, message=msg.error.message)
     state = _state_from_proto(msg.state) if msg.HasField("state") else None
     waits = tuple(wait_from_proto(w) for w in msg.waits)
-    return Sample(t=msg.t, threads=tuple(threads), state=state, error=error, waits=waits)
+    listed = tuple(threads)
+    if shared is not None:
+        listed = shared.thread_lists.setdefault(tuple(map(id, listed)), listed)
+    return Sample(t=msg.t, threads=listed, state=state, error=error, waits=waits)
 
 
 @dataclass(frozen=True, slots=True)
