@@ -6,8 +6,8 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import gc
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -47,7 +47,7 @@ def collections_paused() -> Iterator[None]:
 
 
 class SharedValues:
-    """The values made while captures are under way, each by a key that says what it is
+    """The values made while a capture is under way, each by a key that says what it is
     equal to. A key may hold ids, of objects its value holds: those stay alive while the
     entry does, so no id in a key is reused meanwhile."""
 
@@ -58,9 +58,9 @@ class SharedValues:
         self.thread_lists: dict[Any, Any] = {}
 
 
-_shared: SharedValues | None = None
-_sharing = 0
-_sharing_lock = threading.Lock()
+# the values of the capture under way in this context: a capture's own threads (its fan-out's)
+# run in a copy of it (``fleet.coordinator.flat_fan_out``)
+_shared: contextvars.ContextVar[SharedValues | None] = contextvars.ContextVar("hangdoc_shared_values", default=None)
 
 
 @contextlib.contextmanager
@@ -70,22 +70,16 @@ def share_values() -> Iterator[None]:
     that holds it, are one object, as a bundle read back makes them. Without that, the
     stacks of a 100k-rank capture through relays would be new objects in each relay's
     answer of each round, and the analysis and the bundle writer, which work once per
-    object, would work once per copy. The values are dropped when the last capture under
-    way (several run at once in a service) ends."""
-    global _shared, _sharing
-    with _sharing_lock:
-        if _sharing == 0:
-            _shared = SharedValues()
-        _sharing += 1
+    object, would work once per copy. Each capture has values of its own, dropped when it
+    ends (a capture within one shares the outer one's)."""
+    token = _shared.set(SharedValues()) if _shared.get() is None else None
     try:
         yield
     finally:
-        with _sharing_lock:
-            _sharing -= 1
-            if _sharing == 0:
-                _shared = None
+        if token is not None:
+            _shared.reset(token)
 
 
 def shared_values() -> SharedValues | None:
-    """The values shared by the captures under way; None when none is."""
-    return _shared
+    """The values of the capture under way; None outside one."""
+    return _shared.get()

@@ -11,6 +11,7 @@ heartbeats) goes through ``fan_out_pids``, which hands every node's failure back
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextvars
 import dataclasses
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -82,7 +83,8 @@ def flat_fan_out(
     out: list[tuple[Node, T | None, BaseException | None]] = []
     pool = cf.ThreadPoolExecutor(max_workers=min(MAX_IN_FLIGHT, len(nodes)))
     try:
-        futures = {pool.submit(call, node): node for node in nodes}
+        # each call in a copy of this context: a capture's shared values (``memo.share_values``)
+        futures = {pool.submit(contextvars.copy_context().run, call, node): node for node in nodes}
         _, pending = cf.wait(futures, timeout=deadline)
         for future, node in futures.items():
             if future in pending:

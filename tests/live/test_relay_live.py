@@ -77,6 +77,10 @@ def test_the_same_diagnosis_through_relays_as_flat(agents: list[Agent], monkeypa
     assert not flat_snapshot.unreachable and not relayed_snapshot.unreachable
     assert [r.process.rank for r in relayed_snapshot.ranks] == list(range(3 * N))
     assert relayed_snapshot.sources == flat_snapshot.sources
+    for snapshot in (flat_snapshot, relayed_snapshot):  # each value decoded is one object (memo.share_values)
+        threads = [th for r in snapshot.ranks for s in r.samples for th in s.threads if not th.locals]
+        assert len({id(th) for th in threads}) == len(set(threads)) < len(threads)
+        assert len({id(th.frames) for th in threads}) == len({th.frames for th in threads})
     leaf_log = Path(sorted(agents, key=lambda a: a.address)[1].log.name).read_text()  # under the first relay
     assert "via=operator(token) at relay node" in leaf_log  # the leaf's audit names the relay's caller
 

@@ -40,6 +40,20 @@ def test_the_shape_is_a_real_jobs() -> None:
     assert len({(r.process.host, r.process.pid) for r in snap.ranks}) == 2_000
 
 
+def test_a_ranks_unchanged_threads_are_shared_across_samples_as_a_capture_shares_them() -> None:
+    snap = synthetic_snapshot(2_000, "straggler")
+    (busy,) = expected(2_000, "straggler")[1]
+    for r in snap.ranks:
+        first, *later = r.samples
+        if r.process.rank == busy:  # its main thread moves; the others stay put
+            assert len({id(s.threads) for s in r.samples}) == 3
+            assert all(s.threads[0] != first.threads[0] for s in later)
+            assert all(s.threads[1:] == first.threads[1:] for s in later)
+            assert all(a is b for s in later for a, b in zip(s.threads[1:], first.threads[1:], strict=True))
+        else:
+            assert all(s.threads is first.threads for s in later)
+
+
 def test_it_writes_a_bundle_analyze_reads(tmp_path, capsys) -> None:
     out = tmp_path / "s.json.gz"
     assert main(["--ranks", "64", "--scenario", "cleanup_deadlock", "--out", str(out)]) == 0

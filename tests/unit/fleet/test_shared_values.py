@@ -12,7 +12,7 @@ from support.factories import make_rank
 
 from hangdoc import memo
 from hangdoc.fleet import wire
-from hangdoc.fleet.coordinator import Fleet
+from hangdoc.fleet.coordinator import Fleet, fan_out_pids
 from hangdoc.fleet.node import ReplayNode
 from hangdoc.model import FrameLocals, JobSnapshot, RankProcess, Sample, ThreadStack
 from hangdoc.pipeline import CaptureOptions, observe
@@ -106,28 +106,36 @@ def test_outside_a_capture_nothing_is_shared_or_kept() -> None:
     assert memo.shared_values() is None
 
 
-def test_the_values_live_until_the_last_capture_under_way_ends() -> None:
-    outer_started, inner_done = threading.Event(), threading.Event()
-    seen: list[memo.SharedValues | None] = []
+def test_each_capture_has_its_own_values_and_its_fan_out_threads_see_them() -> None:
+    seen: dict[str, memo.SharedValues | None] = {}
 
-    def inner() -> None:
-        outer_started.wait(5)
+    def other_capture() -> None:
         with memo.share_values():
-            seen.append(memo.shared_values())
-        inner_done.set()
+            seen["other"] = memo.shared_values()
 
-    other = threading.Thread(target=inner)
-    other.start()
     with memo.share_values():
         mine = memo.shared_values()
-        outer_started.set()
-        assert inner_done.wait(5)
-        assert memo.shared_values() is mine  # the other capture ended; this one goes on
-    other.join(5)
-    assert seen == [mine]  # two captures at once share one table
+        with memo.share_values():  # a capture within a capture: the outer one's values
+            assert memo.shared_values() is mine
+        assert memo.shared_values() is mine
+        other = threading.Thread(target=other_capture)
+        other.start()
+        other.join(5)
+        a, b = Node("a"), Node("b")
+        fleet = Fleet(((a, RankProcess(1, "a", 0)), (b, RankProcess(2, "b", 1))), 2)
+        answers = fan_out_pids(fleet, lambda node, pids: memo.shared_values(), 5.0)
+    assert seen["other"] is not None and seen["other"] is not mine  # a capture of another job
+    assert [answer.value for answer in answers] == [mine, mine]
     assert memo.shared_values() is None
     with memo.share_values():
         assert memo.shared_values() is not mine  # a later capture starts afresh
+
+
+class Node:
+    """Enough of a node for ``fan_out_pids``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
 
 class WireReplay(ReplayNode):
