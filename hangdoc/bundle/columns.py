@@ -35,13 +35,19 @@ def _column_json(kind: str, cells: list[Any] | tuple[Any, ...]) -> Any:
     if (None in cells) if kind != "int" else not set(map(type, cells)) <= _INT:
         return list(cells)
     deltas = list(map(sub, islice(cells, 1, None), cells))
-    # where each run of equal deltas starts, and so how long it is
-    starts = [0, *compress(range(1, len(deltas)), map(ne, islice(deltas, 1, None), deltas))]
+    # where each run of equal deltas starts, and so how long it is; looked for only while
+    # the runs would have fewer numbers than the column
+    most = (len(cells) - 1) // 2
+    starts = [0, *islice(compress(range(1, len(deltas)), map(ne, islice(deltas, 1, None), deltas)), most)]
     if 1 + 2 * len(starts) > len(cells):
         return list(cells)  # more numbers than the column
     counts = map(sub, chain(islice(starts, 1, None), (len(deltas),)), starts)
     runs = [cells[0], *chain.from_iterable(zip(map(deltas.__getitem__, starts), counts, strict=False))]
-    if not _shorter(runs, cells):
+    # a run counts steadily up or down: the column's least and greatest values are among
+    # those where runs start, and its last
+    ends = [*map(cells.__getitem__, starts), cells[-1]]
+    column = _int_list_bounds(len(cells), min(ends), max(ends))
+    if not _bounded_shorter(_int_list_bounds(len(runs), min(runs), max(runs)), column, runs, cells):
         return list(cells)  # runs must be shorter, and have fewer numbers to parse
     return {"runs": runs}
 
@@ -54,11 +60,14 @@ def _shorter(a: Any, b: Any) -> bool:
     """``a``'s JSON text is shorter than ``b``'s: told by bounds on their lengths where
     those decide (writing out a list of 2 million ints takes 0.15 s, its least and greatest
     0.03 s), else by writing both out."""
-    a_low, a_high = _length_bounds(a)
-    b_low, b_high = _length_bounds(b)
-    if a_high < b_low:
+    return _bounded_shorter(_length_bounds(a), _length_bounds(b), a, b)
+
+
+def _bounded_shorter(a_bounds: tuple[int, int], b_bounds: tuple[int, int], a: Any, b: Any) -> bool:
+    """``_shorter``, given bounds on the two lengths."""
+    if a_bounds[1] < b_bounds[0]:
         return True
-    if a_low >= b_high:
+    if a_bounds[0] >= b_bounds[1]:
         return False
     return _text_length(a) < _text_length(b)
 
@@ -73,13 +82,17 @@ def _length_bounds(value: Any) -> tuple[int, int]:
         return fixed + sum(p[0] for p in parts), fixed + sum(p[1] for p in parts)
     if type(value) not in (list, tuple) or not value or not set(map(type, value)) <= _INT:
         return (_text_length(value),) * 2
-    least, greatest = min(value), max(value)
+    return _int_list_bounds(len(value), min(value), max(value))
+
+
+def _int_list_bounds(n: int, least: int, greatest: int) -> tuple[int, int]:
+    """Least and greatest length of the JSON text of ``n`` ints from ``least`` to ``greatest``."""
     widths = len(str(least)), len(str(greatest))
     # an int between the two is as wide as the wider at most, and 1 wide (a digit) at
     # least where the range holds 0, else as wide as the end nearer 0
     narrowest = 1 if least <= 0 <= greatest else min(widths)
-    brackets_and_commas = len(value) + 1
-    return brackets_and_commas + narrowest * len(value), brackets_and_commas + max(widths) * len(value)
+    brackets_and_commas = n + 1
+    return brackets_and_commas + narrowest * n, brackets_and_commas + max(widths) * n
 
 
 def _lookup(table: list[Any], idx: Ints, has_none: bool, none: Any = None) -> list[Any]:

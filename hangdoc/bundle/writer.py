@@ -14,6 +14,7 @@ import gzip
 import json
 import typing
 from collections.abc import Callable
+from itertools import chain
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -169,18 +170,18 @@ class _TableWriter:
         # strings (an environment, its variables) are looked up by value: equal ones abound.
         self._by_id: dict[int, int] = {}
         self._encoders = [_cell_encoder(f.column, writer) for f in spec.fields]
-        # (position, encoder) of the cells that are not the value itself
-        self._converted = [(i, enc) for i, enc in enumerate(self._encoders) if enc is not None]
         # the cells a row's dict key holds otherwise: floats by their bits, objects as text
         self._floats = [i for i, f in enumerate(spec.fields) if f.column.kind == "float"]
         self._inlines = [i for i, f in enumerate(spec.fields) if f.column.kind == "inline"]
         # the fields no row has held anything but the default of, yet: left out if it stays so
         self._unused: list[int] = []
         self._set_unused([i for i, f in enumerate(spec.fields) if f.default is not dataclasses.MISSING])
+        # a new row of a record or a tuple of fixed length: ``add`` compiled for its fields
+        self._add_row: Callable[[Any], int] = self._add if spec.shape == "seq" else _record_adder(self)
         self.add: Callable[[Any], int] = (
-            _record_adder(self)
+            self._add_row
             if spec.cls
-            else _Memo(self._add).__getitem__
+            else _Memo(self._add_row).__getitem__
             if _only_strings(spec.key)
             else self._add_by_id
         )
@@ -202,7 +203,7 @@ class _TableWriter:
     def _new_row(self, key: Any, cells: tuple[Any, ...], parts: tuple[Any, ...]) -> int:
         """Row ``cells`` (looked up as ``key``), not held before; ``parts``: its fields' values.
         Equal rows hold equal values, so a field's default is checked once per distinct row."""
-        if self._unused and tuple(self._unused_of(parts)) != self._defaults:
+        if self._unused and self._unused_of(parts) != self._defaults:
             self._set_unused([i for i in self._unused if parts[i] == self.spec.fields[i].default])
         idx = self._index[key] = len(self.rows)
         self.rows.append(cells)
@@ -211,23 +212,14 @@ class _TableWriter:
     def _add_by_id(self, value: Any) -> int:
         idx = self._by_id.get(id(value))
         if idx is None:
-            idx = self._by_id[id(value)] = self._add(value)
+            idx = self._by_id[id(value)] = self._add_row(value)
         return idx
 
     def _add(self, value: Any) -> int:
-        """The number of the row ``value`` (a tuple) is, a new row if no row holds the same.
-        (A record table's ``add`` is compiled: ``adders``.)"""
-        spec = self.spec
-        if spec.shape == "seq":
-            enc = self._encoders[0]
-            cells = tuple(value) if enc is None else tuple(map(enc, value))
-        else:
-            if type(value) is not tuple or len(value) != len(spec.fields):
-                raise TypeError(f"bundle: {value!r} is not a {spec.name}")
-            parts = list(value)
-            for i, enc in self._converted:
-                parts[i] = enc(parts[i])
-            cells = tuple(parts)
+        """The number of the row ``value`` (a tuple of any length) is, a new row if no row
+        holds the same. (A record's or a fixed tuple's is compiled: ``adders``.)"""
+        enc = self._encoders[0]
+        cells = tuple(value) if enc is None else tuple(map(enc, value))
         key: Any = cells
         if self._floats or self._inlines:
             parts = list(cells)
@@ -251,7 +243,7 @@ class _TableWriter:
             by_row = {
                 "n": n,
                 "lengths": _column_json("int", lengths),
-                "items": _column_json(kind, [c for r in self.rows for c in r]),
+                "items": _column_json(kind, list(chain.from_iterable(self.rows))),
             }
             if n > 1 and lengths[0] and lengths.count(lengths[0]) == n:
                 # tuples of one length (the ranks' environments) may be stored a position at
@@ -259,7 +251,7 @@ class _TableWriter:
                 by_position = {
                     "n": n,
                     "width": lengths[0],
-                    "items": _column_json(kind, [c for p in zip(*self.rows, strict=False) for c in p]),
+                    "items": _column_json(kind, list(chain.from_iterable(zip(*self.rows, strict=False)))),
                 }
                 if _shorter(by_position, by_row):
                     return by_position
@@ -300,7 +292,8 @@ class _TableWriter:
             if distinct[i] > n // 4:
                 break
             seen = _Numbering()
-            joined = list(map(seen.__getitem__, zip(rows, keys[i], strict=False)))
+            # the combinations so far with this field's value (the first field's values alone)
+            joined = list(map(seen.__getitem__, zip(rows, keys[i], strict=False) if group else keys[i]))
             m = len(seen)
             grown = n * (len(str(m)) + 1) + m * sum(length[j] // n + 1 for j in (*group, i))
             if m > n // 4 or grown - cost >= length[i]:
