@@ -170,9 +170,10 @@ class _TableWriter:
         # strings (an environment, its variables) are looked up by value: equal ones abound.
         self._by_id: dict[int, int] = {}
         self._encoders = [_cell_encoder(f.column, writer) for f in spec.fields]
-        # the cells a row's dict key holds otherwise: floats by their bits, objects as text
-        self._floats = [i for i, f in enumerate(spec.fields) if f.column.kind == "float"]
-        self._inlines = [i for i, f in enumerate(spec.fields) if f.column.kind == "inline"]
+        # a tuple's items (``_add``) as its row's dict key holds them: floats by their bits,
+        # objects as text (a record's or fixed tuple's cells: ``adders``)
+        item = spec.fields[0].column.kind if spec.shape == "seq" else None
+        self._item_key = _float_key if item == "float" else _inline_key if item == "inline" else None
         # the fields no row has held anything but the default of, yet: left out if it stays so
         self._unused: list[int] = []
         self._set_unused([i for i, f in enumerate(spec.fields) if f.default is not dataclasses.MISSING])
@@ -220,14 +221,7 @@ class _TableWriter:
         holds the same. (A record's or a fixed tuple's is compiled: ``adders``.)"""
         enc = self._encoders[0]
         cells = tuple(value) if enc is None else tuple(map(enc, value))
-        key: Any = cells
-        if self._floats or self._inlines:
-            parts = list(cells)
-            for i in self._floats:
-                parts[i] = _float_key(parts[i])
-            for i in self._inlines:
-                parts[i] = _inline_key(parts[i])
-            key = tuple(parts)
+        key = cells if self._item_key is None else tuple(map(self._item_key, cells))
         idx = self._index.get(key)
         if idx is None:
             idx = self._index[key] = len(self.rows)

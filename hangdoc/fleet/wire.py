@@ -211,13 +211,12 @@ def frame_to_proto(frame: Frame) -> pb.Frame:
 
 
 def frame_from_proto(msg: pb.Frame) -> Frame:
-    return Frame(
-        function=msg.function,
-        filename=msg.filename,
-        line=_opt_int(msg, "line"),
-        native=msg.native,
-        code=_opt_str(msg, "code"),
-    )
+    return Frame(*_frame_fields(msg))
+
+
+def _frame_fields(msg: pb.Frame) -> tuple[str, str, int | None, bool, str | None]:
+    """A frame's fields, in ``Frame``'s order: what it is made of, and what it is shared by."""
+    return msg.function, msg.filename, _opt_int(msg, "line"), msg.native, _opt_str(msg, "code")
 
 
 def source_file_to_proto(src: SourceFile) -> pb.SourceFile:
@@ -383,7 +382,7 @@ def _shared_frames(msgs: Iterable[pb.Frame], shared: SharedValues) -> list[Frame
     table = shared.frames
     frames = []
     for msg in msgs:
-        key = (msg.function, msg.filename, _opt_int(msg, "line"), msg.native, _opt_str(msg, "code"))
+        key = _frame_fields(msg)
         frame = table.get(key)
         if frame is None:
             frame = table[key] = Frame(*key)
